@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`. Everything they
+# need is installed from here, so a fresh machine (Debian, Python 3.11) works.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install servers lint typecheck test test-fast demo clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	touch $(STAMP)
+
+install: $(STAMP) servers
+
+servers:
+	bash infra/install-servers.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rota tests infra
+	$(VENV)/bin/ruff format --check rota tests infra
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: install lint typecheck
+	$(PY) -m pytest tests
+
+test-fast: install
+	$(PY) -m pytest tests/unit
+
+demo: install
+	$(PY) -m rota demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,222 @@
+"""Throwaway PostgreSQL and Redis servers for tests, benchmarks and the demo.
+
+Each server runs from the machine's own binaries (Debian packages, installed by
+``infra/install-servers.sh``) on a free loopback port, with its data in a fresh
+temporary directory that is removed on stop. No Docker, no system service.
+
+    with local_postgres() as pg, local_redis() as rd:
+        print(pg.url, rd.url)
+
+``python -m infra.devservers`` starts both and prints their URLs until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """A throwaway server could not be started."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _postgres_bindir() -> Path:
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/postgres"),
+        key=lambda p: int(Path(p).parts[-3]),
+    )
+    if candidates:
+        return Path(candidates[-1]).parent
+    found = shutil.which("postgres")
+    if found:
+        return Path(found).parent
+    raise ServerError("PostgreSQL server binaries not found: run `bash infra/install-servers.sh`")
+
+
+def _as_postgres_user() -> tuple[list[str], int | None, int | None]:
+    """initdb refuses to run as root: drop to the `postgres` system user then."""
+    if os.geteuid() != 0:
+        return [], None, None
+    try:
+        entry = pwd.getpwnam("postgres")
+    except KeyError as exc:
+        raise ServerError("running as root but there is no `postgres` user") from exc
+    return ["runuser", "-u", "postgres", "--"], entry.pw_uid, entry.pw_gid
+
+
+@dataclass
+class Server:
+    url: str
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes]
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """kill -9, as a crash would."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # fast shutdown for postgres, clean for redis
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerError(f"{what} exited with {process.returncode}: {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise ServerError(f"{what} did not listen on port {port} within 60 s")
+
+
+POSTGRES_SETTINGS = {
+    # Queue-friendly server settings: autovacuum wakes every second so the
+    # per-table thresholds of the queue tables are acted on quickly.
+    "autovacuum_naptime": "1s",
+    "max_connections": "200",
+    "shared_buffers": "256MB",
+    "listen_addresses": "127.0.0.1",
+    "unix_socket_directories": "",
+}
+
+
+def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
+    bindir = _postgres_bindir()
+    prefix, uid, gid = _as_postgres_user()
+    port = port or free_port()
+    directory = Path(tempfile.mkdtemp(prefix="rota-pg-"))
+    data = directory / "data"
+    log = directory / "postgres.log"
+    if uid is not None and gid is not None:
+        os.chown(directory, uid, gid)
+    subprocess.run(
+        [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust",
+         "--encoding=UTF8", "--locale=C.UTF-8"],
+        check=True,
+        capture_output=True,
+    )
+    options: list[str] = []
+    for key, value in {**POSTGRES_SETTINGS, **(settings or {})}.items():
+        options += ["-c", f"{key}={value}"]
+    log_file = open(log, "wb")  # noqa: SIM115 - handed to the child for its lifetime
+    process = subprocess.Popen(
+        [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    _wait_for_port(port, process, "postgres", log)
+    url = f"postgresql://rota@127.0.0.1:{port}/postgres"
+    # Listening is not yet accepting: wait until a query works.
+    deadline = time.monotonic() + 30
+    while True:
+        result = subprocess.run(
+            [str(bindir / "psql"), url, "-Atc", "select 1"], capture_output=True, check=False
+        )
+        if result.returncode == 0:
+            break
+        if time.monotonic() > deadline:
+            raise ServerError(f"postgres not ready: {result.stderr.decode()}")
+        time.sleep(0.1)
+    return Server(url=url, port=port, directory=directory, process=process)
+
+
+def start_redis(port: int | None = None, appendonly: bool = True) -> Server:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ServerError("redis-server not found: run `bash infra/install-servers.sh`")
+    port = port or free_port()
+    directory = Path(tempfile.mkdtemp(prefix="rota-redis-"))
+    log = directory / "redis.log"
+    args = [
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+        "--save", "", "--daemonize", "no", "--logfile", str(log),
+        # The buffer's durability is Redis's: with the AOF, an acknowledged XADD
+        # survives a crash of the redis process (the write precedes the reply).
+        "--appendonly", "yes" if appendonly else "no",
+    ]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    _wait_for_port(port, process, "redis", log)
+    return Server(url=f"redis://127.0.0.1:{port}/0", port=port, directory=directory,
+                  process=process)
+
+
+def restart_redis(server: Server) -> Server:
+    """Start redis again on the same port and data directory (after a kill)."""
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    log = server.directory / "redis.log"
+    process = subprocess.Popen(
+        [binary, "--port", str(server.port), "--bind", "127.0.0.1", "--dir",
+         str(server.directory), "--save", "", "--logfile", str(log), "--appendonly", "yes"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    _wait_for_port(server.port, process, "redis", log)
+    server.process = process
+    return server
+
+
+def _remove(server: Server) -> None:
+    server.stop()
+    shutil.rmtree(server.directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_postgres(settings: dict[str, str] | None = None) -> Iterator[Server]:
+    server = start_postgres(settings=settings)
+    try:
+        yield server
+    finally:
+        _remove(server)
+
+
+@contextlib.contextmanager
+def local_redis(appendonly: bool = True) -> Iterator[Server]:
+    server = start_redis(appendonly=appendonly)
+    try:
+        yield server
+    finally:
+        _remove(server)
+
+
+def main() -> None:
+    with local_postgres() as pg, local_redis() as rd:
+        print(f"export ROTA_DATABASE_URL={pg.url}")
+        print(f"export ROTA_REDIS_URL={rd.url}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()

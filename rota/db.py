@@ -1,0 +1,97 @@
+"""Runs rota's database operations on sync and async psycopg connections alike.
+
+Each operation (rota.ops) is written once, as a generator that yields the
+statements it needs (`Execute`, `Copy`) and receives their rows back. `run`
+drives one on a psycopg Connection, `arun` on an AsyncConnection: the sync and
+async APIs share every line of logic and differ only in these two loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+import psycopg
+from psycopg import sql as pgsql
+
+T = TypeVar("T")
+Row: TypeAlias = tuple[Any, ...]
+Params: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
+
+
+@dataclass(frozen=True)
+class Execute:
+    """Run one statement; the operation receives its rows (empty if none)."""
+
+    query: str | pgsql.Composed
+    params: Params = None
+
+
+@dataclass(frozen=True)
+class Copy:
+    """COPY rows into the server (`COPY ... FROM STDIN`)."""
+
+    query: str
+    rows: Iterable[Sequence[Any]]
+
+
+Step: TypeAlias = Execute | Copy
+Op: TypeAlias = Generator[Step, list[Row], T]
+
+
+def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
+    """Drives an operation on a sync connection, inside the caller's transaction."""
+    try:
+        step = next(op)
+        while True:
+            with conn.cursor() as cur:
+                if isinstance(step, Copy):
+                    with cur.copy(step.query) as copy:
+                        for row in step.rows:
+                            copy.write_row(row)
+                    rows: list[Row] = []
+                else:
+                    cur.execute(step.query, step.params)
+                    rows = cur.fetchall() if cur.description else []
+            step = op.send(rows)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
+    """Drives an operation on an async connection, inside the caller's transaction."""
+    try:
+        step = next(op)
+        while True:
+            async with conn.cursor() as cur:
+                if isinstance(step, Copy):
+                    async with cur.copy(step.query) as copy:
+                        for row in step.rows:
+                            await copy.write_row(row)
+                    rows: list[Row] = []
+                else:
+                    await cur.execute(step.query, step.params)
+                    rows = await cur.fetchall() if cur.description else []
+            step = op.send(rows)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def transact(conn: psycopg.Connection[Any], op: Op[T]) -> T:
+    """Runs an operation in a transaction of its own (a savepoint if one is open)."""
+    with conn.transaction():
+        return run(conn, op)
+
+
+async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
+    async with conn.transaction():
+        return await arun(conn, op)
+
+
+def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=autocommit)
+
+
+async def aconnect(url: str, *, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(url, autocommit=autocommit)

@@ -1,0 +1,199 @@
+"""The task envelope: what a task is on the wire, in the buffer and in staging.
+
+One set of rules for every path in: the producer builds envelopes with
+`make_envelope` (fast, no model per task), the loader parses buffer entries
+with `parse_envelope` (pydantic), and both check names and payloads the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+import orjson
+import uuid_utils
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import ValidationError as PydanticValidationError
+
+from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
+
+ENVELOPE_VERSION = 1
+
+# The documented name rules (README, "Names"). The database checks the same.
+QUEUE_NAME = r"^[a-z][a-z0-9_.-]{0,62}$"
+TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
+TASK_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*$"
+TASK_NAME_MAX = 200
+
+_QUEUE_RE = re.compile(QUEUE_NAME)
+_TENANT_RE = re.compile(TENANT_NAME)
+_TASK_RE = re.compile(TASK_NAME)
+
+_JSON_OPTIONS = (
+    orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def check_queue(name: object) -> str:
+    if not isinstance(name, str) or not _QUEUE_RE.match(name):
+        raise InvalidName(
+            f"queue name {name!r} is invalid: 1-63 characters of a-z, 0-9, '_', '.', '-', "
+            "starting with a letter"
+        )
+    return name
+
+
+def check_tenant(name: object) -> str:
+    if not isinstance(name, str) or not _TENANT_RE.match(name):
+        raise InvalidName(
+            f"tenant name {name!r} is invalid: 1-128 characters of letters, digits, "
+            "'_', '.', ':', '@', '-', starting with a letter or digit"
+        )
+    return name
+
+
+def check_task_name(name: object) -> str:
+    if not isinstance(name, str) or len(name) > TASK_NAME_MAX or not _TASK_RE.match(name):
+        raise InvalidName(
+            f"task name {name!r} is invalid: a dotted Python-style name of at most "
+            f"{TASK_NAME_MAX} characters"
+        )
+    return name
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def dump_payload(args: Any, kwargs: Any, max_bytes: int) -> str:
+    """Serialises a task's arguments as JSON text, refusing what JSON cannot hold."""
+    if not isinstance(args, list | tuple):
+        raise NotJSONSerializable(f"args must be a list, got {type(args).__name__}")
+    if not isinstance(kwargs, dict):
+        raise NotJSONSerializable(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    payload = {"args": list(args), "kwargs": kwargs}
+    try:
+        data = orjson.dumps(payload, default=_refuse, option=_JSON_OPTIONS)
+    except TypeError as exc:
+        raise NotJSONSerializable(f"task arguments are not JSON: {exc}") from None
+    if b"null" in data:
+        # orjson writes NaN and infinities as null; the slow path tells them apart.
+        try:
+            json.dumps(payload, allow_nan=False)
+        except ValueError as exc:
+            raise NotJSONSerializable(f"task arguments are not JSON: {exc}") from None
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(
+            f"task arguments are {len(data)} bytes of JSON, over the cap of {max_bytes}"
+        )
+    return data.decode()
+
+
+def new_task_id() -> UUID:
+    """A time-ordered UUIDv7: ids sort by creation, and index inserts stay local."""
+    return UUID(bytes=uuid_utils.uuid7().bytes)
+
+
+def task_id_for_key(idempotency_key: str, tenant: str) -> UUID:
+    """The same key (per tenant) always names the same task: a second enqueue is a no-op."""
+    return UUID(bytes=uuid_utils.uuid5(uuid_utils.NAMESPACE_URL, f"rota:{tenant}:{idempotency_key}").bytes)
+
+
+class TaskEnvelope(BaseModel):
+    """Version 1 of the envelope. Field names are part of the buffer format."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = ENVELOPE_VERSION
+    id: UUID
+    queue: Annotated[str, StringConstraints(pattern=QUEUE_NAME)]
+    tenant: Annotated[str, StringConstraints(pattern=TENANT_NAME)]
+    name: Annotated[str, StringConstraints(pattern=TASK_NAME, max_length=TASK_NAME_MAX)]
+    payload: str
+    cost: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    max_attempts: int = Field(default=3, ge=1)
+    backoff_base: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    backoff_max: float = Field(default=3600.0, ge=0, allow_inf_nan=False)
+    eta: datetime | None = None
+    enqueued_at: datetime
+
+    def copy_row(self) -> tuple[Any, ...]:
+        """The row COPY'd into rota_staging (column order of the copy_staging block)."""
+        return (
+            self.id, self.queue, self.tenant, self.name, self.payload, self.cost,
+            self.max_attempts, self.backoff_base, self.backoff_max, self.eta, self.enqueued_at,
+        )
+
+
+def make_envelope(
+    *,
+    name: str,
+    queue: str,
+    tenant: str,
+    args: Any = (),
+    kwargs: Any = None,
+    task_id: UUID | None = None,
+    cost: float = 1.0,
+    max_attempts: int = 3,
+    backoff_base: float = 1.0,
+    backoff_max: float = 3600.0,
+    eta: datetime | None = None,
+    max_payload_bytes: int = 256 * 1024,
+    now: datetime | None = None,
+) -> TaskEnvelope:
+    """Checks a task and builds its envelope; raises a ValidationError subclass."""
+    check_task_name(name)
+    check_queue(queue)
+    check_tenant(tenant)
+    if not isinstance(cost, int | float) or not math.isfinite(cost) or cost <= 0:
+        raise ValidationError(f"cost must be a positive finite number, got {cost!r}")
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValidationError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+    if backoff_base < 0 or backoff_max < 0:
+        raise ValidationError("backoff must not be negative")
+    if eta is not None and eta.tzinfo is None:
+        raise ValidationError("eta must be timezone-aware (e.g. datetime.now(UTC))")
+    payload = dump_payload(args, {} if kwargs is None else kwargs, max_payload_bytes)
+    # model_construct: every field was checked above; a model validation per
+    # task would halve the producer's throughput.
+    return TaskEnvelope.model_construct(
+        v=ENVELOPE_VERSION,
+        id=task_id or new_task_id(),
+        queue=queue,
+        tenant=tenant,
+        name=name,
+        payload=payload,
+        cost=float(cost),
+        max_attempts=max_attempts,
+        backoff_base=float(backoff_base),
+        backoff_max=float(backoff_max),
+        eta=eta,
+        enqueued_at=now or datetime.now(UTC),
+    )
+
+
+def parse_envelope(raw: bytes | str, max_payload_bytes: int) -> TaskEnvelope:
+    """Parses a buffer entry; raises ValidationError saying what was wrong."""
+    try:
+        envelope = TaskEnvelope.model_validate_json(raw)
+    except PydanticValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'entry'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ValidationError(f"malformed task envelope: {problems}") from None
+    try:
+        decoded = orjson.loads(envelope.payload)
+    except orjson.JSONDecodeError as exc:
+        raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
+    if not isinstance(decoded, dict) or set(decoded) != {"args", "kwargs"}:
+        raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
+    if len(envelope.payload.encode()) > max_payload_bytes:
+        raise PayloadTooLarge(
+            f"payload is {len(envelope.payload.encode())} bytes, over the cap of {max_payload_bytes}"
+        )
+    return envelope

@@ -1,0 +1,47 @@
+"""rota's exceptions: every error a caller can act on has its own type."""
+
+from __future__ import annotations
+
+
+class RotaError(Exception):
+    """Base of every rota error."""
+
+
+class ValidationError(RotaError, ValueError):
+    """A task, name or setting was rejected before anything was written."""
+
+
+class InvalidName(ValidationError):
+    """A queue, tenant or task name breaks the documented rules."""
+
+
+class PayloadTooLarge(ValidationError):
+    """The task's serialised arguments exceed the configured size cap."""
+
+
+class NotJSONSerializable(ValidationError):
+    """The task's arguments cannot be represented as JSON."""
+
+
+class UnknownTask(ValidationError):
+    """No task of that name is registered."""
+
+
+class CapacityExceeded(RotaError):
+    """The tenant has as much work waiting as its capacity allows (backpressure)."""
+
+    def __init__(self, tenant: str, backlog: float, capacity: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} has {backlog:g} units of work waiting, its capacity is {capacity}"
+        )
+        self.tenant = tenant
+        self.backlog = backlog
+        self.capacity = capacity
+
+
+class EnqueueError(RotaError):
+    """Neither the Redis buffer nor PostgreSQL could store the task: nothing was stored."""
+
+
+class LeaseLost(RotaError):
+    """The task's lease expired and another worker holds it now (stale attempt token)."""

@@ -1,0 +1,214 @@
+"""The queue core's operations, each written once for sync and async use.
+
+Every function returns an operation for `rota.db.run` / `rota.db.arun`:
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        tasks = db.transact(conn, ops.claim(["pdfs"], limit=100, worker="w1"))
+        db.transact(conn, ops.complete([(t.id, t.attempt) for t in tasks]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from rota.db import Copy, Execute, Op, Row
+from rota.envelope import TaskEnvelope, check_queue, check_tenant
+from rota.errors import ValidationError
+from rota.sql import query
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    id: UUID
+    name: str
+    payload: dict[str, Any]
+    queue: str
+    tenant: str
+    attempt: int
+    max_attempts: int
+    lease_expires_at: datetime
+    enqueued_at: datetime
+
+    @property
+    def args(self) -> list[Any]:
+        return list(self.payload.get("args", []))
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.payload.get("kwargs", {}))
+
+    @property
+    def token(self) -> tuple[UUID, int]:
+        """The fencing token that completes, fails or extends this claim."""
+        return (self.id, self.attempt)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt: `retry_at` forces the next attempt's time (rota.Retry)."""
+
+    task_id: UUID
+    attempt: int
+    error: str
+    retry_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    id: UUID
+    status: str  # 'scheduled' (will retry) or 'dead'
+    run_at: datetime | None
+
+
+def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
+    """Bulk-loads tasks with their fair positions: COPY into staging, then one
+    SQL call. Tasks already loaded (same id) are ignored. Returns how many
+    were new."""
+    yield Execute(query("create_staging"))
+    # In a caller's own transaction the staging table may hold an earlier
+    # batch of the same transaction (ON COMMIT has not emptied it yet).
+    yield Execute(query("clear_staging"))
+    yield Copy(query("copy_staging"), (e.copy_row() for e in envelopes))
+    rows = yield Execute(query("load_staged"))
+    return int(rows[0][0])
+
+
+def claim(
+    queues: Sequence[str], limit: int, worker: str, lease_seconds: float = 60.0
+) -> Op[list[ClaimedTask]]:
+    """Claims up to `limit` ready tasks of `queues` in fair order (SKIP LOCKED)."""
+    for queue in queues:
+        check_queue(queue)
+    if limit < 1:
+        raise ValidationError(f"claim limit must be >= 1, got {limit}")
+    rows = yield Execute(
+        query("claim"),
+        {"queues": list(queues), "limit": limit, "worker": worker, "lease_seconds": lease_seconds},
+    )
+    return [ClaimedTask(*row) for row in rows]
+
+
+def _tokens(tokens: Iterable[tuple[UUID, int]]) -> dict[str, list[Any]]:
+    ids, attempts = [], []
+    for task_id, attempt in tokens:
+        ids.append(task_id)
+        attempts.append(attempt)
+    return {"ids": ids, "attempts": attempts}
+
+
+def complete(tokens: Iterable[tuple[UUID, int]]) -> Op[set[UUID]]:
+    """Completes claimed tasks; returns the ids completed. A stale token is refused."""
+    rows = yield Execute(query("complete"), _tokens(tokens))
+    return {row[0] for row in rows}
+
+
+def fail(failures: Sequence[Failure]) -> Op[list[FailOutcome]]:
+    """Fails claimed tasks: retry after backoff (or `retry_at`), or dead after the
+    last attempt. Stale tokens are refused (absent from the result)."""
+    rows = yield Execute(
+        query("fail"),
+        {
+            "ids": [f.task_id for f in failures],
+            "attempts": [f.attempt for f in failures],
+            "errors": [f.error for f in failures],
+            "retry_at": [f.retry_at for f in failures],
+        },
+    )
+    return [FailOutcome(*row) for row in rows]
+
+
+def release(tokens: Iterable[tuple[UUID, int]]) -> Op[set[UUID]]:
+    """Hands claimed-but-unstarted tasks back at their place; no attempt is used."""
+    rows = yield Execute(
+        query("requeue"), {**_tokens(tokens), "consume": False, "reason": None}
+    )
+    return {row[0] for row in rows}
+
+
+def requeue_lost(task_ids: Sequence[UUID], reason: str) -> Op[set[UUID]]:
+    """Requeues tasks whose worker is gone (the attempt counts)."""
+    rows = yield Execute(
+        query("requeue"),
+        {"ids": list(task_ids), "attempts": [None] * len(task_ids), "consume": True,
+         "reason": reason},
+    )
+    return {row[0] for row in rows}
+
+
+def requeue_expired() -> Op[set[UUID]]:
+    """Requeues tasks whose lease ran out (or dead-letters those out of attempts)."""
+    rows = yield Execute(query("requeue_expired"))
+    return {row[0] for row in rows}
+
+
+def extend_leases(tokens: Iterable[tuple[UUID, int]], lease_seconds: float) -> Op[set[UUID]]:
+    """Heartbeat: extends the leases; returns the ids still held by these tokens."""
+    rows = yield Execute(query("extend_leases"), {**_tokens(tokens), "lease_seconds": lease_seconds})
+    return {row[0] for row in rows}
+
+
+def promote_due(limit: int = 10_000) -> Op[int]:
+    """Moves due scheduled tasks into line with fresh fair positions."""
+    rows = yield Execute(query("promote_due"), {"limit": limit})
+    return int(rows[0][0])
+
+
+def configure_tenant(
+    name: str,
+    *,
+    weight: float = 1.0,
+    concurrency_limit: int | None = None,
+    rate_limit: float | None = None,
+    rate_burst: float | None = None,
+    capacity: int | None = None,
+) -> Op[int]:
+    """Creates or changes a tenant; returns its slot (id)."""
+    check_tenant(name)
+    if not weight > 0:
+        raise ValidationError(f"weight must be > 0, got {weight!r}")
+    for field, value in (("concurrency_limit", concurrency_limit), ("capacity", capacity)):
+        if value is not None and value < 0:
+            raise ValidationError(f"{field} must be >= 0, got {value!r}")
+    if rate_limit is not None and not rate_limit > 0:
+        raise ValidationError(f"rate_limit must be > 0 tasks per second, got {rate_limit!r}")
+    if rate_burst is not None and not rate_burst >= 1:
+        raise ValidationError(f"rate_burst must be >= 1, got {rate_burst!r}")
+    rows = yield Execute(
+        query("configure_tenant"),
+        {"name": name, "weight": weight, "concurrency_limit": concurrency_limit,
+         "rate_limit": rate_limit, "rate_burst": rate_burst, "capacity": capacity},
+    )
+    return int(rows[0][0])
+
+
+def tenant_backlogs() -> Op[dict[str, tuple[int | None, float]]]:
+    """{tenant: (capacity, estimated waiting work)} for backpressure."""
+    rows = yield Execute(query("tenant_backlog"))
+    return {row[0]: (row[1], float(row[2])) for row in rows}
+
+
+@dataclass(frozen=True)
+class TaskState:
+    id: UUID
+    queue: str
+    tenant: str
+    name: str
+    status: str
+    attempts: int
+    last_error: str | None
+    eta: datetime | None
+    finished_at: datetime | None
+
+
+def task_states(task_ids: Sequence[UUID]) -> Op[dict[UUID, TaskState]]:
+    rows: list[Row] = yield Execute(query("task_state"), {"ids": list(task_ids)})
+    return {row[0]: TaskState(*row) for row in rows}
+
+
+def queue_counts() -> Op[dict[str, dict[str, int]]]:
+    rows = yield Execute(query("queue_counts"))
+    return {row[0]: {"ready": row[1], "running": row[2], "scheduled": row[3]} for row in rows}

@@ -1,0 +1,40 @@
+"""rota's one settings class: every knob, read from ROTA_* environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROTA_", env_file=".env", extra="ignore")
+
+    database_url: str = "postgresql://localhost/postgres"
+    redis_url: str = "redis://localhost:6379/0"
+
+    # Producer
+    stream_prefix: str = "rota:buffer"
+    shards: int = Field(default=8, ge=1, le=1024)
+    max_payload_bytes: int = Field(default=256 * 1024, ge=64)
+    redis_timeout_seconds: float = Field(default=0.5, gt=0)
+    redis_retries: int = Field(default=2, ge=0)
+    breaker_failures: int = Field(default=3, ge=1)
+    breaker_reset_seconds: float = Field(default=5.0, gt=0)
+    capacity_cache_seconds: float = Field(default=2.0, ge=0)
+
+    # Task defaults
+    default_queue: str = "default"
+    default_max_attempts: int = Field(default=3, ge=1)
+    default_backoff_seconds: float = Field(default=1.0, ge=0)
+    default_backoff_max_seconds: float = Field(default=3600.0, ge=0)
+
+    # Loader
+    loader_group: str = "rota-loader"
+    loader_batch_size: int = Field(default=10_000, ge=1)
+    loader_idle_reclaim_seconds: float = Field(default=60.0, gt=0)
+    loader_max_deliveries: int = Field(default=5, ge=1)
+
+    # Consumer
+    lease_seconds: float = Field(default=60.0, gt=0)
+    heartbeat_seconds: float = Field(default=10.0, gt=0)
+    poll_seconds: float = Field(default=1.0, gt=0)

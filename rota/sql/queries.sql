@@ -1,0 +1,173 @@
+-- Named statements of rota's Python layer. Each block starts with `-- name: NAME`;
+-- rota.sql.QUERIES maps names to text, and a test checks every name used exists.
+
+-- name: create_staging
+-- The session's staging table for COPY; emptied at every commit.
+CREATE TEMP TABLE IF NOT EXISTS rota_staging (
+    arrival bigint GENERATED ALWAYS AS IDENTITY,
+    id uuid NOT NULL,
+    queue text NOT NULL,
+    tenant text NOT NULL,
+    name text NOT NULL,
+    payload jsonb NOT NULL,
+    cost double precision NOT NULL,
+    max_attempts integer NOT NULL,
+    backoff_base double precision NOT NULL,
+    backoff_max double precision NOT NULL,
+    eta timestamptz,
+    enqueued_at timestamptz NOT NULL
+) ON COMMIT DELETE ROWS
+
+-- name: copy_staging
+COPY rota_staging (id, queue, tenant, name, payload, cost, max_attempts, backoff_base,
+                   backoff_max, eta, enqueued_at) FROM STDIN
+
+-- name: clear_staging
+-- For a caller's own transaction, where ON COMMIT has not yet emptied it.
+TRUNCATE rota_staging
+
+-- name: load_staged
+SELECT rota.load_staged()
+
+-- name: claim
+-- Claims up to `limit` ready tasks of the given queues in fair order, in one
+-- statement. Tenants at their concurrency limit or out of rate tokens are
+-- skipped by the scan; the admission below is the race-proof check.
+WITH blocked AS MATERIALIZED (
+    SELECT coalesce(array_agg(t.id), '{}') AS ids
+    FROM rota.tenants t
+    WHERE t.limited
+      AND (t.running >= t.concurrency_limit
+           OR least(t.rate_burst,
+                    t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1)
+), candidates AS MATERIALIZED (
+    SELECT c.*
+    FROM rota.queues q
+    CROSS JOIN LATERAL (
+        SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id
+        FROM rota.ready r
+        WHERE r.queue_id = q.id AND r.tenant_id <> ALL ((SELECT ids FROM blocked)::integer[])
+        ORDER BY r.vtime, r.tenant_id, r.seq
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE q.name = ANY (%(queues)s::text[])
+    ORDER BY c.vtime, c.tenant_id, c.seq
+    LIMIT %(limit)s
+), limited AS MATERIALIZED (
+    -- Locked in id order, as every writer of tenant counters locks them; FOR
+    -- UPDATE reads the latest committed counters, so racing claims cannot
+    -- both take the last free slot.
+    SELECT t.id,
+           t.concurrency_limit - t.running AS free_slots,
+           least(t.rate_burst,
+                 t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) AS tokens
+    FROM rota.tenants t
+    WHERE t.limited AND t.id = ANY (ARRAY(SELECT DISTINCT tenant_id FROM candidates))
+    ORDER BY t.id
+    FOR UPDATE
+), admitted AS MATERIALIZED (
+    SELECT c.row_id, c.queue_id, c.vtime, c.tenant_id, c.seq, c.task_id,
+           l.free_slots IS NOT NULL AS counted
+    FROM (
+        SELECT candidates.*,
+               row_number() OVER (PARTITION BY tenant_id ORDER BY vtime, seq) AS nth
+        FROM candidates
+    ) c
+    LEFT JOIN limited l ON l.id = c.tenant_id
+    WHERE l.id IS NULL
+       OR c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
+), charged AS (
+    UPDATE rota.tenants t
+    SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
+        tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
+        refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
+    FROM (SELECT tenant_id, count(*) AS n FROM admitted GROUP BY tenant_id) a
+    JOIN limited l ON l.id = a.tenant_id
+    WHERE t.id = a.tenant_id
+), taken AS (
+    DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
+), claimed AS MATERIALIZED (
+    SELECT a.queue_id, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
+           t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
+           now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at
+    FROM rota.tasks t
+    JOIN admitted a ON a.task_id = t.id
+    WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+), leased AS (
+    INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
+                              lease_expires_at, counted)
+    SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, %(worker)s, lease_expires_at, counted
+    FROM claimed
+)
+SELECT c.task_id AS id, c.name, c.payload, q.name AS queue, tn.name AS tenant, c.attempt,
+       c.max_attempts, c.lease_expires_at, c.enqueued_at
+FROM claimed c
+JOIN rota.queues q ON q.id = c.queue_id
+JOIN rota.tenants tn ON tn.id = c.tenant_id
+ORDER BY c.vtime, c.tenant_id, c.seq
+
+-- name: complete
+SELECT id FROM rota.complete(%(ids)s::uuid[], %(attempts)s::integer[]) AS id
+
+-- name: fail
+SELECT id, status::text, run_at
+FROM rota.fail(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
+               %(retry_at)s::timestamptz[])
+
+-- name: requeue
+SELECT id FROM rota.requeue(%(ids)s::uuid[], %(attempts)s::integer[], %(consume)s,
+                            %(reason)s) AS id
+
+-- name: requeue_expired
+SELECT id FROM rota.requeue_expired() AS id
+
+-- name: extend_leases
+-- Heartbeat: returns the ids whose lease this worker still holds.
+UPDATE rota.running r
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS x(id, attempt)
+WHERE r.task_id = x.id AND r.attempt = x.attempt
+RETURNING r.task_id
+
+-- name: promote_due
+SELECT rota.promote_due(%(limit)s)
+
+-- name: configure_tenant
+SELECT rota.configure_tenant(%(name)s, %(weight)s, %(concurrency_limit)s, %(rate_limit)s,
+                             %(rate_burst)s, %(capacity)s)
+
+-- name: tenant_backlog
+SELECT tenant, capacity, backlog FROM rota.tenant_backlog
+
+-- name: task_state
+SELECT t.id, q.name AS queue, tn.name AS tenant, t.name,
+       CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END AS status,
+       t.attempts, t.last_error, t.eta, t.finished_at
+FROM rota.tasks t
+JOIN rota.queues q ON q.id = t.queue_id
+JOIN rota.tenants tn ON tn.id = t.tenant_id
+LEFT JOIN rota.running r ON r.task_id = t.id
+WHERE t.id = ANY (%(ids)s::uuid[])
+
+-- name: queue_counts
+SELECT q.name AS queue,
+       (SELECT count(*) FROM rota.ready r WHERE r.queue_id = q.id) AS ready,
+       (SELECT count(*) FROM rota.running r WHERE r.queue_id = q.id) AS running,
+       (SELECT count(*) FROM rota.scheduled s JOIN rota.tasks t ON t.id = s.task_id
+        WHERE t.queue_id = q.id) AS scheduled
+FROM rota.queues q
+ORDER BY q.name
+
+-- name: applied_migrations
+SELECT version FROM rota.migrations ORDER BY version
+
+-- name: migrations_table_exists
+SELECT to_regclass('rota.migrations') IS NOT NULL
+
+-- name: record_migration
+INSERT INTO rota.migrations (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: migration_lock
+-- Concurrent `rota migrate` runs take turns.
+SELECT pg_advisory_xact_lock(hashtext('rota.migrate'))
