@@ -73,15 +73,20 @@ class Server:
     def pid(self) -> int:
         return self.process.pid
 
+    def _signal(self, signum: int) -> None:
+        # The server leads its own process group; signalling the group reaches
+        # it through `runuser` too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
     def kill(self) -> None:
         """kill -9, as a crash would."""
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGKILL)
+        self._signal(signal.SIGKILL)
         self.process.wait()
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)  # fast shutdown for postgres, clean for redis
+            self._signal(signal.SIGINT)  # fast shutdown for postgres, clean for redis
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:

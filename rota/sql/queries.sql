@@ -38,8 +38,9 @@ WITH blocked AS MATERIALIZED (
     FROM rota.tenants t
     WHERE t.limited
       AND (t.running >= t.concurrency_limit
-           OR least(t.rate_burst,
-                    t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1)
+           OR t.rate_limit IS NOT NULL
+              AND least(t.rate_burst,
+                        t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1)
 ), candidates AS MATERIALIZED (
     SELECT c.*
     FROM rota.queues q
@@ -60,8 +61,11 @@ WITH blocked AS MATERIALIZED (
     -- both take the last free slot.
     SELECT t.id,
            t.concurrency_limit - t.running AS free_slots,
-           least(t.rate_burst,
-                 t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) AS tokens
+           -- least() skips NULLs: without a rate limit the tokens must stay NULL.
+           CASE WHEN t.rate_limit IS NOT NULL
+                THEN least(t.rate_burst,
+                           t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
+           END AS tokens
     FROM rota.tenants t
     WHERE t.limited AND t.id = ANY (ARRAY(SELECT DISTINCT tenant_id FROM candidates))
     ORDER BY t.id

@@ -1,0 +1,240 @@
+"""The queue core against a real PostgreSQL: loading, fair order, outcomes, limits."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import db, ops
+from rota.envelope import make_envelope
+from rota.errors import InvalidName, ValidationError
+from tests.helpers import claim, drain_order, envelopes, load
+
+Conn = psycopg.Connection[Any]
+
+
+def test_loading_the_same_batch_twice_creates_each_task_once(conn: Conn) -> None:
+    batch = envelopes("alice", 50)
+    assert load(conn, batch) == 50
+    assert load(conn, batch) == 0
+    assert load(conn, batch[:10] + envelopes("alice", 5)) == 5
+    assert db.run(conn, ops.queue_counts())["default"]["ready"] == 55
+
+
+def test_duplicate_ids_inside_one_batch_are_loaded_once(conn: Conn) -> None:
+    batch = envelopes("alice", 3)
+    assert load(conn, batch + batch) == 3
+
+
+def test_a_flood_does_not_push_a_small_tenant_back(conn: Conn) -> None:
+    load(conn, envelopes("flood", 300))
+    load(conn, envelopes("small", 2))
+    order = drain_order(conn, batch=1)
+    # The late tenant gets the next round's slot: served at once, then again next round.
+    assert order.index("small") <= 1
+    assert [i for i, t in enumerate(order) if t == "small"][1] <= 3
+
+
+def test_equal_weights_take_one_turn_each_per_round(conn: Conn) -> None:
+    load(conn, envelopes("a", 5) + envelopes("b", 3) + envelopes("c", 1))
+    order = drain_order(conn, batch=4)
+    assert order == ["a", "b", "c", "a", "b", "a", "b", "a", "a"]
+
+
+def test_weights_give_proportional_shares(conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("gold", weight=2))
+    load(conn, envelopes("gold", 300) + envelopes("x", 300) + envelopes("y", 300))
+    first = [t.tenant for t in claim(conn, 400)]
+    assert first.count("gold") == 200
+    assert first.count("x") == 100
+    assert first.count("y") == 100
+
+
+def test_cost_counts_against_the_tenants_share(conn: Conn) -> None:
+    load(conn, envelopes("heavy", 20, cost=4) + envelopes("light", 40))
+    first = [t.tenant for t in claim(conn, 25)]
+    assert first.count("light") == 20
+    assert first.count("heavy") == 5
+
+
+def test_a_future_eta_waits_scheduled_then_gets_a_fresh_fair_place(conn: Conn) -> None:
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    load(conn, envelopes("later", 1, eta=soon) + envelopes("now", 3))
+    assert db.run(conn, ops.queue_counts())["default"] == {"ready": 3, "running": 0,
+                                                           "scheduled": 1}
+    assert db.transact(conn, ops.promote_due()) == 0
+    time.sleep(1.1)
+    assert db.transact(conn, ops.promote_due()) == 1
+    # Promoted into the current round, not behind the rest of the backlog.
+    assert "later" in [t.tenant for t in claim(conn, 2)]
+
+
+def test_complete_and_stale_tokens_are_refused(conn: Conn) -> None:
+    load(conn, envelopes("alice", 2))
+    first, second = claim(conn, 2)
+    assert db.transact(conn, ops.complete([first.token])) == {first.id}
+    assert db.transact(conn, ops.complete([first.token])) == set()
+    stale = (second.id, second.attempt + 1)
+    assert db.transact(conn, ops.complete([stale])) == set()
+    states = db.run(conn, ops.task_states([first.id, second.id]))
+    assert states[first.id].status == "succeeded"
+    assert states[second.id].status == "running"
+
+
+def test_failures_retry_with_backoff_then_die_keeping_the_last_error(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1, max_attempts=2, backoff_base=0.2))
+    (task,) = claim(conn, 1)
+    (outcome,) = db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "first")]))
+    assert outcome.status == "scheduled"
+    assert outcome.run_at is not None
+    delay = (outcome.run_at - datetime.now(UTC)).total_seconds()
+    assert 0 < delay <= 0.2  # equal jitter: between half and all of the base delay
+    assert claim(conn, 1) == []
+    time.sleep(0.25)
+    db.transact(conn, ops.promote_due())
+    (again,) = claim(conn, 1)
+    assert again.attempt == 2
+    (dead,) = db.transact(conn, ops.fail([ops.Failure(again.id, again.attempt, "second")]))
+    assert dead.status == "dead"
+    state = db.run(conn, ops.task_states([task.id]))[task.id]
+    assert (state.status, state.attempts, state.last_error) == ("dead", 2, "second")
+
+
+def test_backoff_grows_exponentially(conn: Conn) -> None:
+    delays = [row[0] for row in conn.execute(
+        "SELECT rota.backoff_seconds(a, 1, 3600) FROM generate_series(1, 8) a")]
+    for attempt, delay in enumerate(delays, start=1):
+        assert 2 ** (attempt - 1) / 2 <= delay <= 2 ** (attempt - 1)
+    assert conn.execute("SELECT rota.backoff_seconds(40, 1, 60)").fetchone()[0] <= 60
+
+
+def test_an_explicit_retry_time_is_kept(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1))
+    (task,) = claim(conn, 1)
+    at = datetime.now(UTC) + timedelta(minutes=5)
+    (outcome,) = db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "later", at)]))
+    assert outcome.run_at == at
+
+
+def test_expired_leases_are_requeued_and_the_old_holder_is_fenced(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1))
+    (task,) = claim(conn, 1, lease_seconds=0.2)
+    time.sleep(0.3)
+    assert db.transact(conn, ops.requeue_expired()) == {task.id}
+    (again,) = claim(conn, 1, worker="other")
+    assert again.id == task.id and again.attempt == task.attempt + 1
+    assert db.transact(conn, ops.complete([task.token])) == set()
+    assert db.transact(conn, ops.extend_leases([task.token], 60)) == set()
+    assert db.transact(conn, ops.extend_leases([again.token], 60)) == {task.id}
+    assert db.transact(conn, ops.complete([again.token])) == {task.id}
+
+
+def test_a_lease_expiring_on_the_last_attempt_dead_letters(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1, max_attempts=1))
+    (task,) = claim(conn, 1, lease_seconds=0.1)
+    time.sleep(0.2)
+    assert db.transact(conn, ops.requeue_expired()) == set()
+    state = db.run(conn, ops.task_states([task.id]))[task.id]
+    assert (state.status, state.last_error) == ("dead", "lease expired")
+
+
+def test_released_tasks_keep_their_place_and_their_attempt(conn: Conn) -> None:
+    load(conn, envelopes("a", 2) + envelopes("b", 2))
+    got = claim(conn, 2)
+    assert db.transact(conn, ops.release([t.token for t in got])) == {t.id for t in got}
+    again = claim(conn, 2)
+    assert [t.id for t in again] == [t.id for t in got]
+    assert [t.attempt for t in again] == [1, 1]
+
+
+def test_claims_only_take_the_asked_queues(conn: Conn) -> None:
+    load(conn, envelopes("a", 3, queue="pdfs") + envelopes("a", 3, queue="mail"))
+    assert {t.queue for t in claim(conn, 10, queues=("pdfs",))} == {"pdfs"}
+    both = claim(conn, 10, queues=("pdfs", "mail"))
+    assert {t.queue for t in both} == {"mail"}
+    assert claim(conn, 10, queues=("unknown",)) == []
+
+
+def test_multi_queue_claims_merge_in_fair_order(conn: Conn) -> None:
+    load(conn, envelopes("a", 3, queue="q1") + envelopes("b", 3, queue="q2"))
+    got = claim(conn, 6, queues=("q1", "q2"))
+    assert [t.tenant for t in got] == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_concurrency_limit_holds_back_extra_tasks_without_using_attempts(conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("capped", concurrency_limit=2))
+    load(conn, envelopes("capped", 5) + envelopes("free", 5))
+    got = claim(conn, 10)
+    assert [t.tenant for t in got].count("capped") == 2
+    assert claim(conn, 10) == []
+    db.transact(conn, ops.complete([next(t.token for t in got if t.tenant == "capped")]))
+    (next_one,) = claim(conn, 10)
+    assert next_one.tenant == "capped" and next_one.attempt == 1
+
+
+def test_rate_limit_throttles_without_failing(conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("slow", rate_limit=5, rate_burst=2))
+    load(conn, envelopes("slow", 10))
+    assert len(claim(conn, 10)) == 2
+    assert claim(conn, 10) == []
+    time.sleep(0.45)  # 5/s: two more tokens
+    assert len(claim(conn, 10)) == 2
+
+
+def test_backlog_estimate_tracks_waiting_work(conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("alice", capacity=100))
+    load(conn, envelopes("alice", 30) + envelopes("bob", 10, cost=2))
+    backlogs = db.run(conn, ops.tenant_backlogs())
+    assert backlogs["alice"] == (100, 30.0)
+    assert backlogs["bob"] == (None, 20.0)
+    got = claim(conn, 10)
+    db.transact(conn, ops.complete(t.token for t in got))
+    # 7 of alice's 30 were claimed; the estimate may run up to one round ahead.
+    assert 23 <= db.run(conn, ops.tenant_backlogs())["alice"][1] <= 24
+
+
+def test_loading_notifies_once_per_batch(conn: Conn, database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN rota_ready")
+        load(conn, envelopes("a", 500) + envelopes("b", 500, queue="other"))
+        notes = list(listener.notifies(timeout=0.5))
+    assert sorted(n.payload for n in notes) == ["default", "other"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"weight": 0},
+        {"weight": -1},
+        {"concurrency_limit": -1},
+        {"capacity": -5},
+        {"rate_limit": 0},
+        {"rate_burst": 0.5},
+    ],
+)
+def test_bad_tenant_settings_are_refused(conn: Conn, change: dict[str, float]) -> None:
+    with pytest.raises(ValidationError):
+        db.transact(conn, ops.configure_tenant("alice", **change))
+    assert conn.execute("SELECT count(*) FROM rota.tenants").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("name", ["", "Bad Name", "-x", "x" * 200, "a/b", "naïve"])
+def test_bad_tenant_names_are_refused_by_python_and_by_the_database(conn: Conn, name: str) -> None:
+    with pytest.raises(InvalidName):
+        db.transact(conn, ops.configure_tenant(name))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO rota.tenants (name) VALUES (%s)", [name])
+
+
+def test_a_batch_with_a_bad_row_writes_nothing(conn: Conn) -> None:
+    good = envelopes("alice", 3)
+    bad = make_envelope(name="tests.noop", queue="default", tenant="alice")
+    broken = bad.model_copy(update={"tenant": "not valid!"})
+    with pytest.raises(psycopg.errors.CheckViolation):
+        load(conn, [*good, broken])
+    assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM rota.tenants").fetchone() == (0,)
