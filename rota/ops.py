@@ -72,7 +72,7 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     # In a caller's own transaction the staging table may hold an earlier
     # batch of the same transaction (ON COMMIT has not emptied it yet).
     yield Execute(query("clear_staging"))
-    yield Copy(query("copy_staging"), (e.copy_row() for e in envelopes))
+    yield Copy(query("copy_staging"), ((i, *e.copy_row()) for i, e in enumerate(envelopes)))
     rows = yield Execute(query("load_staged"))
     return int(rows[0][0])
 

@@ -1,7 +1,7 @@
 """Real servers for the integration and acceptance tiers.
 
 One PostgreSQL and one Redis per test session, started from the machine's own
-binaries on free loopback ports (infra/devservers.py). Each test that asks for
+binaries on free loopback ports (rota/devservers.py). Each test that asks for
 `database_url` gets a fresh database cloned from a migrated template.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from infra.devservers import Server, local_postgres, local_redis
+from rota.devservers import Server, local_postgres, local_redis
 from rota.migrate import migrate
 
 _counter = itertools.count()

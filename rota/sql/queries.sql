@@ -4,7 +4,7 @@
 -- name: create_staging
 -- The session's staging table for COPY; emptied at every commit.
 CREATE TEMP TABLE IF NOT EXISTS rota_staging (
-    arrival bigint GENERATED ALWAYS AS IDENTITY,
+    arrival integer NOT NULL,  -- position in the batch: the order tasks arrived in
     id uuid NOT NULL,
     queue text NOT NULL,
     tenant text NOT NULL,
@@ -19,7 +19,7 @@ CREATE TEMP TABLE IF NOT EXISTS rota_staging (
 ) ON COMMIT DELETE ROWS
 
 -- name: copy_staging
-COPY rota_staging (id, queue, tenant, name, payload, cost, max_attempts, backoff_base,
+COPY rota_staging (arrival, id, queue, tenant, name, payload, cost, max_attempts, backoff_base,
                    backoff_max, eta, enqueued_at) FROM STDIN
 
 -- name: clear_staging

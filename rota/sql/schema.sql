@@ -149,21 +149,28 @@ BEGIN
     WITH batch AS (
         SELECT * FROM unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs)
             AS b(id, seq, queue_id, tenant_id, cost)
-    ), clock AS (
-        SELECT q.queue_id, rota.vclock(q.queue_id) AS v
-        FROM (SELECT DISTINCT queue_id FROM batch) q
-    ), tagged AS (
-        SELECT b.id, b.seq, b.queue_id, b.tenant_id,
-               greatest(c.v, coalesce(tq.finish_tag, c.v))
-                 + coalesce(sum(b.cost / t.weight) OVER earlier, 0) AS vtime,
-               greatest(c.v, coalesce(tq.finish_tag, c.v))
-                 + sum(b.cost / t.weight) OVER upto AS finish
+    ), clock AS MATERIALIZED (  -- read once per queue, not once per tenant or task
+        SELECT q.queue_id, rota.vclock(q.queue_id) AS v FROM (SELECT DISTINCT queue_id FROM batch) q
+    ), tenant_base AS MATERIALIZED (
+        -- Per (queue, tenant) of the batch, not per task: where its next task
+        -- starts, S = max(V, F), and its weight.
+        SELECT p.queue_id, p.tenant_id, t.weight,
+               greatest(c.v, coalesce(tq.finish_tag, c.v)) AS start
+        FROM (SELECT DISTINCT queue_id, tenant_id FROM batch) p
+        JOIN clock c ON c.queue_id = p.queue_id
+        JOIN rota.tenants t ON t.id = p.tenant_id
+        LEFT JOIN rota.tenant_queues tq ON tq.queue_id = p.queue_id AND tq.tenant_id = p.tenant_id
+    ), finished AS (
+        -- Each next task of a tenant starts where its previous one finished:
+        -- F = S + cost / weight.
+        SELECT b.id, b.seq, b.queue_id, b.tenant_id, b.cost / tb.weight AS step,
+               tb.start + sum(b.cost / tb.weight) OVER (PARTITION BY b.queue_id, b.tenant_id
+                                                        ORDER BY b.seq ROWS UNBOUNDED PRECEDING)
+                 AS finish
         FROM batch b
-        JOIN clock c ON c.queue_id = b.queue_id
-        JOIN rota.tenants t ON t.id = b.tenant_id
-        LEFT JOIN rota.tenant_queues tq ON tq.queue_id = b.queue_id AND tq.tenant_id = b.tenant_id
-        WINDOW upto AS (PARTITION BY b.queue_id, b.tenant_id ORDER BY b.seq),
-               earlier AS (upto ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+        JOIN tenant_base tb ON tb.queue_id = b.queue_id AND tb.tenant_id = b.tenant_id
+    ), tagged AS (
+        SELECT id, seq, queue_id, tenant_id, finish - step AS vtime, finish FROM finished
     ), into_ready AS (
         INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
         SELECT queue_id, vtime, tenant_id, seq, id FROM tagged
@@ -225,14 +232,15 @@ BEGIN
     WITH inserted AS (
         INSERT INTO rota.tasks AS t (id, queue_id, tenant_id, name, payload, cost, max_attempts,
                                      backoff_base, backoff_max, status, eta, enqueued_at)
-        SELECT DISTINCT ON (s.id) s.id, q.id, tn.id, s.name, s.payload, s.cost, s.max_attempts,
+        SELECT s.id, q.id, tn.id, s.name, s.payload, s.cost, s.max_attempts,
                s.backoff_base, s.backoff_max,
                CASE WHEN s.eta > now() THEN 'scheduled' ELSE 'pending' END::rota.task_status,
                s.eta, s.enqueued_at
         FROM pg_temp.rota_staging s
         JOIN rota.queues q ON q.name = s.queue
         JOIN rota.tenants tn ON tn.name = s.tenant
-        ORDER BY s.id, s.arrival
+        -- A repeated id, in this batch or loaded before, is skipped (DO NOTHING).
+        ORDER BY s.arrival
         ON CONFLICT (id) DO NOTHING
         RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta
     ), later AS (

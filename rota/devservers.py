@@ -7,7 +7,8 @@ temporary directory that is removed on stop. No Docker, no system service.
     with local_postgres() as pg, local_redis() as rd:
         print(pg.url, rd.url)
 
-``python -m infra.devservers`` starts both and prints their URLs until Ctrl-C.
+``python -m rota.devservers`` (or ``infra/servers``) starts both and prints
+their URLs until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _postgres_bindir() -> Path:
+def postgres_bindir() -> Path:
     candidates = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/postgres"),
         key=lambda p: int(Path(p).parts[-3]),
@@ -116,7 +117,7 @@ POSTGRES_SETTINGS = {
 
 
 def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
-    bindir = _postgres_bindir()
+    bindir = postgres_bindir()
     prefix, uid, gid = _as_postgres_user()
     port = port or free_port()
     directory = Path(tempfile.mkdtemp(prefix="rota-pg-"))

@@ -1,0 +1,229 @@
+"""Benchmarks of the PostgreSQL core: bulk fair loading and claiming.
+
+Each figure is reported beside its baseline measured in the same run, as the
+median of several runs: the machines are shared and noisy, so ratios matter
+more than absolute numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import statistics
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from rota import db, ops
+from rota.envelope import TaskEnvelope, make_envelope
+from rota.migrate import migrate
+from rota.sql import query
+
+BATCH = 10_000
+QUEUE = "bench"
+
+
+def skewed_tenant(i: int, tenants: int) -> str:
+    """1,000 tenants by default, one of them holding half the tasks."""
+    if i % 2 == 0 or tenants == 1:
+        return "t0000"
+    return f"t{1 + (i // 2) % (tenants - 1):04d}"
+
+
+def make_tasks(count: int, tenants: int, start: int = 0) -> Iterator[TaskEnvelope]:
+    now = datetime.now(UTC)
+    for i in range(start, start + count):
+        yield make_envelope(name="bench.noop", queue=QUEUE, tenant=skewed_tenant(i, tenants),
+                            args=[i, "payload-padding-abcdefghij"], now=now)
+
+
+def reset(conn: psycopg.Connection[Any]) -> None:
+    migrate(conn)
+    conn.execute(
+        "TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.tenant_queues, "
+        "rota.tenants, rota.queues RESTART IDENTITY"
+    )
+    conn.execute("DROP TABLE IF EXISTS rota_bench_raw")
+
+
+def _load_batches(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
+    started = time.perf_counter()
+    for batch in batches:
+        db.transact(conn, ops.load(batch))
+    return time.perf_counter() - started
+
+
+def _raw_copy(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
+    """Baseline: COPY the same rows into a table shaped like rota.tasks, PK only."""
+    conn.execute("DROP TABLE IF EXISTS rota_bench_raw")
+    conn.execute("CREATE UNLOGGED TABLE rota_bench_raw (LIKE rota.tasks INCLUDING DEFAULTS)")
+    conn.execute("ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)")
+    started = time.perf_counter()
+    for batch in batches:
+        with conn.transaction(), conn.cursor() as cur, cur.copy(
+            "COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts,"
+            " backoff_base, backoff_max, eta, enqueued_at) FROM STDIN"
+        ) as copy:
+            for e in batch:
+                copy.write_row((e.id, 1, 1, e.name, e.payload, e.cost, e.max_attempts,
+                                e.backoff_base, e.backoff_max, e.eta, e.enqueued_at))
+    return time.perf_counter() - started
+
+
+def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
+    """Fair bulk load vs raw COPY of the same rows, alternating, `runs` times."""
+    raw_rates, fair_rates = [], []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for run in range(runs):
+            rows = list(make_tasks(tasks, tenants, start=run * tasks))
+            batches = [rows[i:i + BATCH] for i in range(0, len(rows), BATCH)]
+            reset(conn)
+            raw_rates.append(tasks / _raw_copy(conn, batches))
+            conn.execute("DROP TABLE rota_bench_raw")
+            reset(conn)
+            fair_rates.append(tasks / _load_batches(conn, batches))
+    raw, fair = statistics.median(raw_rates), statistics.median(fair_rates)
+    return {
+        "params": {"tasks": tasks, "tenants": tenants, "batch": BATCH, "runs": runs},
+        "raw_copy_rows_per_s": round(raw),
+        "fair_load_tasks_per_s": round(fair),
+        "fair_to_raw_ratio": round(fair / raw, 3),
+        "runs": {"raw_copy": [round(r) for r in raw_rates],
+                 "fair_load": [round(r) for r in fair_rates]},
+        "goal": {"fair_to_raw_ratio_at_least": 0.8},
+    }
+
+
+class Filler:
+    """Tops the bench queue up to a backlog size, numbering tasks uniquely."""
+
+    def __init__(self, conn: psycopg.Connection[Any], tenants: int) -> None:
+        self.conn, self.tenants, self.next_number = conn, tenants, 0
+
+    def fill(self, target: int) -> None:
+        waiting = db.run(self.conn, ops.queue_counts()).get(QUEUE, {}).get("ready", 0)
+        need = max(0, target - waiting)
+        rows = make_tasks(need, self.tenants, start=self.next_number)
+        self.next_number += need
+        while batch := list(itertools.islice(rows, BATCH)):
+            db.transact(self.conn, ops.load(batch))
+        # ANALYZE only: after churn, cleaning up is autovacuum's job, as in production.
+        self.conn.execute("ANALYZE rota.ready")
+
+
+def _claim_latencies(conn: psycopg.Connection[Any], samples: int, limit: int) -> list[float]:
+    """Times the claim statement itself; each claim is rolled back so the backlog stays put."""
+    params = {"queues": [QUEUE], "limit": limit, "worker": "bench", "lease_seconds": 60.0}
+    claim_sql = query("claim")
+    times = []
+    for i in range(samples + 5):
+        with conn.cursor() as cur:
+            cur.execute("BEGIN")
+            started = time.perf_counter()
+            cur.execute(claim_sql, params, prepare=True)
+            got = cur.fetchall()
+            elapsed = time.perf_counter() - started
+            cur.execute("ROLLBACK")
+        if i >= 5:  # the first executions plan and warm up
+            times.append(elapsed * 1000)
+        assert len(got) == limit, f"claimed {len(got)} of {limit}"
+    return times
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _claim_worker(args: tuple[str, int, float]) -> int:
+    url, limit, seconds = args
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            got = db.transact(conn, ops.claim([QUEUE], limit, "bench"))
+            if not got:
+                break
+            done += len(db.transact(conn, ops.complete(t.token for t in got)))
+    return done
+
+
+def claim_throughput(url: str, connections: int, limit: int, seconds: float) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(connections) as pool:
+        started = time.perf_counter()
+        done = sum(pool.map(_claim_worker, [(url, limit, seconds)] * connections))
+        elapsed = time.perf_counter() - started
+    return done / elapsed
+
+
+def churn(url: str, tasks: int, connections: int, limit: int) -> float:
+    """Claims and completes `tasks` tasks with `connections` processes; returns tasks/s."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(connections) as pool:
+        started = time.perf_counter()
+        per = [(url, limit, tasks // connections) for _ in range(connections)]
+        done = sum(pool.map(_churn_worker, per))
+        elapsed = time.perf_counter() - started
+    return done / elapsed
+
+
+def _churn_worker(args: tuple[str, int, int]) -> int:
+    url, limit, quota = args
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        while done < quota:
+            got = db.transact(conn, ops.claim([QUEUE], min(limit, quota - done), "bench"))
+            if not got:
+                break
+            done += len(db.transact(conn, ops.complete(t.token for t in got)))
+    return done
+
+
+def bench_claim(
+    url: str, backlogs: list[int], tenants: int, connections: int, limit: int,
+    samples: int, throughput_seconds: float, runs: int,
+) -> dict[str, Any]:
+    latency: dict[str, dict[str, float]] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        filler = Filler(conn, tenants)
+        # Throughput: claim + complete, `connections` processes, `runs` times.
+        rates = []
+        for _ in range(runs):
+            filler.fill(max(backlogs[0], int(40_000 * throughput_seconds)))
+            rates.append(claim_throughput(url, connections, limit, throughput_seconds))
+        reset(conn)
+        filler = Filler(conn, tenants)
+        for backlog in sorted(backlogs):
+            filler.fill(backlog)
+            times = _claim_latencies(conn, samples, limit)
+            latency[str(backlog)] = {"p50_ms": round(statistics.median(times), 3),
+                                     "p99_ms": round(_percentile(times, 0.99), 3)}
+        largest = max(backlogs)
+        # Churn: as many tasks as the largest backlog claimed and completed,
+        # then the backlog refilled to its size so the figure compares.
+        filler.fill(2 * largest)
+        churn_rate = churn(url, largest, connections, limit)
+        filler.fill(largest)
+        times = _claim_latencies(conn, samples, limit)
+        latency[f"{largest}_after_churn"] = {"p50_ms": round(statistics.median(times), 3),
+                                             "p99_ms": round(_percentile(times, 0.99), 3)}
+    smallest = str(min(backlogs))
+    return {
+        "params": {"backlogs": backlogs, "tenants": tenants, "connections": connections,
+                   "claim_size": limit, "samples": samples, "runs": runs},
+        "claim_complete_tasks_per_s": round(statistics.median(rates)),
+        "runs": {"claim_complete_tasks_per_s": [round(r) for r in rates]},
+        "churn_tasks_per_s": round(churn_rate),
+        "claim_latency": latency,
+        "p50_ratio_largest_to_smallest": round(
+            latency[str(largest)]["p50_ms"] / latency[smallest]["p50_ms"], 3),
+        "p50_ratio_after_churn_to_smallest": round(
+            latency[f"{largest}_after_churn"]["p50_ms"] / latency[smallest]["p50_ms"], 3),
+        "goal": {"claim_complete_tasks_per_s_at_least": 30_000,
+                 "p50_ratio_at_most": 1.2, "p50_ms_at_most": 2.0},
+    }

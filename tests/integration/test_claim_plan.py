@@ -1,0 +1,58 @@
+"""The claim stays an index scan, and its transaction stays on the lock fast path."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+from rota import db, ops
+from rota.sql import query
+from tests.helpers import envelopes, load
+
+Conn = psycopg.Connection[Any]
+PARAMS = {"queues": ["default"], "limit": 100, "worker": "w", "lease_seconds": 60.0}
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes.extend(_plan_nodes(child))
+    return nodes
+
+
+def _backlog(conn: Conn) -> None:
+    load(conn, [e for t in range(50) for e in envelopes(f"t{t}", 400)])
+    conn.execute("ANALYZE rota.ready")
+    conn.execute("ANALYZE rota.tasks")
+
+
+def test_the_claim_reads_ready_through_its_fair_order_index(conn: Conn) -> None:
+    _backlog(conn)
+    with conn.transaction():
+        (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + query("claim"), PARAMS).fetchone()
+    nodes = _plan_nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    scans = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes
+             if "Relation Name" in n]
+    assert ("Index Scan", "ready", "ready_fair_order") in scans, scans
+    assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in {"ready", "tasks"}], scans
+    assert ("Index Scan", "tasks", "tasks_pkey") in scans, scans
+
+
+def test_a_claim_transaction_locks_few_relations_all_on_the_fast_path(conn: Conn) -> None:
+    _backlog(conn)
+    db.transact(conn, ops.configure_tenant("t1", concurrency_limit=5))
+    with conn.transaction():
+        got = db.run(conn, ops.claim(["default"], 100, "w"))
+        assert len(got) == 100
+        locks = conn.execute(
+            "SELECT c.relname, l.mode, l.fastpath FROM pg_locks l "
+            "JOIN pg_class c ON c.oid = l.relation "
+            "WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' "
+            "AND c.relnamespace = 'rota'::regnamespace"
+        ).fetchall()
+    relations = {name for name, _, _ in locks}
+    assert {"ready", "ready_fair_order", "tasks", "running", "tenants"} <= relations
+    assert len(relations) < 16, relations
+    assert all(fastpath for _, _, fastpath in locks), locks

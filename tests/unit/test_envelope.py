@@ -1,0 +1,90 @@
+"""The task envelope's rules: names, payloads, fields."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from rota.envelope import make_envelope, parse_envelope, task_id_for_key
+from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
+
+
+def _ok(**change: object) -> dict[str, object]:
+    return {"name": "app.tasks.parse_pdf", "queue": "pdfs", "tenant": "alice", **change}
+
+
+def test_a_valid_task_round_trips_through_the_buffer_format() -> None:
+    envelope = make_envelope(**_ok(args=[1, "two"], kwargs={"x": [3.5]}), cost=2)  # type: ignore[arg-type]
+    parsed = parse_envelope(envelope.model_dump_json(), 1024)
+    assert parsed == envelope
+    assert parsed.payload == '{"args":[1,"two"],"kwargs":{"x":[3.5]}}'
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"queue": "Pdfs"}, InvalidName),
+        ({"queue": ""}, InvalidName),
+        ({"queue": "q" * 64}, InvalidName),
+        ({"tenant": "alice bob"}, InvalidName),
+        ({"tenant": "_x"}, InvalidName),
+        ({"tenant": 42}, InvalidName),
+        ({"name": "1abc"}, InvalidName),
+        ({"name": "a..b"}, InvalidName),
+        ({"name": "x" * 201}, InvalidName),
+        ({"args": [object()]}, NotJSONSerializable),
+        ({"args": [datetime.now(UTC)]}, NotJSONSerializable),
+        ({"args": [math.nan]}, NotJSONSerializable),
+        ({"args": [math.inf]}, NotJSONSerializable),
+        ({"kwargs": {1: "non-string key"}}, NotJSONSerializable),
+        ({"args": "not a list"}, NotJSONSerializable),
+        ({"args": ["x" * 2000]}, PayloadTooLarge),
+        ({"cost": 0}, ValidationError),
+        ({"cost": -1}, ValidationError),
+        ({"cost": math.inf}, ValidationError),
+        ({"max_attempts": 0}, ValidationError),
+        ({"eta": datetime(2030, 1, 1)}, ValidationError),
+    ],
+)
+def test_bad_tasks_get_typed_errors(change: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        make_envelope(**{**_ok(), "max_payload_bytes": 1024, **change})  # type: ignore[arg-type]
+
+
+def test_null_arguments_are_fine() -> None:
+    envelope = make_envelope(**_ok(args=[None], kwargs={"x": None}))  # type: ignore[arg-type]
+    assert envelope.payload == '{"args":[null],"kwargs":{"x":null}}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"not json", "malformed"),
+        (b'{"v": 1}', "id"),
+        (b'{"v": 2, "id": "00000000-0000-0000-0000-000000000000"}', "v"),
+    ],
+)
+def test_malformed_buffer_entries_say_what_is_wrong(raw: bytes, says: str) -> None:
+    with pytest.raises(ValidationError, match=says):
+        parse_envelope(raw, 1024)
+
+
+def test_a_buffer_entry_with_a_bad_payload_is_refused() -> None:
+    envelope = make_envelope(**_ok())  # type: ignore[arg-type]
+    broken = envelope.model_copy(update={"payload": "[1, 2]"}).model_dump_json()
+    with pytest.raises(ValidationError, match="args"):
+        parse_envelope(broken, 1024)
+    huge = envelope.model_copy(
+        update={"payload": '{"args": ["' + "x" * 2000 + '"], "kwargs": {}}'}
+    ).model_dump_json()
+    with pytest.raises(PayloadTooLarge):
+        parse_envelope(huge, 1024)
+
+
+def test_task_ids_sort_by_creation_and_keys_name_one_task() -> None:
+    ids = [make_envelope(**_ok()).id for _ in range(100)]  # type: ignore[arg-type]
+    assert ids == sorted(ids)
+    assert task_id_for_key("k1", "alice") == task_id_for_key("k1", "alice")
+    assert task_id_for_key("k1", "alice") != task_id_for_key("k1", "bob")
