@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import orjson
+
 from rota.db import Copy, Execute, Op, Row
 from rota.envelope import TaskEnvelope, check_queue, check_tenant
 from rota.errors import ValidationError
@@ -89,7 +91,9 @@ def claim(
         query("claim"),
         {"queues": list(queues), "limit": limit, "worker": worker, "lease_seconds": lease_seconds},
     )
-    return [ClaimedTask(*row) for row in rows]
+    # The payload comes as text: orjson parses it several times faster than
+    # psycopg's default json loader.
+    return [ClaimedTask(row[0], row[1], orjson.loads(row[2]), *row[3:]) for row in rows]
 
 
 def _tokens(tokens: Iterable[tuple[UUID, int]]) -> dict[str, list[Any]]:
@@ -196,17 +200,21 @@ class TaskState:
     id: UUID
     queue: str
     tenant: str
-    name: str
-    status: str
+    status: str  # pending, running, scheduled, succeeded or dead
     attempts: int
     last_error: str | None
-    eta: datetime | None
     finished_at: datetime | None
 
 
 def task_states(task_ids: Sequence[UUID]) -> Op[dict[UUID, TaskState]]:
     rows: list[Row] = yield Execute(query("task_state"), {"ids": list(task_ids)})
     return {row[0]: TaskState(*row) for row in rows}
+
+
+def prune_finished(older_than_seconds: float) -> Op[int]:
+    """Drops records of tasks that succeeded longer ago than this; returns how many."""
+    rows = yield Execute(query("prune_finished"), {"seconds": older_than_seconds})
+    return int(rows[0][0])
 
 
 def queue_counts() -> Op[dict[str, dict[str, int]]]:

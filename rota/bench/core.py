@@ -138,24 +138,36 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _claim_worker(args: tuple[str, int, float]) -> int:
-    url, limit, seconds = args
+def _claim_worker(args: tuple[str, str, int, float]) -> int:
+    """Claims and completes in a loop for `seconds`; `kind` is rota or the fifo baseline."""
+    kind, url, limit, seconds = args
     done = 0
-    with psycopg.connect(url, autocommit=True) as conn:
+    with db.connect(url) as conn:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            got = db.transact(conn, ops.claim([QUEUE], limit, "bench"))
+            # Autocommit: each call is one statement, atomic on its own.
+            if kind == "fifo":
+                rows = conn.execute(query("bench_fifo_claim"), {"limit": limit},
+                                    prepare=True).fetchall()
+                if not rows:
+                    break
+                conn.execute(query("bench_fifo_finish"), {"ids": [r[0] for r in rows]},
+                             prepare=True)
+                done += len(rows)
+                continue
+            got = db.run(conn, ops.claim([QUEUE], limit, "bench"))
             if not got:
                 break
-            done += len(db.transact(conn, ops.complete(t.token for t in got)))
+            done += len(db.run(conn, ops.complete(t.token for t in got)))
     return done
 
 
-def claim_throughput(url: str, connections: int, limit: int, seconds: float) -> float:
+def claim_throughput(kind: str, url: str, connections: int, limit: int, seconds: float) -> float:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(connections) as pool:
+        pool.map(time.sleep, [0.0] * connections)  # workers up before the clock starts
         started = time.perf_counter()
-        done = sum(pool.map(_claim_worker, [(url, limit, seconds)] * connections))
+        done = sum(pool.map(_claim_worker, [(kind, url, limit, seconds)] * connections))
         elapsed = time.perf_counter() - started
     return done / elapsed
 
@@ -174,12 +186,12 @@ def churn(url: str, tasks: int, connections: int, limit: int) -> float:
 def _churn_worker(args: tuple[str, int, int]) -> int:
     url, limit, quota = args
     done = 0
-    with psycopg.connect(url, autocommit=True) as conn:
+    with db.connect(url) as conn:
         while done < quota:
-            got = db.transact(conn, ops.claim([QUEUE], min(limit, quota - done), "bench"))
+            got = db.run(conn, ops.claim([QUEUE], min(limit, quota - done), "bench"))
             if not got:
                 break
-            done += len(db.transact(conn, ops.complete(t.token for t in got)))
+            done += len(db.run(conn, ops.complete(t.token for t in got)))
     return done
 
 
@@ -191,11 +203,19 @@ def bench_claim(
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
         filler = Filler(conn, tenants)
-        # Throughput: claim + complete, `connections` processes, `runs` times.
-        rates = []
+        # Throughput: claim + complete, `connections` processes, alternating
+        # with the plain FIFO baseline, `runs` times.
+        rates, fifo_rates = [], []
+        size = max(backlogs[0], int(40_000 * throughput_seconds))
         for _ in range(runs):
-            filler.fill(max(backlogs[0], int(40_000 * throughput_seconds)))
-            rates.append(claim_throughput(url, connections, limit, throughput_seconds))
+            filler.fill(size)
+            rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
+            conn.execute(query("bench_fifo_setup"))
+            conn.execute(query("bench_fifo_fill"), {"count": size})
+            conn.execute("ANALYZE rota_bench_fifo_ready, rota_bench_fifo_body")
+            fifo_rates.append(claim_throughput("fifo", url, connections, limit,
+                                               throughput_seconds))
+            conn.execute(query("bench_fifo_teardown"))
         reset(conn)
         filler = Filler(conn, tenants)
         for backlog in sorted(backlogs):
@@ -217,7 +237,10 @@ def bench_claim(
         "params": {"backlogs": backlogs, "tenants": tenants, "connections": connections,
                    "claim_size": limit, "samples": samples, "runs": runs},
         "claim_complete_tasks_per_s": round(statistics.median(rates)),
-        "runs": {"claim_complete_tasks_per_s": [round(r) for r in rates]},
+        "fifo_baseline_tasks_per_s": round(statistics.median(fifo_rates)),
+        "ratio_to_fifo_baseline": round(statistics.median(rates) / statistics.median(fifo_rates), 3),
+        "runs": {"claim_complete_tasks_per_s": [round(r) for r in rates],
+                 "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates]},
         "churn_tasks_per_s": round(churn_rate),
         "claim_latency": latency,
         "p50_ratio_largest_to_smallest": round(

@@ -26,16 +26,26 @@ def parse_named_blocks(text: str) -> dict[str, str]:
     return blocks
 
 
+# Files of named blocks; names are unique across all of them.
+BLOCK_FILES = ("queries.sql", "bench.sql")
+
+
 @cache
 def queries() -> dict[str, str]:
-    return parse_named_blocks(_read("queries.sql"))
+    blocks: dict[str, str] = {}
+    for file in BLOCK_FILES:
+        for name, text in parse_named_blocks(_read(file)).items():
+            if name in blocks:
+                raise ValueError(f"SQL block {name!r} is defined in two files")
+            blocks[name] = text
+    return blocks
 
 
 def query(name: str) -> str:
     try:
         return queries()[name]
     except KeyError:
-        raise KeyError(f"no SQL block named {name!r} in rota/sql/queries.sql") from None
+        raise KeyError(f"no SQL block named {name!r} in rota/sql/{BLOCK_FILES}") from None
 
 
 @dataclass(frozen=True)

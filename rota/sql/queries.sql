@@ -104,7 +104,7 @@ WITH blocked AS MATERIALIZED (
     SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, %(worker)s, lease_expires_at, counted
     FROM claimed
 )
-SELECT c.task_id AS id, c.name, c.payload, q.name AS queue, tn.name AS tenant, c.attempt,
+SELECT c.task_id AS id, c.name, c.payload::text, q.name AS queue, tn.name AS tenant, c.attempt,
        c.max_attempts, c.lease_expires_at, c.enqueued_at
 FROM claimed c
 JOIN rota.queues q ON q.id = c.queue_id
@@ -145,14 +145,23 @@ SELECT rota.configure_tenant(%(name)s, %(weight)s, %(concurrency_limit)s, %(rate
 SELECT tenant, capacity, backlog FROM rota.tenant_backlog
 
 -- name: task_state
-SELECT t.id, q.name AS queue, tn.name AS tenant, t.name,
+SELECT t.id, q.name AS queue, tn.name AS tenant,
        CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END AS status,
-       t.attempts, t.last_error, t.eta, t.finished_at
+       t.attempts, t.last_error, t.finished_at
 FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id
 LEFT JOIN rota.running r ON r.task_id = t.id
 WHERE t.id = ANY (%(ids)s::uuid[])
+UNION ALL
+SELECT f.task_id, q.name, tn.name, 'succeeded', f.attempts, NULL, f.finished_at
+FROM rota.finished f
+JOIN rota.queues q ON q.id = f.queue_id
+JOIN rota.tenants tn ON tn.id = f.tenant_id
+WHERE f.task_id = ANY (%(ids)s::uuid[])
+
+-- name: prune_finished
+SELECT rota.prune_finished(make_interval(secs => %(seconds)s))
 
 -- name: queue_counts
 SELECT q.name AS queue,

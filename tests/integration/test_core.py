@@ -238,3 +238,22 @@ def test_a_batch_with_a_bad_row_writes_nothing(conn: Conn) -> None:
         load(conn, [*good, broken])
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM rota.tenants").fetchone() == (0,)
+
+
+def test_a_batch_loaded_again_after_its_tasks_ran_creates_nothing(conn: Conn) -> None:
+    batch = envelopes("alice", 4)
+    load(conn, batch)
+    got = claim(conn, 2)
+    db.transact(conn, ops.complete(t.token for t in got))
+    assert load(conn, batch) == 0
+    assert db.run(conn, ops.queue_counts())["default"]["ready"] == 2
+    states = db.run(conn, ops.task_states([e.id for e in batch]))
+    assert sorted(s.status for s in states.values()) == ["pending", "pending", "succeeded",
+                                                         "succeeded"]
+
+
+def test_finished_records_can_be_pruned(conn: Conn) -> None:
+    load(conn, envelopes("alice", 3))
+    db.transact(conn, ops.complete(t.token for t in claim(conn, 3)))
+    assert db.transact(conn, ops.prune_finished(3600)) == 0
+    assert db.transact(conn, ops.prune_finished(0)) == 3

@@ -1,0 +1,34 @@
+-- Baselines for `rota bench`: the plain designs rota is measured against.
+
+-- name: bench_fifo_setup
+-- A narrow ready table in arrival order, the body in another table (the
+-- measured "plain SKIP LOCKED" design; no fairness, no limits, no leases).
+DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body;
+CREATE TABLE rota_bench_fifo_body (id uuid PRIMARY KEY, payload jsonb NOT NULL,
+                                   status text NOT NULL DEFAULT 'queued');
+CREATE TABLE rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL);
+
+-- name: bench_fifo_fill
+WITH body AS (
+    INSERT INTO rota_bench_fifo_body (id, payload)
+    SELECT gen_random_uuid(), '{"args": [1, "payload-padding-abcdefghij"], "kwargs": {}}'
+    FROM generate_series(1, %(count)s)
+    RETURNING id
+)
+INSERT INTO rota_bench_fifo_ready (id) SELECT id FROM body
+
+-- name: bench_fifo_claim
+WITH taken AS (
+    DELETE FROM rota_bench_fifo_ready
+    WHERE seq = ANY (ARRAY(SELECT seq FROM rota_bench_fifo_ready ORDER BY seq
+                           LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING id
+)
+SELECT b.id, b.payload FROM rota_bench_fifo_body b
+WHERE b.id = ANY (ARRAY(SELECT id FROM taken))
+
+-- name: bench_fifo_finish
+UPDATE rota_bench_fifo_body SET status = 'done' WHERE id = ANY (%(ids)s::uuid[])
+
+-- name: bench_fifo_teardown
+DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body
