@@ -17,11 +17,12 @@ import typer
 from rota.settings import Settings
 
 app = typer.Typer(help="rota: a fair, multi-tenant task queue.", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.",
-                        no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-DatabaseUrl = Annotated[str | None, typer.Option(help="PostgreSQL URL (default: ROTA_DATABASE_URL)")]
+DatabaseUrl = Annotated[
+    str | None, typer.Option(help="PostgreSQL URL (default: ROTA_DATABASE_URL)")
+]
 
 
 def _settings(database_url: str | None = None, redis_url: str | None = None) -> Settings:
@@ -46,7 +47,9 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 @contextlib.contextmanager
 def _bench_database(database_url: str | None, local: bool | None) -> Iterator[str]:
     """The database to benchmark: the given one, or a throwaway local server."""
-    use_local = local if local is not None else not (database_url or "ROTA_DATABASE_URL" in os.environ)
+    use_local = (
+        local if local is not None else not (database_url or "ROTA_DATABASE_URL" in os.environ)
+    )
     if not use_local:
         yield _settings(database_url).database_url
         return
@@ -57,13 +60,20 @@ def _bench_database(database_url: str | None, local: bool | None) -> Iterator[st
 
 
 def _machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def _report(scenario: str, figures: dict[str, Any], as_json: bool) -> None:
-    report = {"scenario": scenario, "at": datetime.now(UTC).isoformat(), "machine": _machine(),
-              **figures}
+    report = {
+        "scenario": scenario,
+        "at": datetime.now(UTC).isoformat(),
+        "machine": _machine(),
+        **figures,
+    }
     if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -72,15 +82,23 @@ def _report(scenario: str, figures: dict[str, Any], as_json: bool) -> None:
             typer.echo(f"{key}: {value}")
 
 
-Local = Annotated[bool | None, typer.Option(
-    "--local/--no-local", help="start a throwaway PostgreSQL (default when no URL is set)")]
+Local = Annotated[
+    bool | None,
+    typer.Option(
+        "--local/--no-local", help="start a throwaway PostgreSQL (default when no URL is set)"
+    ),
+]
 AsJson = Annotated[bool, typer.Option("--json", help="print the figures as JSON")]
 
 
 @bench_app.command("load")
 def bench_load(
-    tasks: int = 200_000, tenants: int = 1000, runs: int = 3,
-    database_url: DatabaseUrl = None, local: Local = None, as_json: AsJson = False,
+    tasks: int = 200_000,
+    tenants: int = 1000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
 ) -> None:
     """Fair bulk loading vs raw COPY of the same rows."""
     from rota.bench.core import bench_load as run
@@ -91,17 +109,27 @@ def bench_load(
 
 @bench_app.command("claim")
 def bench_claim(
-    backlogs: str = "10000,100000,1000000", tenants: int = 1000, connections: int = 4,
-    claim_size: int = 100, samples: int = 200, seconds: float = 5.0, runs: int = 3,
-    database_url: DatabaseUrl = None, local: Local = None, as_json: AsJson = False,
+    backlogs: str = "10000,100000,1000000",
+    tenants: int = 1000,
+    connections: int = 4,
+    claim_size: int = 100,
+    samples: int = 200,
+    seconds: float = 5.0,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
 ) -> None:
     """Claim + complete throughput, and claim latency by backlog and after churn."""
     from rota.bench.core import bench_claim as run
 
     sizes = [int(b) for b in backlogs.split(",")]
     with _bench_database(database_url, local) as url:
-        _report("claim", run(url, sizes, tenants, connections, claim_size, samples, seconds,
-                             runs), as_json)
+        _report(
+            "claim",
+            run(url, sizes, tenants, connections, claim_size, samples, seconds, runs),
+            as_json,
+        )
 
 
 def main() -> None:

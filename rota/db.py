@@ -100,5 +100,6 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
 
 
 async def aconnect(url: str, *, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
-    return await psycopg.AsyncConnection.connect(url, autocommit=autocommit,
-                                                 options=CONNECTION_OPTIONS)
+    return await psycopg.AsyncConnection.connect(
+        url, autocommit=autocommit, options=CONNECTION_OPTIONS
+    )

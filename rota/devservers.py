@@ -126,8 +126,17 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
     if uid is not None and gid is not None:
         os.chown(directory, uid, gid)
     subprocess.run(
-        [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust",
-         "--encoding=UTF8", "--locale=C.UTF-8"],
+        [
+            *prefix,
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "rota",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+        ],
         check=True,
         capture_output=True,
     )
@@ -165,17 +174,31 @@ def start_redis(port: int | None = None, appendonly: bool = True) -> Server:
     directory = Path(tempfile.mkdtemp(prefix="rota-redis-"))
     log = directory / "redis.log"
     args = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-        "--save", "", "--daemonize", "no", "--logfile", str(log),
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(directory),
+        "--save",
+        "",
+        "--daemonize",
+        "no",
+        "--logfile",
+        str(log),
         # The buffer's durability is Redis's: with the AOF, an acknowledged XADD
         # survives a crash of the redis process (the write precedes the reply).
-        "--appendonly", "yes" if appendonly else "no",
+        "--appendonly",
+        "yes" if appendonly else "no",
     ]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     _wait_for_port(port, process, "redis", log)
-    return Server(url=f"redis://127.0.0.1:{port}/0", port=port, directory=directory,
-                  process=process)
+    return Server(
+        url=f"redis://127.0.0.1:{port}/0", port=port, directory=directory, process=process
+    )
 
 
 def restart_redis(server: Server) -> Server:
@@ -184,9 +207,24 @@ def restart_redis(server: Server) -> Server:
     assert binary is not None
     log = server.directory / "redis.log"
     process = subprocess.Popen(
-        [binary, "--port", str(server.port), "--bind", "127.0.0.1", "--dir",
-         str(server.directory), "--save", "", "--logfile", str(log), "--appendonly", "yes"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            binary,
+            "--port",
+            str(server.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(server.directory),
+            "--save",
+            "",
+            "--logfile",
+            str(log),
+            "--appendonly",
+            "yes",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     _wait_for_port(server.port, process, "redis", log)
     server.process = process

@@ -21,7 +21,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
 
-ENVELOPE_VERSION = 1
+ENVELOPE_VERSION: Literal[1] = 1
 
 # The documented name rules (README, "Names"). The database checks the same.
 QUEUE_NAME = r"^[a-z][a-z0-9_.-]{0,62}$"
@@ -34,7 +34,9 @@ _TENANT_RE = re.compile(TENANT_NAME)
 _TASK_RE = re.compile(TASK_NAME)
 
 _JSON_OPTIONS = (
-    orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
+    orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
 
 
@@ -100,7 +102,9 @@ def new_task_id() -> UUID:
 
 def task_id_for_key(idempotency_key: str, tenant: str) -> UUID:
     """The same key (per tenant) always names the same task: a second enqueue is a no-op."""
-    return UUID(bytes=uuid_utils.uuid5(uuid_utils.NAMESPACE_URL, f"rota:{tenant}:{idempotency_key}").bytes)
+    return UUID(
+        bytes=uuid_utils.uuid5(uuid_utils.NAMESPACE_URL, f"rota:{tenant}:{idempotency_key}").bytes
+    )
 
 
 class TaskEnvelope(BaseModel):
@@ -124,8 +128,17 @@ class TaskEnvelope(BaseModel):
     def copy_row(self) -> tuple[Any, ...]:
         """The row COPY'd into rota_staging (column order of the copy_staging block)."""
         return (
-            self.id, self.queue, self.tenant, self.name, self.payload, self.cost,
-            self.max_attempts, self.backoff_base, self.backoff_max, self.eta, self.enqueued_at,
+            self.id,
+            self.queue,
+            self.tenant,
+            self.name,
+            self.payload,
+            self.cost,
+            self.max_attempts,
+            self.backoff_base,
+            self.backoff_max,
+            self.eta,
+            self.enqueued_at,
         )
 
 
@@ -192,8 +205,7 @@ def parse_envelope(raw: bytes | str, max_payload_bytes: int) -> TaskEnvelope:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
     if not isinstance(decoded, dict) or set(decoded) != {"args", "kwargs"}:
         raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
-    if len(envelope.payload.encode()) > max_payload_bytes:
-        raise PayloadTooLarge(
-            f"payload is {len(envelope.payload.encode())} bytes, over the cap of {max_payload_bytes}"
-        )
+    size = len(envelope.payload.encode())
+    if size > max_payload_bytes:
+        raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes}")
     return envelope

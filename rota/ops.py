@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
@@ -23,8 +23,9 @@ from rota.errors import ValidationError
 from rota.sql import query
 
 
-@dataclass(frozen=True)
-class ClaimedTask:
+class ClaimedTask(NamedTuple):
+    """A claimed task (a tuple: built 100 at a time on the claim's hot path)."""
+
     id: UUID
     name: str
     payload: dict[str, Any]
@@ -127,9 +128,7 @@ def fail(failures: Sequence[Failure]) -> Op[list[FailOutcome]]:
 
 def release(tokens: Iterable[tuple[UUID, int]]) -> Op[set[UUID]]:
     """Hands claimed-but-unstarted tasks back at their place; no attempt is used."""
-    rows = yield Execute(
-        query("requeue"), {**_tokens(tokens), "consume": False, "reason": None}
-    )
+    rows = yield Execute(query("requeue"), {**_tokens(tokens), "consume": False, "reason": None})
     return {row[0] for row in rows}
 
 
@@ -137,8 +136,12 @@ def requeue_lost(task_ids: Sequence[UUID], reason: str) -> Op[set[UUID]]:
     """Requeues tasks whose worker is gone (the attempt counts)."""
     rows = yield Execute(
         query("requeue"),
-        {"ids": list(task_ids), "attempts": [None] * len(task_ids), "consume": True,
-         "reason": reason},
+        {
+            "ids": list(task_ids),
+            "attempts": [None] * len(task_ids),
+            "consume": True,
+            "reason": reason,
+        },
     )
     return {row[0] for row in rows}
 
@@ -151,7 +154,9 @@ def requeue_expired() -> Op[set[UUID]]:
 
 def extend_leases(tokens: Iterable[tuple[UUID, int]], lease_seconds: float) -> Op[set[UUID]]:
     """Heartbeat: extends the leases; returns the ids still held by these tokens."""
-    rows = yield Execute(query("extend_leases"), {**_tokens(tokens), "lease_seconds": lease_seconds})
+    rows = yield Execute(
+        query("extend_leases"), {**_tokens(tokens), "lease_seconds": lease_seconds}
+    )
     return {row[0] for row in rows}
 
 
@@ -183,8 +188,14 @@ def configure_tenant(
         raise ValidationError(f"rate_burst must be >= 1, got {rate_burst!r}")
     rows = yield Execute(
         query("configure_tenant"),
-        {"name": name, "weight": weight, "concurrency_limit": concurrency_limit,
-         "rate_limit": rate_limit, "rate_burst": rate_burst, "capacity": capacity},
+        {
+            "name": name,
+            "weight": weight,
+            "concurrency_limit": concurrency_limit,
+            "rate_limit": rate_limit,
+            "rate_burst": rate_burst,
+            "capacity": capacity,
+        },
     )
     return int(rows[0][0])
 

@@ -13,13 +13,27 @@ from rota.envelope import TaskEnvelope, make_envelope
 
 
 def envelopes(
-    tenant: str, count: int, *, queue: str = "default", name: str = "tests.noop",
-    cost: float = 1.0, eta: datetime | None = None, max_attempts: int = 3,
+    tenant: str,
+    count: int,
+    *,
+    queue: str = "default",
+    name: str = "tests.noop",
+    cost: float = 1.0,
+    eta: datetime | None = None,
+    max_attempts: int = 3,
     backoff_base: float = 1.0,
 ) -> list[TaskEnvelope]:
     return [
-        make_envelope(name=name, queue=queue, tenant=tenant, args=[i], cost=cost, eta=eta,
-                      max_attempts=max_attempts, backoff_base=backoff_base)
+        make_envelope(
+            name=name,
+            queue=queue,
+            tenant=tenant,
+            args=[i],
+            cost=cost,
+            eta=eta,
+            max_attempts=max_attempts,
+            backoff_base=backoff_base,
+        )
         for i in range(count)
     ]
 
@@ -29,8 +43,11 @@ def load(conn: psycopg.Connection[Any], batch: Iterable[TaskEnvelope]) -> int:
 
 
 def claim(
-    conn: psycopg.Connection[Any], limit: int = 100, queues: tuple[str, ...] = ("default",),
-    worker: str = "test-worker", lease_seconds: float = 60.0,
+    conn: psycopg.Connection[Any],
+    limit: int = 100,
+    queues: tuple[str, ...] = ("default",),
+    worker: str = "test-worker",
+    lease_seconds: float = 60.0,
 ) -> list[ops.ClaimedTask]:
     return db.transact(conn, ops.claim(list(queues), limit, worker, lease_seconds))
 

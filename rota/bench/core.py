@@ -36,8 +36,13 @@ def skewed_tenant(i: int, tenants: int) -> str:
 def make_tasks(count: int, tenants: int, start: int = 0) -> Iterator[TaskEnvelope]:
     now = datetime.now(UTC)
     for i in range(start, start + count):
-        yield make_envelope(name="bench.noop", queue=QUEUE, tenant=skewed_tenant(i, tenants),
-                            args=[i, "payload-padding-abcdefghij"], now=now)
+        yield make_envelope(
+            name="bench.noop",
+            queue=QUEUE,
+            tenant=skewed_tenant(i, tenants),
+            args=[i, "payload-padding-abcdefghij"],
+            now=now,
+        )
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:
@@ -63,13 +68,30 @@ def _raw_copy(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) 
     conn.execute("ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)")
     started = time.perf_counter()
     for batch in batches:
-        with conn.transaction(), conn.cursor() as cur, cur.copy(
-            "COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts,"
-            " backoff_base, backoff_max, eta, enqueued_at) FROM STDIN"
-        ) as copy:
+        with (
+            conn.transaction(),
+            conn.cursor() as cur,
+            cur.copy(
+                "COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts,"
+                " backoff_base, backoff_max, eta, enqueued_at) FROM STDIN"
+            ) as copy,
+        ):
             for e in batch:
-                copy.write_row((e.id, 1, 1, e.name, e.payload, e.cost, e.max_attempts,
-                                e.backoff_base, e.backoff_max, e.eta, e.enqueued_at))
+                copy.write_row(
+                    (
+                        e.id,
+                        1,
+                        1,
+                        e.name,
+                        e.payload,
+                        e.cost,
+                        e.max_attempts,
+                        e.backoff_base,
+                        e.backoff_max,
+                        e.eta,
+                        e.enqueued_at,
+                    )
+                )
     return time.perf_counter() - started
 
 
@@ -79,7 +101,7 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         for run in range(runs):
             rows = list(make_tasks(tasks, tenants, start=run * tasks))
-            batches = [rows[i:i + BATCH] for i in range(0, len(rows), BATCH)]
+            batches = [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
             reset(conn)
             raw_rates.append(tasks / _raw_copy(conn, batches))
             conn.execute("DROP TABLE rota_bench_raw")
@@ -91,8 +113,10 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
         "raw_copy_rows_per_s": round(raw),
         "fair_load_tasks_per_s": round(fair),
         "fair_to_raw_ratio": round(fair / raw, 3),
-        "runs": {"raw_copy": [round(r) for r in raw_rates],
-                 "fair_load": [round(r) for r in fair_rates]},
+        "runs": {
+            "raw_copy": [round(r) for r in raw_rates],
+            "fair_load": [round(r) for r in fair_rates],
+        },
         "goal": {"fair_to_raw_ratio_at_least": 0.8},
     }
 
@@ -147,12 +171,14 @@ def _claim_worker(args: tuple[str, str, int, float]) -> int:
         while time.monotonic() < deadline:
             # Autocommit: each call is one statement, atomic on its own.
             if kind == "fifo":
-                rows = conn.execute(query("bench_fifo_claim"), {"limit": limit},
-                                    prepare=True).fetchall()
+                rows = conn.execute(
+                    query("bench_fifo_claim"), {"limit": limit}, prepare=True
+                ).fetchall()
                 if not rows:
                     break
-                conn.execute(query("bench_fifo_finish"), {"ids": [r[0] for r in rows]},
-                             prepare=True)
+                conn.execute(
+                    query("bench_fifo_finish"), {"ids": [r[0] for r in rows]}, prepare=True
+                )
                 done += len(rows)
                 continue
             got = db.run(conn, ops.claim([QUEUE], limit, "bench"))
@@ -196,8 +222,14 @@ def _churn_worker(args: tuple[str, int, int]) -> int:
 
 
 def bench_claim(
-    url: str, backlogs: list[int], tenants: int, connections: int, limit: int,
-    samples: int, throughput_seconds: float, runs: int,
+    url: str,
+    backlogs: list[int],
+    tenants: int,
+    connections: int,
+    limit: int,
+    samples: int,
+    throughput_seconds: float,
+    runs: int,
 ) -> dict[str, Any]:
     latency: dict[str, dict[str, float]] = {}
     with psycopg.connect(url, autocommit=True) as conn:
@@ -213,16 +245,17 @@ def bench_claim(
             conn.execute(query("bench_fifo_setup"))
             conn.execute(query("bench_fifo_fill"), {"count": size})
             conn.execute("ANALYZE rota_bench_fifo_ready, rota_bench_fifo_body")
-            fifo_rates.append(claim_throughput("fifo", url, connections, limit,
-                                               throughput_seconds))
+            fifo_rates.append(claim_throughput("fifo", url, connections, limit, throughput_seconds))
             conn.execute(query("bench_fifo_teardown"))
         reset(conn)
         filler = Filler(conn, tenants)
         for backlog in sorted(backlogs):
             filler.fill(backlog)
             times = _claim_latencies(conn, samples, limit)
-            latency[str(backlog)] = {"p50_ms": round(statistics.median(times), 3),
-                                     "p99_ms": round(_percentile(times, 0.99), 3)}
+            latency[str(backlog)] = {
+                "p50_ms": round(statistics.median(times), 3),
+                "p99_ms": round(_percentile(times, 0.99), 3),
+            }
         largest = max(backlogs)
         # Churn: as many tasks as the largest backlog claimed and completed,
         # then the backlog refilled to its size so the figure compares.
@@ -230,23 +263,40 @@ def bench_claim(
         churn_rate = churn(url, largest, connections, limit)
         filler.fill(largest)
         times = _claim_latencies(conn, samples, limit)
-        latency[f"{largest}_after_churn"] = {"p50_ms": round(statistics.median(times), 3),
-                                             "p99_ms": round(_percentile(times, 0.99), 3)}
+        latency[f"{largest}_after_churn"] = {
+            "p50_ms": round(statistics.median(times), 3),
+            "p99_ms": round(_percentile(times, 0.99), 3),
+        }
     smallest = str(min(backlogs))
     return {
-        "params": {"backlogs": backlogs, "tenants": tenants, "connections": connections,
-                   "claim_size": limit, "samples": samples, "runs": runs},
+        "params": {
+            "backlogs": backlogs,
+            "tenants": tenants,
+            "connections": connections,
+            "claim_size": limit,
+            "samples": samples,
+            "runs": runs,
+        },
         "claim_complete_tasks_per_s": round(statistics.median(rates)),
         "fifo_baseline_tasks_per_s": round(statistics.median(fifo_rates)),
-        "ratio_to_fifo_baseline": round(statistics.median(rates) / statistics.median(fifo_rates), 3),
-        "runs": {"claim_complete_tasks_per_s": [round(r) for r in rates],
-                 "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates]},
+        "ratio_to_fifo_baseline": round(
+            statistics.median(rates) / statistics.median(fifo_rates), 3
+        ),
+        "runs": {
+            "claim_complete_tasks_per_s": [round(r) for r in rates],
+            "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],
+        },
         "churn_tasks_per_s": round(churn_rate),
         "claim_latency": latency,
         "p50_ratio_largest_to_smallest": round(
-            latency[str(largest)]["p50_ms"] / latency[smallest]["p50_ms"], 3),
+            latency[str(largest)]["p50_ms"] / latency[smallest]["p50_ms"], 3
+        ),
         "p50_ratio_after_churn_to_smallest": round(
-            latency[f"{largest}_after_churn"]["p50_ms"] / latency[smallest]["p50_ms"], 3),
-        "goal": {"claim_complete_tasks_per_s_at_least": 30_000,
-                 "p50_ratio_at_most": 1.2, "p50_ms_at_most": 2.0},
+            latency[f"{largest}_after_churn"]["p50_ms"] / latency[smallest]["p50_ms"], 3
+        ),
+        "goal": {
+            "claim_complete_tasks_per_s_at_least": 30_000,
+            "p50_ratio_at_most": 1.2,
+            "p50_ms_at_most": 2.0,
+        },
     }

@@ -42,7 +42,7 @@ WITH blocked AS MATERIALIZED (
               AND least(t.rate_burst,
                         t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1)
 ), candidates AS MATERIALIZED (
-    SELECT c.*
+    SELECT c.*, q.name AS queue
     FROM rota.queues q
     CROSS JOIN LATERAL (
         SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id
@@ -71,7 +71,7 @@ WITH blocked AS MATERIALIZED (
     ORDER BY t.id
     FOR UPDATE
 ), admitted AS MATERIALIZED (
-    SELECT c.row_id, c.queue_id, c.vtime, c.tenant_id, c.seq, c.task_id,
+    SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id,
            l.free_slots IS NOT NULL AS counted
     FROM (
         SELECT candidates.*,
@@ -92,7 +92,7 @@ WITH blocked AS MATERIALIZED (
 ), taken AS (
     DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
 ), claimed AS MATERIALIZED (
-    SELECT a.queue_id, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
+    SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
            t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
            now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at
     FROM rota.tasks t
@@ -104,10 +104,9 @@ WITH blocked AS MATERIALIZED (
     SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, %(worker)s, lease_expires_at, counted
     FROM claimed
 )
-SELECT c.task_id AS id, c.name, c.payload::text, q.name AS queue, tn.name AS tenant, c.attempt,
+SELECT c.task_id AS id, c.name, c.payload::text, c.queue, tn.name AS tenant, c.attempt,
        c.max_attempts, c.lease_expires_at, c.enqueued_at
 FROM claimed c
-JOIN rota.queues q ON q.id = c.queue_id
 JOIN rota.tenants tn ON tn.id = c.tenant_id
 ORDER BY c.vtime, c.tenant_id, c.seq
 

@@ -33,8 +33,11 @@ def test_the_claim_reads_ready_through_its_fair_order_index(conn: Conn) -> None:
     with conn.transaction():
         (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + query("claim"), PARAMS).fetchone()
     nodes = _plan_nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
-    scans = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes
-             if "Relation Name" in n]
+    scans = [
+        (n["Node Type"], n.get("Relation Name"), n.get("Index Name"))
+        for n in nodes
+        if "Relation Name" in n
+    ]
     assert ("Index Scan", "ready", "ready_fair_order") in scans, scans
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in {"ready", "tasks"}], scans
     assert ("Index Scan", "tasks", "tasks_pkey") in scans, scans

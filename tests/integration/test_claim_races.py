@@ -25,7 +25,7 @@ def _race(database_url: str, work: Any) -> list[BaseException]:
             with psycopg.connect(database_url, autocommit=True) as conn:
                 start.wait()
                 work(conn, number)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=claimer, args=(n,)) for n in range(CLAIMERS)]
@@ -102,8 +102,11 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
     for tenant, limit in limits.items():
         assert 1 <= worst[tenant] <= limit, (tenant, worst[tenant])
     with psycopg.connect(database_url, autocommit=True) as conn:
-        assert db.run(conn, ops.queue_counts())["default"] == {"ready": 0, "running": 0,
-                                                               "scheduled": 0}
+        assert db.run(conn, ops.queue_counts())["default"] == {
+            "ready": 0,
+            "running": 0,
+            "scheduled": 0,
+        }
         counters = dict(conn.execute("SELECT name, running FROM rota.tenants").fetchall())
         assert counters == {"a": 0, "b": 0, "c": 0, "free": 0}
         assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (600,)

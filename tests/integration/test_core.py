@@ -64,8 +64,7 @@ def test_cost_counts_against_the_tenants_share(conn: Conn) -> None:
 def test_a_future_eta_waits_scheduled_then_gets_a_fresh_fair_place(conn: Conn) -> None:
     soon = datetime.now(UTC) + timedelta(seconds=1)
     load(conn, envelopes("later", 1, eta=soon) + envelopes("now", 3))
-    assert db.run(conn, ops.queue_counts())["default"] == {"ready": 3, "running": 0,
-                                                           "scheduled": 1}
+    assert db.run(conn, ops.queue_counts())["default"] == {"ready": 3, "running": 0, "scheduled": 1}
     assert db.transact(conn, ops.promote_due()) == 0
     time.sleep(1.1)
     assert db.transact(conn, ops.promote_due()) == 1
@@ -105,8 +104,12 @@ def test_failures_retry_with_backoff_then_die_keeping_the_last_error(conn: Conn)
 
 
 def test_backoff_grows_exponentially(conn: Conn) -> None:
-    delays = [row[0] for row in conn.execute(
-        "SELECT rota.backoff_seconds(a, 1, 3600) FROM generate_series(1, 8) a")]
+    delays = [
+        row[0]
+        for row in conn.execute(
+            "SELECT rota.backoff_seconds(a, 1, 3600) FROM generate_series(1, 8) a"
+        )
+    ]
     for attempt, delay in enumerate(delays, start=1):
         assert 2 ** (attempt - 1) / 2 <= delay <= 2 ** (attempt - 1)
     assert conn.execute("SELECT rota.backoff_seconds(40, 1, 60)").fetchone()[0] <= 60
@@ -248,8 +251,12 @@ def test_a_batch_loaded_again_after_its_tasks_ran_creates_nothing(conn: Conn) ->
     assert load(conn, batch) == 0
     assert db.run(conn, ops.queue_counts())["default"]["ready"] == 2
     states = db.run(conn, ops.task_states([e.id for e in batch]))
-    assert sorted(s.status for s in states.values()) == ["pending", "pending", "succeeded",
-                                                         "succeeded"]
+    assert sorted(s.status for s in states.values()) == [
+        "pending",
+        "pending",
+        "succeeded",
+        "succeeded",
+    ]
 
 
 def test_finished_records_can_be_pruned(conn: Conn) -> None:

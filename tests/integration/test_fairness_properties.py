@@ -13,14 +13,16 @@ from rota import db, ops
 from tests.helpers import claim, drain_order, envelopes, load
 
 Conn = psycopg.Connection[Any]
-PROPERTY = settings(max_examples=25, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 tenants = st.sampled_from([f"t{i}" for i in range(8)])
 # A pattern: several load batches, each a list of (tenant, how many).
 arrivals = st.lists(
     st.lists(st.tuples(tenants, st.integers(1, 12)), min_size=1, max_size=6),
-    min_size=1, max_size=4,
+    min_size=1,
+    max_size=4,
 )
 
 
@@ -33,8 +35,9 @@ def _reset(conn: Conn) -> None:
 
 @PROPERTY
 @given(pattern=arrivals, batch=st.integers(1, 7))
-def test_no_second_turn_before_everyone_waiting_had_one(conn: Conn, pattern: Any,
-                                                        batch: int) -> None:
+def test_no_second_turn_before_everyone_waiting_had_one(
+    conn: Conn, pattern: Any, batch: int
+) -> None:
     _reset(conn)
     for load_batch in pattern:
         load(conn, [e for tenant, n in load_batch for e in envelopes(tenant, n)])
@@ -53,8 +56,9 @@ def test_no_second_turn_before_everyone_waiting_had_one(conn: Conn, pattern: Any
     weights=st.lists(st.sampled_from([1, 2, 3, 5]), min_size=2, max_size=4),
     extra=st.integers(0, 40),
 )
-def test_weighted_shares_stay_within_one_turn_of_the_weights(conn: Conn, weights: list[int],
-                                                             extra: int) -> None:
+def test_weighted_shares_stay_within_one_turn_of_the_weights(
+    conn: Conn, weights: list[int], extra: int
+) -> None:
     _reset(conn)
     names = [f"w{i}" for i in range(len(weights))]
     for name, weight in zip(names, weights, strict=True):
@@ -79,8 +83,9 @@ def test_weighted_shares_stay_within_one_turn_of_the_weights(conn: Conn, weights
     backlog=st.lists(st.integers(5, 40), min_size=1, max_size=6),
     claimed_first=st.integers(0, 60),
 )
-def test_a_late_tenant_is_served_within_one_round(conn: Conn, backlog: list[int],
-                                                  claimed_first: int) -> None:
+def test_a_late_tenant_is_served_within_one_round(
+    conn: Conn, backlog: list[int], claimed_first: int
+) -> None:
     _reset(conn)
     load(conn, [e for i, n in enumerate(backlog) for e in envelopes(f"busy{i}", n)])
     for _ in range(claimed_first // 10):

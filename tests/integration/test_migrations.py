@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from typing import Any
 
 import psycopg
 
@@ -16,17 +15,21 @@ from rota.sql import migrations
 def _schema_dump(url: str) -> str:
     result = subprocess.run(
         [str(postgres_bindir() / "pg_dump"), "--schema-only", "--schema=rota", "--no-owner", url],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return "\n".join(
-        line for line in result.stdout.splitlines()
+        line
+        for line in result.stdout.splitlines()
         # Version banners and the per-dump random \restrict key differ by design.
         if not line.startswith(("-- Dumped", "\\restrict", "\\unrestrict"))
     )
 
 
-def test_fresh_schema_equals_all_migrations_applied(empty_database_url: str,
-                                                    database_url: str) -> None:
+def test_fresh_schema_equals_all_migrations_applied(
+    empty_database_url: str, database_url: str
+) -> None:
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         applied = migrate(conn, step_by_step=True)
     assert applied == [m.version for m in migrations()]
@@ -56,7 +59,7 @@ def test_concurrent_migrations_take_turns(empty_database_url: str) -> None:
         try:
             with psycopg.connect(empty_database_url, autocommit=True) as conn:
                 results.append(migrate(conn))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run) for _ in range(4)]
@@ -66,4 +69,3 @@ def test_concurrent_migrations_take_turns(empty_database_url: str) -> None:
         thread.join()
     assert errors == []
     assert sorted(len(r) for r in results) == [0, 0, 0, len(migrations())]
-
