@@ -1,5 +1,6 @@
 """rota: a fair, multi-tenant task queue for Python."""
 
+from rota import db, ops
 from rota.errors import (
     CapacityExceeded,
     EnqueueError,
@@ -11,11 +12,13 @@ from rota.errors import (
     UnknownTask,
     ValidationError,
 )
+from rota.producer import App, Task, TaskCall
 from rota.settings import Settings
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "CapacityExceeded",
     "EnqueueError",
     "InvalidName",
@@ -24,6 +27,10 @@ __all__ = [
     "PayloadTooLarge",
     "RotaError",
     "Settings",
+    "Task",
+    "TaskCall",
     "UnknownTask",
     "ValidationError",
+    "db",
+    "ops",
 ]

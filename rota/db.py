@@ -1,9 +1,9 @@
 """Runs rota's database operations on sync and async psycopg connections alike.
 
 Each operation (rota.ops) is written once, as a generator that yields the
-statements it needs (`Execute`, `Copy`) and receives their rows back. `run`
-drives one on a psycopg Connection, `arun` on an AsyncConnection: the sync and
-async APIs share every line of logic and differ only in these two loops.
+statements it needs (`Execute`, `Copy`) and receives their rows back (see
+rota.effects). `run` carries them out on a psycopg Connection, `arun` on an
+AsyncConnection.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import sql as pgsql
+
+from rota.effects import adrive, drive
 
 T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
@@ -42,40 +44,34 @@ Op: TypeAlias = Generator[Step, list[Row], T]
 
 def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     """Drives an operation on a sync connection, inside the caller's transaction."""
-    try:
-        step = next(op)
-        while True:
-            with conn.cursor() as cur:
-                if isinstance(step, Copy):
-                    with cur.copy(step.query) as copy:
-                        for row in step.rows:
-                            copy.write_row(row)
-                    rows: list[Row] = []
-                else:
-                    cur.execute(step.query, step.params)
-                    rows = cur.fetchall() if cur.description else []
-            step = op.send(rows)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+
+    def execute(step: Step) -> list[Row]:
+        with conn.cursor() as cur:
+            if isinstance(step, Copy):
+                with cur.copy(step.query) as copy:
+                    for row in step.rows:
+                        copy.write_row(row)
+                return []
+            cur.execute(step.query, step.params)
+            return cur.fetchall() if cur.description else []
+
+    return drive(op, execute)
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     """Drives an operation on an async connection, inside the caller's transaction."""
-    try:
-        step = next(op)
-        while True:
-            async with conn.cursor() as cur:
-                if isinstance(step, Copy):
-                    async with cur.copy(step.query) as copy:
-                        for row in step.rows:
-                            await copy.write_row(row)
-                    rows: list[Row] = []
-                else:
-                    await cur.execute(step.query, step.params)
-                    rows = await cur.fetchall() if cur.description else []
-            step = op.send(rows)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+
+    async def execute(step: Step) -> list[Row]:
+        async with conn.cursor() as cur:
+            if isinstance(step, Copy):
+                async with cur.copy(step.query) as copy:
+                    for row in step.rows:
+                        await copy.write_row(row)
+                return []
+            await cur.execute(step.query, step.params)
+            return await cur.fetchall() if cur.description else []
+
+    return await adrive(op, execute)
 
 
 def transact(conn: psycopg.Connection[Any], op: Op[T]) -> T:
@@ -95,11 +91,13 @@ async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
 CONNECTION_OPTIONS = "-c plan_cache_mode=force_generic_plan"
 
 
-def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=autocommit, options=CONNECTION_OPTIONS)
+def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=autocommit, options=CONNECTION_OPTIONS, **kwargs)
 
 
-async def aconnect(url: str, *, autocommit: bool = True) -> psycopg.AsyncConnection[Any]:
+async def aconnect(
+    url: str, *, autocommit: bool = True, **kwargs: Any
+) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(
-        url, autocommit=autocommit, options=CONNECTION_OPTIONS
+        url, autocommit=autocommit, options=CONNECTION_OPTIONS, **kwargs
     )

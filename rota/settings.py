@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     breaker_failures: int = Field(default=3, ge=1)
     breaker_reset_seconds: float = Field(default=5.0, gt=0)
     capacity_cache_seconds: float = Field(default=2.0, ge=0)
+    database_timeout_seconds: int = Field(default=5, ge=1)
 
     # Task defaults
     default_queue: str = "default"
@@ -30,7 +31,8 @@ class Settings(BaseSettings):
 
     # Loader
     loader_group: str = "rota-loader"
-    loader_batch_size: int = Field(default=10_000, ge=1)
+    loader_batch_size: int = Field(default=10_000, ge=1)  # tasks per load transaction
+    loader_read_count: int = Field(default=100, ge=1)  # entries read per shard per pass
     loader_idle_reclaim_seconds: float = Field(default=60.0, gt=0)
     loader_max_deliveries: int = Field(default=5, ge=1)
 

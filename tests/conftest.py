@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from rota import App, Settings
 from rota.devservers import Server, local_postgres, local_redis
 from rota.migrate import migrate
 
@@ -79,3 +80,28 @@ def redis_url(redis_server: Server) -> str:
     with redis.Redis.from_url(redis_server.url) as client:
         client.flushall()
     return redis_server.url
+
+
+@pytest.fixture
+def settings(database_url: str, redis_url: str) -> Settings:
+    return Settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        shards=4,
+        loader_idle_reclaim_seconds=1.0,
+        redis_timeout_seconds=0.3,
+        breaker_reset_seconds=0.5,
+        capacity_cache_seconds=0.0,
+    )
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[App]:
+    application = App(settings)
+
+    @application.task(queue="pdfs", max_attempts=2)
+    def parse_pdf(path: str, pages: int = 1) -> int:
+        return pages
+
+    yield application
+    application.close()

@@ -1,0 +1,125 @@
+"""The Redis buffer's format, shared by the producer (writes) and the loader (reads).
+
+The buffer is N Redis streams, `{prefix}:{<shard>}`. A tenant always maps to
+the same shard, so its tasks keep their order. The braces are a Redis Cluster
+hash tag: each shard lives in one slot and no operation spans two shards,
+while different shards spread over the cluster's nodes.
+
+An entry holds a batch of task envelopes of one shard (`enqueue_many` packs up
+to ENTRY_MAX_TASKS per entry, which is what makes the buffer fast):
+
+    XADD rota:buffer:{3} * v 1 tasks '[{...envelope...}, ...]'
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from rota.envelope import TaskEnvelope, parse_envelope
+from rota.errors import ValidationError
+
+ENTRY_VERSION = b"1"
+ENTRY_MAX_TASKS = 256
+
+
+def stream_name(prefix: str, shard: int) -> str:
+    return f"{prefix}:{{{shard}}}"
+
+
+def all_streams(prefix: str, shards: int) -> list[str]:
+    return [stream_name(prefix, shard) for shard in range(shards)]
+
+
+def dead_letter_stream(prefix: str) -> str:
+    return f"{prefix}:dead"
+
+
+def shard_for(tenant: str, shards: int) -> int:
+    """Stable across processes and versions (crc32, not Python's salted hash)."""
+    return zlib.crc32(tenant.encode()) % shards
+
+
+def envelope_dict(envelope: TaskEnvelope) -> dict[str, Any]:
+    return {
+        "v": envelope.v,
+        "id": str(envelope.id),
+        "queue": envelope.queue,
+        "tenant": envelope.tenant,
+        "name": envelope.name,
+        "payload": envelope.payload,
+        "cost": envelope.cost,
+        "max_attempts": envelope.max_attempts,
+        "backoff_base": envelope.backoff_base,
+        "backoff_max": envelope.backoff_max,
+        "eta": envelope.eta.isoformat() if envelope.eta else None,
+        "enqueued_at": envelope.enqueued_at.isoformat(),
+    }
+
+
+def encode_entries(
+    envelopes: Iterable[TaskEnvelope], prefix: str, shards: int
+) -> dict[str, list[dict[bytes, bytes]]]:
+    """Groups envelopes by shard into stream entries, keeping each tenant's order."""
+    by_stream: dict[str, list[dict[str, Any]]] = {}
+    for envelope in envelopes:
+        stream = stream_name(prefix, shard_for(envelope.tenant, shards))
+        by_stream.setdefault(stream, []).append(envelope_dict(envelope))
+    return {
+        stream: [
+            {b"v": ENTRY_VERSION, b"tasks": orjson.dumps(tasks[i : i + ENTRY_MAX_TASKS])}
+            for i in range(0, len(tasks), ENTRY_MAX_TASKS)
+        ]
+        for stream, tasks in by_stream.items()
+    }
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A buffer entry, or one task of it, that cannot be loaded, and why."""
+
+    raw: bytes
+    reason: str
+
+
+def decode_entry(
+    fields: Mapping[bytes, bytes], max_payload_bytes: int
+) -> tuple[list[TaskEnvelope], list[Rejected]]:
+    """Parses one entry: the valid envelopes, and each invalid part with its reason."""
+    version = fields.get(b"v")
+    raw = fields.get(b"tasks")
+    if version != ENTRY_VERSION or raw is None:
+        as_text = {
+            k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()
+        }
+        reason = f"unknown entry format (v={version!r}, has tasks: {raw is not None})"
+        return [], [Rejected(orjson.dumps(as_text), reason)]
+    try:
+        items = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return [], [Rejected(raw, f"entry is not JSON: {exc}")]
+    if not isinstance(items, list):
+        return [], [Rejected(raw, "entry's tasks are not a JSON list")]
+    good: list[TaskEnvelope] = []
+    bad: list[Rejected] = []
+    for item in items:
+        encoded = orjson.dumps(item)
+        try:
+            good.append(parse_envelope(encoded, max_payload_bytes))
+        except ValidationError as exc:
+            bad.append(Rejected(encoded, str(exc)))
+    return good, bad
+
+
+def encode_rejected(rejected: Rejected, stream: str, entry_id: str) -> dict[bytes, bytes]:
+    """A dead-letter entry: the raw data, the reason, and where it came from."""
+    return {
+        b"raw": rejected.raw,
+        b"reason": rejected.reason.encode(),
+        b"stream": stream.encode(),
+        b"entry": entry_id.encode(),
+    }

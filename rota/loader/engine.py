@@ -1,0 +1,294 @@
+"""The Python loader: the Redis buffer into PostgreSQL, in bulk, exactly once.
+
+One pass (`Loader.pass_once`):
+  1. reclaim entries another loader left pending too long (XAUTOCLAIM), and
+     read new ones (XREADGROUP over every shard);
+  2. decode and validate them; what is malformed, or was delivered too many
+     times, goes to the dead-letter stream with its reason;
+  3. load the tasks with the core's bulk SQL (COPY + one call), COMMIT;
+  4. only then XACK and XDEL the entries.
+A crash before 3 leaves the entries pending (reclaimed later); a crash between
+3 and 4 loads them again, and the producer-minted ids make that a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import orjson
+import psycopg
+import redis
+
+from rota import db, ops
+from rota.buffer import (
+    Rejected,
+    all_streams,
+    dead_letter_stream,
+    decode_entry,
+    encode_rejected,
+    envelope_dict,
+)
+from rota.envelope import TaskEnvelope
+from rota.settings import Settings
+
+log = logging.getLogger("rota.loader")
+
+Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
+
+
+@dataclass
+class PassResult:
+    entries: int = 0
+    loaded: int = 0  # new tasks stored
+    duplicates: int = 0  # tasks already stored (a replayed entry)
+    dead_lettered: int = 0
+    reclaimed: int = 0
+
+
+@dataclass
+class DrainSummary:
+    passes: int = 0
+    entries: int = 0
+    loaded: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    reclaimed: int = 0
+    seconds: float = 0.0
+    drained: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, result: PassResult) -> None:
+        self.passes += 1
+        self.entries += result.entries
+        self.loaded += result.loaded
+        self.duplicates += result.duplicates
+        self.dead_lettered += result.dead_lettered
+        self.reclaimed += result.reclaimed
+
+    @property
+    def exit_code(self) -> int:
+        """For cron: 0 drained, 1 failed, 2 stopped by the time limit with work left."""
+        if self.errors:
+            return 1
+        return 0 if self.drained else 2
+
+
+def default_consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Loader:
+    def __init__(
+        self,
+        settings: Settings,
+        consumer: str | None = None,
+        redis_client: redis.Redis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.consumer = consumer or default_consumer_name()
+        self.redis = redis_client or redis.Redis.from_url(
+            settings.redis_url, socket_timeout=30, socket_connect_timeout=5
+        )
+        self.streams = all_streams(settings.stream_prefix, settings.shards)
+        self.dead_stream = dead_letter_stream(settings.stream_prefix)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._groups_ready = False
+
+    # -- plumbing --------------------------------------------------------------
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self.settings.database_url)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self.redis.close()
+
+    def ensure_groups(self) -> None:
+        if self._groups_ready:
+            return
+        for stream in self.streams:
+            try:
+                self.redis.xgroup_create(stream, self.settings.loader_group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        self._groups_ready = True
+
+    # -- reading ---------------------------------------------------------------
+
+    def _reclaim(self) -> tuple[list[Entry], list[Entry]]:
+        """Entries idle in another (dead) loader's hands: (to load, delivered too often)."""
+        idle_ms = int(self.settings.loader_idle_reclaim_seconds * 1000)
+        usable: list[Entry] = []
+        exhausted: list[Entry] = []
+        for stream in self.streams:
+            # redis-py's response types are loose; these shapes are Redis 7's.
+            reply: Any = self.redis.xautoclaim(
+                stream,
+                self.settings.loader_group,
+                self.consumer,
+                idle_ms,
+                "0-0",
+                count=self.settings.loader_read_count,
+            )
+            claimed = reply[1]
+            if not claimed:
+                continue
+            ids = [entry_id for entry_id, _ in claimed]
+            pending: Any = self.redis.xpending_range(
+                stream,
+                self.settings.loader_group,
+                min=ids[0],
+                max=ids[-1],
+                count=len(ids),
+                consumername=self.consumer,
+            )
+            deliveries = {p["message_id"]: p["times_delivered"] for p in pending}
+            for entry_id, fields in claimed:
+                entry = (stream, _text(entry_id), fields)
+                if deliveries.get(entry_id, 1) > self.settings.loader_max_deliveries:
+                    exhausted.append(entry)
+                else:
+                    usable.append(entry)
+        return usable, exhausted
+
+    def _read_new(self, block_ms: int | None) -> list[Entry]:
+        response: Any = self.redis.xreadgroup(
+            self.settings.loader_group,
+            self.consumer,
+            dict.fromkeys(self.streams, ">"),
+            count=self.settings.loader_read_count,
+            block=block_ms,
+        )
+        entries: list[Entry] = []
+        for stream, items in response or []:
+            entries.extend((_text(stream), _text(entry_id), fields) for entry_id, fields in items)
+        return entries
+
+    # -- one pass --------------------------------------------------------------
+
+    def pass_once(self, block_ms: int | None = None) -> PassResult:
+        """Reads what is there (waiting up to `block_ms` for new entries) and loads it."""
+        self.ensure_groups()
+        result = PassResult()
+        reclaimed, exhausted = self._reclaim()
+        result.reclaimed = len(reclaimed) + len(exhausted)
+        fresh = self._read_new(block_ms if not reclaimed and not exhausted else None)
+        entries = reclaimed + fresh
+        result.entries = len(entries) + len(exhausted)
+
+        dead: list[tuple[Entry, Rejected]] = [
+            (
+                entry,
+                Rejected(
+                    entry[2].get(b"tasks", b""),
+                    f"delivered more than {self.settings.loader_max_deliveries} times "
+                    "without being loaded",
+                ),
+            )
+            for entry in exhausted
+        ]
+        envelopes: list[TaskEnvelope] = []
+        source: dict[UUID, Entry] = {}
+        for entry in entries:
+            good, bad = decode_entry(entry[2], self.settings.max_payload_bytes)
+            envelopes.extend(good)
+            source.update((e.id, entry) for e in good)
+            dead.extend((entry, rejected) for rejected in bad)
+
+        stored, refused = self._load(envelopes)
+        result.loaded = stored
+        result.duplicates = len(envelopes) - stored - len(refused)
+        dead.extend(
+            (source[e.id], Rejected(orjson.dumps(envelope_dict(e)), reason))
+            for e, reason in refused
+        )
+        result.dead_lettered = len(dead)
+        self._finish(entries + exhausted, dead)
+        return result
+
+    def _load(self, envelopes: list[TaskEnvelope]) -> tuple[int, list[tuple[TaskEnvelope, str]]]:
+        """Loads in chunks, each its own transaction. A chunk the database refuses
+        for its data (not for being down) is split until the culprits are found."""
+        stored = 0
+        refused: list[tuple[TaskEnvelope, str]] = []
+        size = self.settings.loader_batch_size
+        chunks = [envelopes[i : i + size] for i in range(0, len(envelopes), size)]
+        while chunks:
+            chunk = chunks.pop()
+            try:
+                stored += db.transact(self.conn, ops.load(chunk))
+            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                if len(chunk) == 1:
+                    refused.append((chunk[0], f"refused by PostgreSQL: {exc}"))
+                else:
+                    half = len(chunk) // 2
+                    chunks += [chunk[:half], chunk[half:]]
+        return stored, refused
+
+    def _finish(self, entries: list[Entry], dead: list[tuple[Entry, Rejected]]) -> None:
+        """Dead letters first, then acknowledge: an entry is never dropped unrecorded."""
+        pipe = self.redis.pipeline(transaction=False)
+        for (stream, entry_id, _), rejected in dead:
+            pipe.xadd(self.dead_stream, encode_rejected(rejected, stream, entry_id))  # type: ignore[arg-type]
+        by_stream: dict[str, list[str]] = {}
+        for stream, entry_id, _ in entries:
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, self.settings.loader_group, *ids)
+            pipe.xdel(stream, *ids)
+        pipe.execute()
+        for (stream, entry_id, _), rejected in dead:
+            log.warning("dead-lettered %s %s: %s", stream, entry_id, rejected.reason)
+
+    # -- drains ----------------------------------------------------------------
+
+    def drain(
+        self, max_seconds: float | None = None, should_stop: Callable[[], bool] = lambda: False
+    ) -> DrainSummary:
+        """Passes until the buffer is empty, the time is up or `should_stop()`."""
+        summary = DrainSummary()
+        started = time.monotonic()
+        try:
+            while not should_stop():
+                if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                    break
+                result = self.pass_once()
+                summary.add(result)
+                if result.entries == 0:
+                    summary.drained = True
+                    break
+        except (redis.RedisError, psycopg.Error) as exc:
+            summary.errors.append(f"{type(exc).__name__}: {exc}")
+        summary.seconds = round(time.monotonic() - started, 3)
+        return summary
+
+    def run_forever(self, should_stop: Callable[[], bool], block_ms: int = 1000) -> DrainSummary:
+        """Long-running: waits on the streams, loads as entries arrive, until
+        `should_stop()` (checked between passes, so a batch is never cut short)."""
+        summary = DrainSummary()
+        started = time.monotonic()
+        while not should_stop():
+            try:
+                summary.add(self.pass_once(block_ms=block_ms))
+            except (redis.RedisError, psycopg.OperationalError) as exc:
+                log.warning("loader pass failed, retrying: %s", exc)
+                self._conn = None
+                time.sleep(1)
+        summary.seconds = round(time.monotonic() - started, 3)
+        return summary
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,344 @@
+"""`rota.App`: the task registry and the enqueue API web apps use.
+
+app = rota.App.from_env()
+
+@app.task(queue="pdfs", max_attempts=5, backoff=2.0)
+def parse_pdf(path: str) -> None: ...
+
+parse_pdf.enqueue("a.pdf", tenant="alice")                   # -> task id
+await parse_pdf.aenqueue("a.pdf", tenant="alice")            # asyncio
+app.enqueue("parse_pdf", args=["a.pdf"], queue="pdfs", tenant="alice")
+app.enqueue_many([parse_pdf.call(p, tenant="alice") for p in paths])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+from uuid import UUID
+
+from rota.envelope import TaskEnvelope, check_task_name, make_envelope, task_id_for_key
+from rota.errors import UnknownTask, ValidationError
+from rota.producer.producer import AsyncProducer, Producer, ProducerCore
+from rota.settings import Settings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Keyword names that are enqueue options, not task arguments.
+RESERVED = frozenset({"tenant", "eta", "countdown", "cost", "idempotency_key", "connection"})
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    queue: str
+    max_attempts: int
+    backoff: float
+    backoff_max: float
+    timeout: float | None
+    cost: float
+
+
+@dataclass(frozen=True)
+class TaskCall:
+    """One task to enqueue: what `task.call(...)` returns, for `enqueue_many`."""
+
+    name: str
+    tenant: str
+    args: Sequence[Any] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    eta: datetime | None = None
+    countdown: float | None = None
+    cost: float | None = None
+    idempotency_key: str | None = None
+
+
+def _resolve_eta(eta: datetime | None, countdown: float | None) -> datetime | None:
+    if eta is not None and countdown is not None:
+        raise ValidationError("give eta or countdown, not both")
+    if countdown is not None:
+        if countdown < 0:
+            raise ValidationError(f"countdown must be >= 0 seconds, got {countdown!r}")
+        return datetime.now(UTC) + timedelta(seconds=countdown)
+    return eta
+
+
+class Task(Generic[P, R]):
+    """A registered task. Calling it runs the function here and now."""
+
+    def __init__(self, app: App, fn: Callable[P, R], name: str, options: TaskOptions) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.options = options
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<rota.Task {self.name} queue={self.options.queue}>"
+
+    @property
+    def is_async(self) -> bool:
+        import inspect
+
+        return inspect.iscoroutinefunction(self.fn)
+
+    def call(
+        self,
+        *args: Any,
+        tenant: str,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        cost: float | None = None,
+        idempotency_key: str | None = None,
+        **kwargs: Any,
+    ) -> TaskCall:
+        return TaskCall(
+            self.name,
+            tenant,
+            args,
+            kwargs,
+            self.options.queue,
+            eta,
+            countdown,
+            cost,
+            idempotency_key,
+        )
+
+    def enqueue(
+        self,
+        *args: Any,
+        tenant: str,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        cost: float | None = None,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+        **kwargs: Any,
+    ) -> UUID:
+        call = self.call(
+            *args,
+            tenant=tenant,
+            eta=eta,
+            countdown=countdown,
+            cost=cost,
+            idempotency_key=idempotency_key,
+            **kwargs,
+        )
+        return self.app.enqueue_many([call], connection=connection)[0]
+
+    async def aenqueue(
+        self,
+        *args: Any,
+        tenant: str,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        cost: float | None = None,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+        **kwargs: Any,
+    ) -> UUID:
+        call = self.call(
+            *args,
+            tenant=tenant,
+            eta=eta,
+            countdown=countdown,
+            cost=cost,
+            idempotency_key=idempotency_key,
+            **kwargs,
+        )
+        return (await self.app.aenqueue_many([call], connection=connection))[0]
+
+
+class App:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self._core = ProducerCore(self.settings)
+        self._producer: Producer | None = None
+        self._aproducer: AsyncProducer | None = None
+
+    @classmethod
+    def from_env(cls) -> App:
+        """Settings from the ROTA_* environment variables."""
+        return cls(Settings())
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...  # @app.task
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        backoff: float | None = None,
+        backoff_max: float | None = None,
+        timeout: float | None = None,
+        cost: float = 1.0,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        backoff: float | None = None,
+        backoff_max: float | None = None,
+        timeout: float | None = None,
+        cost: float = 1.0,
+    ) -> Any:
+        """Registers a task. `backoff` is the first retry delay in seconds (it
+        doubles per attempt, with jitter); `timeout` bounds one run."""
+
+        def register(function: Callable[..., Any]) -> Task[Any, Any]:
+            task_name = name or function.__name__
+            check_task_name(task_name)
+            if task_name in self.tasks:
+                raise ValidationError(f"a task named {task_name!r} is already registered")
+            options = TaskOptions(
+                queue=queue or self.settings.default_queue,
+                max_attempts=max_attempts or self.settings.default_max_attempts,
+                backoff=self.settings.default_backoff_seconds if backoff is None else backoff,
+                backoff_max=(
+                    self.settings.default_backoff_max_seconds
+                    if backoff_max is None
+                    else backoff_max
+                ),
+                timeout=timeout,
+                cost=cost,
+            )
+            # Checked once here, so a bad option fails at import, not at enqueue.
+            make_envelope(
+                name=task_name,
+                queue=options.queue,
+                tenant="check",
+                max_attempts=options.max_attempts,
+                backoff_base=options.backoff,
+                backoff_max=options.backoff_max,
+                cost=options.cost,
+            )
+            registered: Task[Any, Any] = Task(self, function, task_name, options)
+            self.tasks[task_name] = registered
+            return registered
+
+        return register(fn) if fn is not None else register
+
+    # -- building envelopes ------------------------------------------------
+
+    def envelope(self, call: TaskCall) -> TaskEnvelope:
+        """Checks one call and builds its envelope (raises a ValidationError)."""
+        check_task_name(call.name)
+        task = self.tasks.get(call.name)
+        if task is None and call.queue is None:
+            raise UnknownTask(
+                f"task {call.name!r} is not registered in this app; pass queue=... to "
+                "enqueue a task defined elsewhere"
+            )
+        clash = RESERVED & set(call.kwargs)
+        if clash:
+            raise ValidationError(f"{sorted(clash)} are enqueue options, not task arguments")
+        options = task.options if task else None
+        max_attempts = options.max_attempts if options else self.settings.default_max_attempts
+        eta = _resolve_eta(call.eta, call.countdown)
+        return make_envelope(
+            name=call.name,
+            queue=call.queue or (options.queue if options else self.settings.default_queue),
+            tenant=call.tenant,
+            args=call.args,
+            kwargs=call.kwargs,
+            task_id=(
+                task_id_for_key(call.idempotency_key, call.tenant)
+                if call.idempotency_key is not None
+                else None
+            ),
+            cost=call.cost if call.cost is not None else (options.cost if options else 1.0),
+            max_attempts=max_attempts,
+            backoff_base=options.backoff if options else self.settings.default_backoff_seconds,
+            backoff_max=(
+                options.backoff_max if options else self.settings.default_backoff_max_seconds
+            ),
+            eta=eta,
+            max_payload_bytes=self.settings.max_payload_bytes,
+        )
+
+    # -- enqueueing ----------------------------------------------------------
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(self.settings, self._core)
+        return self._producer
+
+    @property
+    def aproducer(self) -> AsyncProducer:
+        if self._aproducer is None:
+            self._aproducer = AsyncProducer(self.settings, self._core)
+        return self._aproducer
+
+    def enqueue(
+        self,
+        name: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        cost: float | None = None,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+    ) -> UUID:
+        """Enqueues a task by name; returns its id once it is durably stored.
+
+        With `connection=` (a psycopg connection), the task is written in that
+        connection's transaction: visible if it commits, gone if it rolls back."""
+        call = TaskCall(
+            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key
+        )
+        return self.enqueue_many([call], connection=connection)[0]
+
+    async def aenqueue(
+        self,
+        name: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        cost: float | None = None,
+        idempotency_key: str | None = None,
+        connection: Any = None,
+    ) -> UUID:
+        call = TaskCall(
+            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key
+        )
+        return (await self.aenqueue_many([call], connection=connection))[0]
+
+    def enqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
+        """Enqueues many tasks at once (all checked before anything is written)."""
+        return self.producer.store([self.envelope(c) for c in calls], connection)
+
+    async def aenqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
+        return await self.aproducer.store([self.envelope(c) for c in calls], connection)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+
+    async def aclose(self) -> None:
+        if self._aproducer is not None:
+            await self._aproducer.close()
+        self.close()

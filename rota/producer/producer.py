@@ -1,0 +1,297 @@
+"""The producer: validated tasks into the Redis buffer, or PostgreSQL when Redis is down.
+
+The decisions (capacity, circuit breaker, fallback, what counts as stored) are
+written once, in `ProducerCore.store`, as a generator of effects; `Producer`
+and `AsyncProducer` only carry the effects out, with redis-py and psycopg's
+sync or asyncio clients. A task id is returned only once the task is durably
+stored somewhere; otherwise the caller gets `EnqueueError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+from uuid import UUID
+
+import psycopg
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from rota import db, ops
+from rota.buffer import encode_entries
+from rota.effects import adrive, drive
+from rota.envelope import TaskEnvelope
+from rota.errors import CapacityExceeded, EnqueueError
+from rota.producer.breaker import CircuitBreaker
+from rota.settings import Settings
+
+log = logging.getLogger("rota.producer")
+
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+@dataclass(frozen=True)
+class WriteBuffer:
+    entries: dict[str, list[dict[bytes, bytes]]]
+
+
+@dataclass(frozen=True)
+class LoadDatabase:
+    envelopes: list[TaskEnvelope]
+    connection: Any = None  # the caller's connection (transactional enqueue), else ours
+
+
+@dataclass(frozen=True)
+class FetchBacklogs:
+    pass
+
+
+Effect: TypeAlias = WriteBuffer | LoadDatabase | FetchBacklogs
+Flow: TypeAlias = Generator[Effect, Any, list[UUID]]
+
+
+@dataclass
+class CapacityCache:
+    """Each limited tenant's waiting work, refreshed every `max_age` seconds,
+    plus what this process enqueued since: no database round trip per call."""
+
+    max_age: float
+    fetched_at: float = float("-inf")
+    limits: dict[str, tuple[int, float]] = field(default_factory=dict)
+    since_fetch: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def stale(self) -> bool:
+        return time.monotonic() - self.fetched_at >= self.max_age
+
+    def refresh(self, backlogs: dict[str, tuple[int | None, float]]) -> None:
+        self.limits = {
+            t: (cap, backlog) for t, (cap, backlog) in backlogs.items() if cap is not None
+        }
+        self.since_fetch.clear()
+        self.fetched_at = time.monotonic()
+
+    def check(self, envelopes: Sequence[TaskEnvelope]) -> None:
+        if not self.limits:
+            return
+        adding: defaultdict[str, float] = defaultdict(float)
+        for e in envelopes:
+            if e.tenant in self.limits:
+                adding[e.tenant] += e.cost
+        for tenant, cost in adding.items():
+            capacity, backlog = self.limits[tenant]
+            waiting = backlog + self.since_fetch[tenant]
+            if waiting + cost > capacity:
+                raise CapacityExceeded(tenant, waiting, capacity)
+
+    def count(self, envelopes: Sequence[TaskEnvelope]) -> None:
+        for e in envelopes:
+            if e.tenant in self.limits:
+                self.since_fetch[e.tenant] += e.cost
+
+
+class ProducerCore:
+    """What to do with a batch of envelopes; shared by the sync and async producers."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_seconds)
+        self.capacity = CapacityCache(settings.capacity_cache_seconds)
+        self.fallbacks = 0  # tasks that went straight to PostgreSQL
+
+    def retry_policy(self) -> dict[str, Any]:
+        """Bounded retries of a Redis write (tenacity), then the fallback."""
+        return {
+            "stop": stop_after_attempt(self.settings.redis_retries + 1),
+            "wait": wait_exponential_jitter(multiplier=0.01, max=0.1, jitter=0.01),
+            "retry": retry_if_exception_type(REDIS_ERRORS),
+            "reraise": True,
+        }
+
+    def store(self, envelopes: list[TaskEnvelope], connection: Any = None) -> Flow:
+        ids = [e.id for e in envelopes]
+        if not envelopes:
+            return ids
+        if self.capacity.stale():
+            try:
+                self.capacity.refresh((yield FetchBacklogs()))
+            except Exception as exc:
+                log.warning("could not refresh tenant capacities, using the cached ones: %s", exc)
+        self.capacity.check(envelopes)
+
+        if connection is not None:
+            # Transactional enqueue: in the caller's transaction, or not at all.
+            yield LoadDatabase(envelopes, connection)
+            self.capacity.count(envelopes)
+            return ids
+
+        if self.breaker.allow():
+            try:
+                yield WriteBuffer(
+                    encode_entries(envelopes, self.settings.stream_prefix, self.settings.shards)
+                )
+            except REDIS_ERRORS as exc:
+                self.breaker.failed()
+                log.warning("redis buffer unavailable, writing to PostgreSQL: %s", exc)
+            else:
+                self.breaker.succeeded()
+                self.capacity.count(envelopes)
+                return ids
+        try:
+            yield LoadDatabase(envelopes)
+        except Exception as exc:
+            raise EnqueueError(
+                f"{len(envelopes)} task(s) not stored: the Redis buffer is unavailable and "
+                f"PostgreSQL failed too ({exc}); enqueue again (with an idempotency_key to be "
+                "safe against duplicates)"
+            ) from exc
+        self.fallbacks += len(envelopes)
+        self.capacity.count(envelopes)
+        return ids
+
+
+def _redis_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "socket_timeout": settings.redis_timeout_seconds,
+        "socket_connect_timeout": settings.redis_timeout_seconds,
+        # Retries are ours (tenacity, then the fallback), not redis-py's.
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
+class Producer:
+    """Sync producer. Thread-safe; one per process is enough."""
+
+    def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
+        self.core = core or ProducerCore(settings)
+        self.settings = settings
+        self._redis: redis.Redis | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn_lock = threading.Lock()
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(
+                self.settings.redis_url, **_redis_options(self.settings)
+            )
+        return self._redis
+
+    def store(self, envelopes: list[TaskEnvelope], connection: Any = None) -> list[UUID]:
+        return drive(self.core.store(envelopes, connection), self._carry_out)
+
+    def _carry_out(self, effect: Effect) -> Any:
+        if isinstance(effect, WriteBuffer):
+            for attempt in Retrying(**self.core.retry_policy()):
+                with attempt:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for stream, entries in effect.entries.items():
+                        for fields in entries:
+                            pipe.xadd(stream, fields)  # type: ignore[arg-type]
+                    pipe.execute()
+            return None
+        if isinstance(effect, LoadDatabase) and effect.connection is not None:
+            return db.run(effect.connection, ops.load(effect.envelopes))
+        with self._conn_lock:
+            conn = self._connection()
+            try:
+                if isinstance(effect, LoadDatabase):
+                    return db.transact(conn, ops.load(effect.envelopes))
+                return db.run(conn, ops.tenant_backlogs())
+            except psycopg.OperationalError:
+                self._drop_connection()
+                raise
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(
+                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
+            )
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+        with self._conn_lock:
+            self._drop_connection()
+
+
+class AsyncProducer:
+    """asyncio producer (FastAPI, Starlette): the same flow, awaited."""
+
+    def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
+        self.core = core or ProducerCore(settings)
+        self.settings = settings
+        self._redis: redis.asyncio.Redis | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn_lock = asyncio.Lock()
+
+    @property
+    def redis(self) -> redis.asyncio.Redis:
+        if self._redis is None:
+            self._redis = redis.asyncio.Redis.from_url(
+                self.settings.redis_url, **_redis_options(self.settings)
+            )
+        return self._redis
+
+    async def store(self, envelopes: list[TaskEnvelope], connection: Any = None) -> list[UUID]:
+        return await adrive(self.core.store(envelopes, connection), self._carry_out)
+
+    async def _carry_out(self, effect: Effect) -> Any:
+        if isinstance(effect, WriteBuffer):
+            async for attempt in AsyncRetrying(**self.core.retry_policy()):
+                with attempt:
+                    pipe = self.redis.pipeline(transaction=False)
+                    for stream, entries in effect.entries.items():
+                        for fields in entries:
+                            pipe.xadd(stream, fields)  # type: ignore[arg-type]
+                    await pipe.execute()
+            return None
+        if isinstance(effect, LoadDatabase) and effect.connection is not None:
+            return await db.arun(effect.connection, ops.load(effect.envelopes))
+        async with self._conn_lock:
+            conn = await self._connection()
+            try:
+                if isinstance(effect, LoadDatabase):
+                    return await db.atransact(conn, ops.load(effect.envelopes))
+                return await db.arun(conn, ops.tenant_backlogs())
+            except psycopg.OperationalError:
+                await self._drop_connection()
+                raise
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await db.aconnect(
+                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
+            )
+        return self._conn
+
+    async def _drop_connection(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+        self._conn = None
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+        async with self._conn_lock:
+            await self._drop_connection()

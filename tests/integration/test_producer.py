@@ -1,0 +1,206 @@
+"""The producer against real Redis and PostgreSQL: buffer, fallback, transactions."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from rota import App, CapacityExceeded, EnqueueError, Settings, UnknownTask, db, ops
+from rota.buffer import all_streams
+from rota.loader import Loader
+from rota.producer.breaker import BreakerState
+
+Conn = psycopg.Connection[Any]
+
+
+def _buffered(settings: Settings) -> int:
+    client = redis.Redis.from_url(settings.redis_url)
+    return sum(int(client.xlen(s)) for s in all_streams(settings.stream_prefix, settings.shards))
+
+
+def _drain(settings: Settings) -> None:
+    loader = Loader(settings)
+    try:
+        assert loader.drain().drained
+    finally:
+        loader.close()
+
+
+def test_enqueue_writes_to_the_buffer_and_the_loader_makes_it_claimable(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    task_id = parse_pdf.enqueue("a.pdf", tenant="alice", pages=3)
+    assert _buffered(settings) == 1
+    _drain(settings)
+    (task,) = db.run(conn, ops.claim(["pdfs"], 10, "w"))
+    assert task.id == task_id
+    assert (task.name, task.tenant, task.args, task.kwargs) == (
+        "parse_pdf",
+        "alice",
+        ["a.pdf"],
+        {"pages": 3},
+    )
+    assert task.max_attempts == 2
+
+
+def test_enqueue_by_name_and_many(app: App, settings: Settings, conn: Conn) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = app.enqueue_many([parse_pdf.call(f"{i}.pdf", tenant=f"t{i % 3}") for i in range(600)])
+    other = app.enqueue("mail.send", args=["x@y"], queue="mail", tenant="t1")
+    assert len(set(ids)) == 600
+    with pytest.raises(UnknownTask, match="queue="):
+        app.enqueue("mail.send", tenant="t1")
+    _drain(settings)
+    counts = db.run(conn, ops.queue_counts())
+    assert counts["pdfs"]["ready"] == 600 and counts["mail"]["ready"] == 1
+    assert db.run(conn, ops.task_states([other]))[other].queue == "mail"
+
+
+def test_a_tenants_tasks_keep_their_order_through_the_buffer(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice") for i in range(20)]
+    _drain(settings)
+    assert [t.id for t in db.run(conn, ops.claim(["pdfs"], 100, "w"))] == ids
+
+
+def test_idempotency_key_makes_a_retried_enqueue_one_task(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    first = parse_pdf.enqueue("a.pdf", tenant="alice", idempotency_key="upload-42")
+    again = parse_pdf.enqueue("a.pdf", tenant="alice", idempotency_key="upload-42")
+    assert first == again
+    _drain(settings)
+    assert db.run(conn, ops.queue_counts())["pdfs"]["ready"] == 1
+
+
+def test_eta_and_countdown(app: App, settings: Settings, conn: Conn) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    later = parse_pdf.enqueue("a.pdf", tenant="alice", countdown=60)
+    at = parse_pdf.enqueue("b.pdf", tenant="alice", eta=datetime.now(UTC) + timedelta(hours=1))
+    with pytest.raises(rota_validation_error()):
+        parse_pdf.enqueue("c.pdf", tenant="alice", countdown=1, eta=datetime.now(UTC))
+    _drain(settings)
+    states = db.run(conn, ops.task_states([later, at]))
+    assert {s.status for s in states.values()} == {"scheduled"}
+
+
+def rota_validation_error() -> type[Exception]:
+    from rota import ValidationError
+
+    return ValidationError
+
+
+def test_bad_input_writes_nothing(app: App, settings: Settings) -> None:
+    from rota import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
+
+    parse_pdf = app.tasks["parse_pdf"]
+    with pytest.raises(InvalidName):
+        parse_pdf.enqueue("a.pdf", tenant="bad tenant")
+    with pytest.raises(NotJSONSerializable):
+        parse_pdf.enqueue({1, 2}, tenant="alice")
+    with pytest.raises(PayloadTooLarge):
+        parse_pdf.enqueue("x" * (settings.max_payload_bytes + 1), tenant="alice")
+    with pytest.raises(ValidationError):
+        parse_pdf.enqueue("a.pdf", tenant="alice", cost=-1)
+    with pytest.raises(InvalidName):
+        app.enqueue("not a name!", queue="pdfs", tenant="alice")
+    with pytest.raises(InvalidName):
+        app.enqueue("x.y", queue="Bad Queue", tenant="alice")
+    with pytest.raises(ValidationError, match="enqueue options"):
+        app.enqueue("x.y", queue="pdfs", tenant="alice", kwargs={"tenant": "bob"})
+    # One bad call in a batch: nothing of the batch is written.
+    with pytest.raises(InvalidName):
+        app.enqueue_many(
+            [parse_pdf.call("a.pdf", tenant="ok"), parse_pdf.call("b.pdf", tenant="not ok")]
+        )
+    assert _buffered(settings) == 0
+
+
+def test_transactional_enqueue_commits_and_rolls_back_with_the_caller(
+    app: App, database_url: str
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    with psycopg.connect(database_url) as conn:
+        kept = parse_pdf.enqueue("a.pdf", tenant="alice", connection=conn)
+        conn.commit()
+        dropped = parse_pdf.enqueue("b.pdf", tenant="alice", connection=conn)
+        dropped_too = parse_pdf.enqueue("c.pdf", tenant="alice", connection=conn)
+        conn.rollback()
+    with psycopg.connect(database_url, autocommit=True) as check:
+        states = db.run(check, ops.task_states([kept, dropped, dropped_too]))
+    assert set(states) == {kept}
+
+
+def test_redis_down_falls_back_to_postgres_and_the_breaker_opens(
+    database_url: str, conn: Conn
+) -> None:
+    settings = Settings(
+        database_url=database_url,
+        redis_url="redis://127.0.0.1:1/0",
+        redis_retries=1,
+        breaker_failures=2,
+        breaker_reset_seconds=60,
+    )
+    app = App(settings)
+    ids = [app.enqueue("x.y", queue="q", tenant="alice") for _ in range(5)]
+    assert app._core.breaker.state is BreakerState.OPEN
+    assert app._core.fallbacks == 5
+    assert db.run(conn, ops.queue_counts())["q"]["ready"] == 5
+    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    app.close()
+
+
+def test_both_down_raises_and_reports_nothing_stored() -> None:
+    settings = Settings(
+        database_url="postgresql://rota@127.0.0.1:1/none",
+        redis_url="redis://127.0.0.1:1/0",
+        redis_retries=0,
+        database_timeout_seconds=1,
+    )
+    app = App(settings)
+    with pytest.raises(EnqueueError, match="not stored"):
+        app.enqueue("x.y", queue="q", tenant="alice")
+    with pytest.raises(EnqueueError):
+        asyncio.run(app.aenqueue("x.y", queue="q", tenant="alice"))
+    app.close()
+
+
+def test_capacity_gives_backpressure(settings: Settings, conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("small", capacity=5))
+    # Decided from a cache (one query per 30 s here) plus what this process
+    # enqueued since: no database round trip per call.
+    app = App(settings.model_copy(update={"capacity_cache_seconds": 30}))
+    parse_pdf = app.task(lambda path: None, name="parse_pdf")
+    app.enqueue_many([parse_pdf.call("a", tenant="small") for _ in range(5)])
+    with pytest.raises(CapacityExceeded) as refused:
+        parse_pdf.enqueue("b", tenant="small")
+    assert refused.value.capacity == 5
+    parse_pdf.enqueue("c", tenant="unlimited")  # other tenants are not affected
+    app.close()
+
+
+def test_async_twins(app: App, settings: Settings, conn: Conn, database_url: str) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+
+    async def main() -> list[Any]:
+        one = await parse_pdf.aenqueue("a.pdf", tenant="alice")
+        two = await app.aenqueue("parse_pdf", args=["b.pdf"], tenant="bob")
+        many = await app.aenqueue_many([parse_pdf.call("c", tenant="carol")] * 3)
+        async with await psycopg.AsyncConnection.connect(database_url) as aconn:
+            in_tx = await parse_pdf.aenqueue("d.pdf", tenant="dave", connection=aconn)
+            await aconn.commit()
+        await app.aclose()
+        return [one, two, *many, in_tx]
+
+    ids = asyncio.run(main())
+    _drain(settings)
+    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
