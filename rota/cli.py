@@ -19,6 +19,8 @@ from rota.settings import Settings
 app = typer.Typer(help="rota: a fair, multi-tenant task queue.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+loader_app = typer.Typer(help="Drain the Redis buffer into PostgreSQL.", no_args_is_help=True)
+app.add_typer(loader_app, name="loader")
 
 DatabaseUrl = Annotated[
     str | None, typer.Option(help="PostgreSQL URL (default: ROTA_DATABASE_URL)")
@@ -42,6 +44,97 @@ def migrate(database_url: DatabaseUrl = None) -> None:
     with psycopg.connect(_settings(database_url).database_url, autocommit=True) as conn:
         applied = run_migrations(conn)
     typer.echo(f"applied migrations: {applied}" if applied else "schema is up to date")
+
+
+RedisUrl = Annotated[str | None, typer.Option(help="Redis URL (default: ROTA_REDIS_URL)")]
+
+
+@loader_app.command("drain")
+def loader_drain(
+    max_seconds: Annotated[float | None, typer.Option(help="stop after this long")] = None,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """One pass until the buffer is empty (or --max-seconds): a JSON summary, and
+    exit code 0 when drained, 2 when stopped with work left, 1 on failure."""
+    import dataclasses
+
+    from rota.loader import Loader
+
+    loader = Loader(_settings(database_url, redis_url))
+    try:
+        summary = loader.drain(max_seconds=max_seconds)
+    finally:
+        loader.close()
+    typer.echo(json.dumps({**dataclasses.asdict(summary), "exit_code": summary.exit_code}))
+    raise typer.Exit(summary.exit_code)
+
+
+@loader_app.command("run")
+def loader_run(
+    engine: Annotated[str, typer.Option(help="spark (default) or python")] = "spark",
+    master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    checkpoint: Annotated[str, typer.Option(help="Spark checkpoint directory")] = (
+        "./rota-checkpoints/loader"
+    ),
+    trigger_seconds: Annotated[float, typer.Option(help="Spark micro-batch interval")] = 0.5,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Long-running loader; SIGTERM or Ctrl-C stops it after the batch in hand."""
+    import signal
+    import threading
+
+    settings = _settings(database_url, redis_url)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    if engine == "python":
+        from rota.loader import Loader
+
+        loader = Loader(settings)
+        try:
+            summary = loader.run_forever(stop.is_set)
+        finally:
+            loader.close()
+        typer.echo(
+            json.dumps(
+                {
+                    "loaded": summary.loaded,
+                    "entries": summary.entries,
+                    "dead_lettered": summary.dead_lettered,
+                }
+            )
+        )
+    elif engine == "spark":
+        from rota.loader.spark import run_streaming
+
+        run_streaming(
+            settings,
+            master=master,
+            checkpoint=checkpoint,
+            trigger_seconds=trigger_seconds,
+            should_stop=stop.is_set,
+        )
+    else:
+        raise typer.BadParameter(f"unknown engine {engine!r}: use spark or python")
+
+
+@app.command()
+def stats(database_url: DatabaseUrl = None, redis_url: RedisUrl = None) -> None:
+    """Buffer depth and oldest entry per shard, and the queues' counts, as JSON."""
+    from rota import db, ops
+    from rota.loader import Loader
+
+    settings = _settings(database_url, redis_url)
+    loader = Loader(settings)
+    try:
+        buffer = loader.buffer_stats()
+    finally:
+        loader.close()
+    with db.connect(settings.database_url) as conn:
+        queues = db.run(conn, ops.queue_counts())
+    typer.echo(json.dumps({"buffer": buffer, "queues": queues}, indent=2))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,159 @@
+"""The Python loader against real Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psycopg
+import redis
+
+from rota import App, Settings, db, ops
+from rota.buffer import ENTRY_VERSION, dead_letter_stream, stream_name
+from rota.envelope import make_envelope
+from rota.loader import Loader, lambda_handler
+
+Conn = psycopg.Connection[Any]
+
+
+def _client(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(settings.redis_url)
+
+
+def _dead(settings: Settings) -> list[dict[bytes, bytes]]:
+    return [
+        fields for _, fields in _client(settings).xrange(dead_letter_stream(settings.stream_prefix))
+    ]
+
+
+def test_malformed_entries_go_to_the_dead_letter_stream_with_a_reason(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    client = _client(settings)
+    shard = stream_name(settings.stream_prefix, 0)
+    good = make_envelope(name="x.y", queue="q", tenant="alice")
+    bad = json.loads(good.model_dump_json()) | {"tenant": "no spaces allowed"}
+    mixed = json.dumps([json.loads(good.model_dump_json()), bad]).encode()
+    client.xadd(shard, {b"v": ENTRY_VERSION, b"tasks": mixed})
+    client.xadd(shard, {b"v": ENTRY_VERSION, b"tasks": b"{not json"})
+    client.xadd(shard, {b"v": b"99", b"tasks": b"[]"})
+    client.xadd(shard, {b"something": b"else"})
+    loader = Loader(settings)
+    summary = loader.drain()
+    loader.close()
+    assert (summary.loaded, summary.dead_lettered, summary.drained) == (1, 4, True)
+    reasons = sorted(d[b"reason"].decode() for d in _dead(settings))
+    assert any("tenant" in r for r in reasons)
+    assert any("not JSON" in r for r in reasons)
+    assert sum("unknown entry format" in r for r in reasons) == 2
+    assert all(d[b"stream"] == shard.encode() for d in _dead(settings))
+    assert db.run(conn, ops.queue_counts())["q"]["ready"] == 1
+    assert client.xlen(shard) == 0  # acknowledged and deleted
+
+
+def test_an_entry_loaded_twice_creates_its_tasks_once(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    app.enqueue_many([parse_pdf.call(f"{i}", tenant="alice") for i in range(10)])
+    first = Loader(settings, consumer="first")
+    first.ensure_groups()
+    # Loaded and committed, but the loader "dies" before acknowledging.
+    entries = first._read_new(None)
+    envelopes = [e for entry in entries for e in _decode(entry, settings)]
+    assert first._load(envelopes) == (10, [])
+    first.close()
+    time.sleep(settings.loader_idle_reclaim_seconds + 0.1)
+    second = Loader(settings, consumer="second")
+    summary = second.drain()
+    second.close()
+    assert (summary.reclaimed, summary.loaded, summary.duplicates) == (1, 0, 10)
+    assert db.run(conn, ops.queue_counts())["pdfs"]["ready"] == 10
+
+
+def _decode(entry: Any, settings: Settings) -> list[Any]:
+    from rota.buffer import decode_entry
+
+    good, bad = decode_entry(entry[2], settings.max_payload_bytes)
+    assert not bad
+    return good
+
+
+def test_entries_delivered_too_often_are_dead_lettered(app: App, settings: Settings) -> None:
+    settings = settings.model_copy(update={"loader_max_deliveries": 2})
+    app.tasks["parse_pdf"].enqueue("a", tenant="alice")
+    loaders = [Loader(settings, consumer=f"c{i}") for i in range(3)]
+    loaders[0].ensure_groups()
+    loaders[0]._read_new(None)  # delivery 1, never loaded
+    for loader in loaders[1:]:
+        time.sleep(settings.loader_idle_reclaim_seconds + 0.1)
+        loader._reclaim()  # deliveries 2 and 3, never loaded
+    time.sleep(settings.loader_idle_reclaim_seconds + 0.1)
+    summary = loaders[0].drain()
+    for loader in loaders:
+        loader.close()
+    assert summary.dead_lettered == 1
+    assert b"delivered more than 2 times" in _dead(settings)[0][b"reason"]
+
+
+def test_lambda_handler_drains_within_the_time_left(
+    app: App, settings: Settings, conn: Conn, monkeypatch: Any
+) -> None:
+    for key, value in {
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_SHARDS": "4",
+    }.items():
+        monkeypatch.setenv(key, value)
+    app.enqueue_many([app.tasks["parse_pdf"].call("a", tenant="t") for _ in range(50)])
+
+    class Context:
+        def get_remaining_time_in_millis(self) -> int:
+            return 60_000
+
+    result = lambda_handler({}, Context())
+    assert (result["loaded"], result["drained"], result["exit_code"]) == (50, True, 0)
+    assert lambda_handler({"max_seconds": 0}, Context())["exit_code"] == 2
+
+
+def test_rota_loader_drain_reports_json_and_an_exit_code(app: App, settings: Settings) -> None:
+    app.enqueue_many([app.tasks["parse_pdf"].call("a", tenant="t") for _ in range(7)])
+    env = {
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_SHARDS": "4",
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "rota", "loader", "drain"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["loaded"] == 7
+    env["ROTA_DATABASE_URL"] = "postgresql://rota@127.0.0.1:1/none"
+    app.enqueue_many([app.tasks["parse_pdf"].call("a", tenant="t")])
+    failed = subprocess.run(
+        [sys.executable, "-m", "rota", "loader", "drain"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert failed.returncode == 1
+    assert json.loads(failed.stdout)["errors"]
+
+
+def test_buffer_stats_show_depth_and_age(app: App, settings: Settings) -> None:
+    app.tasks["parse_pdf"].enqueue("a", tenant="alice")
+    time.sleep(0.05)
+    loader = Loader(settings)
+    stats = loader.buffer_stats()
+    loader.close()
+    assert sum(s["entries"] for s in stats.values()) == 1
+    assert max(s["oldest_age_seconds"] for s in stats.values()) >= 0.05
