@@ -120,6 +120,75 @@ def loader_run(
         raise typer.BadParameter(f"unknown engine {engine!r}: use spark or python")
 
 
+def load_app(spec: str) -> Any:
+    """`package.module:attribute` -> the rota.App it names."""
+    import importlib
+
+    from rota.producer.app import App
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise typer.BadParameter(f"--app must look like package.module:app, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    application = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(application, App):
+        raise typer.BadParameter(f"{spec} is a {type(application).__name__}, not a rota.App")
+    return application
+
+
+def _split(names: str | None) -> list[str]:
+    return [n.strip() for n in (names or "").split(",") if n.strip()]
+
+
+@app.command()
+def worker(
+    app_spec: Annotated[str, typer.Option("--app", help="package.module:app")],
+    queues: Annotated[str | None, typer.Option(help="comma-separated (default: all)")] = None,
+    exclude: Annotated[str | None, typer.Option(help="queues to leave alone")] = None,
+    concurrency: int = 4,
+    batch_size: int = 10,
+    maintenance: Annotated[bool, typer.Option(help="take part in reaper/scheduler duty")] = True,
+) -> None:
+    """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
+    running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
+    import logging
+    import signal
+
+    from rota.consumer import Worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    runner = Worker(load_app(app_spec), queues=_split(queues) or None, exclude=_split(exclude),
+                    concurrency=concurrency, batch_size=batch_size, maintenance=maintenance)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: runner.stop())
+    runner.run()
+
+
+@app.command()
+def reaper(
+    app_spec: Annotated[str | None, typer.Option("--app", help="for cron schedules")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """The maintenance sidecar: promotes due tasks, requeues expired leases and
+    dead workers' tasks, fires cron ticks. Several may run; one is active."""
+    import signal
+    import threading
+
+    from rota import db, ops
+    from rota.consumer import Maintenance
+
+    application = load_app(app_spec) if app_spec else None
+    settings = application.settings if application else _settings(database_url)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    duty = Maintenance(settings, application)
+    with db.connect(settings.database_url) as conn:
+        while not stop.wait(settings.maintenance_seconds):
+            if db.run(conn, ops.try_maintenance_lock()):
+                duty.tick(conn)
+
+
 @app.command()
 def stats(database_url: DatabaseUrl = None, redis_url: RedisUrl = None) -> None:
     """Buffer depth and oldest entry per shard, and the queues' counts, as JSON."""

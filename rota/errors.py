@@ -45,3 +45,14 @@ class EnqueueError(RotaError):
 
 class LeaseLost(RotaError):
     """The task's lease expired and another worker holds it now (stale attempt token)."""
+
+
+class Retry(RotaError):  # noqa: N818 - raised by task code: `raise rota.Retry(countdown=10)`
+    """Raised inside a task to run it again later, on purpose.
+
+    It uses an attempt like any failure; after the last one the task is dead."""
+
+    def __init__(self, countdown: float | None = None, reason: str = "retry requested") -> None:
+        super().__init__(reason)
+        self.countdown = countdown
+        self.reason = reason

@@ -52,12 +52,14 @@ class ClaimedTask(NamedTuple):
 
 @dataclass(frozen=True)
 class Failure:
-    """A failed attempt: `retry_at` forces the next attempt's time (rota.Retry)."""
+    """A failed attempt: `retry_at` forces the next attempt's time (rota.Retry);
+    `final` dead-letters at once (no retry can help, e.g. an unknown task)."""
 
     task_id: UUID
     attempt: int
     error: str
     retry_at: datetime | None = None
+    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ def fail(failures: Sequence[Failure]) -> Op[list[FailOutcome]]:
             "attempts": [f.attempt for f in failures],
             "errors": [f.error for f in failures],
             "retry_at": [f.retry_at for f in failures],
+            "final": [f.final for f in failures],
         },
     )
     return [FailOutcome(*row) for row in rows]
@@ -231,3 +234,52 @@ def prune_finished(older_than_seconds: float) -> Op[int]:
 def queue_counts() -> Op[dict[str, dict[str, int]]]:
     rows = yield Execute(query("queue_counts"))
     return {row[0]: {"ready": row[1], "running": row[2], "scheduled": row[3]} for row in rows}
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    silent_seconds: float
+
+
+def register_worker(worker_id: str, host: str, pid: int, queues: Sequence[str],
+                    concurrency: int) -> Op[None]:
+    yield Execute(query("register_worker"), {"id": worker_id, "host": host, "pid": pid,
+                                             "queues": list(queues),
+                                             "concurrency": concurrency})
+
+
+def worker_heartbeat(worker_id: str) -> Op[bool]:
+    """False when the worker was declared dead meanwhile (it must stop)."""
+    rows = yield Execute(query("worker_heartbeat"), {"id": worker_id})
+    return bool(rows)
+
+
+def stop_worker(worker_id: str) -> Op[None]:
+    yield Execute(query("stop_worker"), {"id": worker_id})
+
+
+def live_workers() -> Op[list[WorkerInfo]]:
+    rows = yield Execute(query("live_workers"))
+    return [WorkerInfo(row[0], row[1], row[2], float(row[3])) for row in rows]
+
+
+def reap_workers(worker_ids: Sequence[str]) -> Op[set[UUID]]:
+    """Declares workers dead and requeues their tasks (the attempt counts)."""
+    rows = yield Execute(query("reap_workers"), {"ids": list(worker_ids)})
+    task_ids = [row[0] for row in rows]
+    if not task_ids:
+        return set()
+    return (yield from requeue_lost(task_ids, "worker died"))
+
+
+def queue_names() -> Op[list[str]]:
+    rows = yield Execute(query("queue_names"))
+    return [row[0] for row in rows]
+
+
+def try_maintenance_lock() -> Op[bool]:
+    rows = yield Execute(query("maintenance_lock"))
+    return bool(rows[0][0])

@@ -40,3 +40,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=60.0, gt=0)
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     poll_seconds: float = Field(default=1.0, gt=0)
+    worker_dead_after_seconds: float = Field(default=30.0, gt=0)  # silent this long: dead
+    maintenance_seconds: float = Field(default=1.0, gt=0)
+    cron_lookback_seconds: float = Field(default=300.0, gt=0)  # missed ticks caught up
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)

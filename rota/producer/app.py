@@ -19,7 +19,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 from uuid import UUID
 
-from rota.envelope import TaskEnvelope, check_task_name, make_envelope, task_id_for_key
+from rota.envelope import (
+    TaskEnvelope,
+    check_task_name,
+    check_tenant,
+    make_envelope,
+    task_id_for_key,
+)
 from rota.errors import UnknownTask, ValidationError
 from rota.producer.producer import AsyncProducer, Producer, ProducerCore
 from rota.settings import Settings
@@ -39,6 +45,16 @@ class TaskOptions:
     backoff_max: float
     timeout: float | None
     cost: float
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """A task enqueued on a cron schedule; it gets the tick (ISO time) as last argument."""
+
+    schedule: str
+    task: Task[Any, Any]
+    tenant: str
+    args: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,7 @@ class App:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.periodics: list[Periodic] = []
         self._core = ProducerCore(self.settings)
         self._producer: Producer | None = None
         self._aproducer: AsyncProducer | None = None
@@ -232,6 +249,26 @@ class App:
             return registered
 
         return register(fn) if fn is not None else register
+
+    def periodic(
+        self, schedule: str, *, tenant: str = "system", args: Sequence[Any] = (),
+        name: str | None = None, queue: str | None = None, max_attempts: int | None = None,
+    ) -> Callable[[Callable[..., Any]], Task[Any, Any]]:
+        """Registers a task and enqueues it on a cron schedule ("*/5 * * * *"),
+        once per tick however many schedulers run."""
+        from croniter import croniter
+
+        if not croniter.is_valid(schedule):
+            raise ValidationError(f"{schedule!r} is not a valid cron schedule")
+        check_tenant(tenant)
+
+        def register(function: Callable[..., Any]) -> Task[Any, Any]:
+            registered: Task[Any, Any] = self.task(name=name, queue=queue,
+                                                   max_attempts=max_attempts)(function)
+            self.periodics.append(Periodic(schedule, registered, tenant, tuple(args)))
+            return registered
+
+        return register
 
     # -- building envelopes ------------------------------------------------
 

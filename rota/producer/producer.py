@@ -205,6 +205,10 @@ class Producer:
                     pipe.execute()
             return None
         if isinstance(effect, LoadDatabase) and effect.connection is not None:
+            # In the caller's transaction (it commits or rolls back with it); a
+            # transaction of its own only on an autocommit connection.
+            if effect.connection.autocommit:
+                return db.transact(effect.connection, ops.load(effect.envelopes))
             return db.run(effect.connection, ops.load(effect.envelopes))
         with self._conn_lock:
             conn = self._connection()
@@ -267,6 +271,8 @@ class AsyncProducer:
                     await pipe.execute()
             return None
         if isinstance(effect, LoadDatabase) and effect.connection is not None:
+            if effect.connection.autocommit:
+                return await db.atransact(effect.connection, ops.load(effect.envelopes))
             return await db.arun(effect.connection, ops.load(effect.envelopes))
         async with self._conn_lock:
             conn = await self._connection()

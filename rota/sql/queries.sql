@@ -116,7 +116,7 @@ SELECT id FROM rota.complete(%(ids)s::uuid[], %(attempts)s::integer[]) AS id
 -- name: fail
 SELECT id, status::text, run_at
 FROM rota.fail(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
-               %(retry_at)s::timestamptz[])
+               %(retry_at)s::timestamptz[], %(final)s::boolean[])
 
 -- name: requeue
 SELECT id FROM rota.requeue(%(ids)s::uuid[], %(attempts)s::integer[], %(consume)s,
@@ -183,3 +183,34 @@ INSERT INTO rota.migrations (version, name) VALUES (%(version)s, %(name)s)
 -- name: migration_lock
 -- Concurrent `rota migrate` runs take turns.
 SELECT pg_advisory_xact_lock(hashtext('rota.migrate'))
+
+-- name: register_worker
+INSERT INTO rota.workers (id, host, pid, queues, concurrency)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
+
+-- name: worker_heartbeat
+UPDATE rota.workers SET heartbeat_at = now() WHERE id = %(id)s AND stopped_at IS NULL
+RETURNING id
+
+-- name: stop_worker
+UPDATE rota.workers SET stopped_at = now() WHERE id = %(id)s
+
+-- name: live_workers
+SELECT id, host, pid, extract(epoch FROM now() - heartbeat_at) AS silent_seconds
+FROM rota.workers WHERE stopped_at IS NULL
+
+-- name: reap_workers
+-- Marks workers dead and returns their claimed tasks' ids, for requeueing.
+WITH dead AS (
+    UPDATE rota.workers SET stopped_at = now()
+    WHERE id = ANY (%(ids)s::text[]) AND stopped_at IS NULL
+    RETURNING id
+)
+SELECT r.task_id FROM rota.running r WHERE r.worker = ANY (ARRAY(SELECT id FROM dead))
+
+-- name: queue_names
+SELECT name FROM rota.queues ORDER BY name
+
+-- name: maintenance_lock
+-- One elected runner of the maintenance duties (session lock, held while alive).
+SELECT pg_try_advisory_lock(hashtext('rota.maintenance'))

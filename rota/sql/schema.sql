@@ -132,6 +132,19 @@ CREATE TABLE rota.finished (
 );
 CREATE INDEX finished_at ON rota.finished USING brin (finished_at);
 
+-- The worker registry (heartbeats, for the reaper).
+CREATE TABLE rota.workers (
+    id text PRIMARY KEY,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    queues text[] NOT NULL,
+    concurrency integer NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    stopped_at timestamptz
+);
+CREATE INDEX workers_alive ON rota.workers (heartbeat_at) WHERE stopped_at IS NULL;
+
 CREATE TABLE rota.scheduled (
     run_at timestamptz NOT NULL,
     task_id uuid NOT NULL
@@ -377,20 +390,23 @@ $$;
 
 -- Fails claimed tasks: each is retried after its backoff (exponential, with
 -- jitter), or at p_retry_at when given (an explicit retry), until its last
--- attempt; then it is dead, with its last error kept. Stale tokens are refused.
+-- attempt; then, or at once when p_final (an unknown task, say), it is dead,
+-- with its last error kept. Stale tokens are refused.
 CREATE FUNCTION rota.fail(
-    p_ids uuid[], p_attempts integer[], p_errors text[], p_retry_at timestamptz[]
+    p_ids uuid[], p_attempts integer[], p_errors text[], p_retry_at timestamptz[],
+    p_final boolean[]
 ) RETURNS TABLE (id uuid, status rota.task_status, run_at timestamptz)
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY
     WITH failed AS MATERIALIZED (
-        SELECT r.task_id, r.attempt, x.error, x.retry_at
+        SELECT r.task_id, r.attempt, x.error, x.retry_at, x.final
         FROM rota.take_running(p_ids, p_attempts) r
-        JOIN unnest(p_ids, p_errors, p_retry_at) AS x(id, error, retry_at) ON x.id = r.task_id
+        JOIN unnest(p_ids, p_errors, p_retry_at, p_final) AS x(id, error, retry_at, final)
+          ON x.id = r.task_id
     ), decided AS (
         SELECT f.task_id, f.attempt, f.error,
-               CASE WHEN f.attempt >= t.max_attempts THEN NULL
+               CASE WHEN f.final OR f.attempt >= t.max_attempts THEN NULL
                     ELSE coalesce(f.retry_at, now() + make_interval(secs =>
                         rota.backoff_seconds(f.attempt, t.backoff_base, t.backoff_max)))
                END AS run_at

@@ -1,0 +1,192 @@
+"""Worker processes with real signals: kill -9, SIGTERM, limits, cron."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import App, Settings, TaskCall, db, ops
+from tests.acceptance.workapp import LOG_TABLE
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+
+
+@pytest.fixture
+def env(settings: Settings, conn: psycopg.Connection[Any]) -> dict[str, str]:
+    conn.execute(LOG_TABLE)
+    return {**os.environ, "ROTA_DATABASE_URL": settings.database_url,
+            "ROTA_REDIS_URL": settings.redis_url, "ROTA_POLL_SECONDS": "0.2",
+            "ROTA_HEARTBEAT_SECONDS": "0.5", "ROTA_LEASE_SECONDS": "5",
+            "ROTA_MAINTENANCE_SECONDS": "0.2", "ROTA_WORKER_DEAD_AFTER_SECONDS": "3",
+            "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture
+def producer(env: dict[str, str], settings: Settings) -> Iterator[App]:
+    from tests.acceptance import workapp
+
+    application = App(settings)
+    for task in workapp.app.tasks.values():
+        application.tasks[task.name] = task
+    yield application
+    application.close()
+
+
+def start_worker(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rota", "worker", "--app", "tests.acceptance.workapp:app",
+         "--queues", "work", *extra],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def enqueue(conn: psycopg.Connection[Any], producer: App, calls: list[Any]) -> list[Any]:
+    return producer.enqueue_many(calls, connection=conn)
+
+
+def wait_for(check: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.1)
+
+
+def logged(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT task_id, tenant, attempt, pid, started, ended FROM test_log "
+                        "ORDER BY started").fetchall()
+
+
+def stop(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> None:
+    if process.poll() is None:
+        process.send_signal(signum)
+        process.wait(timeout=30)
+
+
+def test_a_worker_killed_mid_task_loses_nothing(env: dict[str, str], producer: App,
+                                                conn: psycopg.Connection[Any]) -> None:
+    sleep = producer.tasks["sleep"]
+    ids = enqueue(conn, producer, [sleep.call(1.5, tenant="a")])
+    doomed = start_worker(env, "--concurrency", "1")
+    wait_for(lambda: db.run(conn, ops.task_states(ids))[ids[0]].status == "running")
+    doomed.kill()  # kill -9 in the middle of the task
+    doomed.wait()
+    rescuer = start_worker(env)
+    try:
+        wait_for(lambda: db.run(conn, ops.task_states(ids))[ids[0]].status == "succeeded")
+    finally:
+        stop(rescuer)
+    ((task_id, _, attempt, pid, _, _),) = logged(conn)
+    assert (task_id, attempt) == (ids[0], 2)
+    assert pid == rescuer.pid
+
+
+def test_sigterm_under_load_loses_and_strands_nothing(env: dict[str, str], producer: App,
+                                                      conn: psycopg.Connection[Any]) -> None:
+    sleep, async_sleep = producer.tasks["sleep"], producer.tasks["async_sleep"]
+    calls = [(sleep if i % 2 else async_sleep).call(0.05, tenant=f"t{i % 4}")
+             for i in range(150)]
+    ids = enqueue(conn, producer, calls)
+    workers = [start_worker(env, "--concurrency", "4") for _ in range(2)]
+    wait_for(lambda: len(logged(conn)) > 20)
+    for worker in workers:
+        stop(worker)  # SIGTERM mid-load
+        assert worker.returncode == 0, worker.stderr.read() if worker.stderr else ""
+    assert conn.execute("SELECT count(*) FROM rota.running").fetchone() == (0,)
+    survivor = start_worker(env, "--concurrency", "8")
+    try:
+        wait_for(lambda: all(s.status == "succeeded"
+                             for s in db.run(conn, ops.task_states(ids)).values()), 60)
+    finally:
+        stop(survivor)
+    done = {row[0] for row in logged(conn)}
+    assert done == set(ids)
+
+
+def test_concurrency_limit_holds_across_three_workers(env: dict[str, str], producer: App,
+                                                      conn: psycopg.Connection[Any]) -> None:
+    db.transact(conn, ops.configure_tenant("capped", concurrency_limit=2))
+    sleep = producer.tasks["sleep"]
+    enqueue(conn, producer, [sleep.call(0.1, tenant="capped") for _ in range(30)]
+            + [sleep.call(0.1, tenant="free") for _ in range(30)])
+    workers = [start_worker(env, "--concurrency", "4", "--batch-size", "4") for _ in range(3)]
+    try:
+        wait_for(lambda: len(logged(conn)) == 60, 60)
+    finally:
+        for worker in workers:
+            stop(worker)
+    intervals = [(row[4], row[5]) for row in logged(conn) if row[1] == "capped"]
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    assert peak == 2  # reached, never exceeded
+    assert len({row[3] for row in logged(conn)}) >= 2  # the work really was spread
+
+
+def test_retries_backoff_dead_letters_timeouts_and_unknown_tasks(
+    env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
+) -> None:
+    ids = enqueue(conn, producer, [
+        producer.tasks["flaky"].call(1, tenant="a"),
+        producer.tasks["boom"].call(tenant="a"),
+        producer.tasks["too_slow"].call(tenant="a"),
+    ])
+    ids += producer.enqueue_many([TaskCall("nobody.knows", "a", queue="work")], connection=conn)
+    worker = start_worker(env)
+    try:
+        wait_for(lambda: {s.status for s in db.run(conn, ops.task_states(ids)).values()}
+                 <= {"succeeded", "dead"})
+    finally:
+        stop(worker)
+    states = db.run(conn, ops.task_states(ids))
+    flaky, boom, slow, unknown = (states[i] for i in ids)
+    assert (flaky.status, flaky.attempts) == ("succeeded", 2)
+    assert (boom.status, boom.attempts) == ("dead", 2)
+    assert "ValueError: boom" in (boom.last_error or "")
+    assert slow.status == "dead" and "timed out" in (slow.last_error or "")
+    assert (unknown.status, unknown.attempts) == ("dead", 1)
+    assert "unknown task" in (unknown.last_error or "")
+
+
+def test_cron_fires_once_per_tick_with_two_schedulers(settings: Settings,
+                                                      conn: psycopg.Connection[Any]) -> None:
+    import threading
+    from datetime import UTC, datetime
+
+    from rota.consumer import Maintenance
+    from tests.acceptance.workapp import app as workapp
+
+    # Two schedulers fire at the same moment, repeatedly, on their own connections
+    # (no maintenance lock here: the deterministic ids alone must hold).
+    now = datetime(2026, 11, 22, 12, 0, 30, tzinfo=UTC)
+    fired: list[int] = []
+    start = threading.Barrier(2)
+
+    def scheduler() -> None:
+        duty = Maintenance(settings, workapp)
+        with psycopg.connect(settings.database_url, autocommit=True) as own:
+            start.wait()
+            for _ in range(3):
+                fired.append(duty.fire_cron(own, now))
+
+    threads = [threading.Thread(target=scheduler) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ticks = int(settings.cron_lookback_seconds // 60)
+    assert sum(fired) == ticks
+    rows = conn.execute("SELECT payload FROM rota.tasks WHERE name = 'every_minute'").fetchall()
+    assert len(rows) == ticks
+    assert len({row[0]["args"][-1] for row in rows}) == ticks

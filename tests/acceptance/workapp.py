@@ -1,0 +1,63 @@
+"""The app that acceptance tests run workers with: tasks that log when they run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import psycopg
+
+import rota
+from rota.consumer import current_task
+
+app = rota.App.from_env()
+
+LOG_TABLE = """CREATE TABLE IF NOT EXISTS test_log (
+    task_id uuid, tenant text, attempt int, pid int,
+    started double precision, ended double precision)"""
+
+
+def _log(started: float) -> None:
+    task = current_task.get()
+    with psycopg.connect(app.settings.database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO test_log VALUES (%s, %s, %s, %s, %s, %s)",
+            [task.id, task.tenant, task.attempt, os.getpid(), started, time.time()],
+        )
+
+
+@app.task(queue="work", max_attempts=5)
+def sleep(seconds: float) -> None:
+    started = time.time()
+    time.sleep(seconds)
+    _log(started)
+
+
+@app.task(queue="work", max_attempts=5)
+async def async_sleep(seconds: float) -> None:
+    started = time.time()
+    await asyncio.sleep(seconds)
+    _log(started)
+
+
+@app.task(queue="work", max_attempts=2)
+def flaky(fail_times: int) -> None:
+    if current_task.get().attempt <= fail_times:
+        raise rota.Retry(countdown=0.1)
+    _log(time.time())
+
+
+@app.task(queue="work", max_attempts=2, backoff=0.1)
+def boom() -> None:
+    raise ValueError("boom")
+
+
+@app.task(queue="work", timeout=0.3, max_attempts=1)
+def too_slow() -> None:
+    time.sleep(2)
+
+
+@app.periodic("* * * * *", tenant="cron")
+def every_minute(tick: str) -> None:
+    _log(time.time())
