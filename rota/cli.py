@@ -157,8 +157,14 @@ def worker(
     from rota.consumer import Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    runner = Worker(load_app(app_spec), queues=_split(queues) or None, exclude=_split(exclude),
-                    concurrency=concurrency, batch_size=batch_size, maintenance=maintenance)
+    runner = Worker(
+        load_app(app_spec),
+        queues=_split(queues) or None,
+        exclude=_split(exclude),
+        concurrency=concurrency,
+        batch_size=batch_size,
+        maintenance=maintenance,
+    )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
     runner.run()

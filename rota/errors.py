@@ -47,7 +47,7 @@ class LeaseLost(RotaError):
     """The task's lease expired and another worker holds it now (stale attempt token)."""
 
 
-class Retry(RotaError):  # noqa: N818 - raised by task code: `raise rota.Retry(countdown=10)`
+class Retry(RotaError):
     """Raised inside a task to run it again later, on purpose.
 
     It uses an attempt like any failure; after the last one the task is dead."""

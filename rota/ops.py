@@ -244,11 +244,19 @@ class WorkerInfo:
     silent_seconds: float
 
 
-def register_worker(worker_id: str, host: str, pid: int, queues: Sequence[str],
-                    concurrency: int) -> Op[None]:
-    yield Execute(query("register_worker"), {"id": worker_id, "host": host, "pid": pid,
-                                             "queues": list(queues),
-                                             "concurrency": concurrency})
+def register_worker(
+    worker_id: str, host: str, pid: int, queues: Sequence[str], concurrency: int
+) -> Op[None]:
+    yield Execute(
+        query("register_worker"),
+        {
+            "id": worker_id,
+            "host": host,
+            "pid": pid,
+            "queues": list(queues),
+            "concurrency": concurrency,
+        },
+    )
 
 
 def worker_heartbeat(worker_id: str) -> Op[bool]:

@@ -49,7 +49,8 @@ class Maintenance:
         result.promoted = db.run(conn, ops.promote_due())
         result.expired = len(db.run(conn, ops.requeue_expired()))
         dead = [
-            w.id for w in db.run(conn, ops.live_workers())
+            w.id
+            for w in db.run(conn, ops.live_workers())
             if w.silent_seconds > self.settings.worker_dead_after_seconds
             or (w.host == self.host and not _pid_alive(w.pid))
         ]
@@ -72,14 +73,18 @@ class Maintenance:
             ticks = croniter(periodic.schedule, since)
             while (tick := ticks.get_next(datetime)) <= now:
                 key = f"cron:{periodic.task.name}:{tick.isoformat()}"
-                envelopes.append(make_envelope(
-                    name=periodic.task.name, queue=periodic.task.options.queue,
-                    tenant=periodic.tenant, args=[*periodic.args, tick.isoformat()],
-                    task_id=task_id_for_key(key, periodic.tenant),
-                    max_attempts=periodic.task.options.max_attempts,
-                    backoff_base=periodic.task.options.backoff,
-                    backoff_max=periodic.task.options.backoff_max,
-                ))
+                envelopes.append(
+                    make_envelope(
+                        name=periodic.task.name,
+                        queue=periodic.task.options.queue,
+                        tenant=periodic.tenant,
+                        args=[*periodic.args, tick.isoformat()],
+                        task_id=task_id_for_key(key, periodic.tenant),
+                        max_attempts=periodic.task.options.max_attempts,
+                        backoff_base=periodic.task.options.backoff,
+                        backoff_max=periodic.task.options.backoff_max,
+                    )
+                )
         if not envelopes:
             return 0
         return db.transact(conn, ops.load(envelopes))

@@ -62,8 +62,13 @@ class Outcome:
 
 class Worker:
     def __init__(
-        self, app: App, queues: Sequence[str] | None = None, exclude: Sequence[str] = (),
-        concurrency: int = 4, batch_size: int = 10, maintenance: bool = True,
+        self,
+        app: App,
+        queues: Sequence[str] | None = None,
+        exclude: Sequence[str] = (),
+        concurrency: int = 4,
+        batch_size: int = 10,
+        maintenance: bool = True,
     ) -> None:
         self.app = app
         self.settings = app.settings
@@ -80,8 +85,9 @@ class Worker:
         self.processed = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, "rota-task")
         self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                             name="rota-async")
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="rota-async"
+        )
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -93,11 +99,17 @@ class Worker:
     def run(self) -> None:
         conn = db.connect(self.settings.database_url)
         queues = self._queues(conn)
-        db.run(conn, ops.register_worker(self.id, socket.gethostname(), os.getpid(), queues,
-                                         self.concurrency))
+        db.run(
+            conn,
+            ops.register_worker(
+                self.id, socket.gethostname(), os.getpid(), queues, self.concurrency
+            ),
+        )
         self._loop_thread.start()
-        helpers = [threading.Thread(target=self._listen, args=(queues,), daemon=True),
-                   threading.Thread(target=self._heartbeat, daemon=True)]
+        helpers = [
+            threading.Thread(target=self._listen, args=(queues,), daemon=True),
+            threading.Thread(target=self._heartbeat, daemon=True),
+        ]
         for helper in helpers:
             helper.start()
         log.info("worker %s on queues %s, concurrency %d", self.id, queues, self.concurrency)
@@ -108,8 +120,12 @@ class Worker:
                 free = self.concurrency - len(self.in_flight)
                 claimed: list[ops.ClaimedTask] = []
                 if free > 0:
-                    claimed = db.run(conn, ops.claim(queues, min(self.batch_size, free), self.id,
-                                                     self.settings.lease_seconds))
+                    claimed = db.run(
+                        conn,
+                        ops.claim(
+                            queues, min(self.batch_size, free), self.id, self.settings.lease_seconds
+                        ),
+                    )
                     for task in claimed:
                         self._start(task)
                 if len(claimed) < min(self.batch_size, max(free, 1)):
@@ -132,8 +148,11 @@ class Worker:
         return [q for q in names if q not in self.exclude]
 
     def _shutdown(self, conn: psycopg.Connection[Any]) -> None:
-        unstarted = [f.task.token for f in self.in_flight.values()
-                     if not f.started.is_set() and f.future.cancel()]
+        unstarted = [
+            f.task.token
+            for f in self.in_flight.values()
+            if not f.started.is_set() and f.future.cancel()
+        ]
         if unstarted:
             db.run(conn, ops.release(unstarted))
             for task_id, _ in unstarted:
@@ -144,8 +163,11 @@ class Worker:
             time.sleep(0.01)
         self._report(conn)
         if self.in_flight:
-            log.warning("%d task(s) still running after the grace period; their leases "
-                        "will bring them back", len(self.in_flight))
+            log.warning(
+                "%d task(s) still running after the grace period; their leases "
+                "will bring them back",
+                len(self.in_flight),
+            )
         db.run(conn, ops.stop_worker(self.id))
 
     # -- running tasks ---------------------------------------------------------
@@ -157,7 +179,8 @@ class Worker:
         started = threading.Event()
         if registered is not None and registered.is_async:
             future = asyncio.run_coroutine_threadsafe(
-                self._run_async(registered, task, timeout, started), self._loop)
+                self._run_async(registered, task, timeout, started), self._loop
+            )
             deadline = None  # asyncio enforces it
         else:
             future = self._pool.submit(self._run_sync, registered, task, started)
@@ -167,8 +190,9 @@ class Worker:
         future.add_done_callback(functools.partial(self._done, task))
 
     @staticmethod
-    def _run_sync(registered: Task[Any, Any] | None, task: ops.ClaimedTask,
-                  started: threading.Event) -> Any:
+    def _run_sync(
+        registered: Task[Any, Any] | None, task: ops.ClaimedTask, started: threading.Event
+    ) -> Any:
         started.set()
         if registered is None:
             raise UnknownTask(f"unknown task {task.name!r}: not registered in this worker's app")
@@ -176,8 +200,12 @@ class Worker:
         return registered.fn(*task.args, **task.kwargs)
 
     @staticmethod
-    async def _run_async(registered: Task[Any, Any], task: ops.ClaimedTask,
-                         timeout: float | None, started: threading.Event) -> Any:
+    async def _run_async(
+        registered: Task[Any, Any],
+        task: ops.ClaimedTask,
+        timeout: float | None,
+        started: threading.Event,
+    ) -> Any:
         started.set()
         current_task.set(task)
         try:
@@ -198,8 +226,14 @@ class Worker:
         for flight in list(self.in_flight.values()):
             if flight.deadline is not None and now > flight.deadline:
                 flight.deadline = None
-                self.outcomes.put(Outcome(flight.task, TaskTimeout(
-                    f"timed out after {self.app.tasks[flight.task.name].options.timeout} s")))
+                self.outcomes.put(
+                    Outcome(
+                        flight.task,
+                        TaskTimeout(
+                            f"timed out after {self.app.tasks[flight.task.name].options.timeout} s"
+                        ),
+                    )
+                )
 
     def _report(self, conn: psycopg.Connection[Any]) -> None:
         """Completes and fails what finished since the last call, in two statements."""
@@ -216,16 +250,23 @@ class Worker:
             if error is None:
                 done.append(outcome.task.token)
             elif isinstance(error, Retry):
-                retry_at = (datetime.now(UTC) + timedelta(seconds=error.countdown)
-                            if error.countdown is not None else None)
-                failed.append(ops.Failure(outcome.task.id, outcome.task.attempt, error.reason,
-                                          retry_at))
+                retry_at = (
+                    datetime.now(UTC) + timedelta(seconds=error.countdown)
+                    if error.countdown is not None
+                    else None
+                )
+                failed.append(
+                    ops.Failure(outcome.task.id, outcome.task.attempt, error.reason, retry_at)
+                )
             else:
-                failed.append(ops.Failure(
-                    outcome.task.id, outcome.task.attempt,
-                    "".join(traceback.format_exception_only(error)).strip()[:4000],
-                    final=isinstance(error, UnknownTask),  # no retry can help
-                ))
+                failed.append(
+                    ops.Failure(
+                        outcome.task.id,
+                        outcome.task.attempt,
+                        "".join(traceback.format_exception_only(error)).strip()[:4000],
+                        final=isinstance(error, UnknownTask),  # no retry can help
+                    )
+                )
         if done:
             completed = db.run(conn, ops.complete(done))
             if len(completed) < len(done):
@@ -262,8 +303,9 @@ class Worker:
                             self.stop()
                         tokens = [f.task.token for f in list(self.in_flight.values())]
                         if tokens:
-                            held = db.run(conn, ops.extend_leases(tokens,
-                                                                  self.settings.lease_seconds))
+                            held = db.run(
+                                conn, ops.extend_leases(tokens, self.settings.lease_seconds)
+                            )
                             if len(held) < len(tokens):
                                 log.warning("%d lease(s) lost", len(tokens) - len(held))
                     if maintenance is not None:

@@ -251,8 +251,14 @@ class App:
         return register(fn) if fn is not None else register
 
     def periodic(
-        self, schedule: str, *, tenant: str = "system", args: Sequence[Any] = (),
-        name: str | None = None, queue: str | None = None, max_attempts: int | None = None,
+        self,
+        schedule: str,
+        *,
+        tenant: str = "system",
+        args: Sequence[Any] = (),
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
     ) -> Callable[[Callable[..., Any]], Task[Any, Any]]:
         """Registers a task and enqueues it on a cron schedule ("*/5 * * * *"),
         once per tick however many schedulers run."""
@@ -263,8 +269,9 @@ class App:
         check_tenant(tenant)
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
-            registered: Task[Any, Any] = self.task(name=name, queue=queue,
-                                                   max_attempts=max_attempts)(function)
+            registered: Task[Any, Any] = self.task(
+                name=name, queue=queue, max_attempts=max_attempts
+            )(function)
             self.periodics.append(Periodic(schedule, registered, tenant, tuple(args)))
             return registered
 

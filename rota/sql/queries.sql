@@ -214,3 +214,10 @@ SELECT name FROM rota.queues ORDER BY name
 -- name: maintenance_lock
 -- One elected runner of the maintenance duties (session lock, held while alive).
 SELECT pg_try_advisory_lock(hashtext('rota.maintenance'))
+
+-- name: record_loader_batch
+-- Returns a row only the first time a (query, batch) is recorded.
+INSERT INTO rota.loader_batches (query, batch_id, tasks)
+VALUES (%(query)s, %(batch_id)s, %(tasks)s)
+ON CONFLICT (query, batch_id) DO NOTHING
+RETURNING batch_id

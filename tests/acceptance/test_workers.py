@@ -24,11 +24,17 @@ ROOT = HERE.parent.parent
 @pytest.fixture
 def env(settings: Settings, conn: psycopg.Connection[Any]) -> dict[str, str]:
     conn.execute(LOG_TABLE)
-    return {**os.environ, "ROTA_DATABASE_URL": settings.database_url,
-            "ROTA_REDIS_URL": settings.redis_url, "ROTA_POLL_SECONDS": "0.2",
-            "ROTA_HEARTBEAT_SECONDS": "0.5", "ROTA_LEASE_SECONDS": "5",
-            "ROTA_MAINTENANCE_SECONDS": "0.2", "ROTA_WORKER_DEAD_AFTER_SECONDS": "3",
-            "PYTHONPATH": str(ROOT)}
+    return {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_POLL_SECONDS": "0.2",
+        "ROTA_HEARTBEAT_SECONDS": "0.5",
+        "ROTA_LEASE_SECONDS": "5",
+        "ROTA_MAINTENANCE_SECONDS": "0.2",
+        "ROTA_WORKER_DEAD_AFTER_SECONDS": "3",
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 @pytest.fixture
@@ -44,9 +50,21 @@ def producer(env: dict[str, str], settings: Settings) -> Iterator[App]:
 
 def start_worker(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "rota", "worker", "--app", "tests.acceptance.workapp:app",
-         "--queues", "work", *extra],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "rota",
+            "worker",
+            "--app",
+            "tests.acceptance.workapp:app",
+            "--queues",
+            "work",
+            *extra,
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -62,8 +80,9 @@ def wait_for(check: Any, timeout: float = 30.0) -> None:
 
 
 def logged(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    return conn.execute("SELECT task_id, tenant, attempt, pid, started, ended FROM test_log "
-                        "ORDER BY started").fetchall()
+    return conn.execute(
+        "SELECT task_id, tenant, attempt, pid, started, ended FROM test_log ORDER BY started"
+    ).fetchall()
 
 
 def stop(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> None:
@@ -72,8 +91,9 @@ def stop(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> None
         process.wait(timeout=30)
 
 
-def test_a_worker_killed_mid_task_loses_nothing(env: dict[str, str], producer: App,
-                                                conn: psycopg.Connection[Any]) -> None:
+def test_a_worker_killed_mid_task_loses_nothing(
+    env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
+) -> None:
     sleep = producer.tasks["sleep"]
     ids = enqueue(conn, producer, [sleep.call(1.5, tenant="a")])
     doomed = start_worker(env, "--concurrency", "1")
@@ -90,11 +110,11 @@ def test_a_worker_killed_mid_task_loses_nothing(env: dict[str, str], producer: A
     assert pid == rescuer.pid
 
 
-def test_sigterm_under_load_loses_and_strands_nothing(env: dict[str, str], producer: App,
-                                                      conn: psycopg.Connection[Any]) -> None:
+def test_sigterm_under_load_loses_and_strands_nothing(
+    env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
+) -> None:
     sleep, async_sleep = producer.tasks["sleep"], producer.tasks["async_sleep"]
-    calls = [(sleep if i % 2 else async_sleep).call(0.05, tenant=f"t{i % 4}")
-             for i in range(150)]
+    calls = [(sleep if i % 2 else async_sleep).call(0.05, tenant=f"t{i % 4}") for i in range(150)]
     ids = enqueue(conn, producer, calls)
     workers = [start_worker(env, "--concurrency", "4") for _ in range(2)]
     wait_for(lambda: len(logged(conn)) > 20)
@@ -104,20 +124,29 @@ def test_sigterm_under_load_loses_and_strands_nothing(env: dict[str, str], produ
     assert conn.execute("SELECT count(*) FROM rota.running").fetchone() == (0,)
     survivor = start_worker(env, "--concurrency", "8")
     try:
-        wait_for(lambda: all(s.status == "succeeded"
-                             for s in db.run(conn, ops.task_states(ids)).values()), 60)
+        wait_for(
+            lambda: all(
+                s.status == "succeeded" for s in db.run(conn, ops.task_states(ids)).values()
+            ),
+            60,
+        )
     finally:
         stop(survivor)
     done = {row[0] for row in logged(conn)}
     assert done == set(ids)
 
 
-def test_concurrency_limit_holds_across_three_workers(env: dict[str, str], producer: App,
-                                                      conn: psycopg.Connection[Any]) -> None:
+def test_concurrency_limit_holds_across_three_workers(
+    env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
+) -> None:
     db.transact(conn, ops.configure_tenant("capped", concurrency_limit=2))
     sleep = producer.tasks["sleep"]
-    enqueue(conn, producer, [sleep.call(0.1, tenant="capped") for _ in range(30)]
-            + [sleep.call(0.1, tenant="free") for _ in range(30)])
+    enqueue(
+        conn,
+        producer,
+        [sleep.call(0.1, tenant="capped") for _ in range(30)]
+        + [sleep.call(0.1, tenant="free") for _ in range(30)],
+    )
     workers = [start_worker(env, "--concurrency", "4", "--batch-size", "4") for _ in range(3)]
     try:
         wait_for(lambda: len(logged(conn)) == 60, 60)
@@ -137,16 +166,24 @@ def test_concurrency_limit_holds_across_three_workers(env: dict[str, str], produ
 def test_retries_backoff_dead_letters_timeouts_and_unknown_tasks(
     env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
 ) -> None:
-    ids = enqueue(conn, producer, [
-        producer.tasks["flaky"].call(1, tenant="a"),
-        producer.tasks["boom"].call(tenant="a"),
-        producer.tasks["too_slow"].call(tenant="a"),
-    ])
+    ids = enqueue(
+        conn,
+        producer,
+        [
+            producer.tasks["flaky"].call(1, tenant="a"),
+            producer.tasks["boom"].call(tenant="a"),
+            producer.tasks["too_slow"].call(tenant="a"),
+        ],
+    )
     ids += producer.enqueue_many([TaskCall("nobody.knows", "a", queue="work")], connection=conn)
     worker = start_worker(env)
     try:
-        wait_for(lambda: {s.status for s in db.run(conn, ops.task_states(ids)).values()}
-                 <= {"succeeded", "dead"})
+        wait_for(
+            lambda: (
+                {s.status for s in db.run(conn, ops.task_states(ids)).values()}
+                <= {"succeeded", "dead"}
+            )
+        )
     finally:
         stop(worker)
     states = db.run(conn, ops.task_states(ids))
@@ -159,8 +196,9 @@ def test_retries_backoff_dead_letters_timeouts_and_unknown_tasks(
     assert "unknown task" in (unknown.last_error or "")
 
 
-def test_cron_fires_once_per_tick_with_two_schedulers(settings: Settings,
-                                                      conn: psycopg.Connection[Any]) -> None:
+def test_cron_fires_once_per_tick_with_two_schedulers(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
     import threading
     from datetime import UTC, datetime
 

@@ -1,0 +1,268 @@
+"""The Spark engine: the buffer as a Structured Streaming source, loaded exactly once.
+
+Source: a Python data source (pyspark.sql.datasource) over the buffer's shards,
+one partition per shard, offsets being each shard's last stream entry id, kept
+in Spark's checkpoint. Entries are decoded and validated on the executors.
+
+Sink: `foreachBatch` collects the micro-batch on the driver and loads it with
+the core's bulk SQL (COPY + one call), in one transaction with a ledger row
+keyed by (checkpoint, batch id): a replayed micro-batch is skipped, so every
+task is loaded exactly once. Invalid entries go to the dead-letter stream.
+Once a batch is durable, the source's `commit` trims the shards up to it.
+
+    rota loader run                          # local[*]
+    rota loader run --master spark://host:7077 --checkpoint s3://bucket/rota
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from rota import db, ops
+from rota.buffer import (
+    Rejected,
+    all_streams,
+    dead_letter_stream,
+    decode_entry,
+    encode_rejected,
+)
+from rota.envelope import TaskEnvelope
+from rota.settings import Settings
+from rota.sql import query
+
+SOURCE_NAME = "rota_buffer"
+SCHEMA = "stream string, entry_id string, envelope string, error string"
+PAGE = 1000
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _after(entry_id: str) -> str:
+    """The smallest stream id greater than `entry_id` (for XTRIM MINID)."""
+    ms, seq = _id_key(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
+class BufferSource(DataSource):
+    """`spark.readStream.format("rota_buffer")`; options: redis_url, streams,
+    max_payload_bytes, max_entries (per micro-batch, 0 for all available)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return BufferStreamReader(dict(self.options))
+
+
+class BufferStreamReader(DataSourceStreamReader):
+    # Pickled to the executors: only plain options here; clients are made where used.
+    def __init__(self, options: dict[str, str]) -> None:
+        self.redis_url = options["redis_url"]
+        self.streams = options["streams"].split(",")
+        self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
+        self.max_entries = int(options.get("max_entries", "0"))
+
+    def _client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+    def initialOffset(self) -> dict[str, str]:
+        return dict.fromkeys(self.streams, "0-0")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+        client = self._client()
+        try:
+            end = dict(start)
+            per_stream = (
+                max(1, limit.max_rows // len(self.streams))
+                if isinstance(limit, ReadMaxRows)
+                else None
+            )
+            for stream in self.streams:
+                begin = start.get(stream, "0-0")
+                if per_stream is None:
+                    last: Any = client.xrevrange(stream, count=1)
+                else:
+                    page: Any = client.xrange(stream, min=f"({begin}", count=per_stream)
+                    last = page[-1:]
+                if last:
+                    entry_id = last[0][0].decode()
+                    if _id_key(entry_id) > _id_key(begin):
+                        end[stream] = entry_id
+            return end
+        finally:
+            client.close()
+
+    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
+        return [
+            InputPartition((stream, start.get(stream, "0-0"), end[stream]))
+            for stream in self.streams
+            if end.get(stream, "0-0") != start.get(stream, "0-0")
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        stream, first, last = partition.value
+        client = self._client()
+        try:
+            cursor = f"({first}"
+            while True:
+                page: Any = client.xrange(stream, min=cursor, max=last, count=PAGE)
+                for raw_id, fields in page:
+                    entry_id = raw_id.decode()
+                    good, bad = decode_entry(fields, self.max_payload_bytes)
+                    for envelope in good:
+                        yield (stream, entry_id, envelope.model_dump_json(), None)
+                    for rejected in bad:
+                        yield (
+                            stream,
+                            entry_id,
+                            rejected.raw.decode(errors="replace"),
+                            rejected.reason,
+                        )
+                if len(page) < PAGE:
+                    return
+                cursor = f"({page[-1][0].decode()}"
+        finally:
+            client.close()
+
+    def commit(self, end: dict[str, str]) -> None:
+        """The batch up to `end` is durable in PostgreSQL: trim it off the shards."""
+        client = self._client()
+        try:
+            for stream, entry_id in end.items():
+                if entry_id != "0-0":
+                    client.xtrim(stream, minid=_after(entry_id), approximate=False)
+        finally:
+            client.close()
+
+
+class BatchSink:
+    """foreachBatch: load a micro-batch exactly once (ledger in the same transaction)."""
+
+    def __init__(self, settings: Settings, query_key: str) -> None:
+        self.settings = settings
+        self.query_key = query_key
+        self._conn: psycopg.Connection[Any] | None = None
+        self._redis: redis.Redis | None = None
+        self.loaded = 0
+        self.batches = 0
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        rows = frame.collect()
+        good = [TaskEnvelope.model_validate_json(r["envelope"]) for r in rows if r["error"] is None]
+        bad = [r for r in rows if r["error"] is not None]
+        if bad:  # before the commit: a replay may record them twice, never zero times
+            if self._redis is None:
+                self._redis = redis.Redis.from_url(self.settings.redis_url)
+            pipe = self._redis.pipeline(transaction=False)
+            for r in bad:
+                rejected = Rejected(r["envelope"].encode(), r["error"])
+                pipe.xadd(
+                    dead_letter_stream(self.settings.stream_prefix),
+                    encode_rejected(rejected, r["stream"], r["entry_id"]),
+                )  # type: ignore[arg-type]
+            pipe.execute()
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self.settings.database_url)
+        with self._conn.transaction():
+            first_time = self._conn.execute(
+                query("record_loader_batch"),
+                {"query": self.query_key, "batch_id": batch_id, "tasks": len(good)},
+            ).fetchall()
+            if not first_time:
+                return  # this micro-batch was loaded before (a replay)
+            size = self.settings.loader_batch_size
+            for i in range(0, len(good), size):
+                self.loaded += db.run(self._conn, ops.load(good[i : i + size]))
+        self.batches += 1
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._redis is not None:
+            self._redis.close()
+
+
+def spark_session(master: str = "local[*]", app_name: str = "rota-loader") -> SparkSession:
+    # Executors must run this interpreter (it has rota and its dependencies).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    session.dataSource.register(BufferSource)
+    return session
+
+
+def buffer_stream(session: SparkSession, settings: Settings, max_entries: int = 0) -> DataFrame:
+    return (
+        session.readStream.format(SOURCE_NAME)
+        .option("redis_url", settings.redis_url)
+        .option("streams", ",".join(all_streams(settings.stream_prefix, settings.shards)))
+        .option("max_payload_bytes", str(settings.max_payload_bytes))
+        .option("max_entries", str(max_entries))
+        .load()
+    )
+
+
+def run_streaming(
+    settings: Settings,
+    *,
+    master: str = "local[*]",
+    checkpoint: str = "./rota-checkpoints/loader",
+    trigger_seconds: float = 0.5,
+    should_stop: Callable[[], bool] = lambda: False,
+    available_now: bool = False,
+    max_entries: int = 0,
+    session: SparkSession | None = None,
+) -> BatchSink:
+    """Runs the streaming loader until `should_stop()` (or, with `available_now`,
+    until what is in the buffer now is loaded). Returns the sink's counters."""
+    spark = session or spark_session(master)
+    checkpoint_path = checkpoint if "://" in checkpoint else str(Path(checkpoint).resolve())
+    sink = BatchSink(settings, query_key=checkpoint_path)
+    writer = (
+        buffer_stream(spark, settings, max_entries)
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", checkpoint_path)
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    )
+    running = writer.start()
+    try:
+        while running.isActive and not should_stop():
+            running.awaitTermination(1)
+        if running.exception() is not None:
+            raise RuntimeError(f"streaming loader failed: {running.exception()}")
+    finally:
+        if running.isActive:
+            running.stop()
+        sink.close()
+    return sink
