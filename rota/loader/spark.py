@@ -176,10 +176,8 @@ class BatchSink:
             pipe = self._redis.pipeline(transaction=False)
             for r in bad:
                 rejected = Rejected(r["envelope"].encode(), r["error"])
-                pipe.xadd(
-                    dead_letter_stream(self.settings.stream_prefix),
-                    encode_rejected(rejected, r["stream"], r["entry_id"]),
-                )  # type: ignore[arg-type]
+                fields = encode_rejected(rejected, r["stream"], r["entry_id"])
+                pipe.xadd(dead_letter_stream(self.settings.stream_prefix), fields)  # type: ignore[arg-type]
             pipe.execute()
         if self._conn is None or self._conn.closed:
             self._conn = db.connect(self.settings.database_url)
