@@ -195,6 +195,30 @@ def reaper(
                 duty.tick(conn)
 
 
+@app.command("import")
+def import_command(
+    path: Annotated[str, typer.Argument(help="a Parquet, CSV or JSON-lines file or folder")],
+    file_format: Annotated[str | None, typer.Option("--format", help="parquet|csv|json")] = None,
+    rejected: Annotated[str | None, typer.Option(help="where to write rejected rows")] = None,
+    master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Load a file of tasks with fair sequencing (Spark batch job); rejected rows
+    are written with their reasons. Exit code 0 if all rows loaded, 2 if some
+    were rejected."""
+    from rota.loader.importer import import_tasks, summary_dict
+
+    summary = import_tasks(
+        _settings(database_url),
+        path,
+        file_format=file_format,
+        rejected_path=rejected,
+        master=master,
+    )
+    typer.echo(json.dumps(summary_dict(summary), indent=2))
+    raise typer.Exit(2 if summary.rejected else 0)
+
+
 @app.command()
 def stats(database_url: DatabaseUrl = None, redis_url: RedisUrl = None) -> None:
     """Buffer depth and oldest entry per shard, and the queues' counts, as JSON."""

@@ -85,3 +85,43 @@ def _envelopes(settings: Settings, ids: list[Any]) -> list[tuple[str, str]]:
                 found.append((stream, json.dumps(item)))
     assert len(found) == len(ids)
     return found
+
+
+def test_rota_import_loads_good_rows_and_reports_bad_ones(
+    spark: Any, settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    from rota.loader.importer import import_tasks
+
+    csv = tmp_path / "tasks.csv"
+    csv.write_text(
+        "name,tenant,queue,args,kwargs,cost\n"
+        'app.parse,alice,pdfs,"[1, 2]","{""x"": 1}",1\n'
+        'app.parse,bob,pdfs,"[3]",,2\n'
+        'app.parse,bad tenant,pdfs,"[4]",,1\n'
+        'not a name!,alice,pdfs,"[5]",,1\n'
+        'app.parse,carol,pdfs,"[not json",,1\n'
+        'app.parse,dave,pdfs,"[6]",,-3\n'
+    )
+    summary = import_tasks(settings, str(csv), session=spark)
+    assert (summary.rows, summary.loaded, summary.rejected) == (6, 2, 4)
+    assert summary.rejected_path is not None
+    reasons = [json.loads(line)["reason"] for line in Path(summary.rejected_path).open()]
+    assert any("tenant" in r for r in reasons) and any("task name" in r for r in reasons)
+    assert any("JSON" in r or "Expecting" in r for r in reasons) and any(
+        "cost" in r for r in reasons
+    )
+    got = db.run(conn, ops.claim(["pdfs"], 10, "w"))
+    assert {(t.tenant, tuple(t.args)) for t in got} == {("alice", (1, 2)), ("bob", (3,))}
+
+    jsonl = tmp_path / "tasks.jsonl"
+    jsonl.write_text(
+        "\n".join(
+            json.dumps(
+                {"name": "app.parse", "tenant": f"t{i}", "args": [i], "idempotency_key": f"k{i}"}
+            )
+            for i in range(50)
+        )
+    )
+    assert import_tasks(settings, str(jsonl), session=spark).loaded == 50
+    again = import_tasks(settings, str(jsonl), session=spark)
+    assert (again.loaded, again.duplicates) == (0, 50)  # idempotency keys: no second copy
