@@ -11,7 +11,7 @@ the core's bulk SQL, rejected ones written with their reason.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -68,7 +68,7 @@ def validate_row(row: dict[str, Any], defaults: dict[str, Any]) -> TaskEnvelope:
     )
 
 
-def _validate_partition(rows: Iterator[Any], defaults: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+def _validate_partition(rows: Iterable[Any], defaults: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
     for row in rows:
         record = row.asDict(recursive=True)
         try:

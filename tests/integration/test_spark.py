@@ -105,7 +105,8 @@ def test_rota_import_loads_good_rows_and_reports_bad_ones(
     summary = import_tasks(settings, str(csv), session=spark)
     assert (summary.rows, summary.loaded, summary.rejected) == (6, 2, 4)
     assert summary.rejected_path is not None
-    reasons = [json.loads(line)["reason"] for line in Path(summary.rejected_path).open()]
+    lines = Path(summary.rejected_path).read_text().splitlines()
+    reasons = [json.loads(line)["reason"] for line in lines]
     assert any("tenant" in r for r in reasons) and any("task name" in r for r in reasons)
     assert any("JSON" in r or "Expecting" in r for r in reasons) and any(
         "cost" in r for r in reasons
