@@ -236,21 +236,6 @@ def stats(database_url: DatabaseUrl = None, redis_url: RedisUrl = None) -> None:
     typer.echo(json.dumps({"buffer": buffer, "queues": queues}, indent=2))
 
 
-@contextlib.contextmanager
-def _bench_database(database_url: str | None, local: bool | None) -> Iterator[str]:
-    """The database to benchmark: the given one, or a throwaway local server."""
-    use_local = (
-        local if local is not None else not (database_url or "ROTA_DATABASE_URL" in os.environ)
-    )
-    if not use_local:
-        yield _settings(database_url).database_url
-        return
-    from rota.devservers import local_postgres
-
-    with local_postgres() as server:
-        yield server.url
-
-
 def _machine() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
@@ -283,20 +268,86 @@ Local = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="print the figures as JSON")]
 
 
+@contextlib.contextmanager
+def _bench_settings(
+    database_url: str | None, redis_url: str | None, local: bool | None
+) -> Iterator[Settings]:
+    """Settings for a benchmark: the given servers, or throwaway local ones."""
+    configured = database_url or "ROTA_DATABASE_URL" in os.environ
+    if not (local if local is not None else not configured):
+        yield _settings(database_url, redis_url)
+        return
+    from rota.devservers import local_postgres, local_redis
+
+    with local_postgres() as pg, local_redis() as rd:
+        yield _settings(pg.url, rd.url)
+
+
 @bench_app.command("load")
 def bench_load(
+    engine: Annotated[str, typer.Option(help="core (bulk SQL vs raw COPY), python or spark")] = (
+        "core"
+    ),
     tasks: int = 200_000,
     tenants: int = 1000,
     runs: int = 3,
     database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
     local: Local = None,
     as_json: AsJson = False,
 ) -> None:
-    """Fair bulk loading vs raw COPY of the same rows."""
-    from rota.bench.core import bench_load as run
+    """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
+    buffer -> PostgreSQL pipeline's tasks/s and enqueue -> claimable latency."""
+    from rota.bench.core import bench_load as run_core
+    from rota.bench.pipeline import bench_pipeline_load
 
-    with _bench_database(database_url, local) as url:
-        _report("load", run(url, tasks, tenants, runs), as_json)
+    with _bench_settings(database_url, redis_url, local) as settings:
+        if engine == "core":
+            figures = run_core(settings.database_url, tasks, tenants, runs)
+        elif engine in ("python", "spark"):
+            figures = bench_pipeline_load(settings, engine, tasks, tenants, runs)
+        else:
+            raise typer.BadParameter(f"unknown engine {engine!r}")
+        _report("load", figures, as_json)
+
+
+@bench_app.command("enqueue")
+def bench_enqueue(
+    tasks: int = 200_000,
+    tenants: int = 1000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Producer: enqueue_many and single enqueue into the buffer, and the fallback."""
+    from rota.bench.pipeline import bench_enqueue as run
+
+    with _bench_settings(database_url, redis_url, local) as settings:
+        _report("enqueue", run(settings, tasks, tenants, runs), as_json)
+
+
+@bench_app.command("work")
+def bench_work(
+    tasks: int = 50_000,
+    tenants: int = 1000,
+    concurrency: int = 8,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
+    and enqueue -> start latency with NOTIFY."""
+    from rota.bench.pipeline import bench_work as run
+
+    with _bench_settings(database_url, redis_url, local) as settings:
+        from rota.migrate import migrate as run_migrations
+
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            run_migrations(conn)
+        _report("work", run(settings, tasks, tenants, concurrency), as_json)
 
 
 @bench_app.command("claim")
@@ -312,16 +363,16 @@ def bench_claim(
     local: Local = None,
     as_json: AsJson = False,
 ) -> None:
-    """Claim + complete throughput, and claim latency by backlog and after churn."""
+    """Claim + complete throughput (vs a plain FIFO baseline), and claim latency
+    by backlog and after churn."""
     from rota.bench.core import bench_claim as run
 
     sizes = [int(b) for b in backlogs.split(",")]
-    with _bench_database(database_url, local) as url:
-        _report(
-            "claim",
-            run(url, sizes, tenants, connections, claim_size, samples, seconds, runs),
-            as_json,
+    with _bench_settings(database_url, None, local) as settings:
+        figures = run(
+            settings.database_url, sizes, tenants, connections, claim_size, samples, seconds, runs
         )
+        _report("claim", figures, as_json)
 
 
 def main() -> None:

@@ -1,0 +1,330 @@
+"""Benchmarks of the pipeline: enqueue into the buffer, buffer -> PostgreSQL, workers."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import psycopg
+import redis
+
+from rota import App, Settings, db, ops
+from rota.bench.core import reset, skewed_tenant
+from rota.buffer import all_streams, envelope_dict
+from rota.loader import Loader
+
+QUEUE = "bench"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _app(settings: Settings) -> App:
+    app = App(settings)
+    app.task(name="noop", queue=QUEUE)(lambda i, pad: None)
+    return app
+
+
+def _flush_buffer(settings: Settings) -> None:
+    client = redis.Redis.from_url(settings.redis_url)
+    client.delete(*all_streams(settings.stream_prefix, settings.shards))
+    client.close()
+
+
+def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
+    import orjson
+
+    app = _app(settings)
+    noop = app.tasks["noop"]
+    client = redis.Redis.from_url(settings.redis_url)
+    many, plain = [], []
+    for _ in range(runs):
+        calls = [
+            noop.call(i, "payload-padding-abcdefghij", tenant=skewed_tenant(i, tenants))
+            for i in range(tasks)
+        ]
+        _flush_buffer(settings)
+        started = time.perf_counter()
+        for i in range(0, tasks, 10_000):
+            app.enqueue_many(calls[i : i + 10_000])
+        many.append(tasks / (time.perf_counter() - started))
+        # Baseline: plain redis-py pipelining, one XADD per task in 500s, of the
+        # same (already built) envelopes: no validation, no batching.
+        messages = [orjson.dumps(envelope_dict(app.envelope(c))) for c in calls]
+        _flush_buffer(settings)
+        started = time.perf_counter()
+        for i in range(0, tasks, 500):
+            pipe = client.pipeline(transaction=False)
+            for j, message in enumerate(messages[i : i + 500]):
+                pipe.xadd(
+                    f"{settings.stream_prefix}:{{{(i + j) % settings.shards}}}", {b"e": message}
+                )
+            pipe.execute()
+        plain.append(tasks / (time.perf_counter() - started))
+    _flush_buffer(settings)
+    single = []
+    for i in range(2000):
+        started = time.perf_counter()
+        noop.enqueue(i, "payload-padding-abcdefghij", tenant=skewed_tenant(i, tenants))
+        single.append((time.perf_counter() - started) * 1000)
+    _flush_buffer(settings)
+    app.close()
+    client.close()
+
+    down = _app(
+        settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0", "redis_retries": 0})
+    )
+    down_noop = down.tasks["noop"]
+    with db.connect(settings.database_url) as conn:
+        reset(conn)
+    fallback_calls = [
+        down_noop.call(i, "pad", tenant=skewed_tenant(i, tenants)) for i in range(20_000)
+    ]
+    started = time.perf_counter()
+    for i in range(0, len(fallback_calls), 5_000):
+        down.enqueue_many(fallback_calls[i : i + 5_000])
+    fallback = len(fallback_calls) / (time.perf_counter() - started)
+    fallback_single = []
+    for i in range(200):
+        started = time.perf_counter()
+        down_noop.enqueue(i, "pad", tenant="single")
+        fallback_single.append((time.perf_counter() - started) * 1000)
+    down.close()
+    return {
+        "params": {"tasks": tasks, "tenants": tenants, "runs": runs, "shards": settings.shards},
+        "enqueue_many_tasks_per_s": round(statistics.median(many)),
+        "plain_pipelined_xadd_tasks_per_s": round(statistics.median(plain)),
+        "ratio_to_plain_pipelining": round(statistics.median(many) / statistics.median(plain), 3),
+        "single_enqueue_ms": {
+            "p50": round(statistics.median(single), 3),
+            "p99": round(_percentile(single, 0.99), 3),
+        },
+        "fallback_enqueue_many_tasks_per_s": round(fallback),
+        "fallback_single_enqueue_ms": {
+            "p50": round(statistics.median(fallback_single), 3),
+            "p99": round(_percentile(fallback_single, 0.99), 3),
+        },
+        "runs": {"enqueue_many": [round(r) for r in many], "plain": [round(r) for r in plain]},
+        "goal": {"enqueue_many_tasks_per_s_at_least": 100_000, "single_p99_ms_at_most": 1.0},
+    }
+
+
+def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
+    rows = conn.execute(
+        "SELECT extract(epoch FROM loaded_at - enqueued_at) * 1000 FROM rota.tasks"
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def bench_pipeline_load(
+    settings: Settings, engine: str, tasks: int, tenants: int, runs: int
+) -> dict[str, Any]:
+    """Sustained buffer -> PostgreSQL tasks/s (buffer filled first), then the
+    enqueue -> claimable latency under a steady trickle with the loader running."""
+    app = _app(settings)
+    noop = app.tasks["noop"]
+    rates = []
+    spark = None
+    if engine == "spark":
+        from rota.loader.spark import spark_session
+
+        spark = spark_session("local[*]", "rota-bench")
+    with db.connect(settings.database_url) as conn:
+        for run in range(runs):
+            reset(conn)
+            _flush_buffer(settings)
+            for i in range(0, tasks, 10_000):
+                app.enqueue_many(
+                    [
+                        noop.call(j, "pad", tenant=skewed_tenant(j, tenants))
+                        for j in range(i, min(tasks, i + 10_000))
+                    ]
+                )
+            started = time.perf_counter()
+            if engine == "python":
+                loader = Loader(settings, consumer=f"bench-{run}")
+                assert loader.drain().drained
+                loader.close()
+            else:
+                from rota.loader.spark import run_streaming
+
+                run_streaming(
+                    settings,
+                    checkpoint=f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}",
+                    available_now=True,
+                    session=spark,
+                )
+            rates.append(tasks / (time.perf_counter() - started))
+            assert db.run(conn, ops.queue_counts())[QUEUE]["ready"] == tasks
+
+        # Latency: the loader runs; tasks trickle in at ~1,000/s for a few seconds.
+        reset(conn)
+        _flush_buffer(settings)
+        stop = threading.Event()
+        if engine == "python":
+            loader = Loader(settings, consumer="bench-latency")
+            runner = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
+        else:
+            from rota.loader.spark import run_streaming
+
+            runner = threading.Thread(
+                target=run_streaming,
+                kwargs={
+                    "settings": settings,
+                    "checkpoint": f"/tmp/rota-bench-ckpt-{os.getpid()}-lat",
+                    "trigger_seconds": 0.1,
+                    "should_stop": stop.is_set,
+                    "session": spark,
+                },
+            )
+        runner.start()
+        time.sleep(2 if engine == "python" else 15)  # Spark's first micro-batch is slow
+        sent = 0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            app.enqueue_many(
+                [
+                    noop.call(sent + k, "pad", tenant=skewed_tenant(sent + k, tenants))
+                    for k in range(20)
+                ]
+            )
+            sent += 20
+            time.sleep(0.02)
+        while db.run(conn, ops.queue_counts()).get(QUEUE, {}).get("ready", 0) < sent:
+            time.sleep(0.1)
+        stop.set()
+        runner.join()
+        latencies = _latencies(conn)
+    app.close()
+    if spark is not None:
+        spark.stop()
+    return {
+        "params": {"engine": engine, "tasks": tasks, "tenants": tenants, "runs": runs},
+        "sustained_tasks_per_s": round(statistics.median(rates)),
+        "runs": [round(r) for r in rates],
+        "enqueue_to_claimable_ms": {
+            "p50": round(statistics.median(latencies), 1),
+            "p99": round(_percentile(latencies, 0.99), 1),
+            "tasks": len(latencies),
+        },
+        "goal": {
+            "python": {"tasks_per_s_at_least": 50_000, "p50_ms_at_most": 200},
+            "spark": {"tasks_per_s_at_least": 50_000, "p50_ms_at_most": 1000},
+        }[engine],
+    }
+
+
+def _workers(settings: Settings, count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_POLL_SECONDS": "1",
+    }
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rota",
+                "worker",
+                "--app",
+                "rota.bench.noop:app",
+                "--queues",
+                QUEUE,
+                "--concurrency",
+                str(concurrency),
+                "--batch-size",
+                "100",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+
+
+def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.wait(timeout=60)
+
+
+def _finished(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute("SELECT count(*) FROM rota.finished").fetchone()[0])  # type: ignore[index]
+
+
+def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -> dict[str, Any]:
+    from rota.envelope import make_envelope
+
+    throughput: dict[str, float] = {}
+    with db.connect(settings.database_url) as conn:
+        for processes in (1, 2):
+            reset(conn)
+            for i in range(0, tasks, 10_000):
+                db.transact(
+                    conn,
+                    ops.load(
+                        [
+                            make_envelope(
+                                name="noop", queue=QUEUE, tenant=skewed_tenant(j, tenants), args=[j]
+                            )
+                            for j in range(i, min(tasks, i + 10_000))
+                        ]
+                    ),
+                )
+            workers = _workers(settings, processes, concurrency)
+            try:
+                while _finished(conn) < 100:  # workers up and running
+                    time.sleep(0.05)
+                begin_count, started = _finished(conn), time.perf_counter()
+                while _finished(conn) < tasks:
+                    time.sleep(0.05)
+                throughput[str(processes)] = (tasks - begin_count) / (time.perf_counter() - started)
+            finally:
+                _stop(workers)
+
+        # Start latency: idle workers, one task at a time, woken by NOTIFY.
+        reset(conn)
+        workers = _workers(settings, 1, concurrency)
+        try:
+            time.sleep(3)
+            for i in range(60):
+                db.transact(
+                    conn, ops.load([make_envelope(name="noop", queue=QUEUE, tenant="t", args=[i])])
+                )
+                time.sleep(0.05)
+            while _finished(conn) < 60:
+                time.sleep(0.05)
+        finally:
+            _stop(workers)
+        starts = [
+            float(r[0])
+            for r in conn.execute(
+                "SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 "
+                "FROM rota.finished f"
+            ).fetchall()
+        ]
+    return {
+        "params": {
+            "tasks": tasks,
+            "tenants": tenants,
+            "concurrency": concurrency,
+            "claim_batch": 100,
+        },
+        "tasks_per_s": {f"{k}_process": round(v) for k, v in throughput.items()},
+        "enqueue_to_start_ms": {
+            "p50": round(statistics.median(starts), 1),
+            "p99": round(_percentile(starts, 0.99), 1),
+        },
+        "goal": {"start_p50_ms_at_most": 50, "vs_pgqueuer": "rota bench work --peers"},
+    }
