@@ -16,7 +16,6 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -44,31 +43,14 @@ def shard_for(tenant: str, shards: int) -> int:
     return zlib.crc32(tenant.encode()) % shards
 
 
-def envelope_dict(envelope: TaskEnvelope) -> dict[str, Any]:
-    return {
-        "v": envelope.v,
-        "id": str(envelope.id),
-        "queue": envelope.queue,
-        "tenant": envelope.tenant,
-        "name": envelope.name,
-        "payload": envelope.payload,
-        "cost": envelope.cost,
-        "max_attempts": envelope.max_attempts,
-        "backoff_base": envelope.backoff_base,
-        "backoff_max": envelope.backoff_max,
-        "eta": envelope.eta.isoformat() if envelope.eta else None,
-        "enqueued_at": envelope.enqueued_at.isoformat(),
-    }
-
-
 def encode_entries(
     envelopes: Iterable[TaskEnvelope], prefix: str, shards: int
 ) -> dict[str, list[dict[bytes, bytes]]]:
     """Groups envelopes by shard into stream entries, keeping each tenant's order."""
-    by_stream: dict[str, list[dict[str, Any]]] = {}
+    by_stream: dict[str, list[TaskEnvelope]] = {}
     for envelope in envelopes:
         stream = stream_name(prefix, shard_for(envelope.tenant, shards))
-        by_stream.setdefault(stream, []).append(envelope_dict(envelope))
+        by_stream.setdefault(stream, []).append(envelope)
     return {
         stream: [
             {b"v": ENTRY_VERSION, b"tasks": orjson.dumps(tasks[i : i + ENTRY_MAX_TASKS])}
@@ -107,11 +89,12 @@ def decode_entry(
     good: list[TaskEnvelope] = []
     bad: list[Rejected] = []
     for item in items:
-        encoded = orjson.dumps(item)
         try:
-            good.append(parse_envelope(encoded, max_payload_bytes))
+            if not isinstance(item, dict):
+                raise ValidationError(f"a task envelope must be a JSON object, not {item!r:.40}")
+            good.append(parse_envelope(item, max_payload_bytes))
         except ValidationError as exc:
-            bad.append(Rejected(encoded, str(exc)))
+            bad.append(Rejected(orjson.dumps(item), str(exc)))
     return good, bad
 
 

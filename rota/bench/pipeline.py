@@ -15,7 +15,7 @@ import redis
 
 from rota import App, Settings, db, ops
 from rota.bench.core import reset, skewed_tenant
-from rota.buffer import all_streams, envelope_dict
+from rota.buffer import all_streams
 from rota.loader import Loader
 
 QUEUE = "bench"
@@ -39,7 +39,6 @@ def _flush_buffer(settings: Settings) -> None:
 
 
 def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
-    import orjson
 
     app = _app(settings)
     noop = app.tasks["noop"]
@@ -57,7 +56,7 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
         many.append(tasks / (time.perf_counter() - started))
         # Baseline: plain redis-py pipelining, one XADD per task in 500s, of the
         # same (already built) envelopes: no validation, no batching.
-        messages = [orjson.dumps(envelope_dict(app.envelope(c))) for c in calls]
+        messages = [app.envelope(c).to_json() for c in calls]
         _flush_buffer(settings)
         started = time.perf_counter()
         for i in range(0, tasks, 500):

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-import orjson
 import psycopg
 import redis
 
@@ -33,7 +32,6 @@ from rota.buffer import (
     dead_letter_stream,
     decode_entry,
     encode_rejected,
-    envelope_dict,
 )
 from rota.envelope import TaskEnvelope
 from rota.settings import Settings
@@ -210,10 +208,7 @@ class Loader:
         stored, refused = self._load(envelopes)
         result.loaded = stored
         result.duplicates = len(envelopes) - stored - len(refused)
-        dead.extend(
-            (source[e.id], Rejected(orjson.dumps(envelope_dict(e)), reason))
-            for e, reason in refused
-        )
+        dead.extend((source[e.id], Rejected(e.to_json(), reason)) for e, reason in refused)
         result.dead_lettered = len(dead)
         self._finish(entries + exhausted, dead)
         return result

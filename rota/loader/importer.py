@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rota import db, ops
-from rota.envelope import TaskEnvelope, make_envelope, task_id_for_key
+from rota.envelope import TaskEnvelope, make_envelope, parse_envelope, task_id_for_key
 from rota.errors import RotaError
 from rota.settings import Settings
 
@@ -72,7 +72,7 @@ def _validate_partition(rows: Iterable[Any], defaults: dict[str, Any]) -> Iterat
     for row in rows:
         record = row.asDict(recursive=True)
         try:
-            yield (validate_row(record, defaults).model_dump_json(), None, None)
+            yield (validate_row(record, defaults).to_json().decode(), None, None)
         except (RotaError, ValueError, TypeError) as exc:
             yield (None, f"{type(exc).__name__}: {exc}", json.dumps(record, default=str))
 
@@ -123,7 +123,7 @@ def import_tasks(
                 if len(summary.examples) < 5:
                     summary.examples.append(entry)
                 continue
-            batch.append(TaskEnvelope.model_validate_json(envelope_json))
+            batch.append(parse_envelope(envelope_json, settings.max_payload_bytes))
             if len(batch) >= settings.loader_batch_size:
                 flush()
         if batch:

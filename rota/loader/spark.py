@@ -36,7 +36,7 @@ from rota.buffer import (
     decode_entry,
     encode_rejected,
 )
-from rota.envelope import TaskEnvelope
+from rota.envelope import parse_envelope
 from rota.settings import Settings
 from rota.sql import query
 
@@ -130,7 +130,7 @@ class BufferStreamReader(DataSourceStreamReader):
                     entry_id = raw_id.decode()
                     good, bad = decode_entry(fields, self.max_payload_bytes)
                     for envelope in good:
-                        yield (stream, entry_id, envelope.model_dump_json(), None)
+                        yield (stream, entry_id, envelope.to_json().decode(), None)
                     for rejected in bad:
                         yield (
                             stream,
@@ -168,7 +168,11 @@ class BatchSink:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         rows = frame.collect()
-        good = [TaskEnvelope.model_validate_json(r["envelope"]) for r in rows if r["error"] is None]
+        good = [
+            parse_envelope(r["envelope"], self.settings.max_payload_bytes)
+            for r in rows
+            if r["error"] is None
+        ]
         bad = [r for r in rows if r["error"] is not None]
         if bad:  # before the commit: a replay may record them twice, never zero times
             if self._redis is None:

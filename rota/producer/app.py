@@ -279,11 +279,11 @@ class App:
 
     # -- building envelopes ------------------------------------------------
 
-    def envelope(self, call: TaskCall) -> TaskEnvelope:
+    def envelope(self, call: TaskCall, now: datetime | None = None) -> TaskEnvelope:
         """Checks one call and builds its envelope (raises a ValidationError)."""
-        check_task_name(call.name)
         task = self.tasks.get(call.name)
         if task is None and call.queue is None:
+            check_task_name(call.name)
             raise UnknownTask(
                 f"task {call.name!r} is not registered in this app; pass queue=... to "
                 "enqueue a task defined elsewhere"
@@ -313,6 +313,7 @@ class App:
             ),
             eta=eta,
             max_payload_bytes=self.settings.max_payload_bytes,
+            now=now,
         )
 
     # -- enqueueing ----------------------------------------------------------
@@ -373,10 +374,12 @@ class App:
 
     def enqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
         """Enqueues many tasks at once (all checked before anything is written)."""
-        return self.producer.store([self.envelope(c) for c in calls], connection)
+        now = datetime.now(UTC)
+        return self.producer.store([self.envelope(c, now) for c in calls], connection)
 
     async def aenqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
-        return await self.aproducer.store([self.envelope(c) for c in calls], connection)
+        now = datetime.now(UTC)
+        return await self.aproducer.store([self.envelope(c, now) for c in calls], connection)
 
     def close(self) -> None:
         if self._producer is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -236,7 +237,7 @@ def test_bad_tenant_names_are_refused_by_python_and_by_the_database(conn: Conn, 
 def test_a_batch_with_a_bad_row_writes_nothing(conn: Conn) -> None:
     good = envelopes("alice", 3)
     bad = make_envelope(name="tests.noop", queue="default", tenant="alice")
-    broken = bad.model_copy(update={"tenant": "not valid!"})
+    broken = dataclasses.replace(bad, tenant="not valid!")
     with pytest.raises(psycopg.errors.CheckViolation):
         load(conn, [*good, broken])
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (0,)
