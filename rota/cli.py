@@ -375,6 +375,21 @@ def bench_claim(
         _report("claim", figures, as_json)
 
 
+@app.command()
+def demo(
+    flood: int = 100_000,
+    small_tenants: int = 50,
+    out: Annotated[str, typer.Option(help="where the chart goes")] = "demo-out",
+    as_json: AsJson = False,
+) -> None:
+    """The whole pipeline on local servers: a flood, quiet tenants, fair waits."""
+    from rota.demo import main as run_demo
+
+    result = run_demo(flood=flood, small_tenants=small_tenants, out=out)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+
+
 def main() -> None:
     app()
 
