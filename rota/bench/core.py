@@ -48,8 +48,8 @@ def make_tasks(count: int, tenants: int, start: int = 0) -> Iterator[TaskEnvelop
 def reset(conn: psycopg.Connection[Any]) -> None:
     migrate(conn)
     conn.execute(
-        "TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.tenant_queues, "
-        "rota.tenants, rota.queues RESTART IDENTITY"
+        "TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.finished, "
+        "rota.tenant_queues, rota.tenants, rota.queues, rota.workers RESTART IDENTITY"
     )
     conn.execute("DROP TABLE IF EXISTS rota_bench_raw")
 

@@ -49,9 +49,13 @@ class TaskTimeout(Exception):
 @dataclass
 class InFlight:
     task: ops.ClaimedTask
-    future: concurrent.futures.Future[Any]
-    deadline: float | None
-    started: threading.Event = field(default_factory=threading.Event)
+    timeout: float | None
+    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    started_at: float | None = None  # set when it really starts (not when prefetched)
+    timed_out: bool = False
+
+    def begin(self) -> None:
+        self.started_at = time.monotonic()
 
 
 @dataclass
@@ -85,6 +89,7 @@ class Worker:
         self.processed = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, "rota-task")
         self._loop = asyncio.new_event_loop()
+        self._async_slots = asyncio.Semaphore(concurrency)
         self._loop_thread = threading.Thread(
             target=self._loop.run_forever, daemon=True, name="rota-async"
         )
@@ -117,19 +122,22 @@ class Worker:
             while not self.stopping.is_set():
                 self._report(conn)
                 self._expire_timeouts()
-                free = self.concurrency - len(self.in_flight)
-                claimed: list[ops.ClaimedTask] = []
-                if free > 0:
-                    claimed = db.run(
-                        conn,
-                        ops.claim(
-                            queues, min(self.batch_size, free), self.id, self.settings.lease_seconds
-                        ),
-                    )
-                    for task in claimed:
-                        self._start(task)
-                if len(claimed) < min(self.batch_size, max(free, 1)):
-                    # Caught up (or full): wait for a NOTIFY, a finished task, or the poll.
+                # Up to one batch beyond the running tasks is prefetched.
+                free = self.concurrency + self.batch_size - len(self.in_flight)
+                wanted = min(self.batch_size, free)
+                if self.in_flight and wanted < max(1, self.batch_size // 2):
+                    # Busy: let finished tasks gather, so that completing and
+                    # claiming stay batches rather than a round trip per task.
+                    self.wake.wait(0.005)
+                    self.wake.clear()
+                    continue
+                claimed = db.run(
+                    conn, ops.claim(queues, wanted, self.id, self.settings.lease_seconds)
+                )
+                for task in claimed:
+                    self._start(task)
+                if len(claimed) < wanted:
+                    # Caught up: wait for a NOTIFY, a finished task, or the poll.
                     self.wake.wait(self.settings.poll_seconds * random.uniform(0.5, 1.5))
                     self.wake.clear()
             self._shutdown(conn)
@@ -151,7 +159,7 @@ class Worker:
         unstarted = [
             f.task.token
             for f in self.in_flight.values()
-            if not f.started.is_set() and f.future.cancel()
+            if f.started_at is None and f.future.cancel()
         ]
         if unstarted:
             db.run(conn, ops.release(unstarted))
@@ -174,44 +182,38 @@ class Worker:
 
     def _start(self, task: ops.ClaimedTask) -> None:
         registered = self.app.tasks.get(task.name)
-        timeout = registered.options.timeout if registered else None
-        future: concurrent.futures.Future[Any]
-        started = threading.Event()
+        flight = InFlight(task, timeout=registered.options.timeout if registered else None)
         if registered is not None and registered.is_async:
-            future = asyncio.run_coroutine_threadsafe(
-                self._run_async(registered, task, timeout, started), self._loop
+            flight.future = asyncio.run_coroutine_threadsafe(
+                self._run_async(registered, flight), self._loop
             )
-            deadline = None  # asyncio enforces it
         else:
-            future = self._pool.submit(self._run_sync, registered, task, started)
-            deadline = time.monotonic() + timeout if timeout else None
-        flight = InFlight(task, future, deadline, started)
+            # The pool runs `concurrency` at a time; a prefetched task waits in
+            # its queue, unstarted (and is handed back at shutdown).
+            flight.future = self._pool.submit(self._run_sync, registered, flight)
         self.in_flight[task.id] = flight
-        future.add_done_callback(functools.partial(self._done, task))
+        flight.future.add_done_callback(functools.partial(self._done, task))
 
     @staticmethod
-    def _run_sync(
-        registered: Task[Any, Any] | None, task: ops.ClaimedTask, started: threading.Event
-    ) -> Any:
-        started.set()
+    def _run_sync(registered: Task[Any, Any] | None, flight: InFlight) -> Any:
+        flight.begin()
         if registered is None:
-            raise UnknownTask(f"unknown task {task.name!r}: not registered in this worker's app")
-        current_task.set(task)
-        return registered.fn(*task.args, **task.kwargs)
+            raise UnknownTask(
+                f"unknown task {flight.task.name!r}: not registered in this worker's app"
+            )
+        current_task.set(flight.task)
+        return registered.fn(*flight.task.args, **flight.task.kwargs)
 
-    @staticmethod
-    async def _run_async(
-        registered: Task[Any, Any],
-        task: ops.ClaimedTask,
-        timeout: float | None,
-        started: threading.Event,
-    ) -> Any:
-        started.set()
-        current_task.set(task)
-        try:
-            return await asyncio.wait_for(registered.fn(*task.args, **task.kwargs), timeout)
-        except TimeoutError:
-            raise TaskTimeout(f"timed out after {timeout} s") from None
+    async def _run_async(self, registered: Task[Any, Any], flight: InFlight) -> Any:
+        async with self._async_slots:
+            flight.begin()
+            current_task.set(flight.task)
+            try:
+                return await asyncio.wait_for(
+                    registered.fn(*flight.task.args, **flight.task.kwargs), flight.timeout
+                )
+            except TimeoutError:
+                raise TaskTimeout(f"timed out after {flight.timeout} s") from None
 
     def _done(self, task: ops.ClaimedTask, future: concurrent.futures.Future[Any]) -> None:
         if future.cancelled():
@@ -224,16 +226,15 @@ class Worker:
         killed, so its eventual result is ignored (documented)."""
         now = time.monotonic()
         for flight in list(self.in_flight.values()):
-            if flight.deadline is not None and now > flight.deadline:
-                flight.deadline = None
-                self.outcomes.put(
-                    Outcome(
-                        flight.task,
-                        TaskTimeout(
-                            f"timed out after {self.app.tasks[flight.task.name].options.timeout} s"
-                        ),
-                    )
-                )
+            if (
+                flight.timeout is not None
+                and flight.started_at is not None
+                and not flight.timed_out
+                and now - flight.started_at > flight.timeout
+            ):
+                flight.timed_out = True
+                timeout = TaskTimeout(f"timed out after {flight.timeout} s")
+                self.outcomes.put(Outcome(flight.task, timeout))
 
     def _report(self, conn: psycopg.Connection[Any]) -> None:
         """Completes and fails what finished since the last call, in two statements."""

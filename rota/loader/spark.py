@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,12 @@ def run_streaming(
         if running.exception() is not None:
             raise RuntimeError(f"streaming loader failed: {running.exception()}")
     finally:
+        # Let the batch in hand finish: interrupting a Python foreachBatch
+        # mid-way makes Spark log a storm of errors.
+        for _ in range(600):
+            if not (running.isActive and running.status["isTriggerActive"]):
+                break
+            time.sleep(0.1)
         if running.isActive:
             running.stop()
         sink.close()
