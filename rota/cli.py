@@ -220,6 +220,46 @@ def import_command(
 
 
 @app.command()
+def tenant(
+    name: Annotated[str, typer.Argument(help="the tenant's name")],
+    weight: Annotated[float, typer.Option(help="share of turns relative to others")] = 1.0,
+    concurrency_limit: Annotated[int | None, typer.Option(help="max running fleet-wide")] = None,
+    rate_limit: Annotated[float | None, typer.Option(help="tasks per second")] = None,
+    rate_burst: Annotated[float | None, typer.Option(help="token bucket size")] = None,
+    capacity: Annotated[int | None, typer.Option(help="max waiting work (cost units)")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create or change a tenant (options not given are cleared)."""
+    from rota import db, ops
+
+    with db.connect(_settings(database_url).database_url) as conn:
+        slot = db.transact(
+            conn,
+            ops.configure_tenant(
+                name,
+                weight=weight,
+                concurrency_limit=concurrency_limit,
+                rate_limit=rate_limit,
+                rate_burst=rate_burst,
+                capacity=capacity,
+            ),
+        )
+    typer.echo(
+        json.dumps(
+            {
+                "tenant": name,
+                "slot": slot,
+                "weight": weight,
+                "concurrency_limit": concurrency_limit,
+                "rate_limit": rate_limit,
+                "rate_burst": rate_burst,
+                "capacity": capacity,
+            }
+        )
+    )
+
+
+@app.command()
 def stats(database_url: DatabaseUrl = None, redis_url: RedisUrl = None) -> None:
     """Buffer depth and oldest entry per shard, and the queues' counts, as JSON."""
     from rota import db, ops
