@@ -1,0 +1,81 @@
+"""`rota bench ... --json` in small configurations: the JSON's shape and the
+run's correctness are checked, never the figures (the machines are noisy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from rota import Settings
+
+
+def bench(settings: Settings, *args: str) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "rota", "bench", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    assert report["machine"]["cpus"] >= 1
+    return report
+
+
+def test_bench_load_core(settings: Settings) -> None:
+    report = bench(settings, "load", "--tasks", "3000", "--tenants", "50", "--runs", "1")
+    assert report["scenario"] == "load"
+    assert report["fair_load_tasks_per_s"] > 0 and report["raw_copy_rows_per_s"] > 0
+    assert report["fair_to_raw_ratio"] > 0
+
+
+def test_bench_load_python_engine(settings: Settings) -> None:
+    report = bench(
+        settings, "load", "--engine", "python", "--tasks", "3000", "--tenants", "50", "--runs", "1"
+    )
+    assert report["sustained_tasks_per_s"] > 0
+    assert report["enqueue_to_claimable_ms"]["tasks"] > 0
+
+
+def test_bench_claim(settings: Settings) -> None:
+    report = bench(
+        settings,
+        "claim",
+        "--backlogs",
+        "2000,4000",
+        "--tenants",
+        "50",
+        "--samples",
+        "10",
+        "--seconds",
+        "0.5",
+        "--runs",
+        "1",
+        "--connections",
+        "2",
+    )
+    assert set(report["claim_latency"]) == {"2000", "4000", "4000_after_churn"}
+    assert report["claim_complete_tasks_per_s"] > 0 and report["fifo_baseline_tasks_per_s"] > 0
+
+
+def test_bench_enqueue(settings: Settings) -> None:
+    report = bench(settings, "enqueue", "--tasks", "3000", "--tenants", "50", "--runs", "1")
+    assert report["enqueue_many_tasks_per_s"] > 0
+    assert report["fallback_enqueue_many_tasks_per_s"] > 0
+    assert report["single_enqueue_ms"]["p99"] >= report["single_enqueue_ms"]["p50"]
+
+
+def test_bench_work(settings: Settings) -> None:
+    report = bench(settings, "work", "--tasks", "2000", "--tenants", "20")
+    assert set(report["tasks_per_s"]) == {"1_process", "2_process"}
+    assert report["enqueue_to_start_ms"]["p50"] > 0
