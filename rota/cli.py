@@ -260,10 +260,15 @@ def tenant(
 
 
 @app.command()
-def stats(database_url: DatabaseUrl = None, redis_url: RedisUrl = None) -> None:
-    """Buffer depth and oldest entry per shard, and the queues' counts, as JSON."""
+def stats(
+    output: Annotated[str, typer.Option("--format", help="json or prometheus")] = "json",
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Buffer depth and oldest entry per shard, and the queues' counts."""
     from rota import db, ops
     from rota.loader import Loader
+    from rota.metrics import prometheus_text
 
     settings = _settings(database_url, redis_url)
     loader = Loader(settings)
@@ -273,7 +278,10 @@ def stats(database_url: DatabaseUrl = None, redis_url: RedisUrl = None) -> None:
         loader.close()
     with db.connect(settings.database_url) as conn:
         queues = db.run(conn, ops.queue_counts())
-    typer.echo(json.dumps({"buffer": buffer, "queues": queues}, indent=2))
+    if output == "prometheus":
+        typer.echo(prometheus_text(buffer, queues), nl=False)
+    else:
+        typer.echo(json.dumps({"buffer": buffer, "queues": queues}, indent=2))
 
 
 def _machine() -> dict[str, Any]:

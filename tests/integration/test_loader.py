@@ -149,6 +149,29 @@ def test_rota_loader_drain_reports_json_and_an_exit_code(app: App, settings: Set
     assert json.loads(failed.stdout)["errors"]
 
 
+def test_rota_stats_as_json_and_prometheus(app: App, settings: Settings) -> None:
+    app.tasks["parse_pdf"].enqueue("a", tenant="alice")
+    env = {
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_SHARDS": "4",
+        "PATH": "/usr/bin:/bin",
+    }
+    as_json = subprocess.run(
+        [sys.executable, "-m", "rota", "stats"], env=env, capture_output=True, text=True, check=True
+    )
+    stats = json.loads(as_json.stdout)
+    assert sum(s["entries"] for s in stats["buffer"].values()) == 1
+    prom = subprocess.run(
+        [sys.executable, "-m", "rota", "stats", "--format", "prometheus"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "rota_buffer_oldest_age_seconds{shard=" in prom.stdout
+
+
 def test_buffer_stats_show_depth_and_age(app: App, settings: Settings) -> None:
     app.tasks["parse_pdf"].enqueue("a", tenant="alice")
     time.sleep(0.05)
