@@ -398,6 +398,26 @@ def bench_work(
         _report("work", run(settings, tasks, tenants, concurrency), as_json)
 
 
+def _fairness_command(scenario: str) -> None:
+    def command(
+        scale: Annotated[int, typer.Option(help="workload size multiplier")] = 100,
+        database_url: DatabaseUrl = None,
+        local: Local = None,
+        as_json: AsJson = False,
+    ) -> None:
+        from rota.bench.fairness import bench_fairness
+
+        with _bench_settings(database_url, None, local) as settings:
+            _report(scenario, bench_fairness(settings.database_url, scenario, scale), as_json)
+
+    command.__doc__ = f"Fairness: the {scenario} workload through rota, FIFO and PARTITION BY."
+    bench_app.command(scenario)(command)
+
+
+for _scenario in ("noisy-neighbour", "zipf", "weighted", "cost"):
+    _fairness_command(_scenario)
+
+
 @bench_app.command("claim")
 def bench_claim(
     backlogs: str = "10000,100000,1000000",

@@ -32,3 +32,35 @@ UPDATE rota_bench_fifo_body SET status = 'done' WHERE id = ANY (%(ids)s::uuid[])
 
 -- name: bench_fifo_teardown
 DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body
+
+-- name: bench_fair_setup
+-- The same workload for the fairness baselines: one row per task, in arrival order.
+DROP TABLE IF EXISTS rota_bench_fair;
+CREATE TABLE rota_bench_fair (seq bigserial PRIMARY KEY, tenant text NOT NULL);
+CREATE INDEX rota_bench_fair_tenant ON rota_bench_fair (tenant, seq);
+
+-- name: bench_fair_copy
+COPY rota_bench_fair (tenant) FROM STDIN
+
+-- name: bench_fifo_tenant_claim
+-- Plain FIFO with SKIP LOCKED.
+DELETE FROM rota_bench_fair
+WHERE seq = ANY (ARRAY(SELECT seq FROM rota_bench_fair ORDER BY seq
+                       LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+RETURNING tenant
+
+-- name: bench_partition_claim
+-- The claim-time window of the Hatchet post: rank each tenant's tasks, take
+-- the lowest ranks first. It reads the whole backlog on every claim.
+DELETE FROM rota_bench_fair
+WHERE seq = ANY (ARRAY(
+    SELECT seq FROM (
+        SELECT seq, row_number() OVER (PARTITION BY tenant ORDER BY seq) AS turn
+        FROM rota_bench_fair
+    ) ranked
+    ORDER BY turn, seq
+    LIMIT %(limit)s))
+RETURNING tenant
+
+-- name: bench_fair_teardown
+DROP TABLE IF EXISTS rota_bench_fair

@@ -79,3 +79,17 @@ def test_bench_work(settings: Settings) -> None:
     report = bench(settings, "work", "--tasks", "2000", "--tenants", "20")
     assert set(report["tasks_per_s"]) == {"1_process", "2_process"}
     assert report["enqueue_to_start_ms"]["p50"] > 0
+
+
+def test_fairness_scenarios_against_the_baselines(settings: Settings) -> None:
+    for scenario in ("noisy-neighbour", "zipf", "weighted", "cost"):
+        report = bench(settings, scenario, "--scale", "3")
+        results = report["results"]
+        assert set(results) == {"rota", "fifo", "partition-by"}
+        assert 0 < results["rota"]["jain_index_first_half"] <= 1
+        if scenario == "noisy-neighbour":
+            # The run's correctness, not its speed: quiet tenants go first under rota.
+            assert report["ratios"]["quiet_wait_vs_fifo"] < 0.5
+        if scenario == "weighted":
+            shares = results["rota"]["shares_first_half"]
+            assert shares["gold"] > shares["silver"]

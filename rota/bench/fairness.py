@@ -1,0 +1,179 @@
+"""Fairness scenarios: the same workload through rota's claim and through the
+two baselines of the Hatchet post, on the same PostgreSQL.
+
+- fifo: a narrow table claimed in arrival order with SKIP LOCKED;
+- partition-by: the claim that ranks each tenant's tasks with
+  `row_number() OVER (PARTITION BY tenant)` at claim time.
+
+Waits are counted in claims ("how many tasks went first"), which the machine's
+noise cannot blur; claim latency is timed.
+
+Scenarios:
+  noisy-neighbour  one tenant floods, 20 quiet tenants have a few tasks each
+  zipf             1,000 tenants, demand following a Zipf law
+  weighted         three tenants, weights 2:1:1
+  cost             tasks of cost 1 and 10 from two tenants
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from rota import db, ops
+from rota.bench.core import reset
+from rota.envelope import make_envelope
+from rota.sql import query
+
+QUEUE = "fair"
+CLAIM = 100
+
+
+@dataclass
+class Workload:
+    arrivals: list[tuple[str, float]]  # (tenant, cost) in arrival order
+    weights: dict[str, float] = field(default_factory=dict)
+    quiet: set[str] = field(default_factory=set)
+
+
+def noisy_neighbour(scale: int) -> Workload:
+    quiet = {f"quiet{i:02d}" for i in range(20)}
+    arrivals = [("flood", 1.0)] * (50 * scale)
+    arrivals += [(t, 1.0) for _ in range(3) for t in sorted(quiet)]
+    return Workload(arrivals, quiet=quiet)
+
+
+def zipf(scale: int) -> Workload:
+    rng = random.Random(42)
+    tenants = [f"z{i:04d}" for i in range(1000)]
+    weights = [1 / (rank + 1) for rank in range(len(tenants))]
+    arrivals = [(t, 1.0) for t in rng.choices(tenants, weights, k=100 * scale)]
+    return Workload(arrivals, quiet=set(tenants[100:]))
+
+
+def weighted(scale: int) -> Workload:
+    arrivals = [(t, 1.0) for _ in range(20 * scale) for t in ("gold", "silver", "bronze")]
+    return Workload(arrivals, weights={"gold": 2.0, "silver": 1.0, "bronze": 1.0})
+
+
+def cost(scale: int) -> Workload:
+    arrivals = [("big", 10.0)] * (5 * scale) + [("small", 1.0)] * (50 * scale)
+    return Workload(arrivals, quiet={"small"})
+
+
+SCENARIOS: dict[str, Callable[[int], Workload]] = {
+    "noisy-neighbour": noisy_neighbour,
+    "zipf": zipf,
+    "weighted": weighted,
+    "cost": cost,
+}
+
+
+def _rota_order(conn: psycopg.Connection[Any], work: Workload) -> tuple[list[str], list[float]]:
+    reset(conn)
+    for tenant, weight in work.weights.items():
+        db.transact(conn, ops.configure_tenant(tenant, weight=weight))
+    envelopes = [
+        make_envelope(name="bench.noop", queue=QUEUE, tenant=t, cost=c) for t, c in work.arrivals
+    ]
+    for i in range(0, len(envelopes), 10_000):
+        db.transact(conn, ops.load(envelopes[i : i + 10_000]))
+    order: list[str] = []
+    latencies: list[float] = []
+    while True:
+        started = time.perf_counter()
+        got = db.run(conn, ops.claim([QUEUE], CLAIM, "bench"))
+        latencies.append((time.perf_counter() - started) * 1000)
+        if not got:
+            return order, latencies
+        order += [t.tenant for t in got]
+        db.run(conn, ops.complete(t.token for t in got))
+
+
+def _baseline_order(
+    conn: psycopg.Connection[Any], work: Workload, kind: str
+) -> tuple[list[str], list[float]]:
+    conn.execute(query("bench_fair_setup"))
+    with conn.cursor() as cur, cur.copy(query("bench_fair_copy")) as copy:
+        for tenant, _ in work.arrivals:
+            copy.write_row((tenant,))
+    conn.execute("ANALYZE rota_bench_fair")
+    claim = query("bench_fifo_tenant_claim" if kind == "fifo" else "bench_partition_claim")
+    order: list[str] = []
+    latencies: list[float] = []
+    while True:
+        started = time.perf_counter()
+        rows = conn.execute(claim, {"limit": CLAIM}).fetchall()
+        latencies.append((time.perf_counter() - started) * 1000)
+        if not rows:
+            break
+        order += [r[0] for r in rows]
+    conn.execute(query("bench_fair_teardown"))
+    return order, latencies
+
+
+def _figures(order: list[str], latencies: list[float], work: Workload) -> dict[str, Any]:
+    position: dict[str, list[int]] = defaultdict(list)
+    for i, tenant in enumerate(order):
+        position[tenant].append(i)
+    quiet = [p for t in work.quiet for p in position[t]]
+    demand = Counter(t for t, _ in work.arrivals)
+    # Jain's index over each tenant's served share relative to its fair share
+    # during the first half of the run (while everyone still has work).
+    window = order[: len(order) // 2]
+    served = Counter(window)
+    weights = {t: work.weights.get(t, 1.0) for t in demand}
+    backlogged = [t for t in demand if demand[t] > served[t]] or list(demand)
+    total_weight = sum(weights[t] for t in backlogged)
+    ratios = [served[t] / (len(window) * weights[t] / total_weight) for t in backlogged]
+    jain = sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios)) if ratios else 1.0
+    figures: dict[str, Any] = {
+        "claims_before_quiet_task_p50": statistics.median(quiet) if quiet else None,
+        "claims_before_quiet_task_p99": sorted(quiet)[int(0.99 * (len(quiet) - 1))]
+        if quiet
+        else None,
+        "jain_index_first_half": round(jain, 4),
+        "claim_latency_ms_p50": round(statistics.median(latencies), 3),
+    }
+    if work.weights:
+        first = Counter(order[: len(order) // 2])
+        figures["shares_first_half"] = {
+            t: round(first[t] / max(1, len(order) // 2), 3) for t in sorted(work.weights)
+        }
+        figures["weights"] = work.weights
+    return figures
+
+
+def bench_fairness(url: str, scenario: str, scale: int) -> dict[str, Any]:
+    work = SCENARIOS[scenario](scale)
+    results: dict[str, Any] = {}
+    with db.connect(url) as conn:
+        results["rota"] = _figures(*_rota_order(conn, work), work)
+        for kind in ("fifo", "partition-by"):
+            results[kind] = _figures(*_baseline_order(conn, work, kind), work)
+    rota_wait = results["rota"]["claims_before_quiet_task_p50"]
+    ratios = {}
+    for kind in ("fifo", "partition-by"):
+        other = results[kind]["claims_before_quiet_task_p50"]
+        if rota_wait is not None and other:
+            ratios[f"quiet_wait_vs_{kind}"] = round(rota_wait / other, 4)
+        ratios[f"claim_latency_vs_{kind}"] = round(
+            results["rota"]["claim_latency_ms_p50"] / results[kind]["claim_latency_ms_p50"], 3
+        )
+    return {
+        "params": {
+            "scenario": scenario,
+            "scale": scale,
+            "tasks": len(work.arrivals),
+            "claim_size": CLAIM,
+        },
+        "results": results,
+        "ratios": ratios,
+    }
