@@ -105,7 +105,7 @@ def _baseline_order(
         for tenant, _ in work.arrivals:
             copy.write_row((tenant,))
     conn.execute("ANALYZE rota_bench_fair")
-    claim = query("bench_fifo_tenant_claim" if kind == "fifo" else "bench_partition_claim")
+    claim = query("bench_fifo_tenant_claim") if kind == "fifo" else query("bench_partition_claim")
     order: list[str] = []
     latencies: list[float] = []
     while True:
