@@ -13,6 +13,7 @@ to ENTRY_MAX_TASKS per entry, which is what makes the buffer fast):
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ def dead_letter_stream(prefix: str) -> str:
     return f"{prefix}:dead"
 
 
+@functools.lru_cache(maxsize=65536)
 def shard_for(tenant: str, shards: int) -> int:
     """Stable across processes and versions (crc32, not Python's salted hash)."""
     return zlib.crc32(tenant.encode()) % shards

@@ -288,8 +288,8 @@ class App:
                 f"task {call.name!r} is not registered in this app; pass queue=... to "
                 "enqueue a task defined elsewhere"
             )
-        clash = RESERVED & set(call.kwargs)
-        if clash:
+        if call.kwargs and not RESERVED.isdisjoint(call.kwargs):
+            clash = RESERVED & set(call.kwargs)
             raise ValidationError(f"{sorted(clash)} are enqueue options, not task arguments")
         options = task.options if task else None
         max_attempts = options.max_attempts if options else self.settings.default_max_attempts

@@ -99,6 +99,8 @@ class CapacityCache:
                 raise CapacityExceeded(tenant, waiting, capacity)
 
     def count(self, envelopes: Sequence[TaskEnvelope]) -> None:
+        if not self.limits:
+            return
         for e in envelopes:
             if e.tenant in self.limits:
                 self.since_fetch[e.tenant] += e.cost
