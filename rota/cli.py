@@ -418,6 +418,71 @@ for _scenario in ("noisy-neighbour", "zipf", "weighted", "cost"):
     _fairness_command(_scenario)
 
 
+@bench_app.command("end-to-end")
+def bench_end_to_end(
+    tasks: int = 20_000,
+    tenants: int = 100,
+    rate: float = 2000.0,
+    concurrency: int = 8,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
+    from rota.bench.pipeline import bench_end_to_end as run
+
+    with _bench_settings(database_url, redis_url, local) as settings:
+        from rota.migrate import migrate as run_migrations
+
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            run_migrations(conn)
+        _report("end-to-end", run(settings, tasks, tenants, rate, concurrency), as_json)
+
+
+@bench_app.command("lock-pressure")
+def bench_lock_pressure(
+    tenants: int = 1000,
+    connections: int = 8,
+    claim_size: int = 100,
+    seconds: float = 5.0,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Racing claimers (some tenants limited) while pg_locks is sampled."""
+    from rota.bench.core import lock_pressure
+
+    with _bench_settings(database_url, None, local) as settings:
+        _report(
+            "lock-pressure",
+            lock_pressure(settings.database_url, tenants, connections, claim_size, seconds),
+            as_json,
+        )
+
+
+@bench_app.command("backlog-scaling")
+def bench_backlog_scaling(
+    backlogs: str = "10000,100000,1000000",
+    tenants: int = 1000,
+    connections: int = 4,
+    claim_size: int = 100,
+    samples: int = 200,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Claim latency at 10k, 100k and 1M waiting, and after as many were churned."""
+    from rota.bench.core import backlog_scaling
+
+    sizes = [int(b) for b in backlogs.split(",")]
+    with _bench_settings(database_url, None, local) as settings:
+        figures = backlog_scaling(
+            settings.database_url, sizes, tenants, connections, claim_size, samples
+        )
+        _report("backlog-scaling", figures, as_json)
+
+
 @bench_app.command("claim")
 def bench_claim(
     backlogs: str = "10000,100000,1000000",

@@ -221,6 +221,41 @@ def _churn_worker(args: tuple[str, int, int]) -> int:
     return done
 
 
+def backlog_scaling(
+    url: str, backlogs: list[int], tenants: int, connections: int, limit: int, samples: int
+) -> dict[str, Any]:
+    """Claim latency at each backlog size, and at the largest after as many tasks
+    have been claimed and completed (churn: dead tuples for autovacuum)."""
+    latency: dict[str, dict[str, float]] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        filler = Filler(conn, tenants)
+        for backlog in sorted(backlogs):
+            filler.fill(backlog)
+            latency[str(backlog)] = _latency_figures(_claim_latencies(conn, samples, limit))
+        largest = max(backlogs)
+        filler.fill(2 * largest)
+        churn_rate = churn(url, largest, connections, limit)
+        filler.fill(largest)
+        latency[f"{largest}_after_churn"] = _latency_figures(_claim_latencies(conn, samples, limit))
+    smallest = latency[str(min(backlogs))]["p50_ms"]
+    return {
+        "churn_tasks_per_s": round(churn_rate),
+        "claim_latency": latency,
+        "p50_ratio_largest_to_smallest": round(latency[str(largest)]["p50_ms"] / smallest, 3),
+        "p50_ratio_after_churn_to_smallest": round(
+            latency[f"{largest}_after_churn"]["p50_ms"] / smallest, 3
+        ),
+    }
+
+
+def _latency_figures(times: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(statistics.median(times), 3),
+        "p99_ms": round(_percentile(times, 0.99), 3),
+    }
+
+
 def bench_claim(
     url: str,
     backlogs: list[int],
@@ -231,7 +266,6 @@ def bench_claim(
     throughput_seconds: float,
     runs: int,
 ) -> dict[str, Any]:
-    latency: dict[str, dict[str, float]] = {}
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
         filler = Filler(conn, tenants)
@@ -247,27 +281,6 @@ def bench_claim(
             conn.execute("ANALYZE rota_bench_fifo_ready, rota_bench_fifo_body")
             fifo_rates.append(claim_throughput("fifo", url, connections, limit, throughput_seconds))
             conn.execute(query("bench_fifo_teardown"))
-        reset(conn)
-        filler = Filler(conn, tenants)
-        for backlog in sorted(backlogs):
-            filler.fill(backlog)
-            times = _claim_latencies(conn, samples, limit)
-            latency[str(backlog)] = {
-                "p50_ms": round(statistics.median(times), 3),
-                "p99_ms": round(_percentile(times, 0.99), 3),
-            }
-        largest = max(backlogs)
-        # Churn: as many tasks as the largest backlog claimed and completed,
-        # then the backlog refilled to its size so the figure compares.
-        filler.fill(2 * largest)
-        churn_rate = churn(url, largest, connections, limit)
-        filler.fill(largest)
-        times = _claim_latencies(conn, samples, limit)
-        latency[f"{largest}_after_churn"] = {
-            "p50_ms": round(statistics.median(times), 3),
-            "p99_ms": round(_percentile(times, 0.99), 3),
-        }
-    smallest = str(min(backlogs))
     return {
         "params": {
             "backlogs": backlogs,
@@ -286,17 +299,56 @@ def bench_claim(
             "claim_complete_tasks_per_s": [round(r) for r in rates],
             "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],
         },
-        "churn_tasks_per_s": round(churn_rate),
-        "claim_latency": latency,
-        "p50_ratio_largest_to_smallest": round(
-            latency[str(largest)]["p50_ms"] / latency[smallest]["p50_ms"], 3
-        ),
-        "p50_ratio_after_churn_to_smallest": round(
-            latency[f"{largest}_after_churn"]["p50_ms"] / latency[smallest]["p50_ms"], 3
-        ),
+        **backlog_scaling(url, backlogs, tenants, connections, limit, samples),
         "goal": {
             "claim_complete_tasks_per_s_at_least": 30_000,
             "p50_ratio_at_most": 1.2,
             "p50_ms_at_most": 2.0,
         },
+    }
+
+
+def lock_pressure(
+    url: str, tenants: int, connections: int, limit: int, seconds: float
+) -> dict[str, Any]:
+    """Claimers racing while a sampler reads pg_locks and wait events: how many
+    relations one claiming backend holds, whether they stay on the lock
+    manager's fast path, and how often anyone waits on the lock manager."""
+    import threading
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        for i in range(0, tenants, max(1, tenants // 10)):  # a tenth of them limited
+            db.transact(conn, ops.configure_tenant(skewed_tenant(i, tenants), concurrency_limit=50))
+        Filler(conn, tenants).fill(max(20_000, int(40_000 * seconds)))
+    samples: list[tuple[int, int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(url, autocommit=True) as watcher:
+            while not stop.is_set():
+                row = watcher.execute(query("bench_lock_sample")).fetchone()
+                if row:
+                    samples.append((int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        rate = claim_throughput("rota", url, connections, limit, seconds)
+    finally:
+        stop.set()
+        sampler.join()
+    return {
+        "params": {
+            "tenants": tenants,
+            "connections": connections,
+            "claim_size": limit,
+            "seconds": seconds,
+        },
+        "claim_complete_tasks_per_s": round(rate),
+        "samples": len(samples),
+        "max_relations_locked_by_one_backend": max((s[0] for s in samples), default=0),
+        "locks_off_fast_path_seen": sum(s[1] for s in samples),
+        "lock_manager_waits_seen": sum(s[2] for s in samples),
+        "goal": {"max_relations_locked_by_one_backend_below": 16},
     }

@@ -342,3 +342,66 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
     else:
         figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
     return figures
+
+
+def bench_end_to_end(
+    settings: Settings, tasks: int, tenants: int, rate: float, concurrency: int
+) -> dict[str, Any]:
+    """The whole pipeline: a producer at a steady rate -> Redis -> the Python
+    loader -> 2 worker processes. Enqueue -> start latency and throughput."""
+    app = _app(settings)
+    noop = app.tasks["noop"]
+    with db.connect(settings.database_url) as conn:
+        reset(conn)
+        _flush_buffer(settings)
+        stop = threading.Event()
+        loader = Loader(settings, consumer="bench-e2e")
+        loading = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
+        loading.start()
+        workers = _workers(settings, 2, concurrency)
+        try:
+            time.sleep(2)
+            started = time.perf_counter()
+            sent = 0
+            per_tick = max(1, int(rate / 50))
+            while sent < tasks:
+                n = min(per_tick, tasks - sent)
+                app.enqueue_many(
+                    [
+                        noop.call(sent + k, "pad", tenant=skewed_tenant(sent + k, tenants))
+                        for k in range(n)
+                    ]
+                )
+                sent += n
+                time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
+            while _finished(conn) < tasks:
+                time.sleep(0.05)
+            elapsed = time.perf_counter() - started
+        finally:
+            stop.set()
+            loading.join()
+            loader.close()
+            _stop(workers)
+        starts = [
+            float(r[0])
+            for r in conn.execute(
+                "SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 "
+                "FROM rota.finished f"
+            ).fetchall()
+        ]
+    app.close()
+    return {
+        "params": {
+            "tasks": tasks,
+            "tenants": tenants,
+            "offered_rate": rate,
+            "concurrency": concurrency,
+            "workers": 2,
+            "loader": "python",
+        },
+        "tasks_per_s": round(tasks / elapsed),
+        "enqueue_to_start_ms": {
+            "p50": round(statistics.median(starts), 1),
+            "p99": round(_percentile(starts, 0.99), 1),
+        },
+    }

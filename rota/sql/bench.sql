@@ -64,3 +64,16 @@ RETURNING tenant
 
 -- name: bench_fair_teardown
 DROP TABLE IF EXISTS rota_bench_fair
+
+-- name: bench_lock_sample
+-- Per sample: the most relations one backend holds locks on, how many relation
+-- locks are off the fast path, and how many backends wait on the lock manager.
+SELECT
+    (SELECT max(n) FROM (SELECT count(DISTINCT relation) AS n FROM pg_locks
+                         WHERE locktype = 'relation' AND pid <> pg_backend_pid()
+                         GROUP BY pid) per_backend),
+    (SELECT count(*) FROM pg_locks
+     WHERE locktype = 'relation' AND NOT fastpath AND pid <> pg_backend_pid()
+       AND mode IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock')),
+    (SELECT count(*) FROM pg_stat_activity
+     WHERE wait_event_type = 'LWLock' AND wait_event = 'LockManager')

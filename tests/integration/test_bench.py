@@ -93,3 +93,25 @@ def test_fairness_scenarios_against_the_baselines(settings: Settings) -> None:
         if scenario == "weighted":
             shares = results["rota"]["shares_first_half"]
             assert shares["gold"] > shares["silver"]
+
+
+def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> None:
+    scaling = bench(
+        settings,
+        "backlog-scaling",
+        "--backlogs",
+        "1000,3000",
+        "--tenants",
+        "30",
+        "--samples",
+        "10",
+        "--connections",
+        "2",
+    )
+    assert set(scaling["claim_latency"]) == {"1000", "3000", "3000_after_churn"}
+    locks = bench(
+        settings, "lock-pressure", "--tenants", "30", "--connections", "3", "--seconds", "0.5"
+    )
+    assert locks["samples"] > 0 and locks["max_relations_locked_by_one_backend"] > 0
+    e2e = bench(settings, "end-to-end", "--tasks", "300", "--tenants", "10", "--rate", "300")
+    assert e2e["tasks_per_s"] > 0 and e2e["enqueue_to_start_ms"]["p50"] > 0
