@@ -37,7 +37,7 @@ from rota.buffer import (
     decode_entry,
     encode_rejected,
 )
-from rota.envelope import parse_envelope
+from rota.envelope import TaskEnvelope
 from rota.settings import Settings
 from rota.sql import query
 
@@ -168,13 +168,26 @@ class BatchSink:
         self.batches = 0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        rows = frame.collect()
+        # Arrow moves the batch to the driver column by column, far faster
+        # than collecting Row objects.
+        table = frame.toArrow()
+        columns = {name: table.column(name).to_pylist() for name in table.column_names}
         good = [
-            parse_envelope(r["envelope"], self.settings.max_payload_bytes)
-            for r in rows
-            if r["error"] is None
+            TaskEnvelope.from_checked_json(raw)
+            for raw, error in zip(columns["envelope"], columns["error"], strict=True)
+            if error is None
         ]
-        bad = [r for r in rows if r["error"] is not None]
+        bad = [
+            {"stream": s, "entry_id": e, "envelope": raw, "error": error}
+            for s, e, raw, error in zip(
+                columns["stream"],
+                columns["entry_id"],
+                columns["envelope"],
+                columns["error"],
+                strict=True,
+            )
+            if error is not None
+        ]
         if bad:  # before the commit: a replay may record them twice, never zero times
             if self._redis is None:
                 self._redis = redis.Redis.from_url(self.settings.redis_url)
