@@ -320,15 +320,22 @@ AsJson = Annotated[bool, typer.Option("--json", help="print the figures as JSON"
 def _bench_settings(
     database_url: str | None, redis_url: str | None, local: bool | None
 ) -> Iterator[Settings]:
-    """Settings for a benchmark: the given servers, or throwaway local ones."""
-    configured = database_url or "ROTA_DATABASE_URL" in os.environ
-    if not (local if local is not None else not configured):
-        yield _settings(database_url, redis_url)
-        return
+    """Settings for a benchmark, schema migrated: the given servers, or
+    throwaway local ones."""
     from rota.devservers import local_postgres, local_redis
+    from rota.migrate import migrate as run_migrations
 
-    with local_postgres() as pg, local_redis() as rd:
-        yield _settings(pg.url, rd.url)
+    configured = database_url or "ROTA_DATABASE_URL" in os.environ
+    with contextlib.ExitStack() as stack:
+        if local if local is not None else not configured:
+            pg = stack.enter_context(local_postgres())
+            rd = stack.enter_context(local_redis())
+            settings = _settings(pg.url, rd.url)
+        else:
+            settings = _settings(database_url, redis_url)
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            run_migrations(conn)
+        yield settings
 
 
 @bench_app.command("load")
@@ -391,10 +398,6 @@ def bench_work(
     from rota.bench.pipeline import bench_work as run
 
     with _bench_settings(database_url, redis_url, local) as settings:
-        from rota.migrate import migrate as run_migrations
-
-        with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            run_migrations(conn)
         _report("work", run(settings, tasks, tenants, concurrency), as_json)
 
 
@@ -433,10 +436,6 @@ def bench_end_to_end(
     from rota.bench.pipeline import bench_end_to_end as run
 
     with _bench_settings(database_url, redis_url, local) as settings:
-        from rota.migrate import migrate as run_migrations
-
-        with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            run_migrations(conn)
         _report("end-to-end", run(settings, tasks, tenants, rate, concurrency), as_json)
 
 

@@ -10,12 +10,9 @@ throughput, and a PNG chart of wait over time.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -82,19 +79,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
+    from rota.consumer.worker import spawn_workers, stop_workers
     from rota.devservers import local_postgres, local_redis
     from rota.loader.spark import run_streaming, spark_session
     from rota.migrate import migrate
 
     with local_postgres() as pg, local_redis() as rd:
-        env = {
-            **os.environ,
-            "ROTA_DATABASE_URL": pg.url,
-            "ROTA_REDIS_URL": rd.url,
-            "ROTA_POLL_SECONDS": "0.5",
-        }
-        os.environ.update({"ROTA_DATABASE_URL": pg.url, "ROTA_REDIS_URL": rd.url})
-        settings = rota.Settings()
+        settings = rota.Settings(database_url=pg.url, redis_url=rd.url)
         producer = rota.App(settings)
         producer.tasks["work"] = work
         conn = db.connect(pg.url)
@@ -116,28 +107,15 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
             daemon=True,
         )
         loader.start()
-        workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rota",
-                    "worker",
-                    "--app",
-                    "rota.demo:app",
-                    "--queues",
-                    QUEUE,
-                    "--concurrency",
-                    str(run.concurrency),
-                    "--batch-size",
-                    "50",
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for _ in range(run.workers)
-        ]
+        workers = spawn_workers(
+            "rota.demo:app",
+            [QUEUE],
+            run.workers,
+            settings,
+            concurrency=run.concurrency,
+            batch_size=50,
+            poll_seconds=0.5,
+        )
 
         def trickle() -> None:
             rng = random.Random(7)
@@ -172,10 +150,7 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
             elapsed = time.monotonic() - started
         finally:
             stop.set()
-            for worker in workers:
-                worker.terminate()
-            for worker in workers:
-                worker.wait(timeout=60)
+            stop_workers(workers)
             loader.join(timeout=60)
             spark.stop()
             shutil.rmtree(checkpoint, ignore_errors=True)

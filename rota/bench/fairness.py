@@ -119,20 +119,45 @@ def _baseline_order(
     return order, latencies
 
 
+def _water_fill(
+    demand: dict[str, float], weights: dict[str, float], capacity: float
+) -> dict[str, float]:
+    """Weighted max-min fair allocation of `capacity` over `demand`."""
+    allocation = dict.fromkeys(demand, 0.0)
+    open_tenants = set(demand)
+    while open_tenants and capacity > 1e-9:
+        share = capacity / sum(weights[t] for t in open_tenants)
+        satisfied = {t for t in open_tenants if demand[t] - allocation[t] <= share * weights[t]}
+        if not satisfied:
+            for t in open_tenants:
+                allocation[t] += share * weights[t]
+            break
+        for t in satisfied:
+            capacity -= demand[t] - allocation[t]
+            allocation[t] = demand[t]
+        open_tenants -= satisfied
+    return allocation
+
+
 def _figures(order: list[str], latencies: list[float], work: Workload) -> dict[str, Any]:
     position: dict[str, list[int]] = defaultdict(list)
     for i, tenant in enumerate(order):
         position[tenant].append(i)
     quiet = [p for t in work.quiet for p in position[t]]
     demand = Counter(t for t, _ in work.arrivals)
-    # Jain's index over each tenant's served share relative to its fair share
-    # during the first half of the run (while everyone still has work).
+    # Jain's index of each tenant's service in the first half of the run (in
+    # cost units) relative to its fair allocation of that service: weighted
+    # max-min fairness over the tenants' demands (water-filling).
     window = order[: len(order) // 2]
-    served = Counter(window)
+    cost_of = {t: c for t, c in work.arrivals}
+    served: Counter[str] = Counter()
+    for tenant in window:
+        served[tenant] += int(cost_of[tenant])
     weights = {t: work.weights.get(t, 1.0) for t in demand}
-    backlogged = [t for t in demand if demand[t] > served[t]] or list(demand)
-    total_weight = sum(weights[t] for t in backlogged)
-    ratios = [served[t] / (len(window) * weights[t] / total_weight) for t in backlogged]
+    fair = _water_fill(
+        {t: demand[t] * cost_of[t] for t in demand}, weights, float(sum(served.values()))
+    )
+    ratios = [served[t] / fair[t] for t in demand if fair[t] > 0]
     jain = sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios)) if ratios else 1.0
     figures: dict[str, Any] = {
         "claims_before_quiet_task_p50": statistics.median(quiet) if quiet else None,

@@ -1,8 +1,10 @@
-"""Peers on the same machine and PostgreSQL: pgqueuer's no-op throughput.
+"""Peers on the same machine and PostgreSQL: pgqueuer's and procrastinate's
+no-op throughput.
 
-pgqueuer is installed from PyPI (`pip install 'rota[bench]'`). Its workers
-drain the same number of no-op jobs with the same claim batch, in 1 and 2
-processes, in a database of its own on the same server.
+Both are installed from PyPI (`pip install 'rota[bench]'`). Their workers drain
+no-op jobs in 1 and 2 processes, each peer in a database of its own on the
+same server: pgqueuer with the same claim batch, procrastinate with the same
+concurrency.
 """
 
 from __future__ import annotations
@@ -73,3 +75,61 @@ def pgqueuer_throughput(url: str, tasks: int, processes: int, batch_size: int) -
         done = sum(pool.map(_worker, [(peer, batch_size)] * processes))
         elapsed = time.perf_counter() - started
     return done / elapsed
+
+
+PROCRASTINATE_DATABASE = "rota_peer_procrastinate"
+
+
+def _procrastinate_app(url: str) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="noop", queue="bench")
+    async def noop(i: int) -> None:
+        return None
+
+    return app
+
+
+async def _procrastinate_prepare(url: str, tasks: int) -> None:
+    app = _procrastinate_app(url)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        noop = app.tasks["noop"]
+        for i in range(0, tasks, 5_000):
+            await noop.batch_defer_async(*({"i": j} for j in range(i, min(tasks, i + 5_000))))
+
+
+async def _procrastinate_drain(url: str, concurrency: int) -> None:
+    app = _procrastinate_app(url)
+    async with app.open_async():
+        await app.run_worker_async(
+            queues=["bench"],
+            concurrency=concurrency,
+            wait=False,
+            install_signal_handlers=False,
+            delete_jobs="always",
+        )
+
+
+def _procrastinate_worker(args: tuple[str, int]) -> None:
+    asyncio.run(_procrastinate_drain(*args))
+
+
+def procrastinate_throughput(url: str, tasks: int, processes: int, concurrency: int) -> float:
+    admin = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(PROCRASTINATE_DATABASE))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PROCRASTINATE_DATABASE)))
+    peer = url.rsplit("/", 1)[0] + "/" + PROCRASTINATE_DATABASE
+    asyncio.run(_procrastinate_prepare(peer, tasks))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(processes) as pool:
+        pool.map(time.sleep, [0.0] * processes)
+        started = time.perf_counter()
+        pool.map(_procrastinate_worker, [(peer, concurrency)] * processes)
+        elapsed = time.perf_counter() - started
+    return tasks / elapsed

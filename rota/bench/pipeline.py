@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -17,9 +15,11 @@ import redis
 from rota import App, Settings, db, ops
 from rota.bench.core import reset, skewed_tenant
 from rota.buffer import all_streams
+from rota.consumer.worker import spawn_workers, stop_workers
 from rota.loader import Loader
 
 QUEUE = "bench"
+NOOP_APP = "rota.bench.noop:app"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -123,6 +123,24 @@ def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
+def _spark_loader(
+    settings: Settings, spark: Any, checkpoint: str, trigger_seconds: float, stop: threading.Event
+) -> threading.Thread:
+    """The streaming loader in a thread (not started), until `stop` is set."""
+    from rota.loader.spark import run_streaming
+
+    return threading.Thread(
+        target=run_streaming,
+        kwargs={
+            "settings": settings,
+            "checkpoint": checkpoint,
+            "trigger_seconds": trigger_seconds,
+            "should_stop": stop.is_set,
+            "session": spark,
+        },
+    )
+
+
 def _fill_buffer(app: App, tasks: int, tenants: int) -> None:
     noop = app.tasks["noop"]
     for i in range(0, tasks, 10_000):
@@ -145,18 +163,10 @@ def _spark_sustained(
 ) -> float:
     """The streaming query runs first (its start-up is not the steady rate); then
     the buffer is filled and the clock runs until every task is claimable."""
-    from rota.loader.spark import run_streaming
 
     stop = threading.Event()
-    streaming = threading.Thread(
-        target=run_streaming,
-        kwargs={
-            "settings": settings,
-            "checkpoint": f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}",
-            "trigger_seconds": 0.2,
-            "should_stop": stop.is_set,
-            "session": spark,
-        },
+    streaming = _spark_loader(
+        settings, spark, f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}", 0.2, stop
     )
     streaming.start()
     try:
@@ -211,17 +221,8 @@ def bench_pipeline_load(
             loader = Loader(settings, consumer="bench-latency")
             runner = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
         else:
-            from rota.loader.spark import run_streaming
-
-            runner = threading.Thread(
-                target=run_streaming,
-                kwargs={
-                    "settings": settings,
-                    "checkpoint": f"/tmp/rota-bench-ckpt-{os.getpid()}-lat",
-                    "trigger_seconds": 0.1,
-                    "should_stop": stop.is_set,
-                    "session": spark,
-                },
+            runner = _spark_loader(
+                settings, spark, f"/tmp/rota-bench-ckpt-{os.getpid()}-lat", 0.1, stop
             )
         runner.start()
         time.sleep(2 if engine == "python" else 15)  # Spark's first micro-batch is slow
@@ -260,44 +261,6 @@ def bench_pipeline_load(
     }
 
 
-def _workers(settings: Settings, count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
-    env = {
-        **os.environ,
-        "ROTA_DATABASE_URL": settings.database_url,
-        "ROTA_REDIS_URL": settings.redis_url,
-        "ROTA_POLL_SECONDS": "1",
-    }
-    return [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rota",
-                "worker",
-                "--app",
-                "rota.bench.noop:app",
-                "--queues",
-                QUEUE,
-                "--concurrency",
-                str(concurrency),
-                "--batch-size",
-                "100",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
-
-
-def _stop(workers: list[subprocess.Popen[bytes]]) -> None:
-    for worker in workers:
-        worker.terminate()
-    for worker in workers:
-        worker.wait(timeout=60)
-
-
 def _finished(conn: psycopg.Connection[Any]) -> int:
     return int(conn.execute("SELECT count(*) FROM rota.finished").fetchone()[0])  # type: ignore[index]
 
@@ -321,7 +284,9 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                         ]
                     ),
                 )
-            workers = _workers(settings, processes, concurrency)
+            workers = spawn_workers(
+                NOOP_APP, [QUEUE], processes, settings, concurrency=concurrency, batch_size=100
+            )
             try:
                 while _finished(conn) < 100:  # workers up and running
                     time.sleep(0.05)
@@ -330,11 +295,13 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                     time.sleep(0.05)
                 throughput[str(processes)] = (tasks - begin_count) / (time.perf_counter() - started)
             finally:
-                _stop(workers)
+                stop_workers(workers)
 
         # Start latency: idle workers, one task at a time, woken by NOTIFY.
         reset(conn)
-        workers = _workers(settings, 1, concurrency)
+        workers = spawn_workers(
+            NOOP_APP, [QUEUE], 1, settings, concurrency=concurrency, batch_size=100
+        )
         try:
             time.sleep(3)
             for i in range(60):
@@ -345,7 +312,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
             while _finished(conn) < 60:
                 time.sleep(0.05)
         finally:
-            _stop(workers)
+            stop_workers(workers)
         starts = [
             float(r[0])
             for r in conn.execute(
@@ -380,6 +347,22 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         }
     else:
         figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
+    if importlib.util.find_spec("procrastinate") is not None:
+        from rota.bench.peers import procrastinate_throughput
+
+        # Far slower per job: a smaller run keeps the benchmark short.
+        peer_tasks = min(tasks, 5_000)
+        peer = {
+            f"{n}_process": procrastinate_throughput(
+                settings.database_url, peer_tasks, n, concurrency
+            )
+            for n in (1, 2)
+        }
+        figures["procrastinate_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
+        figures["procrastinate_tasks"] = peer_tasks
+        figures["ratio_to_procrastinate"] = {
+            k: round(throughput[k.split("_")[0]] / v, 2) for k, v in peer.items()
+        }
     return figures
 
 
@@ -397,7 +380,9 @@ def bench_end_to_end(
         loader = Loader(settings, consumer="bench-e2e")
         loading = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
         loading.start()
-        workers = _workers(settings, 2, concurrency)
+        workers = spawn_workers(
+            NOOP_APP, [QUEUE], 2, settings, concurrency=concurrency, batch_size=100
+        )
         try:
             time.sleep(2)
             started = time.perf_counter()
@@ -420,7 +405,7 @@ def bench_end_to_end(
             stop.set()
             loading.join()
             loader.close()
-            _stop(workers)
+            stop_workers(workers)
         starts = [
             float(r[0])
             for r in conn.execute(

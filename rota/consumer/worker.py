@@ -21,6 +21,8 @@ import os
 import queue
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -36,6 +38,7 @@ from rota import db, ops
 from rota.consumer.maintenance import Maintenance
 from rota.errors import Retry, UnknownTask
 from rota.producer.app import App, Task
+from rota.settings import Settings
 
 log = logging.getLogger("rota.worker")
 
@@ -315,3 +318,49 @@ class Worker:
                             maintenance.tick(conn)
                 except psycopg.Error as exc:
                     log.warning("heartbeat failed: %s", exc)
+
+
+def spawn_workers(
+    app_spec: str,
+    queues: Sequence[str],
+    count: int,
+    settings: Settings,
+    *,
+    concurrency: int = 8,
+    batch_size: int = 10,
+    poll_seconds: float = 1.0,
+) -> list[subprocess.Popen[bytes]]:
+    """Starts `count` `rota worker` processes against `settings`' servers (for the
+    demo and the benchmarks; in production, run `rota worker` under your supervisor)."""
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_POLL_SECONDS": str(poll_seconds),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "rota",
+        "worker",
+        "--app",
+        app_spec,
+        "--queues",
+        ",".join(queues),
+        "--concurrency",
+        str(concurrency),
+        "--batch-size",
+        str(batch_size),
+    ]
+    return [
+        subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+
+
+def stop_workers(workers: Sequence[subprocess.Popen[bytes]], timeout: float = 60) -> None:
+    """SIGTERM (graceful), then wait for each."""
+    for process in workers:
+        process.terminate()
+    for process in workers:
+        process.wait(timeout=timeout)

@@ -127,49 +127,15 @@ class Task(Generic[P, R]):
             idempotency_key,
         )
 
-    def enqueue(
-        self,
-        *args: Any,
-        tenant: str,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        cost: float | None = None,
-        idempotency_key: str | None = None,
-        connection: Any = None,
-        **kwargs: Any,
-    ) -> UUID:
-        call = self.call(
-            *args,
-            tenant=tenant,
-            eta=eta,
-            countdown=countdown,
-            cost=cost,
-            idempotency_key=idempotency_key,
-            **kwargs,
-        )
-        return self.app.enqueue_many([call], connection=connection)[0]
+    def enqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
+        """Enqueues one run: arguments and options (`tenant=`, `eta=`/`countdown=`,
+        `cost=`, `idempotency_key=`) as for `call`; returns the task id once the
+        task is stored. `connection=`: in that psycopg transaction."""
+        return self.app.enqueue_many([self.call(*args, **options)], connection=connection)[0]
 
-    async def aenqueue(
-        self,
-        *args: Any,
-        tenant: str,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        cost: float | None = None,
-        idempotency_key: str | None = None,
-        connection: Any = None,
-        **kwargs: Any,
-    ) -> UUID:
-        call = self.call(
-            *args,
-            tenant=tenant,
-            eta=eta,
-            countdown=countdown,
-            cost=cost,
-            idempotency_key=idempotency_key,
-            **kwargs,
-        )
-        return (await self.app.aenqueue_many([call], connection=connection))[0]
+    async def aenqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
+        calls = [self.call(*args, **options)]
+        return (await self.app.aenqueue_many(calls, connection=connection))[0]
 
 
 class App:
@@ -330,7 +296,7 @@ class App:
             self._aproducer = AsyncProducer(self.settings, self._core)
         return self._aproducer
 
-    def enqueue(
+    def call(
         self,
         name: str,
         args: Sequence[Any] = (),
@@ -342,35 +308,27 @@ class App:
         countdown: float | None = None,
         cost: float | None = None,
         idempotency_key: str | None = None,
-        connection: Any = None,
-    ) -> UUID:
-        """Enqueues a task by name; returns its id once it is durably stored.
+    ) -> TaskCall:
+        """One run of a task by name, for `enqueue_many` (queue= for tasks that
+        are not registered in this app)."""
+        return TaskCall(
+            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key
+        )
+
+    def enqueue(self, name: str, *call_args: Any, connection: Any = None, **options: Any) -> UUID:
+        """Enqueues a task by name (`app.enqueue("parse_pdf", args=[...], tenant=...)`,
+        options as for `call`); returns its id once it is durably stored.
 
         With `connection=` (a psycopg connection), the task is written in that
         connection's transaction: visible if it commits, gone if it rolls back."""
-        call = TaskCall(
-            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key
-        )
-        return self.enqueue_many([call], connection=connection)[0]
+        calls = [self.call(name, *call_args, **options)]
+        return self.enqueue_many(calls, connection=connection)[0]
 
     async def aenqueue(
-        self,
-        name: str,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        *,
-        tenant: str,
-        queue: str | None = None,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        cost: float | None = None,
-        idempotency_key: str | None = None,
-        connection: Any = None,
+        self, name: str, *call_args: Any, connection: Any = None, **options: Any
     ) -> UUID:
-        call = TaskCall(
-            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key
-        )
-        return (await self.aenqueue_many([call], connection=connection))[0]
+        calls = [self.call(name, *call_args, **options)]
+        return (await self.aenqueue_many(calls, connection=connection))[0]
 
     def enqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
         """Enqueues many tasks at once (all checked before anything is written)."""
