@@ -327,6 +327,11 @@ BEGIN
     IF v_rows IS NULL THEN
         RETURN;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE (r).counted) THEN
+        -- No limited tenant among them: leave rota.tenants (and its locks) alone.
+        RETURN QUERY SELECT * FROM unnest(v_rows);
+        RETURN;
+    END IF;
     PERFORM NULL FROM (
         SELECT t.id FROM rota.tenants t
         WHERE t.id = ANY(ARRAY(SELECT (r).tenant_id FROM unnest(v_rows) r WHERE (r).counted))
