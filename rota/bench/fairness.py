@@ -185,6 +185,15 @@ def bench_fairness(url: str, scenario: str, scale: int) -> dict[str, Any]:
             results[kind] = _figures(*_baseline_order(conn, work, kind), work)
     rota_wait = results["rota"]["claims_before_quiet_task_p50"]
     ratios = {}
+    if work.quiet and scenario == "noisy-neighbour":
+        # The quiet tenants' wait under the flood relative to their wait alone.
+        alone = Workload(
+            [(t, c) for t, c in work.arrivals if t in work.quiet], work.weights, work.quiet
+        )
+        with db.connect(url) as conn:
+            alone_wait = _figures(*_rota_order(conn, alone), alone)["claims_before_quiet_task_p50"]
+        results["rota_quiet_alone"] = {"claims_before_quiet_task_p50": alone_wait}
+        ratios["quiet_wait_flood_vs_alone"] = round(rota_wait / alone_wait, 3)
     for kind in ("fifo", "partition-by"):
         other = results[kind]["claims_before_quiet_task_p50"]
         if rota_wait is not None and other:

@@ -85,11 +85,12 @@ def test_fairness_scenarios_against_the_baselines(settings: Settings) -> None:
     for scenario in ("noisy-neighbour", "zipf", "weighted", "cost"):
         report = bench(settings, scenario, "--scale", "3")
         results = report["results"]
-        assert set(results) == {"rota", "fifo", "partition-by"}
+        assert {"rota", "fifo", "partition-by"} <= set(results)
         assert 0 < results["rota"]["jain_index_first_half"] <= 1
         if scenario == "noisy-neighbour":
             # The run's correctness, not its speed: quiet tenants go first under rota.
             assert report["ratios"]["quiet_wait_vs_fifo"] < 0.5
+            assert report["ratios"]["quiet_wait_flood_vs_alone"] < 2
         if scenario == "weighted":
             shares = results["rota"]["shares_first_half"]
             assert shares["gold"] > shares["silver"]
