@@ -123,32 +123,42 @@ class Worker:
         log.info("worker %s on queues %s, concurrency %d", self.id, queues, self.concurrency)
         try:
             while not self.stopping.is_set():
-                self._report(conn)
-                self._expire_timeouts()
-                # Up to one batch beyond the running tasks is prefetched.
-                free = self.concurrency + self.batch_size - len(self.in_flight)
-                wanted = min(self.batch_size, free)
-                if self.in_flight and wanted < max(1, self.batch_size // 2):
-                    # Busy: let finished tasks gather, so that completing and
-                    # claiming stay batches rather than a round trip per task.
-                    self.wake.wait(0.005)
-                    self.wake.clear()
-                    continue
-                claimed = db.run(
-                    conn, ops.claim(queues, wanted, self.id, self.settings.lease_seconds)
-                )
-                for task in claimed:
-                    self._start(task)
-                if len(claimed) < wanted:
-                    # Caught up: wait for a NOTIFY, a finished task, or the poll.
-                    self.wake.wait(self.settings.poll_seconds * random.uniform(0.5, 1.5))
-                    self.wake.clear()
+                try:
+                    self._step(conn, queues)
+                except psycopg.OperationalError as exc:
+                    # The database went away: outcomes not reported come back by
+                    # their leases (at least once); reconnect and carry on.
+                    log.warning("database unavailable, reconnecting: %s", exc)
+                    time.sleep(1)
+                    conn.close()
+                    conn = db.connect(self.settings.database_url)
             self._shutdown(conn)
         finally:
             self.stopping.set()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
             conn.close()
+
+    def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
+        """Reports what finished, then claims what fits; waits when there is nothing to do."""
+        self._report(conn)
+        self._expire_timeouts()
+        # Up to one batch beyond the running tasks is prefetched.
+        free = self.concurrency + self.batch_size - len(self.in_flight)
+        wanted = min(self.batch_size, free)
+        if self.in_flight and wanted < max(1, self.batch_size // 2):
+            # Busy: let finished tasks gather, so that completing and claiming
+            # stay batches rather than a round trip per task.
+            self.wake.wait(0.005)
+            self.wake.clear()
+            return
+        claimed = db.run(conn, ops.claim(queues, wanted, self.id, self.settings.lease_seconds))
+        for task in claimed:
+            self._start(task)
+        if len(claimed) < wanted:
+            # Caught up: wait for a NOTIFY, a finished task, or the poll.
+            self.wake.wait(self.settings.poll_seconds * random.uniform(0.5, 1.5))
+            self.wake.clear()
 
     def _queues(self, conn: psycopg.Connection[Any]) -> list[str]:
         if self.fixed_queues is not None:
