@@ -261,6 +261,14 @@ def bench_pipeline_load(
     }
 
 
+def _start_latencies(conn: psycopg.Connection[Any]) -> list[float]:
+    """Enqueue -> start of every finished task, in milliseconds."""
+    rows = conn.execute(
+        "SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 FROM rota.finished f"
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
 def _finished(conn: psycopg.Connection[Any]) -> int:
     return int(conn.execute("SELECT count(*) FROM rota.finished").fetchone()[0])  # type: ignore[index]
 
@@ -313,13 +321,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                 time.sleep(0.05)
         finally:
             stop_workers(workers)
-        starts = [
-            float(r[0])
-            for r in conn.execute(
-                "SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 "
-                "FROM rota.finished f"
-            ).fetchall()
-        ]
+        starts = _start_latencies(conn)
     figures: dict[str, Any] = {
         "params": {
             "tasks": tasks,
@@ -406,13 +408,7 @@ def bench_end_to_end(
             loading.join()
             loader.close()
             stop_workers(workers)
-        starts = [
-            float(r[0])
-            for r in conn.execute(
-                "SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 "
-                "FROM rota.finished f"
-            ).fetchall()
-        ]
+        starts = _start_latencies(conn)
     app.close()
     return {
         "params": {
