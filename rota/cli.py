@@ -344,6 +344,7 @@ def bench_load(
         "core"
     ),
     tasks: int = 200_000,
+    loaders: Annotated[int, typer.Option(help="python engine: loader processes")] = 2,
     tenants: int = 1000,
     runs: int = 3,
     database_url: DatabaseUrl = None,
@@ -360,7 +361,7 @@ def bench_load(
         if engine == "core":
             figures = run_core(settings.database_url, tasks, tenants, runs)
         elif engine in ("python", "spark"):
-            figures = bench_pipeline_load(settings, engine, tasks, tenants, runs)
+            figures = bench_pipeline_load(settings, engine, tasks, tenants, runs, loaders)
         else:
             raise typer.BadParameter(f"unknown engine {engine!r}")
         _report("load", figures, as_json)

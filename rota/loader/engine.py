@@ -98,6 +98,7 @@ class Loader:
         self.dead_stream = dead_letter_stream(settings.stream_prefix)
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
+        self._tasks_per_entry = 1.0
 
     # -- plumbing --------------------------------------------------------------
 
@@ -161,12 +162,19 @@ class Loader:
                     usable.append(entry)
         return usable, exhausted
 
+    def _read_count(self) -> int:
+        """Entries to read per shard: about one batch of tasks in all, whether
+        entries carry one task (single enqueues) or hundreds (enqueue_many), so
+        that several loaders share a backlog instead of one taking it all."""
+        per_pass = self.settings.loader_batch_size / (self._tasks_per_entry * len(self.streams))
+        return max(1, min(self.settings.loader_read_count, int(per_pass)))
+
     def _read_new(self, block_ms: int | None) -> list[Entry]:
         response: Any = self.redis.xreadgroup(
             self.settings.loader_group,
             self.consumer,
             dict.fromkeys(self.streams, ">"),
-            count=self.settings.loader_read_count,
+            count=self._read_count(),
             block=block_ms,
         )
         entries: list[Entry] = []
@@ -205,6 +213,8 @@ class Loader:
             source.update((e.id, entry) for e in good)
             dead.extend((entry, rejected) for rejected in bad)
 
+        if entries:
+            self._tasks_per_entry = max(1.0, len(envelopes) / len(entries))
         stored, refused = self._load(envelopes)
         result.loaded = stored
         result.duplicates = len(envelopes) - stored - len(refused)
