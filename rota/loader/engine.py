@@ -98,7 +98,10 @@ class Loader:
         self.dead_stream = dead_letter_stream(settings.stream_prefix)
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
-        self._tasks_per_entry = 1.0
+        # Until the first entries are seen, assume packed ones: a first pass
+        # that reads too little costs one round trip; one that reads too much
+        # leaves the other loaders idle.
+        self._tasks_per_entry = 64.0
 
     # -- plumbing --------------------------------------------------------------
 
@@ -166,7 +169,7 @@ class Loader:
         """Entries to read per shard: about one batch of tasks in all, whether
         entries carry one task (single enqueues) or hundreds (enqueue_many), so
         that several loaders share a backlog instead of one taking it all."""
-        per_pass = self.settings.loader_batch_size / (self._tasks_per_entry * len(self.streams))
+        per_pass = 2 * self.settings.loader_batch_size / (self._tasks_per_entry * len(self.streams))
         return max(1, min(self.settings.loader_read_count, int(per_pass)))
 
     def _read_new(self, block_ms: int | None) -> list[Entry]:
