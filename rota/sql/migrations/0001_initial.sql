@@ -225,6 +225,7 @@ DECLARE
     v_queue_ids integer[];
     v_ids uuid[]; v_seqs bigint[]; v_qids integer[]; v_tids integer[]; v_costs double precision[];
     v_loaded integer;
+    v_insert text;
 BEGIN
     -- Unknown queues and tenants are created in name order (no deadlocks
     -- between loaders creating the same ones).
@@ -244,34 +245,46 @@ BEGIN
     END IF;
     PERFORM rota.lock_queues(v_queue_ids);
 
-    WITH inserted AS (
-        INSERT INTO rota.tasks AS t (id, queue_id, tenant_id, name, payload, cost, max_attempts,
-                                     backoff_base, backoff_max, status, eta, enqueued_at)
-        SELECT s.id, q.id, tn.id, s.name, s.payload, s.cost, s.max_attempts,
-               s.backoff_base, s.backoff_max,
-               CASE WHEN s.eta > now() THEN 'scheduled' ELSE 'pending' END::rota.task_status,
-               s.eta, s.enqueued_at
-        FROM pg_temp.rota_staging s
-        JOIN rota.queues q ON q.name = s.queue
-        JOIN rota.tenants tn ON tn.name = s.tenant
-        WHERE s.id <> ALL (ARRAY(
-            SELECT f.task_id FROM rota.finished f
-            WHERE f.task_id = ANY (ARRAY(SELECT id FROM pg_temp.rota_staging))))
-        -- A repeated id, in this batch or waiting since an earlier one, is
-        -- skipped (DO NOTHING); one that already succeeded, by the line above.
-        ORDER BY s.arrival
-        ON CONFLICT (id) DO NOTHING
-        RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta
-    ), later AS (
-        INSERT INTO rota.scheduled (run_at, task_id)
-        SELECT eta, id FROM inserted WHERE status = 'scheduled'
-    ), now_ready AS (
-        SELECT * FROM inserted WHERE status = 'pending' ORDER BY seq
-    )
-    SELECT (SELECT count(*) FROM inserted),
-           array_agg(id), array_agg(seq), array_agg(queue_id), array_agg(tenant_id), array_agg(cost)
-    INTO v_loaded, v_ids, v_seqs, v_qids, v_tids, v_costs
-    FROM now_ready;
+    -- Tasks already succeeded (in rota.finished) are skipped by the WHERE; a
+    -- repeated id still waiting (in this batch or an earlier one) by ON
+    -- CONFLICT. Repeats are rare (a replayed batch), and a plain INSERT is a
+    -- third cheaper than one with ON CONFLICT: try that first, and only when a
+    -- repeat makes it fail, load the batch again skipping conflicts.
+    v_insert := $sql$
+        WITH inserted AS (
+            INSERT INTO rota.tasks AS t (id, queue_id, tenant_id, name, payload, cost,
+                                         max_attempts, backoff_base, backoff_max, status, eta,
+                                         enqueued_at)
+            SELECT s.id, q.id, tn.id, s.name, s.payload, s.cost, s.max_attempts,
+                   s.backoff_base, s.backoff_max,
+                   CASE WHEN s.eta > now() THEN 'scheduled' ELSE 'pending' END::rota.task_status,
+                   s.eta, s.enqueued_at
+            FROM pg_temp.rota_staging s
+            JOIN rota.queues q ON q.name = s.queue
+            JOIN rota.tenants tn ON tn.name = s.tenant
+            WHERE s.id <> ALL (ARRAY(
+                SELECT f.task_id FROM rota.finished f
+                WHERE f.task_id = ANY (ARRAY(SELECT id FROM pg_temp.rota_staging))))
+            ORDER BY s.arrival
+            %s
+            RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta
+        ), later AS (
+            INSERT INTO rota.scheduled (run_at, task_id)
+            SELECT eta, id FROM inserted WHERE status = 'scheduled'
+        ), now_ready AS (
+            SELECT * FROM inserted WHERE status = 'pending' ORDER BY seq
+        )
+        SELECT (SELECT count(*) FROM inserted), array_agg(id), array_agg(seq),
+               array_agg(queue_id), array_agg(tenant_id), array_agg(cost)
+        FROM now_ready
+    $sql$;
+    BEGIN
+        EXECUTE format(v_insert, '')
+        INTO v_loaded, v_ids, v_seqs, v_qids, v_tids, v_costs;
+    EXCEPTION WHEN unique_violation THEN
+        EXECUTE format(v_insert, 'ON CONFLICT (id) DO NOTHING')
+        INTO v_loaded, v_ids, v_seqs, v_qids, v_tids, v_costs;
+    END;
 
     IF v_ids IS NOT NULL THEN
         PERFORM rota.make_ready(v_ids, v_seqs, v_qids, v_tids, v_costs);
