@@ -227,7 +227,7 @@ def backlog_scaling(
     """Claim latency at each backlog size, and at the largest after as many tasks
     have been claimed and completed (churn: dead tuples for autovacuum)."""
     latency: dict[str, dict[str, float]] = {}
-    with psycopg.connect(url, autocommit=True) as conn:
+    with db.connect(url) as conn:
         reset(conn)
         filler = Filler(conn, tenants)
         for backlog in sorted(backlogs):

@@ -49,7 +49,10 @@ WITH blocked AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id
         FROM rota.ready r
-        WHERE r.queue_id = q.id AND r.tenant_id <> ALL ((SELECT ids FROM blocked)::integer[])
+        -- `+ 0` hides the column's statistics from this filter: when one
+        -- tenant holds the whole backlog they make the planner expect no row
+        -- to pass it, and it then sorts a seq scan of ready on every claim.
+        WHERE r.queue_id = q.id AND r.tenant_id + 0 <> ALL ((SELECT ids FROM blocked)::integer[])
         ORDER BY r.vtime, r.tenant_id, r.seq
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED

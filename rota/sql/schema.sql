@@ -347,38 +347,33 @@ $$;
 
 -- Takes claimed tasks off the running table, keeping each limited tenant's
 -- counter right. Tenant rows are locked in id order, as claims lock them.
+-- One statement: plpgsql keeps its plan, where a sql function would plan it
+-- on every call (this runs on every completion).
 CREATE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
 RETURNS SETOF rota.running
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_rows rota.running[];
 BEGIN
-    WITH taken AS (
+    RETURN QUERY
+    WITH taken AS MATERIALIZED (
         DELETE FROM rota.running r
         USING unnest(p_ids, p_attempts) AS x(id, attempt)
-        WHERE r.task_id = x.id AND (x.attempt IS NULL OR r.attempt = x.attempt)
+        -- The ANY keeps the planner on the key however many tasks are running.
+        WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
+          AND (x.attempt IS NULL OR r.attempt = x.attempt)
         RETURNING r.*
-    )
-    SELECT array_agg(taken) INTO v_rows FROM taken;
-    IF v_rows IS NULL THEN
-        RETURN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE (r).counted) THEN
-        -- No limited tenant among them: leave rota.tenants (and its locks) alone.
-        RETURN QUERY SELECT * FROM unnest(v_rows);
-        RETURN;
-    END IF;
-    PERFORM NULL FROM (
+    ), counted AS (
+        SELECT tenant_id, count(*) AS n FROM taken WHERE counted GROUP BY tenant_id
+    ), locked AS MATERIALIZED (
+        -- Nothing is locked when no limited tenant is among them.
         SELECT t.id FROM rota.tenants t
-        WHERE t.id = ANY(ARRAY(SELECT (r).tenant_id FROM unnest(v_rows) r WHERE (r).counted))
+        WHERE t.id = ANY (ARRAY(SELECT tenant_id FROM counted))
         ORDER BY t.id FOR UPDATE
-    ) locked;
-    UPDATE rota.tenants t SET running = greatest(t.running - d.n, 0)
-    FROM (SELECT (r).tenant_id AS tenant_id, count(*) AS n FROM unnest(v_rows) r
-          WHERE (r).counted GROUP BY 1) d
-    WHERE t.id = ANY (ARRAY(SELECT (r).tenant_id FROM unnest(v_rows) r WHERE (r).counted))
-      AND t.id = d.tenant_id;
-    RETURN QUERY SELECT * FROM unnest(v_rows);
+    ), uncounted AS (
+        UPDATE rota.tenants t SET running = greatest(t.running - c.n, 0)
+        FROM counted c
+        WHERE t.id = ANY (ARRAY(SELECT id FROM locked)) AND t.id = c.tenant_id
+    )
+    SELECT * FROM taken;
 END
 $$;
 
