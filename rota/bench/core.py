@@ -138,22 +138,23 @@ class Filler:
         self.conn.execute("ANALYZE rota.ready")
 
 
-def _claim_latencies(conn: psycopg.Connection[Any], samples: int, limit: int) -> list[float]:
-    """Times the claim statement itself; each claim is rolled back so the backlog stays put."""
-    params = {"queues": [QUEUE], "limit": limit, "worker": "bench", "lease_seconds": 60.0}
-    claim_sql = query("claim")
+def _claim_latencies(filler: Filler, backlog: int, samples: int, limit: int) -> list[float]:
+    """Times claims as a worker makes them (statement, rows, commit), each of
+    fresh tasks: the claimed ones are completed and the backlog topped up
+    between samples, untimed, so it stays within a few percent of `backlog`."""
+    conn = filler.conn
+    top_up_every = max(1, backlog // (limit * 20))
     times = []
     for i in range(samples + 5):
-        with conn.cursor() as cur:
-            cur.execute("BEGIN")
-            started = time.perf_counter()
-            cur.execute(claim_sql, params, prepare=True)
-            got = cur.fetchall()
-            elapsed = time.perf_counter() - started
-            cur.execute("ROLLBACK")
+        if i % top_up_every == 0:
+            filler.fill(backlog)
+        started = time.perf_counter()
+        got = db.run(conn, ops.claim([QUEUE], limit, "bench"))
+        elapsed = time.perf_counter() - started
+        assert len(got) == limit, f"claimed {len(got)} of {limit}"
+        db.run(conn, ops.complete(t.token for t in got))
         if i >= 5:  # the first executions plan and warm up
             times.append(elapsed * 1000)
-        assert len(got) == limit, f"claimed {len(got)} of {limit}"
     return times
 
 
@@ -231,13 +232,15 @@ def backlog_scaling(
         reset(conn)
         filler = Filler(conn, tenants)
         for backlog in sorted(backlogs):
-            filler.fill(backlog)
-            latency[str(backlog)] = _latency_figures(_claim_latencies(conn, samples, limit))
+            latency[str(backlog)] = _latency_figures(
+                _claim_latencies(filler, backlog, samples, limit)
+            )
         largest = max(backlogs)
         filler.fill(2 * largest)
         churn_rate = churn(url, largest, connections, limit)
-        filler.fill(largest)
-        latency[f"{largest}_after_churn"] = _latency_figures(_claim_latencies(conn, samples, limit))
+        latency[f"{largest}_after_churn"] = _latency_figures(
+            _claim_latencies(filler, largest, samples, limit)
+        )
     smallest = latency[str(min(backlogs))]["p50_ms"]
     return {
         "churn_tasks_per_s": round(churn_rate),
