@@ -139,12 +139,12 @@ class TaskEnvelope:
     eta: datetime | None = None
     v: Literal[1] = ENVELOPE_VERSION
 
-    def copy_row(self) -> tuple[Any, ...]:
-        """The row COPY'd into rota_staging (column order of the copy_staging block)."""
+    def copy_row(self, queue_id: int, tenant_id: int) -> tuple[Any, ...]:
+        """The row COPY'd into rota.tasks (column order of the copy_tasks block)."""
         return (
             self.id,
-            self.queue,
-            self.tenant,
+            queue_id,
+            tenant_id,
             self.name,
             self.payload,
             self.cost,
