@@ -139,12 +139,12 @@ class TaskEnvelope:
     eta: datetime | None = None
     v: Literal[1] = ENVELOPE_VERSION
 
-    def copy_row(self, queue_id: int, tenant_id: int) -> tuple[Any, ...]:
-        """The row COPY'd into rota.tasks (column order of the copy_tasks block)."""
+    def copy_row(self) -> tuple[Any, ...]:
+        """The row COPY'd into rota_staging (column order of the copy_staging block)."""
         return (
             self.id,
-            queue_id,
-            tenant_id,
+            self.queue,
+            self.tenant,
             self.name,
             self.payload,
             self.cost,

@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
-import psycopg
 
 from rota.db import Copy, Execute, Op, Row
 from rota.envelope import TaskEnvelope, check_queue, check_tenant
@@ -70,50 +69,16 @@ class FailOutcome:
     run_at: datetime | None
 
 
-# A COPY that meets an id a concurrent load stored first fails as a whole; it
-# is retried without the ids known by then, a few times at most.
-LOAD_ATTEMPTS = 3
-
-
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
-    """Bulk-loads tasks with their fair positions: COPY straight into rota.tasks
-    between two SQL calls. Tasks already loaded (same id) are ignored. Returns
-    how many were new. Needs a transaction (rota.db.transact or the caller's)."""
-    unique: dict[UUID, TaskEnvelope] = {}
-    for e in envelopes:
-        unique.setdefault(e.id, e)  # an id repeated within the batch: the first counts
-    batch = list(unique.values())
-    if not batch:
-        return 0
-    queues = sorted({e.queue for e in batch})
-    tenants = sorted({e.tenant for e in batch})
-    ((queue_ids, tenant_ids, finished_ids),) = yield Execute(
-        query("load_begin"), {"queues": queues, "tenants": tenants, "ids": [e.id for e in batch]}
-    )
-    queue_id = dict(zip(queues, queue_ids, strict=True))
-    tenant_id = dict(zip(tenants, tenant_ids, strict=True))
-    known = set(finished_ids)
-    for attempt in range(1, LOAD_ATTEMPTS + 1):
-        batch = [e for e in batch if e.id not in known]
-        yield Execute("SAVEPOINT rota_load")
-        try:
-            yield Copy(
-                query("copy_tasks"),
-                (e.copy_row(queue_id[e.queue], tenant_id[e.tenant]) for e in batch),
-            )
-        except psycopg.errors.UniqueViolation:
-            yield Execute("ROLLBACK TO SAVEPOINT rota_load")
-            if attempt == LOAD_ATTEMPTS:
-                raise
-            rows = yield Execute(query("tasks_known"), {"ids": [e.id for e in batch]})
-            known.update(row[0] for row in rows)
-            continue
-        yield Execute("RELEASE SAVEPOINT rota_load")
-        break
-    rows = yield Execute(
-        query("load_copied"),
-        {"ids": [e.id for e in batch], "eta_ids": [e.id for e in batch if e.eta is not None]},
-    )
+    """Bulk-loads tasks with their fair positions: COPY into staging, then one
+    SQL call. Tasks already loaded (same id) are ignored. Returns how many
+    were new."""
+    yield Execute(query("create_staging"))
+    # In a caller's own transaction the staging table may hold an earlier
+    # batch of the same transaction (ON COMMIT has not emptied it yet).
+    yield Execute(query("clear_staging"))
+    yield Copy(query("copy_staging"), ((i, *e.copy_row()) for i, e in enumerate(envelopes)))
+    rows = yield Execute(query("load_staged"))
     return int(rows[0][0])
 
 

@@ -1,20 +1,35 @@
 -- Named statements of rota's Python layer. Each block starts with `-- name: NAME`;
 -- rota.sql.QUERIES maps names to text, and a test checks every name used exists.
 
--- name: load_begin
-SELECT * FROM rota.load_begin(%(queues)s::text[], %(tenants)s::text[], %(ids)s::uuid[])
+-- name: create_staging
+-- The session's staging table for COPY; emptied at every commit.
+CREATE TEMP TABLE IF NOT EXISTS rota_staging (
+    arrival integer NOT NULL,  -- position in the batch: the order tasks arrived in
+    id uuid NOT NULL,
+    queue text NOT NULL,
+    tenant text NOT NULL,
+    name text NOT NULL,
+    payload jsonb NOT NULL,
+    cost double precision NOT NULL,
+    max_attempts integer NOT NULL,
+    backoff_base double precision NOT NULL,
+    backoff_max double precision NOT NULL,
+    eta timestamptz,
+    enqueued_at timestamptz NOT NULL
+) ON COMMIT DELETE ROWS
 
--- name: copy_tasks
--- Column order of TaskEnvelope.copy_row; seq (arrival order) comes from its default.
-COPY rota.tasks (id, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
-                 backoff_max, eta, enqueued_at) FROM STDIN
+-- name: copy_staging
+COPY rota_staging (arrival, id, queue, tenant, name, payload, cost, max_attempts, backoff_base,
+                   backoff_max, eta, enqueued_at) FROM STDIN
 
--- name: load_copied
-SELECT rota.load_copied(%(ids)s::uuid[], %(eta_ids)s::uuid[])
+-- name: clear_staging
+-- For a caller's own transaction, where ON COMMIT has not yet emptied it.
+-- (DELETE, not TRUNCATE: the table is almost always empty, and then DELETE
+-- costs nothing while TRUNCATE swaps files.)
+DELETE FROM rota_staging
 
--- name: tasks_known
--- Which of these ids are tasks already (a concurrent load stored them first).
-SELECT id FROM rota.tasks WHERE id = ANY (%(ids)s::uuid[])
+-- name: load_staged
+SELECT rota.load_staged()
 
 -- name: claim
 -- Claims up to `limit` ready tasks of the given queues in fair order, in one
