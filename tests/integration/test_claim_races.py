@@ -111,3 +111,22 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
         assert counters == {"a": 0, "b": 0, "c": 0, "free": 0}
         assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (600,)
         assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (0,)
+
+
+def test_loaders_racing_with_the_same_tasks_store_each_once(database_url: str) -> None:
+    """A replayed batch loaded while its first load is still open: the second
+    COPY waits on the first, meets its ids and loads only what is new."""
+    shared = envelopes("alice", 200)
+    loaded: list[int] = []
+
+    def loader(conn: psycopg.Connection[Any], number: int) -> None:
+        own = envelopes(f"t{number}", 10)
+        with conn.transaction():
+            loaded.append(db.run(conn, ops.load(shared + own)))
+            time.sleep(random.random() / 10)  # keep the others waiting on these ids
+
+    assert _race(database_url, loader) == []
+    assert sorted(loaded, reverse=True)[0] == 210
+    assert sum(loaded) == 200 + 10 * CLAIMERS
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert db.run(conn, ops.queue_counts())["default"]["ready"] == 200 + 10 * CLAIMERS
