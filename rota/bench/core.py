@@ -33,12 +33,14 @@ def skewed_tenant(i: int, tenants: int) -> str:
     return f"t{1 + (i // 2) % (tenants - 1):04d}"
 
 
-def make_tasks(count: int, tenants: int, start: int = 0) -> Iterator[TaskEnvelope]:
+def make_tasks(
+    count: int, tenants: int, start: int = 0, queue: str = QUEUE
+) -> Iterator[TaskEnvelope]:
     now = datetime.now(UTC)
     for i in range(start, start + count):
         yield make_envelope(
             name="bench.noop",
-            queue=QUEUE,
+            queue=queue,
             tenant=skewed_tenant(i, tenants),
             args=[i, "payload-padding-abcdefghij"],
             now=now,
@@ -122,39 +124,50 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
 
 
 class Filler:
-    """Tops the bench queue up to a backlog size, numbering tasks uniquely."""
+    """Tops a bench queue up to a backlog size, numbering tasks uniquely."""
 
-    def __init__(self, conn: psycopg.Connection[Any], tenants: int) -> None:
-        self.conn, self.tenants, self.next_number = conn, tenants, 0
+    def __init__(self, conn: psycopg.Connection[Any], tenants: int, queue: str = QUEUE) -> None:
+        self.conn, self.tenants, self.queue, self.next_number = conn, tenants, queue, 0
 
     def fill(self, target: int) -> None:
-        waiting = db.run(self.conn, ops.queue_counts()).get(QUEUE, {}).get("ready", 0)
-        need = max(0, target - waiting)
-        rows = make_tasks(need, self.tenants, start=self.next_number)
-        self.next_number += need
-        while batch := list(itertools.islice(rows, BATCH)):
-            db.transact(self.conn, ops.load(batch))
+        waiting = db.run(self.conn, ops.queue_counts()).get(self.queue, {}).get("ready", 0)
+        self.add(max(0, target - waiting))
         # ANALYZE only: after churn, cleaning up is autovacuum's job, as in production.
         self.conn.execute("ANALYZE rota.ready")
 
+    def add(self, count: int) -> None:
+        rows = make_tasks(count, self.tenants, start=self.next_number, queue=self.queue)
+        self.next_number += count
+        while batch := list(itertools.islice(rows, BATCH)):
+            db.transact(self.conn, ops.load(batch))
 
-def _claim_latencies(filler: Filler, backlog: int, samples: int, limit: int) -> list[float]:
-    """Times claims as a worker makes them (statement, rows, commit), each of
-    fresh tasks: the claimed ones are completed and the backlog topped up
-    between samples, untimed, so it stays within a few percent of `backlog`."""
-    conn = filler.conn
-    top_up_every = max(1, backlog // (limit * 20))
-    times = []
+
+def _queue_for(backlog: int) -> str:
+    return f"{QUEUE}-{backlog}"
+
+
+def _interleaved_claim_latencies(
+    conn: psycopg.Connection[Any], fillers: dict[int, Filler], samples: int, limit: int
+) -> dict[int, list[float]]:
+    """Times claims as a worker makes them (statement, rows, commit), of fresh
+    tasks, taking turns between one queue per backlog size so that the
+    machine's drift hits every size alike. Claimed tasks are completed and
+    each queue topped up, untimed, before it falls 5% below its size."""
+    times: dict[int, list[float]] = {backlog: [] for backlog in fillers}
+    taken = dict.fromkeys(fillers, 0)
     for i in range(samples + 5):
-        if i % top_up_every == 0:
-            filler.fill(backlog)
-        started = time.perf_counter()
-        got = db.run(conn, ops.claim([QUEUE], limit, "bench"))
-        elapsed = time.perf_counter() - started
-        assert len(got) == limit, f"claimed {len(got)} of {limit}"
-        db.run(conn, ops.complete(t.token for t in got))
-        if i >= 5:  # the first executions plan and warm up
-            times.append(elapsed * 1000)
+        for backlog, filler in fillers.items():
+            if taken[backlog] + limit > backlog // 20:
+                filler.add(taken[backlog])
+                taken[backlog] = 0
+            started = time.perf_counter()
+            got = db.run(conn, ops.claim([filler.queue], limit, "bench"))
+            elapsed = time.perf_counter() - started
+            assert len(got) == limit, f"claimed {len(got)} of {limit}"
+            db.run(conn, ops.complete(t.token for t in got))
+            taken[backlog] += limit
+            if i >= 5:  # the first executions plan and warm up
+                times[backlog].append(elapsed * 1000)
     return times
 
 
@@ -199,23 +212,24 @@ def claim_throughput(kind: str, url: str, connections: int, limit: int, seconds:
     return done / elapsed
 
 
-def churn(url: str, tasks: int, connections: int, limit: int) -> float:
-    """Claims and completes `tasks` tasks with `connections` processes; returns tasks/s."""
+def churn(url: str, queue: str, tasks: int, connections: int, limit: int) -> float:
+    """Claims and completes `tasks` tasks of `queue` with `connections` processes;
+    returns tasks/s."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(connections) as pool:
         started = time.perf_counter()
-        per = [(url, limit, tasks // connections) for _ in range(connections)]
+        per = [(url, queue, limit, tasks // connections) for _ in range(connections)]
         done = sum(pool.map(_churn_worker, per))
         elapsed = time.perf_counter() - started
     return done / elapsed
 
 
-def _churn_worker(args: tuple[str, int, int]) -> int:
-    url, limit, quota = args
+def _churn_worker(args: tuple[str, str, int, int]) -> int:
+    url, queue, limit, quota = args
     done = 0
     with db.connect(url) as conn:
         while done < quota:
-            got = db.run(conn, ops.claim([QUEUE], min(limit, quota - done), "bench"))
+            got = db.run(conn, ops.claim([queue], min(limit, quota - done), "bench"))
             if not got:
                 break
             done += len(db.run(conn, ops.complete(t.token for t in got)))
@@ -225,29 +239,32 @@ def _churn_worker(args: tuple[str, int, int]) -> int:
 def backlog_scaling(
     url: str, backlogs: list[int], tenants: int, connections: int, limit: int, samples: int
 ) -> dict[str, Any]:
-    """Claim latency at each backlog size, and at the largest after as many tasks
-    have been claimed and completed (churn: dead tuples for autovacuum)."""
-    latency: dict[str, dict[str, float]] = {}
+    """Claim latency at each backlog size (one queue each, measured in turns),
+    then again after the largest queue had as many tasks claimed and completed
+    (churn: dead tuples for autovacuum)."""
+    sizes = sorted(backlogs)
+    smallest, largest = sizes[0], sizes[-1]
     with db.connect(url) as conn:
         reset(conn)
-        filler = Filler(conn, tenants)
-        for backlog in sorted(backlogs):
-            latency[str(backlog)] = _latency_figures(
-                _claim_latencies(filler, backlog, samples, limit)
-            )
-        largest = max(backlogs)
-        filler.fill(2 * largest)
-        churn_rate = churn(url, largest, connections, limit)
-        latency[f"{largest}_after_churn"] = _latency_figures(
-            _claim_latencies(filler, largest, samples, limit)
+        fillers = {size: Filler(conn, tenants, _queue_for(size)) for size in sizes}
+        for size, filler in fillers.items():
+            filler.fill(size)
+        before = _interleaved_claim_latencies(conn, fillers, samples, limit)
+        fillers[largest].fill(2 * largest)
+        churn_rate = churn(url, _queue_for(largest), largest, connections, limit)
+        after = _interleaved_claim_latencies(
+            conn, {smallest: fillers[smallest], largest: fillers[largest]}, samples, limit
         )
-    smallest = latency[str(min(backlogs))]["p50_ms"]
+    latency = {str(size): _latency_figures(before[size]) for size in sizes}
+    latency[f"{largest}_after_churn"] = _latency_figures(after[largest])
+    p50 = {size: statistics.median(times) for size, times in before.items()}
     return {
         "churn_tasks_per_s": round(churn_rate),
         "claim_latency": latency,
-        "p50_ratio_largest_to_smallest": round(latency[str(largest)]["p50_ms"] / smallest, 3),
+        "p50_ratio_largest_to_smallest": round(p50[largest] / p50[smallest], 3),
+        # Against the smallest queue measured in the same turns after the churn.
         "p50_ratio_after_churn_to_smallest": round(
-            latency[f"{largest}_after_churn"]["p50_ms"] / smallest, 3
+            statistics.median(after[largest]) / statistics.median(after[smallest]), 3
         ),
     }
 
