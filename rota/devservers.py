@@ -254,7 +254,13 @@ def local_redis(appendonly: bool = True) -> Iterator[Server]:
         _remove(server)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # SIGTERM (a process manager, `kill`) stops the servers as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     with local_postgres() as pg, local_redis() as rd:
         print(f"export ROTA_DATABASE_URL={pg.url}")
         print(f"export ROTA_REDIS_URL={rd.url}", flush=True)
