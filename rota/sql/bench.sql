@@ -28,7 +28,7 @@ SELECT b.id, b.payload FROM rota_bench_fifo_body b
 WHERE b.id = ANY (ARRAY(SELECT id FROM taken))
 
 -- name: bench_fifo_finish
-UPDATE rota_bench_fifo_body SET status = 'done' WHERE id = ANY (%(ids)s::uuid[])
+UPDATE rota_bench_fifo_body SET status = 'done' WHERE id = ANY (%(ids)b::uuid[])
 
 -- name: bench_fifo_teardown
 DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body

@@ -1,5 +1,7 @@
 -- Named statements of rota's Python layer. Each block starts with `-- name: NAME`;
 -- rota.sql.QUERIES maps names to text, and a test checks every name used exists.
+-- Array parameters are sent in binary (`%(name)b`): psycopg's text form quotes
+-- each element, which cost a worker about 0.3 ms per 100-task completion.
 
 -- name: create_staging
 -- The session's staging table for COPY; emptied at every commit.
@@ -57,7 +59,7 @@ WITH blocked AS MATERIALIZED (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) c
-    WHERE q.name = ANY (%(queues)s::text[])
+    WHERE q.name = ANY (%(queues)b::text[])
     ORDER BY c.vtime, c.tenant_id, c.seq
     LIMIT %(limit)s
 ), limited AS MATERIALIZED (
@@ -116,15 +118,15 @@ JOIN rota.tenants tn ON tn.id = c.tenant_id
 ORDER BY c.vtime, c.tenant_id, c.seq
 
 -- name: complete
-SELECT id FROM rota.complete(%(ids)s::uuid[], %(attempts)s::integer[]) AS id
+SELECT id FROM rota.complete(%(ids)b::uuid[], %(attempts)b::integer[]) AS id
 
 -- name: fail
 SELECT id, status::text, run_at
-FROM rota.fail(%(ids)s::uuid[], %(attempts)s::integer[], %(errors)s::text[],
-               %(retry_at)s::timestamptz[], %(final)s::boolean[])
+FROM rota.fail(%(ids)b::uuid[], %(attempts)b::integer[], %(errors)b::text[],
+               %(retry_at)b::timestamptz[], %(final)b::boolean[])
 
 -- name: requeue
-SELECT id FROM rota.requeue(%(ids)s::uuid[], %(attempts)s::integer[], %(consume)s,
+SELECT id FROM rota.requeue(%(ids)b::uuid[], %(attempts)b::integer[], %(consume)s,
                             %(reason)s) AS id
 
 -- name: requeue_expired
@@ -134,7 +136,7 @@ SELECT id FROM rota.requeue_expired() AS id
 -- Heartbeat: returns the ids whose lease this worker still holds.
 UPDATE rota.running r
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::uuid[], %(attempts)s::integer[]) AS x(id, attempt)
+FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS x(id, attempt)
 WHERE r.task_id = x.id AND r.attempt = x.attempt
 RETURNING r.task_id
 
@@ -156,13 +158,13 @@ FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id
 LEFT JOIN rota.running r ON r.task_id = t.id
-WHERE t.id = ANY (%(ids)s::uuid[])
+WHERE t.id = ANY (%(ids)b::uuid[])
 UNION ALL
 SELECT f.task_id, q.name, tn.name, 'succeeded', f.attempts, NULL, f.finished_at
 FROM rota.finished f
 JOIN rota.queues q ON q.id = f.queue_id
 JOIN rota.tenants tn ON tn.id = f.tenant_id
-WHERE f.task_id = ANY (%(ids)s::uuid[])
+WHERE f.task_id = ANY (%(ids)b::uuid[])
 
 -- name: prune_finished
 SELECT rota.prune_finished(make_interval(secs => %(seconds)s))
@@ -208,7 +210,7 @@ FROM rota.workers WHERE stopped_at IS NULL
 -- Marks workers dead and returns their claimed tasks' ids, for requeueing.
 WITH dead AS (
     UPDATE rota.workers SET stopped_at = now()
-    WHERE id = ANY (%(ids)s::text[]) AND stopped_at IS NULL
+    WHERE id = ANY (%(ids)b::text[]) AND stopped_at IS NULL
     RETURNING id
 )
 SELECT r.task_id FROM rota.running r WHERE r.worker = ANY (ARRAY(SELECT id FROM dead))
