@@ -262,9 +262,12 @@ def backlog_scaling(
         "churn_tasks_per_s": round(churn_rate),
         "claim_latency": latency,
         "p50_ratio_largest_to_smallest": round(p50[largest] / p50[smallest], 3),
-        # Against the smallest queue measured in the same turns after the churn.
+        # Against the smallest queue measured in the same turns after the churn
+        # (with one size only, against its own p50 before the churn).
         "p50_ratio_after_churn_to_smallest": round(
-            statistics.median(after[largest]) / statistics.median(after[smallest]), 3
+            statistics.median(after[largest])
+            / statistics.median(after[smallest] if smallest != largest else before[smallest]),
+            3,
         ),
     }
 
