@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from rota.envelope import TaskEnvelope, parse_envelope
+from rota.envelope import TaskEnvelope, parse_envelope, parse_envelopes
 from rota.errors import ValidationError
 
 ENTRY_VERSION = b"1"
@@ -82,6 +82,10 @@ def decode_entry(
         }
         reason = f"unknown entry format (v={version!r}, has tasks: {raw is not None})"
         return [], [Rejected(orjson.dumps(as_text), reason)]
+    envelopes = parse_envelopes(raw, max_payload_bytes)
+    if envelopes is not None:
+        return envelopes, []
+    # Something in it is invalid: one task at a time, to tell which and why.
     try:
         items = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
