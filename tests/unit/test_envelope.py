@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import UTC, datetime
+from uuid import UUID
 
 import pytest
 
@@ -87,5 +88,8 @@ def test_a_buffer_entry_with_a_bad_payload_is_refused() -> None:
 def test_task_ids_sort_by_creation_and_keys_name_one_task() -> None:
     ids = [make_envelope(**_ok()).id for _ in range(100)]  # type: ignore[arg-type]
     assert ids == sorted(ids)
+    assert len(set(ids)) == 100
+    # Plain stdlib UUIDs, version 7, that survive a round trip through text.
+    assert all(type(i) is UUID and i.version == 7 and UUID(str(i)) == i for i in ids)
     assert task_id_for_key("k1", "alice") == task_id_for_key("k1", "alice")
     assert task_id_for_key("k1", "alice") != task_id_for_key("k1", "bob")
