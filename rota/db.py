@@ -12,8 +12,10 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
+import orjson
 import psycopg
 from psycopg import sql as pgsql
+from psycopg.types.json import set_json_dumps
 
 from rota.effects import adrive, drive
 
@@ -32,10 +34,17 @@ class Execute:
 
 @dataclass(frozen=True)
 class Copy:
-    """COPY rows into the server (`COPY ... FROM STDIN`)."""
+    """COPY rows into the server in binary (`COPY ... FROM STDIN (FORMAT BINARY)`),
+    `types` naming each column's type. A str given for a json or jsonb column
+    is taken as JSON text already and sent as it is."""
 
     query: str
     rows: Iterable[Sequence[Any]]
+    types: Sequence[str]
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 Step: TypeAlias = Execute | Copy
@@ -50,7 +59,9 @@ def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     def execute(step: Step) -> list[Row]:
         with conn.cursor(binary=True) as cur:
             if isinstance(step, Copy):
+                set_json_dumps(_json_text, cur)
                 with cur.copy(step.query) as copy:
+                    copy.set_types(step.types)
                     for row in step.rows:
                         copy.write_row(row)
                 return []
@@ -66,7 +77,9 @@ async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     async def execute(step: Step) -> list[Row]:
         async with conn.cursor(binary=True) as cur:
             if isinstance(step, Copy):
+                set_json_dumps(_json_text, cur)
                 async with cur.copy(step.query) as copy:
+                    copy.set_types(step.types)
                     for row in step.rows:
                         await copy.write_row(row)
                 return []

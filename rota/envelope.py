@@ -18,7 +18,7 @@ from uuid import UUID, SafeUUID
 
 import orjson
 import uuid_utils
-from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter
+from pydantic import AwareDatetime, ConfigDict, Field, StringConstraints, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
 from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
@@ -30,6 +30,8 @@ QUEUE_NAME = r"^[a-z][a-z0-9_.-]{0,62}$"
 TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
 TASK_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*$"
 TASK_NAME_MAX = 200
+# The database keeps attempts in an integer column.
+MAX_ATTEMPTS_LIMIT = 2**31 - 1
 
 _QUEUE_RE = re.compile(QUEUE_NAME)
 _TENANT_RE = re.compile(TENANT_NAME)
@@ -139,12 +141,12 @@ class TaskEnvelope:
     tenant: Annotated[str, StringConstraints(pattern=TENANT_NAME)]
     name: Annotated[str, StringConstraints(pattern=TASK_NAME, max_length=TASK_NAME_MAX)]
     payload: str
-    enqueued_at: datetime
+    enqueued_at: AwareDatetime
     cost: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
-    max_attempts: Annotated[int, Field(ge=1)] = 3
+    max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] = 3
     backoff_base: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
     backoff_max: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 3600.0
-    eta: datetime | None = None
+    eta: AwareDatetime | None = None
     v: Literal[1] = ENVELOPE_VERSION
 
     def copy_row(self) -> tuple[Any, ...]:
@@ -212,8 +214,10 @@ def make_envelope(
     check_tenant(tenant)
     if not isinstance(cost, int | float) or not math.isfinite(cost) or cost <= 0:
         raise ValidationError(f"cost must be a positive finite number, got {cost!r}")
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValidationError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+    if not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise ValidationError(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}"
+        )
     if backoff_base < 0 or backoff_max < 0:
         raise ValidationError("backoff must not be negative")
     if eta is not None and eta.tzinfo is None:

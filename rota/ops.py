@@ -69,6 +69,13 @@ class FailOutcome:
     run_at: datetime | None
 
 
+# Column types of the copy_staging block: the arrival number, then TaskEnvelope.copy_row.
+STAGING_TYPES = (
+    "int4", "uuid", "text", "text", "text", "jsonb", "float8", "int4", "float8", "float8",
+    "timestamptz", "timestamptz",
+)  # fmt: skip
+
+
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     """Bulk-loads tasks with their fair positions: COPY into staging, then one
     SQL call. Tasks already loaded (same id) are ignored. Returns how many
@@ -77,7 +84,11 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     # In a caller's own transaction the staging table may hold an earlier
     # batch of the same transaction (ON COMMIT has not emptied it yet).
     yield Execute(query("clear_staging"))
-    yield Copy(query("copy_staging"), ((i, *e.copy_row()) for i, e in enumerate(envelopes)))
+    yield Copy(
+        query("copy_staging"),
+        ((i, *e.copy_row()) for i, e in enumerate(envelopes)),
+        STAGING_TYPES,
+    )
     rows = yield Execute(query("load_staged"))
     return int(rows[0][0])
 

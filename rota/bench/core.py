@@ -18,8 +18,10 @@ from typing import Any
 import psycopg
 
 from rota import db, ops
+from rota.db import Copy, Op
 from rota.envelope import TaskEnvelope, make_envelope
 from rota.migrate import migrate
+from rota.ops import STAGING_TYPES
 from rota.sql import query
 
 BATCH = 10_000
@@ -63,37 +65,26 @@ def _load_batches(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope
     return time.perf_counter() - started
 
 
+def _copy_only(step: Copy) -> Op[None]:
+    yield step
+
+
 def _raw_copy(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
-    """Baseline: COPY the same rows into a table shaped like rota.tasks, PK only."""
+    """Baseline: COPY the same rows into a table shaped like rota.tasks, PK only,
+    in the same binary format the load's staging COPY uses."""
     conn.execute("DROP TABLE IF EXISTS rota_bench_raw")
     conn.execute("CREATE UNLOGGED TABLE rota_bench_raw (LIKE rota.tasks INCLUDING DEFAULTS)")
     conn.execute("ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)")
+    raw_copy = (
+        "COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts,"
+        " backoff_base, backoff_max, eta, enqueued_at) FROM STDIN (FORMAT BINARY)"
+    )
+    # The staging columns but for the arrival number, with ids for the names.
+    types = ["uuid", "int4", "int4", *STAGING_TYPES[4:]]
     started = time.perf_counter()
     for batch in batches:
-        with (
-            conn.transaction(),
-            conn.cursor() as cur,
-            cur.copy(
-                "COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts,"
-                " backoff_base, backoff_max, eta, enqueued_at) FROM STDIN"
-            ) as copy,
-        ):
-            for e in batch:
-                copy.write_row(
-                    (
-                        e.id,
-                        1,
-                        1,
-                        e.name,
-                        e.payload,
-                        e.cost,
-                        e.max_attempts,
-                        e.backoff_base,
-                        e.backoff_max,
-                        e.eta,
-                        e.enqueued_at,
-                    )
-                )
+        rows = ((e.id, 1, 1, *e.copy_row()[3:]) for e in batch)
+        db.transact(conn, _copy_only(Copy(raw_copy, rows, types)))
     return time.perf_counter() - started
 
 

@@ -21,8 +21,9 @@ CREATE TEMP TABLE IF NOT EXISTS rota_staging (
 ) ON COMMIT DELETE ROWS
 
 -- name: copy_staging
+-- Binary (a third cheaper than text); rota.ops.STAGING_TYPES names the column types.
 COPY rota_staging (arrival, id, queue, tenant, name, payload, cost, max_attempts, backoff_base,
-                   backoff_max, eta, enqueued_at) FROM STDIN
+                   backoff_max, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
 
 -- name: clear_staging
 -- For a caller's own transaction, where ON COMMIT has not yet emptied it.

@@ -39,6 +39,10 @@ def test_a_valid_entry_decodes_to_every_task_in_order() -> None:
         ({"payload": '{"args": []}'}, "exactly 'args' and 'kwargs'"),
         ({"payload": '{"args": ["' + "x" * CAP + '"], "kwargs": {}}'}, "over the cap"),
         ({"cost": -1}, "cost"),
+        # Naive times and attempts beyond the integer column would fail the COPY.
+        ({"enqueued_at": "2026-01-01T00:00:00"}, "enqueued_at: Input should have timezone"),
+        ({"eta": "2026-01-01T00:00:00"}, "eta: Input should have timezone"),
+        ({"max_attempts": 2**40}, "max_attempts"),
     ],
 )
 def test_one_bad_task_is_rejected_with_its_reason_and_the_others_kept(

@@ -47,6 +47,7 @@ def test_a_valid_task_round_trips_through_the_buffer_format() -> None:
         ({"cost": -1}, ValidationError),
         ({"cost": math.inf}, ValidationError),
         ({"max_attempts": 0}, ValidationError),
+        ({"max_attempts": 2**31}, ValidationError),
         ({"eta": datetime(2030, 1, 1)}, ValidationError),
     ],
 )
