@@ -51,11 +51,7 @@ def make_tasks(
 
 def reset(conn: psycopg.Connection[Any]) -> None:
     migrate(conn)
-    conn.execute(
-        "TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.finished, "
-        "rota.tenant_queues, rota.tenants, rota.queues, rota.workers RESTART IDENTITY"
-    )
-    conn.execute("DROP TABLE IF EXISTS rota_bench_raw")
+    conn.execute(query("bench_reset"))
 
 
 def _load_batches(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
@@ -72,19 +68,13 @@ def _copy_only(step: Copy) -> Op[None]:
 def _raw_copy(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
     """Baseline: COPY the same rows into a table shaped like rota.tasks, PK only,
     in the same binary format the load's staging COPY uses."""
-    conn.execute("DROP TABLE IF EXISTS rota_bench_raw")
-    conn.execute("CREATE UNLOGGED TABLE rota_bench_raw (LIKE rota.tasks INCLUDING DEFAULTS)")
-    conn.execute("ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)")
-    raw_copy = (
-        "COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts,"
-        " backoff_base, backoff_max, eta, enqueued_at) FROM STDIN (FORMAT BINARY)"
-    )
+    conn.execute(query("bench_raw_setup"))
     # The staging columns but for the arrival number, with ids for the names.
     types = ["uuid", "int4", "int4", *STAGING_TYPES[4:]]
     started = time.perf_counter()
     for batch in batches:
         rows = ((e.id, 1, 1, *e.copy_row()[3:]) for e in batch)
-        db.transact(conn, _copy_only(Copy(raw_copy, rows, types)))
+        db.transact(conn, _copy_only(Copy(query("bench_raw_copy"), rows, types)))
     return time.perf_counter() - started
 
 
@@ -97,7 +87,7 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
             batches = [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
             reset(conn)
             raw_rates.append(tasks / _raw_copy(conn, batches))
-            conn.execute("DROP TABLE rota_bench_raw")
+            conn.execute(query("bench_raw_teardown"))
             reset(conn)
             fair_rates.append(tasks / _load_batches(conn, batches))
     raw, fair = statistics.median(raw_rates), statistics.median(fair_rates)
@@ -123,8 +113,7 @@ class Filler:
     def fill(self, target: int) -> None:
         waiting = db.run(self.conn, ops.queue_counts()).get(self.queue, {}).get("ready", 0)
         self.add(max(0, target - waiting))
-        # ANALYZE only: after churn, cleaning up is autovacuum's job, as in production.
-        self.conn.execute("ANALYZE rota.ready")
+        self.conn.execute(query("bench_analyze_ready"))
 
     def add(self, count: int) -> None:
         rows = make_tasks(count, self.tenants, start=self.next_number, queue=self.queue)
@@ -296,7 +285,7 @@ def bench_claim(
             rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
             conn.execute(query("bench_fifo_setup"))
             conn.execute(query("bench_fifo_fill"), {"count": size})
-            conn.execute("ANALYZE rota_bench_fifo_ready, rota_bench_fifo_body")
+            conn.execute(query("bench_analyze_fifo"))
             fifo_rates.append(claim_throughput("fifo", url, connections, limit, throughput_seconds))
             conn.execute(query("bench_fifo_teardown"))
     return {

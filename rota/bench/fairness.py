@@ -104,7 +104,7 @@ def _baseline_order(
     with conn.cursor() as cur, cur.copy(query("bench_fair_copy")) as copy:
         for tenant, _ in work.arrivals:
             copy.write_row((tenant,))
-    conn.execute("ANALYZE rota_bench_fair")
+    conn.execute(query("bench_analyze_fair"))
     claim = query("bench_fifo_tenant_claim") if kind == "fifo" else query("bench_partition_claim")
     order: list[str] = []
     latencies: list[float] = []

@@ -18,6 +18,7 @@ from rota.bench.core import reset, skewed_tenant
 from rota.buffer import all_streams
 from rota.consumer.worker import spawn_workers, stop_workers
 from rota.loader import Loader
+from rota.sql import query
 
 QUEUE = "bench"
 NOOP_APP = "rota.bench.noop:app"
@@ -118,9 +119,7 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
 
 
 def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
-    rows = conn.execute(
-        "SELECT extract(epoch FROM loaded_at - enqueued_at) * 1000 FROM rota.tasks"
-    ).fetchall()
+    rows = conn.execute(query("bench_load_latencies")).fetchall()
     return [float(r[0]) for r in rows]
 
 
@@ -287,14 +286,12 @@ def bench_pipeline_load(
 
 def _start_latencies(conn: psycopg.Connection[Any]) -> list[float]:
     """Enqueue -> start of every finished task, in milliseconds."""
-    rows = conn.execute(
-        "SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 FROM rota.finished f"
-    ).fetchall()
+    rows = conn.execute(query("bench_start_latencies")).fetchall()
     return [float(r[0]) for r in rows]
 
 
 def _finished(conn: psycopg.Connection[Any]) -> int:
-    return int(conn.execute("SELECT count(*) FROM rota.finished").fetchone()[0])  # type: ignore[index]
+    return int(conn.execute(query("bench_finished_count")).fetchone()[0])  # type: ignore[index]
 
 
 def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -> dict[str, Any]:

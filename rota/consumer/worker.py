@@ -39,6 +39,7 @@ from rota.consumer.maintenance import Maintenance
 from rota.errors import Retry, UnknownTask
 from rota.producer.app import App, Task
 from rota.settings import Settings
+from rota.sql import query
 
 log = logging.getLogger("rota.worker")
 
@@ -295,7 +296,7 @@ class Worker:
         wanted = set(queues)
         try:
             with db.connect(self.settings.database_url) as conn:
-                conn.execute("LISTEN rota_ready")
+                conn.execute(query("listen_ready"))
                 while not self.stopping.is_set():
                     for note in conn.notifies(timeout=1.0):
                         if note.payload in wanted:

@@ -77,3 +77,43 @@ SELECT
        AND mode IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock')),
     (SELECT count(*) FROM pg_stat_activity
      WHERE wait_event_type = 'LWLock' AND wait_event = 'LockManager')
+
+-- name: bench_reset
+-- Empties rota's tables between benchmark runs.
+TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.finished,
+         rota.tenant_queues, rota.tenants, rota.queues, rota.workers RESTART IDENTITY;
+DROP TABLE IF EXISTS rota_bench_raw
+
+-- name: bench_raw_setup
+-- The raw COPY baseline's table: shaped like rota.tasks, primary key only.
+DROP TABLE IF EXISTS rota_bench_raw;
+CREATE UNLOGGED TABLE rota_bench_raw (LIKE rota.tasks INCLUDING DEFAULTS);
+ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)
+
+-- name: bench_raw_copy
+COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
+                     backoff_max, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
+
+-- name: bench_raw_teardown
+DROP TABLE IF EXISTS rota_bench_raw
+
+-- name: bench_analyze_ready
+-- ANALYZE only: after churn, cleaning up is autovacuum's job, as in production.
+ANALYZE rota.ready
+
+-- name: bench_analyze_fifo
+ANALYZE rota_bench_fifo_ready, rota_bench_fifo_body
+
+-- name: bench_analyze_fair
+ANALYZE rota_bench_fair
+
+-- name: bench_load_latencies
+-- Enqueue -> claimable (loaded) of every task, in milliseconds.
+SELECT extract(epoch FROM loaded_at - enqueued_at) * 1000 FROM rota.tasks
+
+-- name: bench_start_latencies
+-- Enqueue -> start of every finished task, in milliseconds.
+SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 FROM rota.finished f
+
+-- name: bench_finished_count
+SELECT count(*) FROM rota.finished

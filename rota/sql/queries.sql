@@ -31,6 +31,10 @@ COPY rota_staging (arrival, id, queue, tenant, name, payload, cost, max_attempts
 -- costs nothing while TRUNCATE swaps files.)
 DELETE FROM rota_staging
 
+-- name: listen_ready
+-- Loads, requeues and promotions notify this channel once per queue and batch.
+LISTEN rota_ready
+
 -- name: load_staged
 SELECT rota.load_staged()
 
