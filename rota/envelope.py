@@ -169,23 +169,25 @@ class TaskEnvelope:
         return orjson.dumps(self)
 
     @classmethod
-    def from_checked_json(cls, raw: str | bytes) -> TaskEnvelope:
-        """Rebuilds an envelope that `to_json` wrote after it was validated (the
-        Spark executors check, the driver only rebuilds): no second validation."""
-        d = orjson.loads(raw)
-        return cls(
-            id=UUID(d["id"]),
-            queue=d["queue"],
-            tenant=d["tenant"],
-            name=d["name"],
-            payload=d["payload"],
-            enqueued_at=datetime.fromisoformat(d["enqueued_at"]),
-            cost=d["cost"],
-            max_attempts=d["max_attempts"],
-            backoff_base=d["backoff_base"],
-            backoff_max=d["backoff_max"],
-            eta=datetime.fromisoformat(d["eta"]) if d["eta"] else None,
-        )
+    def list_from_checked_json(cls, raw: str | bytes) -> list[TaskEnvelope]:
+        """Rebuilds envelopes that were validated, then written as a JSON list by
+        orjson (the Spark executors check, the driver only rebuilds)."""
+        return [
+            cls(
+                id=UUID(d["id"]),
+                queue=d["queue"],
+                tenant=d["tenant"],
+                name=d["name"],
+                payload=d["payload"],
+                enqueued_at=datetime.fromisoformat(d["enqueued_at"]),
+                cost=d["cost"],
+                max_attempts=d["max_attempts"],
+                backoff_base=d["backoff_base"],
+                backoff_max=d["backoff_max"],
+                eta=datetime.fromisoformat(d["eta"]) if d["eta"] else None,
+            )
+            for d in orjson.loads(raw)
+        ]
 
 
 _ENVELOPE = TypeAdapter(TaskEnvelope)

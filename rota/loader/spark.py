@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import redis
 from pyspark.sql import DataFrame, SparkSession
@@ -42,7 +43,10 @@ from rota.settings import Settings
 from rota.sql import query
 
 SOURCE_NAME = "rota_buffer"
-SCHEMA = "stream string, entry_id string, envelope string, error string"
+# One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
+# envelopes as a JSON list; a rejected part gets a row of its own, with its raw
+# data and the reason in `error`. Rows, not tasks, are what Spark pays for.
+SCHEMA = "stream string, entry_id string, data string, error string"
 PAGE = 1000
 
 
@@ -130,8 +134,8 @@ class BufferStreamReader(DataSourceStreamReader):
                 for raw_id, fields in page:
                     entry_id = raw_id.decode()
                     good, bad = decode_entry(fields, self.max_payload_bytes)
-                    for envelope in good:
-                        yield (stream, entry_id, envelope.to_json().decode(), None)
+                    if good:
+                        yield (stream, entry_id, orjson.dumps(good).decode(), None)
                     for rejected in bad:
                         yield (
                             stream,
@@ -173,16 +177,17 @@ class BatchSink:
         table = frame.toArrow()
         columns = {name: table.column(name).to_pylist() for name in table.column_names}
         good = [
-            TaskEnvelope.from_checked_json(raw)
-            for raw, error in zip(columns["envelope"], columns["error"], strict=True)
+            envelope
+            for data, error in zip(columns["data"], columns["error"], strict=True)
             if error is None
+            for envelope in TaskEnvelope.list_from_checked_json(data)
         ]
         bad = [
-            {"stream": s, "entry_id": e, "envelope": raw, "error": error}
-            for s, e, raw, error in zip(
+            {"stream": s, "entry_id": e, "data": data, "error": error}
+            for s, e, data, error in zip(
                 columns["stream"],
                 columns["entry_id"],
-                columns["envelope"],
+                columns["data"],
                 columns["error"],
                 strict=True,
             )
@@ -193,7 +198,7 @@ class BatchSink:
                 self._redis = redis.Redis.from_url(self.settings.redis_url)
             pipe = self._redis.pipeline(transaction=False)
             for r in bad:
-                rejected = Rejected(r["envelope"].encode(), r["error"])
+                rejected = Rejected(r["data"].encode(), r["error"])
                 fields = encode_rejected(rejected, r["stream"], r["entry_id"])
                 pipe.xadd(dead_letter_stream(self.settings.stream_prefix), fields)  # type: ignore[arg-type]
             pipe.execute()
