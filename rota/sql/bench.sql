@@ -94,9 +94,6 @@ ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)
 COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
                      backoff_max, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
 
--- name: bench_raw_teardown
-DROP TABLE IF EXISTS rota_bench_raw
-
 -- name: bench_analyze_ready
 -- ANALYZE only: after churn, cleaning up is autovacuum's job, as in production.
 ANALYZE rota.ready
