@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,32 +219,13 @@ class Loader:
 
         if entries:
             self._tasks_per_entry = max(1.0, len(envelopes) / len(entries))
-        stored, refused = self._load(envelopes)
+        stored, refused = load_in_chunks(self.conn, envelopes, self.settings.loader_batch_size)
         result.loaded = stored
         result.duplicates = len(envelopes) - stored - len(refused)
         dead.extend((source[e.id], Rejected(e.to_json(), reason)) for e, reason in refused)
         result.dead_lettered = len(dead)
         self._finish(entries + exhausted, dead)
         return result
-
-    def _load(self, envelopes: list[TaskEnvelope]) -> tuple[int, list[tuple[TaskEnvelope, str]]]:
-        """Loads in chunks, each its own transaction. A chunk the database refuses
-        for its data (not for being down) is split until the culprits are found."""
-        stored = 0
-        refused: list[tuple[TaskEnvelope, str]] = []
-        size = self.settings.loader_batch_size
-        chunks = [envelopes[i : i + size] for i in range(0, len(envelopes), size)]
-        while chunks:
-            chunk = chunks.pop()
-            try:
-                stored += db.transact(self.conn, ops.load(chunk))
-            except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-                if len(chunk) == 1:
-                    refused.append((chunk[0], f"refused by PostgreSQL: {exc}"))
-                else:
-                    half = len(chunk) // 2
-                    chunks += [chunk[:half], chunk[half:]]
-        return stored, refused
 
     def _finish(self, entries: list[Entry], dead: list[tuple[Entry, Rejected]]) -> None:
         """Dead letters first, then acknowledge: an entry is never dropped unrecorded."""
@@ -320,6 +302,31 @@ class Loader:
                 time.sleep(1)
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
+
+
+def load_in_chunks(
+    conn: psycopg.Connection[Any], envelopes: list[TaskEnvelope], size: int
+) -> tuple[int, list[tuple[TaskEnvelope, str]]]:
+    """Loads in chunks of `size`, each its own transaction (a savepoint inside
+    the caller's). A chunk the database refuses for its data (not for being
+    down) is split until the culprits are found. Returns (tasks stored, refused
+    tasks with the reason)."""
+    stored = 0
+    refused: list[tuple[TaskEnvelope, str]] = []
+    # In order, first chunk first: a tenant's tasks take their places in line
+    # in the order they were enqueued.
+    chunks = deque(envelopes[i : i + size] for i in range(0, len(envelopes), size))
+    while chunks:
+        chunk = chunks.popleft()
+        try:
+            stored += db.transact(conn, ops.load(chunk))
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            if len(chunk) == 1:
+                refused.append((chunk[0], f"refused by PostgreSQL: {exc}"))
+            else:
+                half = len(chunk) // 2
+                chunks.extendleft([chunk[half:], chunk[:half]])
+    return stored, refused
 
 
 def _text(value: bytes | str) -> str:

@@ -15,6 +15,7 @@ from rota import App, Settings, db, ops
 from rota.buffer import ENTRY_VERSION, dead_letter_stream, stream_name
 from rota.envelope import make_envelope
 from rota.loader import Loader, lambda_handler
+from rota.loader.engine import load_in_chunks
 
 Conn = psycopg.Connection[Any]
 
@@ -64,7 +65,7 @@ def test_an_entry_loaded_twice_creates_its_tasks_once(
     # Loaded and committed, but the loader "dies" before acknowledging.
     entries = first._read_new(None)
     envelopes = [e for entry in entries for e in _decode(entry, settings)]
-    assert first._load(envelopes) == (10, [])
+    assert load_in_chunks(first.conn, envelopes, settings.loader_batch_size) == (10, [])
     first.close()
     time.sleep(settings.loader_idle_reclaim_seconds + 0.1)
     second = Loader(settings, consumer="second")
@@ -72,6 +73,20 @@ def test_an_entry_loaded_twice_creates_its_tasks_once(
     second.close()
     assert (summary.reclaimed, summary.loaded, summary.duplicates) == (1, 0, 10)
     assert db.run(conn, ops.queue_counts())["pdfs"]["ready"] == 10
+
+
+def test_a_pass_of_several_chunks_keeps_each_tenants_order(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    settings = settings.model_copy(update={"loader_batch_size": 10})
+    parse_pdf = app.tasks["parse_pdf"]
+    app.enqueue_many([parse_pdf.call(i, tenant="alice") for i in range(35)])
+    loader = Loader(settings)
+    result = loader.pass_once()
+    loader.close()
+    assert result.loaded == 35  # one pass, four chunks
+    claimed = db.run(conn, ops.claim(["pdfs"], 35, "w"))
+    assert [t.args[0] for t in claimed] == list(range(35))
 
 
 def _decode(entry: Any, settings: Settings) -> list[Any]:
