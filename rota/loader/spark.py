@@ -2,14 +2,12 @@
 
 Source: a Python data source (pyspark.sql.datasource) over the buffer's shards,
 one partition per shard, offsets being each shard's last stream entry id, kept
-in Spark's checkpoint. A row is one buffer entry, as Redis holds it.
+in Spark's checkpoint. Entries are decoded and validated on the executors.
 
-Sink: `foreachBatch` hands each partition to an executor, which decodes and
-validates its entries and loads them with the core's bulk SQL (COPY + one
-call), in one transaction with a ledger row keyed by (checkpoint, batch id,
-shard): a replayed part is skipped, so every task is loaded exactly once, and
-the shards load in parallel, on as many cores or machines as the cluster has.
-Invalid entries and tasks PostgreSQL refuses go to the dead-letter stream.
+Sink: `foreachBatch` collects the micro-batch on the driver and loads it with
+the core's bulk SQL (COPY + one call), in one transaction with a ledger row
+keyed by (checkpoint, batch id): a replayed micro-batch is skipped, so every
+task is loaded exactly once. Invalid entries go to the dead-letter stream.
 Once a batch is durable, the source's `commit` trims the shards up to it.
 
     rota loader run                          # local[*]
@@ -21,18 +19,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
-import pyarrow as pa
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from rota import db
+from rota import db, ops
 from rota.buffer import (
     Rejected,
     all_streams,
@@ -41,16 +39,14 @@ from rota.buffer import (
     encode_rejected,
 )
 from rota.envelope import TaskEnvelope
-from rota.loader.engine import load_in_chunks
 from rota.settings import Settings
 from rota.sql import query
 
 SOURCE_NAME = "rota_buffer"
-# One row per buffer entry (up to 256 tasks), its fields as Redis holds them:
-# rows, not tasks, are what Spark pays for, and the executor that loads them
-# decodes them once.
-SCHEMA = "stream string, entry_id string, version binary, tasks binary"
-COUNTS_SCHEMA = "loaded long, dead_lettered long"
+# One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
+# envelopes as a JSON list; a rejected part gets a row of its own, with its raw
+# data and the reason in `error`. Rows, not tasks, are what Spark pays for.
+SCHEMA = "stream string, entry_id string, data string, error string"
 PAGE = 1000
 
 
@@ -67,7 +63,7 @@ def _after(entry_id: str) -> str:
 
 class BufferSource(DataSource):
     """`spark.readStream.format("rota_buffer")`; options: redis_url, streams,
-    max_entries (per micro-batch, 0 for all available)."""
+    max_payload_bytes, max_entries (per micro-batch, 0 for all available)."""
 
     @classmethod
     def name(cls) -> str:
@@ -85,6 +81,7 @@ class BufferStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.redis_url = options["redis_url"]
         self.streams = options["streams"].split(",")
+        self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
         self.max_entries = int(options.get("max_entries", "0"))
 
     def _client(self) -> redis.Redis:
@@ -121,19 +118,11 @@ class BufferStreamReader(DataSourceStreamReader):
             client.close()
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
-        streams = [s for s in self.streams if end.get(s, "0-0") != start.get(s, "0-0")]
-        # Longest shards first: one tenant's backlog makes its shard the batch's
-        # longest task, and started last it would finish alone.
-        client = self._client()
-        try:
-            pipe = client.pipeline(transaction=False)
-            for stream in streams:
-                pipe.xlen(stream)
-            lengths = dict(zip(streams, pipe.execute(), strict=True))
-        finally:
-            client.close()
-        streams.sort(key=lambda s: -lengths[s])
-        return [InputPartition((s, start.get(s, "0-0"), end[s])) for s in streams]
+        return [
+            InputPartition((stream, start.get(stream, "0-0"), end[stream]))
+            for stream in self.streams
+            if end.get(stream, "0-0") != start.get(stream, "0-0")
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         stream, first, last = partition.value
@@ -142,8 +131,18 @@ class BufferStreamReader(DataSourceStreamReader):
             cursor = f"({first}"
             while True:
                 page: Any = client.xrange(stream, min=cursor, max=last, count=PAGE)
-                for entry_id, fields in page:
-                    yield (stream, entry_id.decode(), fields.get(b"v"), fields.get(b"tasks"))
+                for raw_id, fields in page:
+                    entry_id = raw_id.decode()
+                    good, bad = decode_entry(fields, self.max_payload_bytes)
+                    if good:
+                        yield (stream, entry_id, orjson.dumps(good).decode(), None)
+                    for rejected in bad:
+                        yield (
+                            stream,
+                            entry_id,
+                            rejected.raw.decode(errors="replace"),
+                            rejected.reason,
+                        )
                 if len(page) < PAGE:
                     return
                 cursor = f"({page[-1][0].decode()}"
@@ -161,110 +160,67 @@ class BufferStreamReader(DataSourceStreamReader):
             client.close()
 
 
-# An executor's Python worker is reused from task to task: it keeps one
-# connection per database rather than opening one per partition.
-_executor_connections: dict[str, psycopg.Connection[Any]] = {}
-
-
-def _executor_connection(url: str) -> psycopg.Connection[Any]:
-    conn = _executor_connections.get(url)
-    if conn is None or conn.closed or conn.broken:
-        conn = _executor_connections[url] = db.connect(url)
-    return conn
-
-
-class PartitionLoader:
-    """Runs on an executor (`mapInArrow`): loads one partition (a shard's part
-    of micro-batch `batch_id`) in one transaction with its ledger row, and
-    yields its counts. Picklable: settings only; connections are made where it
-    runs."""
-
-    def __init__(self, settings: Settings, query_key: str, batch_id: int) -> None:
-        self.settings = settings
-        self.query_key = query_key
-        self.batch_id = batch_id
-
-    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        by_stream: dict[str, list[tuple[str, TaskEnvelope]]] = {}
-        dead: list[tuple[str, str, Rejected]] = []
-        for batch in batches:
-            columns = batch.to_pydict()
-            for stream, entry_id, version, tasks in zip(
-                columns["stream"],
-                columns["entry_id"],
-                columns["version"],
-                columns["tasks"],
-                strict=True,
-            ):
-                fields = {k: v for k, v in ((b"v", version), (b"tasks", tasks)) if v is not None}
-                good, bad = decode_entry(fields, self.settings.max_payload_bytes)
-                part = by_stream.setdefault(stream, [])
-                part.extend((entry_id, envelope) for envelope in good)
-                dead.extend((stream, entry_id, rejected) for rejected in bad)
-        stored = 0
-        if by_stream:
-            stored, dead = self._load(by_stream, dead)
-        yield pa.RecordBatch.from_pydict({"loaded": [stored], "dead_lettered": [len(dead)]})
-
-    def _load(
-        self,
-        by_stream: dict[str, list[tuple[str, TaskEnvelope]]],
-        dead: list[tuple[str, str, Rejected]],
-    ) -> tuple[int, list[tuple[str, str, Rejected]]]:
-        conn = _executor_connection(self.settings.database_url)
-        with conn.transaction():
-            envelopes: list[TaskEnvelope] = []
-            origin: dict[Any, tuple[str, str]] = {}
-            for stream, part in by_stream.items():
-                first_time = conn.execute(
-                    query("record_loader_batch"),
-                    {
-                        "query": self.query_key,
-                        "batch_id": self.batch_id,
-                        "stream": stream,
-                        "tasks": len(part),
-                    },
-                ).fetchall()
-                if not first_time:  # loaded before: this is a replay
-                    dead = [d for d in dead if d[0] != stream]
-                    continue
-                envelopes.extend(envelope for _, envelope in part)
-                origin.update((envelope.id, (stream, entry_id)) for entry_id, envelope in part)
-            stored, refused = load_in_chunks(conn, envelopes, self.settings.loader_batch_size)
-            dead.extend((*origin[e.id], Rejected(e.to_json(), reason)) for e, reason in refused)
-            if dead:  # before the commit: a replay may record them twice, never zero times
-                self._dead_letter(dead)
-        return stored, dead
-
-    def _dead_letter(self, dead: list[tuple[str, str, Rejected]]) -> None:
-        client = redis.Redis.from_url(self.settings.redis_url)
-        try:
-            pipe = client.pipeline(transaction=False)
-            for stream, entry_id, rejected in dead:
-                fields = encode_rejected(rejected, stream, entry_id)
-                pipe.xadd(dead_letter_stream(self.settings.stream_prefix), fields)  # type: ignore[arg-type]
-            pipe.execute()
-        finally:
-            client.close()
-
-
 class BatchSink:
-    """foreachBatch: each micro-batch's partitions are loaded where they are
-    (`PartitionLoader`), in parallel; the driver only adds up their counts."""
+    """foreachBatch: load a micro-batch exactly once (ledger in the same transaction)."""
 
     def __init__(self, settings: Settings, query_key: str) -> None:
         self.settings = settings
         self.query_key = query_key
+        self._conn: psycopg.Connection[Any] | None = None
+        self._redis: redis.Redis | None = None
         self.loaded = 0
-        self.dead_lettered = 0
         self.batches = 0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        loader = PartitionLoader(self.settings, self.query_key, batch_id)
-        for counts in frame.mapInArrow(loader, COUNTS_SCHEMA).collect():
-            self.loaded += counts.loaded
-            self.dead_lettered += counts.dead_lettered
+        # Arrow moves the batch to the driver column by column, far faster
+        # than collecting Row objects.
+        table = frame.toArrow()
+        columns = {name: table.column(name).to_pylist() for name in table.column_names}
+        good = [
+            envelope
+            for data, error in zip(columns["data"], columns["error"], strict=True)
+            if error is None
+            for envelope in TaskEnvelope.list_from_checked_json(data)
+        ]
+        bad = [
+            {"stream": s, "entry_id": e, "data": data, "error": error}
+            for s, e, data, error in zip(
+                columns["stream"],
+                columns["entry_id"],
+                columns["data"],
+                columns["error"],
+                strict=True,
+            )
+            if error is not None
+        ]
+        if bad:  # before the commit: a replay may record them twice, never zero times
+            if self._redis is None:
+                self._redis = redis.Redis.from_url(self.settings.redis_url)
+            pipe = self._redis.pipeline(transaction=False)
+            for r in bad:
+                rejected = Rejected(r["data"].encode(), r["error"])
+                fields = encode_rejected(rejected, r["stream"], r["entry_id"])
+                pipe.xadd(dead_letter_stream(self.settings.stream_prefix), fields)  # type: ignore[arg-type]
+            pipe.execute()
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(self.settings.database_url)
+        with self._conn.transaction():
+            first_time = self._conn.execute(
+                query("record_loader_batch"),
+                {"query": self.query_key, "batch_id": batch_id, "tasks": len(good)},
+            ).fetchall()
+            if not first_time:
+                return  # this micro-batch was loaded before (a replay)
+            size = self.settings.loader_batch_size
+            for i in range(0, len(good), size):
+                self.loaded += db.run(self._conn, ops.load(good[i : i + size]))
         self.batches += 1
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._redis is not None:
+            self._redis.close()
 
 
 def spark_session(master: str = "local[*]", app_name: str = "rota-loader") -> SparkSession:
@@ -288,6 +244,7 @@ def buffer_stream(session: SparkSession, settings: Settings, max_entries: int = 
         session.readStream.format(SOURCE_NAME)
         .option("redis_url", settings.redis_url)
         .option("streams", ",".join(all_streams(settings.stream_prefix, settings.shards)))
+        .option("max_payload_bytes", str(settings.max_payload_bytes))
         .option("max_entries", str(max_entries))
         .load()
     )
@@ -334,4 +291,5 @@ def run_streaming(
             time.sleep(0.1)
         if running.isActive:
             running.stop()
+        sink.close()
     return sink

@@ -228,8 +228,8 @@ SELECT name FROM rota.queues ORDER BY name
 SELECT pg_try_advisory_lock(hashtext('rota.maintenance'))
 
 -- name: record_loader_batch
--- Returns a row only the first time a (query, batch, stream) is recorded.
-INSERT INTO rota.loader_batches (query, batch_id, stream, tasks)
-VALUES (%(query)s, %(batch_id)s, %(stream)s, %(tasks)s)
-ON CONFLICT (query, batch_id, stream) DO NOTHING
+-- Returns a row only the first time a (query, batch) is recorded.
+INSERT INTO rota.loader_batches (query, batch_id, tasks)
+VALUES (%(query)s, %(batch_id)s, %(tasks)s)
+ON CONFLICT (query, batch_id) DO NOTHING
 RETURNING batch_id

@@ -132,15 +132,13 @@ CREATE TABLE rota.finished (
 );
 CREATE INDEX finished_at ON rota.finished USING brin (finished_at);
 
--- The Spark loader's ledger: each shard's part of each micro-batch, loaded
--- once (executors load their shards in parallel, each in its own transaction).
+-- The Spark loader's ledger of loaded micro-batches (exactly once).
 CREATE TABLE rota.loader_batches (
     query text NOT NULL,  -- the streaming query's checkpoint: batch ids restart with it
     batch_id bigint NOT NULL,
     tasks integer NOT NULL,
     loaded_at timestamptz NOT NULL DEFAULT now(),
-    stream text NOT NULL,
-    PRIMARY KEY (query, batch_id, stream)
+    PRIMARY KEY (query, batch_id)
 );
 
 -- The worker registry (heartbeats, for the reaper).
