@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import orjson
+import redis
 
 from rota.envelope import TaskEnvelope, parse_envelope, parse_envelopes
 from rota.errors import ValidationError
@@ -104,11 +105,16 @@ def decode_entry(
     return good, bad
 
 
-def encode_rejected(rejected: Rejected, stream: str, entry_id: str) -> dict[bytes, bytes]:
-    """A dead-letter entry: the raw data, the reason, and where it came from."""
-    return {
-        b"raw": rejected.raw,
-        b"reason": rejected.reason.encode(),
-        b"stream": stream.encode(),
-        b"entry": entry_id.encode(),
-    }
+def add_dead_letters(
+    pipe: redis.client.Pipeline, prefix: str, dead: Iterable[tuple[str, str, Rejected]]
+) -> None:
+    """Queues on `pipe` one dead-letter entry per (stream, entry id, rejected):
+    the raw data, the reason, and where it came from."""
+    for stream, entry_id, rejected in dead:
+        fields = {
+            b"raw": rejected.raw,
+            b"reason": rejected.reason.encode(),
+            b"stream": stream.encode(),
+            b"entry": entry_id.encode(),
+        }
+        pipe.xadd(dead_letter_stream(prefix), fields)  # type: ignore[arg-type]

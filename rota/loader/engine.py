@@ -29,10 +29,9 @@ import redis
 from rota import db, ops
 from rota.buffer import (
     Rejected,
+    add_dead_letters,
     all_streams,
-    dead_letter_stream,
     decode_entry,
-    encode_rejected,
 )
 from rota.envelope import TaskEnvelope
 from rota.settings import Settings
@@ -96,7 +95,6 @@ class Loader:
             settings.redis_url, socket_timeout=30, socket_connect_timeout=5
         )
         self.streams = all_streams(settings.stream_prefix, settings.shards)
-        self.dead_stream = dead_letter_stream(settings.stream_prefix)
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
         # Until the first entries are seen, assume packed ones: a first pass
@@ -230,8 +228,11 @@ class Loader:
     def _finish(self, entries: list[Entry], dead: list[tuple[Entry, Rejected]]) -> None:
         """Dead letters first, then acknowledge: an entry is never dropped unrecorded."""
         pipe = self.redis.pipeline(transaction=False)
-        for (stream, entry_id, _), rejected in dead:
-            pipe.xadd(self.dead_stream, encode_rejected(rejected, stream, entry_id))  # type: ignore[arg-type]
+        add_dead_letters(
+            pipe,
+            self.settings.stream_prefix,
+            ((stream, entry_id, rejected) for (stream, entry_id, _), rejected in dead),
+        )
         by_stream: dict[str, list[str]] = {}
         for stream, entry_id, _ in entries:
             by_stream.setdefault(stream, []).append(entry_id)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 import redis
 
 from rota import App, Settings, db, ops
 from rota.buffer import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
+from rota.envelope import make_envelope
 
 pytestmark = pytest.mark.spark
 
@@ -72,6 +75,28 @@ def test_a_replayed_micro_batch_is_skipped_by_the_ledger(
     assert sink.loaded == 10
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (10,)
     assert conn.execute("SELECT count(*) FROM rota.loader_batches").fetchone() == (2,)
+
+
+def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
+    spark: Any, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    from rota.loader.spark import SCHEMA, BatchSink
+
+    envelopes = [make_envelope(name="x.y", queue="q", tenant=f"t{i}") for i in range(3)]
+    # jsonb refuses U+0000 (the executors' checks catch it; this row skips them).
+    envelopes[1] = dataclasses.replace(envelopes[1], payload='{"args": ["\\u0000"], "kwargs": {}}')
+    data = orjson.dumps(envelopes).decode()
+    stream = stream_name(settings.stream_prefix, 0)
+    sink = BatchSink(settings, query_key="q")
+    sink(spark.createDataFrame([(stream, "5-0", data, None)], SCHEMA), 0)
+    sink.close()
+    assert (sink.loaded, sink.dead_lettered) == (2, 1)
+    dead = redis.Redis.from_url(settings.redis_url).xrange(
+        dead_letter_stream(settings.stream_prefix)
+    )
+    assert len(dead) == 1 and b"refused by PostgreSQL" in dead[0][1][b"reason"]
+    assert (dead[0][1][b"stream"], dead[0][1][b"entry"]) == (stream.encode(), b"5-0")
+    assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (2,)
 
 
 def _entries(settings: Settings, ids: list[Any]) -> list[tuple[str, str]]:
