@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +31,10 @@ TASK_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*$"
 TASK_NAME_MAX = 200
 # The database keeps attempts in an integer column.
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
+# Costs and weights are bounded so that fair tags (sums of cost / weight in
+# double precision) can neither overflow nor lose their increments.
+MAX_COST = 1e6
+WEIGHT_RANGE = (1e-6, 1e6)
 
 _QUEUE_RE = re.compile(QUEUE_NAME)
 _TENANT_RE = re.compile(TENANT_NAME)
@@ -161,7 +164,7 @@ class TaskEnvelope:
     name: Annotated[str, StringConstraints(pattern=TASK_NAME, max_length=TASK_NAME_MAX)]
     payload: str
     enqueued_at: AwareDatetime
-    cost: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    cost: Annotated[float, Field(gt=0, le=MAX_COST, allow_inf_nan=False)] = 1.0
     max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] = 3
     backoff_base: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
     backoff_max: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 3600.0
@@ -233,8 +236,8 @@ def make_envelope(
     check_task_name(name)
     check_queue(queue)
     check_tenant(tenant)
-    if not isinstance(cost, int | float) or not math.isfinite(cost) or cost <= 0:
-        raise ValidationError(f"cost must be a positive finite number, got {cost!r}")
+    if not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
+        raise ValidationError(f"cost must be a number > 0 and <= {MAX_COST:g}, got {cost!r}")
     if not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise ValidationError(
             f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}"

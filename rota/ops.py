@@ -18,7 +18,7 @@ from uuid import UUID
 import orjson
 
 from rota.db import Copy, Execute, Op, Row
-from rota.envelope import TaskEnvelope, check_queue, check_tenant
+from rota.envelope import WEIGHT_RANGE, TaskEnvelope, check_queue, check_tenant
 from rota.errors import ValidationError
 from rota.sql import query
 
@@ -191,8 +191,9 @@ def configure_tenant(
 ) -> Op[int]:
     """Creates or changes a tenant; returns its slot (id)."""
     check_tenant(name)
-    if not weight > 0:
-        raise ValidationError(f"weight must be > 0, got {weight!r}")
+    low, high = WEIGHT_RANGE
+    if not low <= weight <= high:
+        raise ValidationError(f"weight must be from {low:g} to {high:g}, got {weight!r}")
     for field, value in (("concurrency_limit", concurrency_limit), ("capacity", capacity)):
         if value is not None and value < 0:
             raise ValidationError(f"{field} must be >= 0, got {value!r}")

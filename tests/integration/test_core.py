@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -214,6 +215,9 @@ def test_loading_notifies_once_per_batch(conn: Conn, database_url: str) -> None:
     [
         {"weight": 0},
         {"weight": -1},
+        {"weight": 1e-9},
+        {"weight": 1e9},
+        {"weight": math.nan},
         {"concurrency_limit": -1},
         {"capacity": -5},
         {"rate_limit": 0},

@@ -49,6 +49,8 @@ def test_a_valid_task_round_trips_through_the_buffer_format() -> None:
         ({"cost": 0}, ValidationError),
         ({"cost": -1}, ValidationError),
         ({"cost": math.inf}, ValidationError),
+        ({"cost": math.nan}, ValidationError),
+        ({"cost": 1e7}, ValidationError),
         ({"max_attempts": 0}, ValidationError),
         ({"max_attempts": 2**31}, ValidationError),
         ({"eta": datetime(2030, 1, 1)}, ValidationError),
