@@ -23,7 +23,7 @@ def _hang(*_: Any) -> Any:
 if __name__ == "__main__":
     stage = sys.argv[1]
     if stage == "before-commit":
-        engine.Loader._load = _hang  # type: ignore[method-assign]
+        engine.load_in_chunks = _hang
     elif stage == "before-ack":
         original = engine.Loader._finish
 
