@@ -31,7 +31,9 @@ CREATE TABLE rota.tenants (
     id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL UNIQUE
         CONSTRAINT tenant_name_rule CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$'),
-    weight double precision NOT NULL DEFAULT 1 CONSTRAINT weight_positive CHECK (weight > 0),
+    -- Bounded (as is cost): fair tags are sums of cost / weight in double precision.
+    weight double precision NOT NULL DEFAULT 1
+        CONSTRAINT weight_bounded CHECK (weight >= 1e-6 AND weight <= 1e6),
     concurrency_limit integer CONSTRAINT concurrency_limit_not_negative CHECK (concurrency_limit >= 0),
     rate_limit double precision CONSTRAINT rate_limit_positive CHECK (rate_limit > 0),
     rate_burst double precision NOT NULL DEFAULT 1 CONSTRAINT rate_burst_at_least_one CHECK (rate_burst >= 1),
@@ -68,7 +70,8 @@ CREATE TABLE rota.tasks (
     tenant_id integer NOT NULL,
     name text NOT NULL,
     payload jsonb NOT NULL,
-    cost double precision NOT NULL DEFAULT 1 CONSTRAINT cost_positive CHECK (cost > 0),
+    cost double precision NOT NULL DEFAULT 1
+        CONSTRAINT cost_bounded CHECK (cost > 0 AND cost <= 1e6),
     max_attempts integer NOT NULL DEFAULT 3 CONSTRAINT max_attempts_positive CHECK (max_attempts >= 1),
     backoff_base double precision NOT NULL DEFAULT 1,
     backoff_max double precision NOT NULL DEFAULT 3600,

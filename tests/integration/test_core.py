@@ -230,6 +230,17 @@ def test_bad_tenant_settings_are_refused(conn: Conn, change: dict[str, float]) -
     assert conn.execute("SELECT count(*) FROM rota.tenants").fetchone() == (0,)
 
 
+def test_the_database_bounds_weights_and_costs_too(conn: Conn) -> None:
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO rota.tenants (name, weight) VALUES ('a', 1e9)")
+    db.transact(conn, ops.configure_tenant("a", weight=1e6))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE rota.tenants SET weight = 1e-9 WHERE name = 'a'")
+    envelope = dataclasses.replace(envelopes("a", 1)[0], cost=1e7)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        load(conn, [envelope])
+
+
 @pytest.mark.parametrize("name", ["", "Bad Name", "-x", "x" * 200, "a/b", "naïve"])
 def test_bad_tenant_names_are_refused_by_python_and_by_the_database(conn: Conn, name: str) -> None:
     with pytest.raises(InvalidName):
