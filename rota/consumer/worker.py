@@ -91,6 +91,11 @@ class Worker:
         self.in_flight: dict[uuid.UUID, InFlight] = {}
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.processed = 0
+        # Outcomes taken off `outcomes` but not yet reported: kept across a lost
+        # connection and reported after reconnecting (fencing refuses any
+        # whose lease went to another worker meanwhile).
+        self._to_complete: list[tuple[uuid.UUID, int]] = []
+        self._to_fail: list[ops.Failure] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, "rota-task")
         self._loop = asyncio.new_event_loop()
         self._async_slots = asyncio.Semaphore(concurrency)
@@ -127,8 +132,8 @@ class Worker:
                 try:
                     self._step(conn, queues)
                 except psycopg.OperationalError as exc:
-                    # The database went away: outcomes not reported come back by
-                    # their leases (at least once); reconnect and carry on.
+                    # The database went away: outcomes not yet reported are
+                    # kept and reported after reconnecting; reconnect and carry on.
                     log.warning("database unavailable, reconnecting: %s", exc)
                     time.sleep(1)
                     conn.close()
@@ -251,9 +256,10 @@ class Worker:
                 self.outcomes.put(Outcome(flight.task, timeout))
 
     def _report(self, conn: psycopg.Connection[Any]) -> None:
-        """Completes and fails what finished since the last call, in two statements."""
-        done: list[tuple[uuid.UUID, int]] = []
-        failed: list[ops.Failure] = []
+        """Completes and fails what finished since the last call (and what a
+        lost connection kept from being reported), in two statements."""
+        done = self._to_complete
+        failed = self._to_fail
         while True:
             try:
                 outcome = self.outcomes.get_nowait()
@@ -285,10 +291,17 @@ class Worker:
         if done:
             completed = db.run(conn, ops.complete(done))
             if len(completed) < len(done):
-                log.warning("%d completion(s) refused: lease lost", len(done) - len(completed))
+                log.warning(
+                    "%d completion(s) refused: lease lost, or reported before the "
+                    "connection was lost",
+                    len(done) - len(completed),
+                )
+            self.processed += len(done)
+            self._to_complete = []
         if failed:
             db.run(conn, ops.fail(failed))
-        self.processed += len(done) + len(failed)
+            self.processed += len(failed)
+            self._to_fail = []
 
     # -- helpers -----------------------------------------------------------------
 

@@ -1,0 +1,37 @@
+"""The worker's reports (completions, failures) against a real PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import App, Settings, db, ops
+from rota.consumer.worker import InFlight, Outcome, Worker
+
+
+def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
+    app: App, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice", connection=conn) for i in range(3)]
+    worker = Worker(app, queues=["pdfs"], maintenance=False)
+    claimed = db.run(conn, ops.claim(["pdfs"], 3, worker.id))
+    assert [t.id for t in claimed] == ids
+    for task, error in zip(claimed, [None, None, ValueError("bad page")], strict=True):
+        worker.in_flight[task.id] = InFlight(task, timeout=None)
+        worker.outcomes.put(Outcome(task, error))
+
+    lost = db.connect(settings.database_url)
+    conn.execute("SELECT pg_terminate_backend(%s)", [lost.info.backend_pid])
+    with pytest.raises(psycopg.OperationalError):
+        worker._report(lost)
+    states = db.run(conn, ops.task_states(ids))
+    assert {s.status for s in states.values()} == {"running"}  # nothing reported yet
+
+    with db.connect(settings.database_url) as again:
+        worker._report(again)
+    states = db.run(conn, ops.task_states(ids))
+    assert [states[i].status for i in ids] == ["succeeded", "succeeded", "scheduled"]
+    assert worker.processed == 3
