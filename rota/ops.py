@@ -71,7 +71,7 @@ class FailOutcome:
 
 # Column types of the copy_staging block: the arrival number, then TaskEnvelope.copy_row.
 STAGING_TYPES = (
-    "int4", "uuid", "text", "text", "text", "jsonb", "float8", "int4", "float8", "float8",
+    "int4", "uuid", "text", "text", "text", "json", "float8", "int4", "float8", "float8",
     "timestamptz", "timestamptz",
 )  # fmt: skip
 

@@ -4,7 +4,7 @@
 -- A narrow ready table in arrival order, the body in another table (the
 -- measured "plain SKIP LOCKED" design; no fairness, no limits, no leases).
 DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body;
-CREATE TABLE rota_bench_fifo_body (id uuid PRIMARY KEY, payload jsonb NOT NULL,
+CREATE TABLE rota_bench_fifo_body (id uuid PRIMARY KEY, payload json NOT NULL,
                                    status text NOT NULL DEFAULT 'queued');
 CREATE TABLE rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL);
 

@@ -11,7 +11,7 @@ CREATE TEMP TABLE IF NOT EXISTS rota_staging (
     queue text NOT NULL,
     tenant text NOT NULL,
     name text NOT NULL,
-    payload jsonb NOT NULL,
+    payload json NOT NULL,
     cost double precision NOT NULL,
     max_attempts integer NOT NULL,
     backoff_base double precision NOT NULL,

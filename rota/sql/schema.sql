@@ -69,7 +69,7 @@ CREATE TABLE rota.tasks (
     queue_id integer NOT NULL,
     tenant_id integer NOT NULL,
     name text NOT NULL,
-    payload jsonb NOT NULL,
+    payload json NOT NULL,  -- validated text, handed back as written (0006)
     cost double precision NOT NULL DEFAULT 1
         CONSTRAINT cost_bounded CHECK (cost > 0 AND cost <= 1e6),
     max_attempts integer NOT NULL DEFAULT 3 CONSTRAINT max_attempts_positive CHECK (max_attempts >= 1),
