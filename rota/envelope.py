@@ -100,30 +100,11 @@ def dump_payload(args: Any, kwargs: Any, max_bytes: int) -> str:
             json.dumps(payload, allow_nan=False)
         except ValueError as exc:
             raise NotJSONSerializable(f"task arguments are not JSON: {exc}") from None
-    if b"\\u0000" in data and _has_nul(payload):
-        raise NotJSONSerializable(NUL_REFUSED)
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"task arguments are {len(data)} bytes of JSON, over the cap of {max_bytes}"
         )
     return data.decode()
-
-
-NUL_REFUSED = (
-    "task arguments contain the NUL character (U+0000), which PostgreSQL's jsonb cannot store"
-)
-
-
-def _has_nul(value: Any) -> bool:
-    """Whether decoded JSON holds U+0000 in a string or key (PostgreSQL's jsonb
-    refuses it: caught here, not when the loader stores the task)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, list | tuple):
-        return any(_has_nul(item) for item in value)
-    if isinstance(value, dict):
-        return any("\x00" in key or _has_nul(item) for key, item in value.items())
-    return False
 
 
 _SAFE_UNKNOWN = SafeUUID.unknown
@@ -301,8 +282,6 @@ def _check_payload(envelope: TaskEnvelope, max_payload_bytes: int) -> None:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
     if not isinstance(decoded, dict) or set(decoded) != {"args", "kwargs"}:
         raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
-    if "\\u0000" in envelope.payload and _has_nul(decoded):
-        raise NotJSONSerializable(NUL_REFUSED)
     size = len(envelope.payload.encode())
     if size > max_payload_bytes:
         raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes}")

@@ -132,7 +132,8 @@ def fail(failures: Sequence[Failure]) -> Op[list[FailOutcome]]:
         {
             "ids": [f.task_id for f in failures],
             "attempts": [f.attempt for f in failures],
-            "errors": [f.error for f in failures],
+            # A text column cannot hold NUL, which an exception's message can.
+            "errors": [f.error.replace("\x00", "\\x00") for f in failures],
             "retry_at": [f.retry_at for f in failures],
             "final": [f.final for f in failures],
         },

@@ -105,6 +105,20 @@ def test_failures_retry_with_backoff_then_die_keeping_the_last_error(conn: Conn)
     assert (state.status, state.attempts, state.last_error) == ("dead", 2, "second")
 
 
+def test_nul_characters_survive_in_arguments_and_errors(conn: Conn) -> None:
+    envelope = make_envelope(
+        name="tests.noop", queue="default", tenant="alice", args=["a\x00b"], kwargs={"k\x00": 1}
+    )
+    load(conn, [envelope])
+    (task,) = claim(conn, 1)
+    assert (task.args, task.kwargs) == (["a\x00b"], {"k\x00": 1})
+    failure = ops.Failure(task.id, task.attempt, "ValueError: bad byte \x00 here", final=True)
+    (dead,) = db.transact(conn, ops.fail([failure]))
+    assert dead.status == "dead"
+    state = db.run(conn, ops.task_states([task.id]))[task.id]
+    assert state.last_error == "ValueError: bad byte \\x00 here"
+
+
 def test_backoff_grows_exponentially(conn: Conn) -> None:
     delays = [
         row[0]

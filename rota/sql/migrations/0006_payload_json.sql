@@ -2,6 +2,6 @@
 -- never looks inside a payload: it stores what the producer wrote and hands
 -- it back to the worker, so parsing it into jsonb on load (and printing it
 -- back on claim) was pure cost: the bulk load is about a tenth faster.
--- (The producer still refuses U+0000, which jsonb could not hold.)
+-- json also holds strings with U+0000, which jsonb refused at load time.
 
 ALTER TABLE rota.tasks ALTER COLUMN payload TYPE json USING payload::json;
