@@ -106,13 +106,24 @@ async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
 CONNECTION_OPTIONS = "-c plan_cache_mode=force_generic_plan"
 
 
-def connect(url: str, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=autocommit, options=CONNECTION_OPTIONS, **kwargs)
+def _options(synchronous_commit: bool) -> str:
+    return CONNECTION_OPTIONS + ("" if synchronous_commit else " -c synchronous_commit=off")
+
+
+def connect(
+    url: str, *, autocommit: bool = True, synchronous_commit: bool = True, **kwargs: Any
+) -> psycopg.Connection[Any]:
+    """`synchronous_commit=False` for workers' claims and reports only (see
+    Settings.worker_synchronous_commit); what a commit must not forget, such
+    as a load the buffer is then acknowledged for, keeps the default."""
+    return psycopg.connect(
+        url, autocommit=autocommit, options=_options(synchronous_commit), **kwargs
+    )
 
 
 async def aconnect(
-    url: str, *, autocommit: bool = True, **kwargs: Any
+    url: str, *, autocommit: bool = True, synchronous_commit: bool = True, **kwargs: Any
 ) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(
-        url, autocommit=autocommit, options=CONNECTION_OPTIONS, **kwargs
+        url, autocommit=autocommit, options=_options(synchronous_commit), **kwargs
     )

@@ -44,3 +44,7 @@ class Settings(BaseSettings):
     maintenance_seconds: float = Field(default=1.0, gt=0)
     cron_lookback_seconds: float = Field(default=300.0, gt=0)  # missed ticks caught up
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    # Off: workers' claims and reports skip waiting for the WAL flush. A
+    # database crash can then forget the last moments of them, and those tasks
+    # run again, which at-least-once delivery allows. Loads always wait.
+    worker_synchronous_commit: bool = False

@@ -159,7 +159,7 @@ def _claim_worker(args: tuple[str, str, int, float]) -> int:
     """Claims and completes in a loop for `seconds`; `kind` is rota or the fifo baseline."""
     kind, url, limit, seconds = args
     done = 0
-    with db.connect(url) as conn:
+    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             # Autocommit: each call is one statement, atomic on its own.
@@ -206,7 +206,7 @@ def churn(url: str, queue: str, tasks: int, connections: int, limit: int) -> flo
 def _churn_worker(args: tuple[str, str, int, int]) -> int:
     url, queue, limit, quota = args
     done = 0
-    with db.connect(url) as conn:
+    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         while done < quota:
             got = db.run(conn, ops.claim([queue], min(limit, quota - done), "bench"))
             if not got:
@@ -223,7 +223,7 @@ def backlog_scaling(
     (churn: dead tuples for autovacuum)."""
     sizes = sorted(backlogs)
     smallest, largest = sizes[0], sizes[-1]
-    with db.connect(url) as conn:
+    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         reset(conn)
         fillers = {size: Filler(conn, tenants, _queue_for(size)) for size in sizes}
         for size, filler in fillers.items():

@@ -111,7 +111,7 @@ class Worker:
         self.wake.set()
 
     def run(self) -> None:
-        conn = db.connect(self.settings.database_url)
+        conn = self._connect()
         queues = self._queues(conn)
         db.run(
             conn,
@@ -137,13 +137,20 @@ class Worker:
                     log.warning("database unavailable, reconnecting: %s", exc)
                     time.sleep(1)
                     conn.close()
-                    conn = db.connect(self.settings.database_url)
+                    conn = self._connect()
             self._shutdown(conn)
         finally:
             self.stopping.set()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
             conn.close()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """The connection that claims and reports."""
+        return db.connect(
+            self.settings.database_url,
+            synchronous_commit=self.settings.worker_synchronous_commit,
+        )
 
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""
