@@ -23,6 +23,7 @@ from rota.envelope import (
     TaskEnvelope,
     check_task_name,
     check_tenant,
+    envelope_template,
     make_envelope,
     task_id_for_key,
 )
@@ -257,29 +258,39 @@ class App:
         if call.kwargs and not RESERVED.isdisjoint(call.kwargs):
             clash = RESERVED & set(call.kwargs)
             raise ValidationError(f"{sorted(clash)} are enqueue options, not task arguments")
-        options = task.options if task else None
-        max_attempts = options.max_attempts if options else self.settings.default_max_attempts
-        eta = _resolve_eta(call.eta, call.countdown)
-        return make_envelope(
-            name=call.name,
-            queue=call.queue or (options.queue if options else self.settings.default_queue),
-            tenant=call.tenant,
-            args=call.args,
-            kwargs=call.kwargs,
-            task_id=(
+        if task is not None:
+            options = task.options
+            template = envelope_template(
+                call.name,
+                call.queue or options.queue,
+                options.max_attempts,
+                options.backoff,
+                options.backoff_max,
+            )
+            default_cost = options.cost
+        else:
+            settings = self.settings
+            template = envelope_template(
+                call.name,
+                call.queue or settings.default_queue,
+                settings.default_max_attempts,
+                settings.default_backoff_seconds,
+                settings.default_backoff_max_seconds,
+            )
+            default_cost = 1.0
+        return template.build(
+            call.tenant,
+            call.args,
+            call.kwargs,
+            (
                 task_id_for_key(call.idempotency_key, call.tenant)
                 if call.idempotency_key is not None
                 else None
             ),
-            cost=call.cost if call.cost is not None else (options.cost if options else 1.0),
-            max_attempts=max_attempts,
-            backoff_base=options.backoff if options else self.settings.default_backoff_seconds,
-            backoff_max=(
-                options.backoff_max if options else self.settings.default_backoff_max_seconds
-            ),
-            eta=eta,
-            max_payload_bytes=self.settings.max_payload_bytes,
-            now=now,
+            call.cost if call.cost is not None else default_cost,
+            _resolve_eta(call.eta, call.countdown),
+            self.settings.max_payload_bytes,
+            now,
         )
 
     # -- enqueueing ----------------------------------------------------------

@@ -9,7 +9,7 @@ from uuid import UUID
 
 import pytest
 
-from rota.envelope import make_envelope, parse_envelope, task_id_for_key
+from rota.envelope import envelope_template, make_envelope, parse_envelope, task_id_for_key
 from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
 
 
@@ -50,12 +50,30 @@ def test_a_valid_task_round_trips_through_the_buffer_format() -> None:
         ({"cost": 1e7}, ValidationError),
         ({"max_attempts": 0}, ValidationError),
         ({"max_attempts": 2**31}, ValidationError),
+        ({"max_attempts": True}, ValidationError),
+        ({"backoff_base": -1}, ValidationError),
+        ({"backoff_base": math.nan}, ValidationError),
+        ({"backoff_max": math.inf}, ValidationError),
         ({"eta": datetime(2030, 1, 1)}, ValidationError),
     ],
 )
 def test_bad_tasks_get_typed_errors(change: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error):
         make_envelope(**{**_ok(), "max_payload_bytes": 1024, **change})  # type: ignore[arg-type]
+
+
+def test_templates_are_checked_once_and_shared_by_equal_options() -> None:
+    first = envelope_template("app.tasks.parse_pdf", "pdfs", 3, 1.0, 60.0)
+    assert envelope_template("app.tasks.parse_pdf", "pdfs", 3, 1.0, 60.0) is first
+    envelope = first.build("alice", ["a.pdf"], {"pages": 2})
+    assert (envelope.name, envelope.queue, envelope.max_attempts) == (
+        "app.tasks.parse_pdf",
+        "pdfs",
+        3,
+    )
+    assert parse_envelope(envelope.to_json(), 1024) == envelope
+    with pytest.raises(InvalidName):
+        envelope_template("app.tasks.parse_pdf", ["not", "a", "name"], 3)  # type: ignore[arg-type]
 
 
 def test_null_arguments_are_fine() -> None:
