@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import orjson
 import psycopg
@@ -189,18 +188,16 @@ class BatchSink:
         # than collecting Row objects.
         table = frame.toArrow()
         columns = {name: table.column(name).to_pylist() for name in table.column_names}
-        good: list[TaskEnvelope] = []
-        origin: dict[UUID, tuple[str, str]] = {}
+        entries: list[tuple[str, str, list[TaskEnvelope]]] = []
         dead: list[tuple[str, str, Rejected]] = []
         for stream, entry_id, data, error in zip(
             columns["stream"], columns["entry_id"], columns["data"], columns["error"], strict=True
         ):
             if error is not None:
                 dead.append((stream, entry_id, Rejected(data.encode(), error)))
-                continue
-            envelopes = TaskEnvelope.list_from_checked_json(data)
-            good.extend(envelopes)
-            origin.update((envelope.id, (stream, entry_id)) for envelope in envelopes)
+            else:
+                entries.append((stream, entry_id, TaskEnvelope.list_from_checked_json(data)))
+        good = [envelope for _, _, envelopes in entries for envelope in envelopes]
         if self._conn is None or self._conn.closed:
             self._conn = db.connect(self.settings.database_url)
         with self._conn.transaction():
@@ -211,7 +208,9 @@ class BatchSink:
             if not first_time:
                 return  # this micro-batch was loaded before (a replay)
             stored, refused = load_in_chunks(self._conn, good, self.settings.loader_batch_size)
-            dead.extend((*origin[e.id], Rejected(e.to_json(), reason)) for e, reason in refused)
+            if refused:  # rare: only then is it worth mapping tasks to their entries
+                origin = {e.id: (s, i) for s, i, envelopes in entries for e in envelopes}
+                dead.extend((*origin[e.id], Rejected(e.to_json(), reason)) for e, reason in refused)
             if dead:  # before the commit: a replay may record them twice, never zero times
                 if self._redis is None:
                     self._redis = redis.Redis.from_url(self.settings.redis_url)
