@@ -5,10 +5,13 @@ the same shard, so its tasks keep their order. The braces are a Redis Cluster
 hash tag: each shard lives in one slot and no operation spans two shards,
 while different shards spread over the cluster's nodes.
 
-An entry holds a batch of task envelopes of one shard (`enqueue_many` packs up
-to ENTRY_MAX_TASKS per entry, which is what makes the buffer fast):
+An entry holds a batch of tasks of one shard, column by column (up to
+ENTRY_MAX_TASKS; `enqueue_many` packs them, which is what makes the buffer
+fast), with each distinct name, queue and retry policy written once:
 
-    XADD rota:buffer:{3} * v 1 tasks '[{...envelope...}, ...]'
+    XADD rota:buffer:{3} * v 2 tasks '{"enqueued_at": ..., "templates":
+        [["app.parse_pdf", "pdfs", 3, 1.0, 3600.0]], "template": [0, 0],
+        "id": [...], "tenant": [...], "payload": [...], "cost": [...], "eta": [...]}'
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from dataclasses import dataclass
 import orjson
 import redis
 
-from rota.envelope import TaskEnvelope, parse_envelope, parse_envelopes
+from rota.envelope import TaskBatch, parse_batch
 from rota.errors import ValidationError
 
-ENTRY_VERSION = b"1"
+ENTRY_VERSION = b"2"
 ENTRY_MAX_TASKS = 256
 
 
@@ -47,19 +50,21 @@ def shard_for(tenant: str, shards: int) -> int:
 
 
 def encode_entries(
-    envelopes: Iterable[TaskEnvelope], prefix: str, shards: int
+    batch: TaskBatch, prefix: str, shards: int
 ) -> dict[str, list[dict[bytes, bytes]]]:
-    """Groups envelopes by shard into stream entries, keeping each tenant's order."""
-    by_stream: dict[str, list[TaskEnvelope]] = {}
-    for envelope in envelopes:
-        stream = stream_name(prefix, shard_for(envelope.tenant, shards))
-        by_stream.setdefault(stream, []).append(envelope)
+    """Splits a batch by shard into stream entries, keeping each tenant's order."""
+    by_stream: dict[str, list[int]] = {}
+    for index, tenant in enumerate(batch.tenants):
+        by_stream.setdefault(stream_name(prefix, shard_for(tenant, shards)), []).append(index)
     return {
         stream: [
-            {b"v": ENTRY_VERSION, b"tasks": orjson.dumps(tasks[i : i + ENTRY_MAX_TASKS])}
-            for i in range(0, len(tasks), ENTRY_MAX_TASKS)
+            {
+                b"v": ENTRY_VERSION,
+                b"tasks": batch.select(indices[i : i + ENTRY_MAX_TASKS]).to_json(),
+            }
+            for i in range(0, len(indices), ENTRY_MAX_TASKS)
         ]
-        for stream, tasks in by_stream.items()
+        for stream, indices in by_stream.items()
     }
 
 
@@ -73,8 +78,8 @@ class Rejected:
 
 def decode_entry(
     fields: Mapping[bytes, bytes], max_payload_bytes: int
-) -> tuple[list[TaskEnvelope], list[Rejected]]:
-    """Parses one entry: the valid envelopes, and each invalid part with its reason."""
+) -> tuple[TaskBatch, list[Rejected]]:
+    """Parses one entry: the valid tasks, and each invalid part with its reason."""
     version = fields.get(b"v")
     raw = fields.get(b"tasks")
     if version != ENTRY_VERSION or raw is None:
@@ -82,27 +87,12 @@ def decode_entry(
             k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()
         }
         reason = f"unknown entry format (v={version!r}, has tasks: {raw is not None})"
-        return [], [Rejected(orjson.dumps(as_text), reason)]
-    envelopes = parse_envelopes(raw, max_payload_bytes)
-    if envelopes is not None:
-        return envelopes, []
-    # Something in it is invalid: one task at a time, to tell which and why.
+        return TaskBatch.empty(), [Rejected(orjson.dumps(as_text), reason)]
     try:
-        items = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return [], [Rejected(raw, f"entry is not JSON: {exc}")]
-    if not isinstance(items, list):
-        return [], [Rejected(raw, "entry's tasks are not a JSON list")]
-    good: list[TaskEnvelope] = []
-    bad: list[Rejected] = []
-    for item in items:
-        try:
-            if not isinstance(item, dict):
-                raise ValidationError(f"a task envelope must be a JSON object, not {item!r:.40}")
-            good.append(parse_envelope(item, max_payload_bytes))
-        except ValidationError as exc:
-            bad.append(Rejected(orjson.dumps(item), str(exc)))
-    return good, bad
+        batch, bad = parse_batch(raw, max_payload_bytes)
+    except ValidationError as exc:
+        return TaskBatch.empty(), [Rejected(raw, str(exc))]
+    return batch, [Rejected(task, reason) for task, reason in bad]
 
 
 def add_dead_letters(

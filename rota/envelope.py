@@ -1,8 +1,9 @@
-"""The task envelope: what a task is on the wire, in the buffer and in staging.
+"""Tasks on the wire: a batch's columns in the buffer, one envelope per task in staging.
 
-One set of rules for every path in: the producer builds envelopes with
-`make_envelope` (fast, no model per task), the loader parses buffer entries
-with `parse_envelope` (pydantic), and both check names and payloads the same way.
+One set of rules for every path in: the producer checks tasks as it adds them
+to a `TaskBatch` (fast, no model per task), the loader validates buffer
+entries with `parse_batch` and single tasks with `parse_envelope` (pydantic,
+with the same constraints), and both check names and payloads the same way.
 """
 
 from __future__ import annotations
@@ -11,15 +12,24 @@ import functools
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID, SafeUUID
 
 import orjson
 import uuid_utils
-from pydantic import AwareDatetime, ConfigDict, Field, StringConstraints, TypeAdapter
+from pydantic import (
+    AwareDatetime,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    with_config,
+)
 from pydantic import ValidationError as PydanticValidationError
+from typing_extensions import TypedDict
 
 from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
 
@@ -36,6 +46,14 @@ MAX_ATTEMPTS_LIMIT = 2**31 - 1
 # double precision) can neither overflow nor lose their increments.
 MAX_COST = 1e6
 WEIGHT_RANGE = (1e-6, 1e6)
+
+# Field types, shared by the per-task envelope and the buffer entry's columns.
+QueueName = Annotated[str, StringConstraints(pattern=QUEUE_NAME)]
+TenantName = Annotated[str, StringConstraints(pattern=TENANT_NAME)]
+TaskName = Annotated[str, StringConstraints(pattern=TASK_NAME, max_length=TASK_NAME_MAX)]
+Cost = Annotated[float, Field(gt=0, le=MAX_COST, allow_inf_nan=False)]
+Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)]
+Backoff = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 _QUEUE_RE = re.compile(QUEUE_NAME)
 _TENANT_RE = re.compile(TENANT_NAME)
@@ -131,25 +149,25 @@ def task_id_for_key(idempotency_key: str, tenant: str) -> UUID:
 
 @dataclass(slots=True)
 class TaskEnvelope:
-    """Version 1 of the envelope. Field names are part of the buffer format.
+    """One task, whole: what is loaded into PostgreSQL, and the form a single
+    task takes in a dead letter or an import. Field names are its JSON keys.
 
-    A plain dataclass: the producer builds one per task on its hot path (and
-    orjson writes dataclasses natively); the loader validates untrusted ones
-    with pydantic (`parse_envelope`), using the constraints annotated here.
-    Treat it as immutable (not frozen: that costs 2 µs a task)."""
+    A plain dataclass (orjson writes dataclasses natively); untrusted ones are
+    validated with pydantic (`parse_envelope`), using the constraints annotated
+    here. Treat it as immutable (not frozen: that costs 2 µs a task)."""
 
     __pydantic_config__ = ConfigDict(extra="forbid")
 
     id: UUID
-    queue: Annotated[str, StringConstraints(pattern=QUEUE_NAME)]
-    tenant: Annotated[str, StringConstraints(pattern=TENANT_NAME)]
-    name: Annotated[str, StringConstraints(pattern=TASK_NAME, max_length=TASK_NAME_MAX)]
+    queue: QueueName
+    tenant: TenantName
+    name: TaskName
     payload: str
     enqueued_at: AwareDatetime
-    cost: Annotated[float, Field(gt=0, le=MAX_COST, allow_inf_nan=False)] = 1.0
-    max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)] = 3
-    backoff_base: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
-    backoff_max: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 3600.0
+    cost: Cost = 1.0
+    max_attempts: Attempts = 3
+    backoff_base: Backoff = 1.0
+    backoff_max: Backoff = 3600.0
     eta: AwareDatetime | None = None
     v: Literal[1] = ENVELOPE_VERSION
 
@@ -172,30 +190,8 @@ class TaskEnvelope:
     def to_json(self) -> bytes:
         return orjson.dumps(self)
 
-    @classmethod
-    def list_from_checked_json(cls, raw: str | bytes) -> list[TaskEnvelope]:
-        """Rebuilds envelopes that were validated, then written as a JSON list by
-        orjson (the Spark executors check, the driver only rebuilds)."""
-        return [
-            cls(
-                id=UUID(d["id"]),
-                queue=d["queue"],
-                tenant=d["tenant"],
-                name=d["name"],
-                payload=d["payload"],
-                enqueued_at=datetime.fromisoformat(d["enqueued_at"]),
-                cost=d["cost"],
-                max_attempts=d["max_attempts"],
-                backoff_base=d["backoff_base"],
-                backoff_max=d["backoff_max"],
-                eta=datetime.fromisoformat(d["eta"]) if d["eta"] else None,
-            )
-            for d in orjson.loads(raw)
-        ]
-
 
 _ENVELOPE = TypeAdapter(TaskEnvelope)
-_ENVELOPES = TypeAdapter(list[TaskEnvelope])
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,39 +206,8 @@ class EnvelopeTemplate:
     backoff_base: float
     backoff_max: float
 
-    def build(
-        self,
-        tenant: str,
-        args: Any = (),
-        kwargs: Any = None,
-        task_id: UUID | None = None,
-        cost: float = 1.0,
-        eta: datetime | None = None,
-        max_payload_bytes: int = 256 * 1024,
-        now: datetime | None = None,
-    ) -> TaskEnvelope:
-        """Checks one run and builds its envelope; raises a ValidationError subclass."""
-        check_tenant(tenant)
-        if not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
-            raise ValidationError(f"cost must be a number > 0 and <= {MAX_COST:g}, got {cost!r}")
-        if eta is not None and eta.tzinfo is None:
-            raise ValidationError("eta must be timezone-aware (e.g. datetime.now(UTC))")
-        payload = dump_payload(args, {} if kwargs is None else kwargs, max_payload_bytes)
-        # Every field is checked: no validation pass per task here (positional
-        # arguments, in field order: keywords cost a producer ~0.5 µs a task).
-        return TaskEnvelope(
-            task_id or new_task_id(),
-            self.queue,
-            tenant,
-            self.name,
-            payload,
-            now or datetime.now(UTC),
-            float(cost),
-            self.max_attempts,
-            self.backoff_base,
-            self.backoff_max,
-            eta,
-        )
+    def as_row(self) -> tuple[str, str, int, float, float]:
+        return (self.name, self.queue, self.max_attempts, self.backoff_base, self.backoff_max)
 
 
 def envelope_template(
@@ -280,6 +245,259 @@ def _checked_template(
 
 _cached_template = functools.lru_cache(maxsize=4096, typed=True)(_checked_template)
 
+# A batch's per-task columns, in the JSON of a buffer entry.
+TASK_COLUMNS = ("template", "id", "tenant", "payload", "cost", "eta")
+ENTRY_KEYS = frozenset({"enqueued_at", "templates", *TASK_COLUMNS})
+
+
+@dataclass(slots=True)
+class TaskBatch:
+    """Checked tasks, column by column: what the producer stores, and the JSON
+    of a buffer entry (`to_json`). The tasks share one enqueue time; each
+    names its template (name, queue, retry policy) by index, so that a
+    template is written, and checked by the loader, once per entry instead of
+    once per task. Column order is enqueue order."""
+
+    enqueued_at: datetime
+    templates: list[EnvelopeTemplate] = field(default_factory=list)
+    template: list[int] = field(default_factory=list)
+    ids: list[UUID] = field(default_factory=list)
+    tenants: list[str] = field(default_factory=list)
+    payloads: list[str] = field(default_factory=list)
+    costs: list[float] = field(default_factory=list)
+    etas: list[datetime | None] = field(default_factory=list)
+    _last: tuple[EnvelopeTemplate | None, int] = field(default=(None, -1), repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def empty(cls) -> TaskBatch:
+        return cls(datetime.now(UTC))
+
+    def add(
+        self,
+        template: EnvelopeTemplate,
+        tenant: str,
+        args: Any = (),
+        kwargs: Any = None,
+        task_id: UUID | None = None,
+        cost: float = 1.0,
+        eta: datetime | None = None,
+        max_payload_bytes: int = 256 * 1024,
+    ) -> UUID:
+        """Checks one run of `template` and appends it (nothing, if it raises a
+        ValidationError subclass); returns its task id."""
+        check_tenant(tenant)
+        if not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
+            raise ValidationError(f"cost must be a number > 0 and <= {MAX_COST:g}, got {cost!r}")
+        if eta is not None and eta.tzinfo is None:
+            raise ValidationError("eta must be timezone-aware (e.g. datetime.now(UTC))")
+        payload = dump_payload(args, {} if kwargs is None else kwargs, max_payload_bytes)
+        last, index = self._last
+        if template is not last:
+            index = self._index_of(template)
+            self._last = (template, index)
+        task_id = task_id or new_task_id()
+        self.template.append(index)
+        self.ids.append(task_id)
+        self.tenants.append(tenant)
+        self.payloads.append(payload)
+        self.costs.append(float(cost))
+        self.etas.append(eta)
+        return task_id
+
+    def _index_of(self, template: EnvelopeTemplate) -> int:
+        for index, known in enumerate(self.templates):  # few: usually one
+            if known == template:
+                return index
+        self.templates.append(template)
+        return len(self.templates) - 1
+
+    def select(self, indices: Sequence[int]) -> TaskBatch:
+        """The tasks at `indices`, in that order, with only the templates they use."""
+        used = sorted({self.template[i] for i in indices})
+        renumber = {old: new for new, old in enumerate(used)}
+        return TaskBatch(
+            self.enqueued_at,
+            [self.templates[i] for i in used],
+            [renumber[self.template[i]] for i in indices],
+            [self.ids[i] for i in indices],
+            [self.tenants[i] for i in indices],
+            [self.payloads[i] for i in indices],
+            [self.costs[i] for i in indices],
+            [self.etas[i] for i in indices],
+        )
+
+    def envelopes(self) -> list[TaskEnvelope]:
+        templates = self.templates
+        enqueued_at = self.enqueued_at
+        envelopes = []
+        for index, task_id, tenant, payload, cost, eta in zip(
+            self.template, self.ids, self.tenants, self.payloads, self.costs, self.etas, strict=True
+        ):
+            t = templates[index]
+            envelopes.append(
+                TaskEnvelope(
+                    task_id,
+                    t.queue,
+                    tenant,
+                    t.name,
+                    payload,
+                    enqueued_at,
+                    cost,
+                    t.max_attempts,
+                    t.backoff_base,
+                    t.backoff_max,
+                    eta,
+                )
+            )
+        return envelopes
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "enqueued_at": self.enqueued_at,
+                "templates": [t.as_row() for t in self.templates],
+                "template": self.template,
+                "id": self.ids,
+                "tenant": self.tenants,
+                "payload": self.payloads,
+                "cost": self.costs,
+                "eta": self.etas,
+            }
+        )
+
+    @classmethod
+    def from_checked_json(cls, raw: str | bytes) -> TaskBatch:
+        """Rebuilds a batch that was validated, then written by `to_json` (the
+        Spark executors check entries, the driver only rebuilds them)."""
+        d = orjson.loads(raw)
+        return cls(
+            datetime.fromisoformat(d["enqueued_at"]),
+            [EnvelopeTemplate(*row) for row in d["templates"]],
+            d["template"],
+            [UUID(i) for i in d["id"]],
+            d["tenant"],
+            d["payload"],
+            d["cost"],
+            [datetime.fromisoformat(e) if e else None for e in d["eta"]],
+        )
+
+
+@with_config(ConfigDict(extra="forbid"))
+class _EntryColumns(TypedDict):
+    """What `TaskBatch.to_json` writes, as pydantic validates it."""
+
+    enqueued_at: AwareDatetime
+    templates: list[tuple[TaskName, QueueName, Attempts, Backoff, Backoff]]
+    template: list[Annotated[int, Field(ge=0, strict=True)]]
+    id: list[UUID]
+    tenant: list[TenantName]
+    payload: list[str]
+    cost: list[Cost]
+    eta: list[AwareDatetime | None]
+
+
+_ENTRY = TypeAdapter(_EntryColumns)
+
+
+def parse_batch(
+    raw: bytes | str, max_payload_bytes: int
+) -> tuple[TaskBatch, list[tuple[bytes, str]]]:
+    """Validates an untrusted batch (a buffer entry's JSON): the valid tasks,
+    and each invalid one (as a whole task's JSON) with the reason. Raises
+    ValidationError when the entry as a whole is malformed."""
+    try:
+        batch = _validated_batch(_ENTRY.validate_json(raw), max_payload_bytes)
+    except (PydanticValidationError, ValidationError):
+        return _parse_task_by_task(raw, max_payload_bytes)
+    return batch, []
+
+
+def _validated_batch(columns: _EntryColumns, max_payload_bytes: int) -> TaskBatch:
+    count = len(columns["id"])
+    if any(len(columns[key]) != count for key in TASK_COLUMNS):  # type: ignore[literal-required]
+        raise ValidationError("the entry's task columns differ in length")
+    templates = [EnvelopeTemplate(*row) for row in columns["templates"]]
+    if any(index >= len(templates) for index in columns["template"]):
+        raise ValidationError("a task names a template the entry does not have")
+    for payload in columns["payload"]:
+        check_payload(payload, max_payload_bytes)
+    return TaskBatch(
+        columns["enqueued_at"],
+        templates,
+        columns["template"],
+        columns["id"],
+        columns["tenant"],
+        columns["payload"],
+        columns["cost"],
+        columns["eta"],
+    )
+
+
+def _parse_task_by_task(
+    raw: bytes | str, max_payload_bytes: int
+) -> tuple[TaskBatch, list[tuple[bytes, str]]]:
+    """Something in the entry is invalid: checks each task whole, to tell
+    which and why; the entry fails as a whole only if its shape is wrong."""
+    try:
+        columns = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValidationError(f"entry is not JSON: {exc}") from None
+    if not isinstance(columns, dict) or set(columns) != ENTRY_KEYS:
+        raise ValidationError(f"entry must be a JSON object with the keys {sorted(ENTRY_KEYS)}")
+    templates = columns["templates"]
+    if not isinstance(templates, list) or not all(
+        isinstance(columns[key], list) for key in TASK_COLUMNS
+    ):
+        raise ValidationError("the entry's templates and task columns must be JSON lists")
+    count = len(columns["id"])
+    if any(len(columns[key]) != count for key in TASK_COLUMNS):
+        raise ValidationError("the entry's task columns differ in length")
+    good: list[int] = []
+    bad: list[tuple[bytes, str]] = []
+    for i in range(count):
+        index = columns["template"][i]
+        template = templates[index] if type(index) is int and 0 <= index < len(templates) else None
+        if not isinstance(template, list) or len(template) != 5:
+            task = {key: columns[key][i] for key in TASK_COLUMNS}
+            bad.append((orjson.dumps(task), f"task names no valid template: {index!r:.40}"))
+            continue
+        task = {
+            "id": columns["id"][i],
+            "queue": template[1],
+            "tenant": columns["tenant"][i],
+            "name": template[0],
+            "payload": columns["payload"][i],
+            "enqueued_at": columns["enqueued_at"],
+            "cost": columns["cost"][i],
+            "max_attempts": template[2],
+            "backoff_base": template[3],
+            "backoff_max": template[4],
+            "eta": columns["eta"][i],
+        }
+        try:
+            parse_envelope(task, max_payload_bytes)
+        except ValidationError as exc:
+            bad.append((orjson.dumps(task), str(exc)))
+        else:
+            good.append(i)
+    if not good:
+        return TaskBatch.empty(), bad
+    used = sorted({columns["template"][i] for i in good})
+    renumber = {old: new for new, old in enumerate(used)}
+    kept = {
+        "enqueued_at": columns["enqueued_at"],
+        "templates": [templates[i] for i in used],
+        **{key: [columns[key][i] for i in good] for key in TASK_COLUMNS},
+    }
+    kept["template"] = [renumber[index] for index in kept["template"]]
+    try:
+        return _validated_batch(_ENTRY.validate_python(kept), max_payload_bytes), bad
+    except PydanticValidationError as exc:  # each task passed: the rules disagree
+        raise ValidationError(f"malformed entry: {exc}") from None
+
 
 def make_envelope(
     *,
@@ -297,9 +515,11 @@ def make_envelope(
     max_payload_bytes: int = 256 * 1024,
     now: datetime | None = None,
 ) -> TaskEnvelope:
-    """Checks a task and builds its envelope; raises a ValidationError subclass."""
+    """Checks one task and builds its envelope; raises a ValidationError subclass."""
+    batch = TaskBatch(now or datetime.now(UTC))
     template = envelope_template(name, queue, max_attempts, backoff_base, backoff_max)
-    return template.build(tenant, args, kwargs, task_id, cost, eta, max_payload_bytes, now)
+    batch.add(template, tenant, args, kwargs, task_id, cost, eta, max_payload_bytes)
+    return batch.envelopes()[0]
 
 
 def parse_envelope(raw: bytes | str | dict[str, Any], max_payload_bytes: int) -> TaskEnvelope:
@@ -316,30 +536,18 @@ def parse_envelope(raw: bytes | str | dict[str, Any], max_payload_bytes: int) ->
             for err in exc.errors()
         )
         raise ValidationError(f"malformed task envelope: {problems}") from None
-    _check_payload(envelope, max_payload_bytes)
+    check_payload(envelope.payload, max_payload_bytes)
     return envelope
 
 
-def parse_envelopes(raw: bytes, max_payload_bytes: int) -> list[TaskEnvelope] | None:
-    """Validates a JSON list of untrusted envelopes in one pass (about half the
-    cost of one envelope at a time); None if any of them is invalid, for the
-    caller to find which with `parse_envelope`."""
+def check_payload(payload: str, max_payload_bytes: int) -> None:
+    """A stored payload is a JSON object of exactly `args` and `kwargs`, within the cap."""
     try:
-        envelopes = _ENVELOPES.validate_json(raw)
-        for envelope in envelopes:
-            _check_payload(envelope, max_payload_bytes)
-    except (PydanticValidationError, ValidationError):
-        return None
-    return envelopes
-
-
-def _check_payload(envelope: TaskEnvelope, max_payload_bytes: int) -> None:
-    try:
-        decoded = orjson.loads(envelope.payload)
+        decoded = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
     if not isinstance(decoded, dict) or set(decoded) != {"args", "kwargs"}:
         raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
-    size = len(envelope.payload.encode())
+    size = len(payload.encode())
     if size > max_payload_bytes:
         raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes}")

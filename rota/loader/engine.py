@@ -210,7 +210,8 @@ class Loader:
         envelopes: list[TaskEnvelope] = []
         source: dict[UUID, Entry] = {}
         for entry in entries:
-            good, bad = decode_entry(entry[2], self.settings.max_payload_bytes)
+            batch, bad = decode_entry(entry[2], self.settings.max_payload_bytes)
+            good = batch.envelopes()
             envelopes.extend(good)
             source.update((e.id, entry) for e in good)
             dead.extend((entry, rejected) for rejected in bad)

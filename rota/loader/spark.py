@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 import redis
 from pyspark.sql import DataFrame, SparkSession
@@ -40,15 +39,15 @@ from rota.buffer import (
     all_streams,
     decode_entry,
 )
-from rota.envelope import TaskEnvelope
+from rota.envelope import TaskBatch, TaskEnvelope
 from rota.loader.engine import load_in_chunks
 from rota.settings import Settings
 from rota.sql import query
 
 SOURCE_NAME = "rota_buffer"
 # One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
-# envelopes as a JSON list; a rejected part gets a row of its own, with its raw
-# data and the reason in `error`. Rows, not tasks, are what Spark pays for.
+# tasks (a TaskBatch's JSON); a rejected part gets a row of its own, with its
+# raw data and the reason in `error`. Rows, not tasks, are what Spark pays for.
 SCHEMA = "stream string, entry_id string, data string, error string"
 PAGE = 1000
 
@@ -144,9 +143,11 @@ class BufferStreamReader(DataSourceStreamReader):
                 page: Any = client.xrange(stream, min=cursor, max=last, count=PAGE)
                 for raw_id, fields in page:
                     entry_id = raw_id.decode()
-                    good, bad = decode_entry(fields, self.max_payload_bytes)
-                    if good:
-                        yield (stream, entry_id, orjson.dumps(good).decode(), None)
+                    batch, bad = decode_entry(fields, self.max_payload_bytes)
+                    if batch:
+                        # A valid entry goes to the driver as it is; else its valid part.
+                        data = batch.to_json() if bad else fields[b"tasks"]
+                        yield (stream, entry_id, data.decode(), None)
                     for rejected in bad:
                         yield (
                             stream,
@@ -196,7 +197,7 @@ class BatchSink:
             if error is not None:
                 dead.append((stream, entry_id, Rejected(data.encode(), error)))
             else:
-                entries.append((stream, entry_id, TaskEnvelope.list_from_checked_json(data)))
+                entries.append((stream, entry_id, TaskBatch.from_checked_json(data).envelopes()))
         good = [envelope for _, _, envelopes in entries for envelope in envelopes]
         if self._conn is None or self._conn.closed:
             self._conn = db.connect(self.settings.database_url)

@@ -20,7 +20,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from uuid import UUID
 
 from rota.envelope import (
-    TaskEnvelope,
+    TaskBatch,
     check_task_name,
     check_tenant,
     envelope_template,
@@ -244,10 +244,17 @@ class App:
 
         return register
 
-    # -- building envelopes ------------------------------------------------
+    # -- checking calls ------------------------------------------------------
 
-    def envelope(self, call: TaskCall, now: datetime | None = None) -> TaskEnvelope:
-        """Checks one call and builds its envelope (raises a ValidationError)."""
+    def batch(self, calls: Iterable[TaskCall], now: datetime | None = None) -> TaskBatch:
+        """Checks calls and collects them into a batch, all or nothing (raises a
+        ValidationError subclass saying which call was wrong)."""
+        batch = TaskBatch(now or datetime.now(UTC))
+        for call in calls:
+            self._add(batch, call)
+        return batch
+
+    def _add(self, batch: TaskBatch, call: TaskCall) -> None:
         task = self.tasks.get(call.name)
         if task is None and call.queue is None:
             check_task_name(call.name)
@@ -278,7 +285,8 @@ class App:
                 settings.default_backoff_max_seconds,
             )
             default_cost = 1.0
-        return template.build(
+        batch.add(
+            template,
             call.tenant,
             call.args,
             call.kwargs,
@@ -290,7 +298,6 @@ class App:
             call.cost if call.cost is not None else default_cost,
             _resolve_eta(call.eta, call.countdown),
             self.settings.max_payload_bytes,
-            now,
         )
 
     # -- enqueueing ----------------------------------------------------------
@@ -343,12 +350,10 @@ class App:
 
     def enqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
         """Enqueues many tasks at once (all checked before anything is written)."""
-        now = datetime.now(UTC)
-        return self.producer.store([self.envelope(c, now) for c in calls], connection)
+        return self.producer.store(self.batch(calls), connection)
 
     async def aenqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
-        now = datetime.now(UTC)
-        return await self.aproducer.store([self.envelope(c, now) for c in calls], connection)
+        return await self.aproducer.store(self.batch(calls), connection)
 
     def close(self) -> None:
         if self._producer is not None:

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 from uuid import UUID
@@ -35,7 +35,7 @@ from tenacity import (
 from rota import db, ops
 from rota.buffer import encode_entries
 from rota.effects import adrive, drive
-from rota.envelope import TaskEnvelope
+from rota.envelope import TaskBatch, TaskEnvelope
 from rota.errors import CapacityExceeded, EnqueueError
 from rota.producer.breaker import CircuitBreaker
 from rota.settings import Settings
@@ -85,29 +85,29 @@ class CapacityCache:
         self.since_fetch.clear()
         self.fetched_at = time.monotonic()
 
-    def check(self, envelopes: Sequence[TaskEnvelope]) -> None:
+    def check(self, batch: TaskBatch) -> None:
         if not self.limits:
             return
         adding: defaultdict[str, float] = defaultdict(float)
-        for e in envelopes:
-            if e.tenant in self.limits:
-                adding[e.tenant] += e.cost
+        for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
+            if tenant in self.limits:
+                adding[tenant] += cost
         for tenant, cost in adding.items():
             capacity, backlog = self.limits[tenant]
             waiting = backlog + self.since_fetch[tenant]
             if waiting + cost > capacity:
                 raise CapacityExceeded(tenant, waiting, capacity)
 
-    def count(self, envelopes: Sequence[TaskEnvelope]) -> None:
+    def count(self, batch: TaskBatch) -> None:
         if not self.limits:
             return
-        for e in envelopes:
-            if e.tenant in self.limits:
-                self.since_fetch[e.tenant] += e.cost
+        for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
+            if tenant in self.limits:
+                self.since_fetch[tenant] += cost
 
 
 class ProducerCore:
-    """What to do with a batch of envelopes; shared by the sync and async producers."""
+    """What to do with a batch of tasks; shared by the sync and async producers."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -124,45 +124,45 @@ class ProducerCore:
             "reraise": True,
         }
 
-    def store(self, envelopes: list[TaskEnvelope], connection: Any = None) -> Flow:
-        ids = [e.id for e in envelopes]
-        if not envelopes:
+    def store(self, batch: TaskBatch, connection: Any = None) -> Flow:
+        ids = list(batch.ids)
+        if not batch:
             return ids
         if self.capacity.stale():
             try:
                 self.capacity.refresh((yield FetchBacklogs()))
             except Exception as exc:
                 log.warning("could not refresh tenant capacities, using the cached ones: %s", exc)
-        self.capacity.check(envelopes)
+        self.capacity.check(batch)
 
         if connection is not None:
             # Transactional enqueue: in the caller's transaction, or not at all.
-            yield LoadDatabase(envelopes, connection)
-            self.capacity.count(envelopes)
+            yield LoadDatabase(batch.envelopes(), connection)
+            self.capacity.count(batch)
             return ids
 
         if self.breaker.allow():
             try:
                 yield WriteBuffer(
-                    encode_entries(envelopes, self.settings.stream_prefix, self.settings.shards)
+                    encode_entries(batch, self.settings.stream_prefix, self.settings.shards)
                 )
             except REDIS_ERRORS as exc:
                 self.breaker.failed()
                 log.warning("redis buffer unavailable, writing to PostgreSQL: %s", exc)
             else:
                 self.breaker.succeeded()
-                self.capacity.count(envelopes)
+                self.capacity.count(batch)
                 return ids
         try:
-            yield LoadDatabase(envelopes)
+            yield LoadDatabase(batch.envelopes())
         except Exception as exc:
             raise EnqueueError(
-                f"{len(envelopes)} task(s) not stored: the Redis buffer is unavailable and "
+                f"{len(batch)} task(s) not stored: the Redis buffer is unavailable and "
                 f"PostgreSQL failed too ({exc}); enqueue again (with an idempotency_key to be "
                 "safe against duplicates)"
             ) from exc
-        self.fallbacks += len(envelopes)
-        self.capacity.count(envelopes)
+        self.fallbacks += len(batch)
+        self.capacity.count(batch)
         return ids
 
 
@@ -193,8 +193,8 @@ class Producer:
             )
         return self._redis
 
-    def store(self, envelopes: list[TaskEnvelope], connection: Any = None) -> list[UUID]:
-        return drive(self.core.store(envelopes, connection), self._carry_out)
+    def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
+        return drive(self.core.store(batch, connection), self._carry_out)
 
     def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, WriteBuffer):
@@ -259,8 +259,8 @@ class AsyncProducer:
             )
         return self._redis
 
-    async def store(self, envelopes: list[TaskEnvelope], connection: Any = None) -> list[UUID]:
-        return await adrive(self.core.store(envelopes, connection), self._carry_out)
+    async def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
+        return await adrive(self.core.store(batch, connection), self._carry_out)
 
     async def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, WriteBuffer):

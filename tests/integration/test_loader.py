@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -13,7 +14,7 @@ import redis
 
 from rota import App, Settings, db, ops
 from rota.buffer import ENTRY_VERSION, dead_letter_stream, stream_name
-from rota.envelope import make_envelope
+from rota.envelope import TaskBatch, envelope_template
 from rota.loader import Loader, lambda_handler
 from rota.loader.engine import load_in_chunks
 
@@ -35,10 +36,12 @@ def test_malformed_entries_go_to_the_dead_letter_stream_with_a_reason(
 ) -> None:
     client = _client(settings)
     shard = stream_name(settings.stream_prefix, 0)
-    good = make_envelope(name="x.y", queue="q", tenant="alice")
-    bad = json.loads(good.to_json()) | {"tenant": "no spaces allowed"}
-    mixed = json.dumps([json.loads(good.to_json()), bad]).encode()
-    client.xadd(shard, {b"v": ENTRY_VERSION, b"tasks": mixed})
+    batch = TaskBatch(datetime.now(UTC))
+    for tenant in ("alice", "bob"):
+        batch.add(envelope_template("x.y", "q"), tenant)
+    mixed = json.loads(batch.to_json())
+    mixed["tenant"][1] = "no spaces allowed"
+    client.xadd(shard, {b"v": ENTRY_VERSION, b"tasks": json.dumps(mixed).encode()})
     client.xadd(shard, {b"v": ENTRY_VERSION, b"tasks": b"{not json"})
     client.xadd(shard, {b"v": b"99", b"tasks": b"[]"})
     client.xadd(shard, {b"something": b"else"})
@@ -92,9 +95,9 @@ def test_a_pass_of_several_chunks_keeps_each_tenants_order(
 def _decode(entry: Any, settings: Settings) -> list[Any]:
     from rota.buffer import decode_entry
 
-    good, bad = decode_entry(entry[2], settings.max_payload_bytes)
+    batch, bad = decode_entry(entry[2], settings.max_payload_bytes)
     assert not bad
-    return good
+    return batch.envelopes()
 
 
 def test_entries_delivered_too_often_are_dead_lettered(app: App, settings: Settings) -> None:

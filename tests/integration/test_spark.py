@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 import pytest
 import redis
 
 from rota import App, Settings, db, ops
 from rota.buffer import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
-from rota.envelope import make_envelope
+from rota.envelope import TaskBatch, envelope_template
 
 pytestmark = pytest.mark.spark
 
@@ -82,11 +81,13 @@ def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
 ) -> None:
     from rota.loader.spark import SCHEMA, BatchSink
 
-    envelopes = [make_envelope(name="x.y", queue="q", tenant=f"t{i}") for i in range(3)]
+    batch = TaskBatch(datetime.now(UTC))
+    for i in range(3):
+        batch.add(envelope_template("x.y", "q"), f"t{i}")
     # Over the cost bound the database checks (the executors' checks catch it;
     # this row skips them).
-    envelopes[1] = dataclasses.replace(envelopes[1], cost=1e7)
-    data = orjson.dumps(envelopes).decode()
+    batch.costs[1] = 1e7
+    data = batch.to_json().decode()
     stream = stream_name(settings.stream_prefix, 0)
     sink = BatchSink(settings, query_key="q")
     sink(spark.createDataFrame([(stream, "5-0", data, None)], SCHEMA), 0)
@@ -101,13 +102,13 @@ def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
 
 
 def _entries(settings: Settings, ids: list[Any]) -> list[tuple[str, str]]:
-    """Each buffer entry's tasks as the source's rows carry them (a JSON list)."""
+    """Each buffer entry's tasks as the source's rows carry them (a batch's JSON)."""
     client = redis.Redis.from_url(settings.redis_url)
     found = []
     for stream in all_streams(settings.stream_prefix, settings.shards):
         for _, fields in client.xrange(stream):
             found.append((stream, fields[b"tasks"].decode()))
-    assert sum(len(json.loads(data)) for _, data in found) == len(ids)
+    assert sum(len(json.loads(data)["id"]) for _, data in found) == len(ids)
     return found
 
 

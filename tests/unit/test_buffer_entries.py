@@ -1,64 +1,157 @@
-"""Decoding buffer entries: a valid entry in one pass, an invalid one task by task."""
+"""Buffer entries: a batch's columns, decoded in one pass, or task by task when invalid."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 import pytest
 
-from rota.buffer import ENTRY_VERSION, decode_entry, encode_entries
-from rota.envelope import make_envelope
+from rota.buffer import ENTRY_MAX_TASKS, ENTRY_VERSION, decode_entry, encode_entries, shard_for
+from rota.envelope import TaskBatch, envelope_template
 
 CAP = 1024
+WORK = envelope_template("app.work", "q", 3, 1.0, 60.0)
+OTHER = envelope_template("app.other", "r", 5, 2.0, 10.0)
 
 
-def _tasks(count: int) -> list[dict[str, object]]:
-    envelopes = [
-        make_envelope(name="app.work", queue="q", tenant="alice", args=[i]) for i in range(count)
-    ]
-    return orjson.loads(orjson.dumps(envelopes))  # type: ignore[no-any-return]
+def _batch(count: int, tenant: str = "alice") -> TaskBatch:
+    batch = TaskBatch(datetime.now(UTC))
+    for i in range(count):
+        batch.add(OTHER if i % 3 == 1 else WORK, tenant, [i])
+    return batch
 
 
-def _entry(items: list[object]) -> dict[bytes, bytes]:
-    return {b"v": ENTRY_VERSION, b"tasks": orjson.dumps(items)}
+def _entry(columns: dict[str, Any]) -> dict[bytes, bytes]:
+    return {b"v": ENTRY_VERSION, b"tasks": orjson.dumps(columns)}
 
 
 def test_a_valid_entry_decodes_to_every_task_in_order() -> None:
-    envelopes = [
-        make_envelope(name="app.work", queue="q", tenant="alice", args=[i]) for i in range(300)
+    batch = _batch(600)
+    ((entries),) = encode_entries(batch, "rota:buffer", 1).values()
+    assert len(entries) == -(-600 // ENTRY_MAX_TASKS)
+    decoded = [e for fields in entries for e in decode_entry(fields, CAP)[0].envelopes()]
+    assert decoded == batch.envelopes()
+    # Templates are written once per entry, not once per task.
+    assert orjson.loads(entries[0][b"tasks"])["templates"] == [
+        ["app.work", "q", 3, 1.0, 60.0],
+        ["app.other", "r", 5, 2.0, 10.0],
     ]
-    ((entries),) = encode_entries(envelopes, "rota:buffer", 1).values()
-    decoded = [e for fields in entries for e in decode_entry(fields, CAP)[0]]
-    assert decoded == envelopes
+
+
+def test_tenants_keep_their_order_within_their_shard() -> None:
+    batch = TaskBatch(datetime.now(UTC))
+    tenants = [f"t{i % 7}" for i in range(100)]
+    for i, tenant in enumerate(tenants):
+        batch.add(WORK, tenant, [i])
+    by_stream = encode_entries(batch, "rota:buffer", 4)
+    for stream, entries in by_stream.items():
+        for fields in entries:
+            tasks = decode_entry(fields, CAP)[0].envelopes()
+            assert all(stream.endswith(f"{{{shard_for(e.tenant, 4)}}}") for e in tasks)
+            for tenant in set(tenants):
+                args = [orjson.loads(e.payload)["args"][0] for e in tasks if e.tenant == tenant]
+                assert args == sorted(args)
+    assert sum(len(decode_entry(f, CAP)[0]) for es in by_stream.values() for f in es) == 100
+
+
+def test_a_checked_batch_survives_its_json() -> None:
+    batch = _batch(5)
+    batch.add(WORK, "bob", [], {"k": None}, cost=2.5, eta=datetime(2030, 1, 1, tzinfo=UTC))
+    again = TaskBatch.from_checked_json(batch.to_json())
+    assert again.envelopes() == batch.envelopes()
 
 
 @pytest.mark.parametrize(
-    ("bad", "says"),
+    ("column", "value", "says"),
     [
-        ({"tenant": "no spaces"}, "tenant"),
-        ({"payload": "not json"}, "payload is not JSON"),
-        ({"payload": '{"args": []}'}, "exactly 'args' and 'kwargs'"),
-        ({"payload": '{"args": ["' + "x" * CAP + '"], "kwargs": {}}'}, "over the cap"),
-        ({"cost": -1}, "cost"),
-        # Naive times and attempts beyond the integer column would fail the COPY.
-        ({"enqueued_at": "2026-01-01T00:00:00"}, "enqueued_at: Input should have timezone"),
-        ({"eta": "2026-01-01T00:00:00"}, "eta: Input should have timezone"),
-        ({"max_attempts": 2**40}, "max_attempts"),
+        ("tenant", "no spaces", "tenant"),
+        ("payload", "not json", "payload is not JSON"),
+        ("payload", '{"args": []}', "exactly 'args' and 'kwargs'"),
+        ("payload", '{"args": ["' + "x" * CAP + '"], "kwargs": {}}', "over the cap"),
+        ("cost", -1, "cost"),
+        ("eta", "2026-01-01T00:00:00", "eta: Input should have timezone"),
+        ("id", "not-a-uuid", "id"),
+        ("template", 7, "no valid template"),
+        ("template", "0", "no valid template"),
     ],
 )
 def test_one_bad_task_is_rejected_with_its_reason_and_the_others_kept(
-    bad: dict[str, object], says: str
+    column: str, value: object, says: str
 ) -> None:
-    items: list[object] = _tasks(5)
-    items[2] = {**items[2], **bad}  # type: ignore[dict-item]
-    good, rejected = decode_entry(_entry(items), CAP)
-    assert [e.payload for e in good] == [items[i]["payload"] for i in (0, 1, 3, 4)]  # type: ignore[index]
+    batch = _batch(5)
+    columns = orjson.loads(batch.to_json())
+    columns[column][2] = value
+    good, rejected = decode_entry(_entry(columns), CAP)
+    assert good.envelopes() == batch.select([0, 1, 3, 4]).envelopes()
     assert len(rejected) == 1
     assert says in rejected[0].reason
-    assert orjson.loads(rejected[0].raw) == items[2]
+    # The dead letter holds the whole task, readable without its entry.
+    task = orjson.loads(rejected[0].raw)
+    assert task[column] == value
+    if column != "template":
+        assert (task["name"], task["queue"]) == ("app.work", "q")
 
 
-def test_an_item_that_is_not_an_object_is_rejected() -> None:
-    items: list[object] = [*_tasks(2), 42]
-    good, rejected = decode_entry(_entry(items), CAP)
-    assert len(good) == 2
-    assert "JSON object" in rejected[0].reason
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (
+            {"templates": [["app.work", "BAD QUEUE", 3, 1.0, 60.0], ["app.other", "r", 5, 2, 10]]},
+            "queue",
+        ),
+        (
+            {"templates": [["app.work", "q", 2**40, 1.0, 60.0], ["app.other", "r", 5, 2, 10]]},
+            "max_attempts",
+        ),
+        ({"enqueued_at": "2026-01-01T00:00:00"}, "enqueued_at: Input should have timezone"),
+    ],
+)
+def test_a_bad_template_or_time_rejects_the_tasks_that_use_it(
+    change: dict[str, object], says: str
+) -> None:
+    batch = _batch(5)
+    columns = orjson.loads(batch.to_json()) | change
+    good, rejected = decode_entry(_entry(columns), CAP)
+    # Tasks 1 and 4 use the second template; the time is every task's.
+    uses_bad = [0, 2, 3] if "templates" in change else [0, 1, 2, 3, 4]
+    assert len(rejected) == len(uses_bad)
+    assert all(says in r.reason for r in rejected)
+    kept = [i for i in range(5) if i not in uses_bad]
+    assert good.envelopes() == (batch.select(kept).envelopes() if kept else [])
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "keys"),
+        (b'{"enqueued_at": 1}', "keys"),
+    ],
+)
+def test_a_malformed_entry_is_rejected_whole(raw: bytes, says: str) -> None:
+    good, rejected = decode_entry({b"v": ENTRY_VERSION, b"tasks": raw}, CAP)
+    assert not good
+    assert len(rejected) == 1 and says in rejected[0].reason and rejected[0].raw == raw
+
+
+def test_columns_of_different_lengths_reject_the_entry() -> None:
+    columns = orjson.loads(_batch(3).to_json())
+    columns["cost"].pop()
+    good, rejected = decode_entry(_entry(columns), CAP)
+    assert not good and "differ in length" in rejected[0].reason
+
+
+def test_an_unknown_entry_version_is_rejected() -> None:
+    good, rejected = decode_entry({b"v": b"1", b"tasks": b"[]"}, CAP)
+    assert not good and "unknown entry format" in rejected[0].reason
+
+
+def test_a_bad_task_is_refused_before_anything_is_added() -> None:
+    batch = _batch(2)
+    with pytest.raises(Exception, match="tenant"):
+        batch.add(WORK, "no spaces", [1])
+    with pytest.raises(Exception, match="cost"):
+        batch.add(WORK, "alice", [1], cost=0)
+    assert len(batch) == 2 and all(len(c) == 2 for c in (batch.payloads, batch.template))

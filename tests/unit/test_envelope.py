@@ -9,7 +9,13 @@ from uuid import UUID
 
 import pytest
 
-from rota.envelope import envelope_template, make_envelope, parse_envelope, task_id_for_key
+from rota.envelope import (
+    TaskBatch,
+    envelope_template,
+    make_envelope,
+    parse_envelope,
+    task_id_for_key,
+)
 from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
 
 
@@ -65,7 +71,11 @@ def test_bad_tasks_get_typed_errors(change: dict[str, object], error: type[Excep
 def test_templates_are_checked_once_and_shared_by_equal_options() -> None:
     first = envelope_template("app.tasks.parse_pdf", "pdfs", 3, 1.0, 60.0)
     assert envelope_template("app.tasks.parse_pdf", "pdfs", 3, 1.0, 60.0) is first
-    envelope = first.build("alice", ["a.pdf"], {"pages": 2})
+    batch = TaskBatch(datetime.now(UTC))
+    batch.add(first, "alice", ["a.pdf"], {"pages": 2})
+    batch.add(envelope_template("app.tasks.parse_pdf", "pdfs", 3, 1.0, 60.0), "bob")
+    assert batch.templates == [first] and batch.template == [0, 0]
+    envelope = batch.envelopes()[0]
     assert (envelope.name, envelope.queue, envelope.max_attempts) == (
         "app.tasks.parse_pdf",
         "pdfs",
