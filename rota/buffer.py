@@ -56,6 +56,8 @@ def encode_entries(
     by_stream: dict[str, list[int]] = {}
     for index, tenant in enumerate(batch.tenants):
         by_stream.setdefault(stream_name(prefix, shard_for(tenant, shards)), []).append(index)
+    if len(by_stream) == 1 and len(batch) <= ENTRY_MAX_TASKS:  # a single enqueue, say
+        return {stream: [{b"v": ENTRY_VERSION, b"tasks": batch.to_json()}] for stream in by_stream}
     return {
         stream: [
             {
