@@ -20,11 +20,11 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from uuid import UUID
 
 from rota.envelope import (
+    EnvelopeTemplate,
     TaskBatch,
     check_task_name,
     check_tenant,
     envelope_template,
-    make_envelope,
     task_id_for_key,
 )
 from rota.errors import UnknownTask, ValidationError
@@ -86,10 +86,13 @@ def _resolve_eta(eta: datetime | None, countdown: float | None) -> datetime | No
 class Task(Generic[P, R]):
     """A registered task. Calling it runs the function here and now."""
 
-    def __init__(self, app: App, fn: Callable[P, R], name: str, options: TaskOptions) -> None:
+    def __init__(
+        self, app: App, fn: Callable[P, R], template: EnvelopeTemplate, options: TaskOptions
+    ) -> None:
         self.app = app
         self.fn = fn
-        self.name = name
+        self.name = template.name
+        self.template = template  # name, queue and retry policy, checked
         self.options = options
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -202,16 +205,11 @@ class App:
                 cost=cost,
             )
             # Checked once here, so a bad option fails at import, not at enqueue.
-            make_envelope(
-                name=task_name,
-                queue=options.queue,
-                tenant="check",
-                max_attempts=options.max_attempts,
-                backoff_base=options.backoff,
-                backoff_max=options.backoff_max,
-                cost=options.cost,
+            template = envelope_template(
+                task_name, options.queue, options.max_attempts, options.backoff, options.backoff_max
             )
-            registered: Task[Any, Any] = Task(self, function, task_name, options)
+            TaskBatch.empty().add(template, "check", cost=options.cost)
+            registered: Task[Any, Any] = Task(self, function, template, options)
             self.tasks[task_name] = registered
             return registered
 
@@ -267,13 +265,15 @@ class App:
             raise ValidationError(f"{sorted(clash)} are enqueue options, not task arguments")
         if task is not None:
             options = task.options
-            template = envelope_template(
-                call.name,
-                call.queue or options.queue,
-                options.max_attempts,
-                options.backoff,
-                options.backoff_max,
-            )
+            template = task.template
+            if call.queue is not None and call.queue != template.queue:
+                template = envelope_template(
+                    call.name,
+                    call.queue,
+                    options.max_attempts,
+                    options.backoff,
+                    options.backoff_max,
+                )
             default_cost = options.cost
         else:
             settings = self.settings
@@ -296,7 +296,7 @@ class App:
                 else None
             ),
             call.cost if call.cost is not None else default_cost,
-            _resolve_eta(call.eta, call.countdown),
+            call.eta if call.countdown is None else _resolve_eta(call.eta, call.countdown),
             self.settings.max_payload_bytes,
         )
 
