@@ -233,13 +233,24 @@ def spark_session(master: str = "local[*]", app_name: str = "rota-loader") -> Sp
     # Executors must run this interpreter (it has rota and its dependencies).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network needed
     session = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Progress bars garble a service's log (and the demo's tables).
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
+    )
+    # A loader with a backlog runs batches back to back, longer than the
+    # trigger interval, by design: Spark would warn about it on every batch.
+    jvm: Any = session._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",
+        jvm.org.apache.logging.log4j.Level.ERROR,
     )
     session.dataSource.register(BufferSource)
     return session
