@@ -12,10 +12,8 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
-import orjson
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.types.json import set_json_dumps
 
 from rota.effects import adrive, drive
 
@@ -35,16 +33,12 @@ class Execute:
 @dataclass(frozen=True)
 class Copy:
     """COPY rows into the server in binary (`COPY ... FROM STDIN (FORMAT BINARY)`),
-    `types` naming each column's type. A str given for a json or jsonb column
-    is taken as JSON text already and sent as it is."""
+    `types` naming each column's type (name a json column "text" to send JSON
+    text as it is: json's binary form is its text)."""
 
     query: str
     rows: Iterable[Sequence[Any]]
     types: Sequence[str]
-
-
-def _json_text(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 Step: TypeAlias = Execute | Copy
@@ -59,7 +53,6 @@ def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     def execute(step: Step) -> list[Row]:
         with conn.cursor(binary=True) as cur:
             if isinstance(step, Copy):
-                set_json_dumps(_json_text, cur)
                 with cur.copy(step.query) as copy:
                     copy.set_types(step.types)
                     for row in step.rows:
@@ -77,7 +70,6 @@ async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     async def execute(step: Step) -> list[Row]:
         async with conn.cursor(binary=True) as cur:
             if isinstance(step, Copy):
-                set_json_dumps(_json_text, cur)
                 async with cur.copy(step.query) as copy:
                     copy.set_types(step.types)
                     for row in step.rows:

@@ -70,8 +70,10 @@ class FailOutcome:
 
 
 # Column types of the copy_staging block: the arrival number, then TaskEnvelope.copy_row.
+# The payload (a json column) goes as text: json's binary form is its text, and
+# the text dumper skips psycopg's JSON wrapper (about 2 µs a task).
 STAGING_TYPES = (
-    "int4", "uuid", "text", "text", "text", "json", "float8", "int4", "float8", "float8",
+    "int4", "uuid", "text", "text", "text", "text", "float8", "int4", "float8", "float8",
     "timestamptz", "timestamptz",
 )  # fmt: skip
 
