@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
+from rota.process import tune_gc
 from rota.settings import Settings
 
 app = typer.Typer(help="rota: a fair, multi-tenant task queue.", no_args_is_help=True)
@@ -57,6 +58,7 @@ def loader_drain(
 ) -> None:
     """One pass until the buffer is empty (or --max-seconds): a JSON summary, and
     exit code 0 when drained, 2 when stopped with work left, 1 on failure."""
+    tune_gc()
     import dataclasses
 
     from rota.loader import Loader
@@ -82,6 +84,7 @@ def loader_run(
     redis_url: RedisUrl = None,
 ) -> None:
     """Long-running loader; SIGTERM or Ctrl-C stops it after the batch in hand."""
+    tune_gc()
     import signal
     import threading
 
@@ -151,6 +154,7 @@ def worker(
 ) -> None:
     """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
+    tune_gc()
     import logging
     import signal
 
@@ -206,6 +210,7 @@ def import_command(
     """Load a file of tasks with fair sequencing (Spark batch job); rejected rows
     are written with their reasons. Exit code 0 if all rows loaded, 2 if some
     were rejected."""
+    tune_gc()
     from rota.loader.importer import import_tasks, summary_dict
 
     summary = import_tasks(
@@ -357,6 +362,7 @@ def bench_load(
     from rota.bench.core import bench_load as run_core
     from rota.bench.pipeline import bench_pipeline_load
 
+    tune_gc()  # as in `rota loader` (and its Python loaders' processes)
     with _bench_settings(database_url, redis_url, local) as settings:
         if engine == "core":
             figures = run_core(settings.database_url, tasks, tenants, runs)
@@ -500,6 +506,7 @@ def bench_claim(
     by backlog and after churn."""
     from rota.bench.core import bench_claim as run
 
+    tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
     sizes = [int(b) for b in backlogs.split(",")]
     with _bench_settings(database_url, None, local) as settings:
         figures = run(
@@ -516,6 +523,7 @@ def demo(
     as_json: AsJson = False,
 ) -> None:
     """The whole pipeline on local servers: a flood, quiet tenants, fair waits."""
+    tune_gc()
     from rota.demo import main as run_demo
 
     result = run_demo(flood=flood, small_tenants=small_tenants, out=out)

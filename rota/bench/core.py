@@ -22,6 +22,7 @@ from rota.db import Copy, Op
 from rota.envelope import TaskEnvelope, make_envelope
 from rota.migrate import migrate
 from rota.ops import STAGING_TYPES
+from rota.process import tune_gc
 from rota.sql import query
 
 BATCH = 10_000
@@ -183,7 +184,7 @@ def _claim_worker(args: tuple[str, str, int, float]) -> int:
 
 def claim_throughput(kind: str, url: str, connections: int, limit: int, seconds: float) -> float:
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(connections) as pool:
+    with ctx.Pool(connections, initializer=tune_gc) as pool:
         pool.map(time.sleep, [0.0] * connections)  # workers up before the clock starts
         started = time.perf_counter()
         done = sum(pool.map(_claim_worker, [(kind, url, limit, seconds)] * connections))
@@ -195,7 +196,7 @@ def churn(url: str, queue: str, tasks: int, connections: int, limit: int) -> flo
     """Claims and completes `tasks` tasks of `queue` with `connections` processes;
     returns tasks/s."""
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(connections) as pool:
+    with ctx.Pool(connections, initializer=tune_gc) as pool:
         started = time.perf_counter()
         per = [(url, queue, limit, tasks // connections) for _ in range(connections)]
         done = sum(pool.map(_churn_worker, per))

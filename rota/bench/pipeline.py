@@ -18,6 +18,7 @@ from rota.bench.core import reset, skewed_tenant
 from rota.buffer import all_streams
 from rota.consumer.worker import spawn_workers, stop_workers
 from rota.loader import Loader
+from rota.process import tune_gc
 from rota.sql import query
 
 QUEUE = "bench"
@@ -198,7 +199,7 @@ def _parallel_drain(settings: Settings, loaders: int) -> float:
     returns the seconds it took."""
     Loader(settings).ensure_groups()
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(loaders) as pool:
+    with ctx.Pool(loaders, initializer=tune_gc) as pool:
         pool.map(time.sleep, [0.0] * loaders)  # processes up before the clock starts
         started = time.perf_counter()
         pool.map(_drain_worker, [(settings, n) for n in range(loaders)])
