@@ -230,6 +230,11 @@ SELECT pg_try_advisory_lock(hashtext('rota.maintenance'))
 -- name: record_loader_batch
 -- Returns a row only the first time a (query, batch) is recorded.
 INSERT INTO rota.loader_batches (query, batch_id, tasks)
-VALUES (%(query)s, %(batch_id)s, %(tasks)s)
+VALUES (%(query)s, %(batch_id)s, 0)
 ON CONFLICT (query, batch_id) DO NOTHING
 RETURNING batch_id
+
+-- name: count_loader_batch
+-- The tasks the batch stored, once it is loaded (in the same transaction).
+UPDATE rota.loader_batches SET tasks = %(tasks)s
+WHERE query = %(query)s AND batch_id = %(batch_id)s

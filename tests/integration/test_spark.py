@@ -76,6 +76,29 @@ def test_a_replayed_micro_batch_is_skipped_by_the_ledger(
     assert conn.execute("SELECT count(*) FROM rota.loader_batches").fetchone() == (2,)
 
 
+def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
+    spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    from rota.loader.spark import SCHEMA, BatchSink
+
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = []
+    for start in range(0, 40, 8):  # five entries per tenant, eight tasks each
+        ids += app.enqueue_many(
+            [parse_pdf.call(i, tenant=t) for t in ("a", "b") for i in range(start, start + 8)]
+        )
+    rows = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, ids))]
+    frame = spark.createDataFrame(rows, SCHEMA)  # two partitions, in order
+    sink = BatchSink(settings.model_copy(update={"loader_batch_size": 12}), query_key="q")
+    sink(frame, 0)
+    sink.close()
+    assert sink.loaded == 80
+    assert conn.execute("SELECT tasks FROM rota.loader_batches").fetchone() == (80,)
+    claimed = db.run(conn, ops.claim(["pdfs"], 80, "w"))
+    for tenant in ("a", "b"):
+        assert [t.args[0] for t in claimed if t.tenant == tenant] == list(range(40))
+
+
 def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
     spark: Any, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
