@@ -12,7 +12,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -316,12 +316,11 @@ class TaskBatch:
 
     def select(self, indices: Sequence[int]) -> TaskBatch:
         """The tasks at `indices`, in that order, with only the templates they use."""
-        used = sorted({self.template[i] for i in indices})
-        renumber = {old: new for new, old in enumerate(used)}
+        used, template = _templates_used(self.template, indices)
         return TaskBatch(
             self.enqueued_at,
             [self.templates[i] for i in used],
-            [renumber[self.template[i]] for i in indices],
+            template,
             [self.ids[i] for i in indices],
             [self.tenants[i] for i in indices],
             [self.payloads[i] for i in indices],
@@ -385,6 +384,19 @@ class TaskBatch:
         )
 
 
+def _templates_used(template: Sequence[int], indices: Sequence[int]) -> tuple[list[int], list[int]]:
+    """For the tasks at `indices`: the templates they use (old indexes, in
+    order), and their template column renumbered to that list."""
+    used = sorted({template[i] for i in indices})
+    renumber = {old: new for new, old in enumerate(used)}
+    return used, [renumber[template[i]] for i in indices]
+
+
+def _check_same_length(columns: Sequence[Sized]) -> None:
+    if len({len(column) for column in columns}) > 1:
+        raise ValidationError("the entry's task columns differ in length")
+
+
 @with_config(ConfigDict(extra="forbid"))
 class _EntryColumns(TypedDict):
     """What `TaskBatch.to_json` writes, as pydantic validates it."""
@@ -416,9 +428,7 @@ def parse_batch(
 
 
 def _validated_batch(columns: _EntryColumns, max_payload_bytes: int) -> TaskBatch:
-    count = len(columns["id"])
-    if any(len(columns[key]) != count for key in TASK_COLUMNS):  # type: ignore[literal-required]
-        raise ValidationError("the entry's task columns differ in length")
+    _check_same_length([columns[key] for key in TASK_COLUMNS])  # type: ignore[literal-required]
     templates = [EnvelopeTemplate(*row) for row in columns["templates"]]
     if any(index >= len(templates) for index in columns["template"]):
         raise ValidationError("a task names a template the entry does not have")
@@ -452,12 +462,10 @@ def _parse_task_by_task(
         isinstance(columns[key], list) for key in TASK_COLUMNS
     ):
         raise ValidationError("the entry's templates and task columns must be JSON lists")
-    count = len(columns["id"])
-    if any(len(columns[key]) != count for key in TASK_COLUMNS):
-        raise ValidationError("the entry's task columns differ in length")
+    _check_same_length([columns[key] for key in TASK_COLUMNS])
     good: list[int] = []
     bad: list[tuple[bytes, str]] = []
-    for i in range(count):
+    for i in range(len(columns["id"])):
         index = columns["template"][i]
         template = templates[index] if type(index) is int and 0 <= index < len(templates) else None
         if not isinstance(template, list) or len(template) != 5:
@@ -485,14 +493,13 @@ def _parse_task_by_task(
             good.append(i)
     if not good:
         return TaskBatch.empty(), bad
-    used = sorted({columns["template"][i] for i in good})
-    renumber = {old: new for new, old in enumerate(used)}
+    used, template = _templates_used(columns["template"], good)
     kept = {
         "enqueued_at": columns["enqueued_at"],
         "templates": [templates[i] for i in used],
         **{key: [columns[key][i] for i in good] for key in TASK_COLUMNS},
+        "template": template,
     }
-    kept["template"] = [renumber[index] for index in kept["template"]]
     try:
         return _validated_batch(_ENTRY.validate_python(kept), max_payload_bytes), bad
     except PydanticValidationError as exc:  # each task passed: the rules disagree
