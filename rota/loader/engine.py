@@ -20,8 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-from uuid import UUID
+from typing import Any, TypeVar
 
 import psycopg
 import redis
@@ -207,21 +206,19 @@ class Loader:
             )
             for entry in exhausted
         ]
-        envelopes: list[TaskEnvelope] = []
-        source: dict[UUID, Entry] = {}
+        decoded: list[tuple[Entry, list[TaskEnvelope]]] = []
         for entry in entries:
             batch, bad = decode_entry(entry[2], self.settings.max_payload_bytes)
-            good = batch.envelopes()
-            envelopes.extend(good)
-            source.update((e.id, entry) for e in good)
+            decoded.append((entry, batch.envelopes()))
             dead.extend((entry, rejected) for rejected in bad)
 
+        tasks = sum(len(envelopes) for _, envelopes in decoded)
         if entries:
-            self._tasks_per_entry = max(1.0, len(envelopes) / len(entries))
-        stored, refused = load_in_chunks(self.conn, envelopes, self.settings.loader_batch_size)
+            self._tasks_per_entry = max(1.0, tasks / len(entries))
+        stored, refused = load_entries(self.conn, decoded, self.settings.loader_batch_size)
         result.loaded = stored
-        result.duplicates = len(envelopes) - stored - len(refused)
-        dead.extend((source[e.id], Rejected(e.to_json(), reason)) for e, reason in refused)
+        result.duplicates = tasks - stored - len(refused)
+        dead.extend(refused)
         result.dead_lettered = len(dead)
         self._finish(entries + exhausted, dead)
         return result
@@ -304,6 +301,24 @@ class Loader:
                 time.sleep(1)
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
+
+
+K = TypeVar("K")
+
+
+def load_entries(
+    conn: psycopg.Connection[Any], entries: list[tuple[K, list[TaskEnvelope]]], size: int
+) -> tuple[int, list[tuple[K, Rejected]]]:
+    """Loads the tasks of buffer entries, in order (`load_in_chunks`). Returns
+    the tasks stored, and each task PostgreSQL refused as a dead letter with
+    the entry (`K`) it came from."""
+    good = [envelope for _, envelopes in entries for envelope in envelopes]
+    stored, refused = load_in_chunks(conn, good, size)
+    if not refused:
+        return stored, []
+    # Rare: only then is it worth mapping tasks to their entries.
+    origin = {envelope.id: key for key, envelopes in entries for envelope in envelopes}
+    return stored, [(origin[e.id], Rejected(e.to_json(), reason)) for e, reason in refused]
 
 
 def load_in_chunks(

@@ -8,8 +8,8 @@ Sink: `foreachBatch` streams the micro-batch to the driver partition by
 partition (Spark computes the next while the driver loads) and loads it in
 chunks with the core's bulk SQL (COPY + one call), all in one transaction with
 a ledger row keyed by (checkpoint, batch id): a replayed micro-batch is
-skipped, so every task is loaded exactly once. Invalid entries, and tasks PostgreSQL refuses,
-go to the dead-letter stream. Loading on the executors instead (each its own
+skipped, so every task is loaded exactly once. Invalid entries, and tasks
+PostgreSQL refuses, go to the dead-letter stream. Loading on the executors instead (each its own
 shards, `mapInArrow`) measured 17% slower here: loads of one queue take turns
 on its lock wherever they run, so more loaders only add per-load overhead.
 Once a batch is durable, the source's `commit` trims the shards up to it.
@@ -41,7 +41,7 @@ from rota.buffer import (
     decode_entry,
 )
 from rota.envelope import TaskBatch, TaskEnvelope
-from rota.loader.engine import load_in_chunks
+from rota.loader.engine import load_entries
 from rota.settings import Settings
 from rota.sql import query
 
@@ -201,14 +201,14 @@ class BatchSink:
             # loading as chunks fill up: Spark computes the next partition while
             # the driver loads this one. A tenant lives in one shard, so its
             # tasks still load in enqueue order.
-            entries: list[tuple[str, str, list[TaskEnvelope]]] = []
+            entries: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
             waiting = 0
             for stream, entry_id, data, error in frame.toLocalIterator(prefetchPartitions=True):
                 if error is not None:
                     dead.append((stream, entry_id, Rejected(data.encode(), error)))
                     continue
                 envelopes = TaskBatch.from_checked_json(data).envelopes()
-                entries.append((stream, entry_id, envelopes))
+                entries.append(((stream, entry_id), envelopes))
                 waiting += len(envelopes)
                 if waiting >= size:
                     stored += self._load(entries, dead)
@@ -230,17 +230,14 @@ class BatchSink:
 
     def _load(
         self,
-        entries: list[tuple[str, str, list[TaskEnvelope]]],
+        entries: list[tuple[tuple[str, str], list[TaskEnvelope]]],
         dead: list[tuple[str, str, Rejected]],
     ) -> int:
         """Loads the entries' tasks (savepoints in the batch's transaction); the
         tasks PostgreSQL refuses join `dead`, with the entry they came from."""
         assert self._conn is not None
-        good = [envelope for _, _, envelopes in entries for envelope in envelopes]
-        stored, refused = load_in_chunks(self._conn, good, self.settings.loader_batch_size)
-        if refused:  # rare: only then is it worth mapping tasks to their entries
-            origin = {e.id: (s, i) for s, i, envelopes in entries for e in envelopes}
-            dead.extend((*origin[e.id], Rejected(e.to_json(), reason)) for e, reason in refused)
+        stored, refused = load_entries(self._conn, entries, self.settings.loader_batch_size)
+        dead.extend((stream, entry_id, rejected) for (stream, entry_id), rejected in refused)
         return stored
 
     def close(self) -> None:
