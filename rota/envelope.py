@@ -1,4 +1,4 @@
-"""Tasks on the wire: a batch's columns in the buffer, one envelope per task in staging.
+"""Tasks on the wire: a batch's columns in the buffer, one envelope per task loaded.
 
 One set of rules for every path in: the producer checks tasks as it adds them
 to a `TaskBatch` (fast, no model per task), the loader validates buffer
@@ -170,22 +170,6 @@ class TaskEnvelope:
     backoff_max: Backoff = 3600.0
     eta: AwareDatetime | None = None
     v: Literal[1] = ENVELOPE_VERSION
-
-    def copy_row(self) -> tuple[Any, ...]:
-        """The row COPY'd into rota_staging (column order of the copy_staging block)."""
-        return (
-            self.id,
-            self.queue,
-            self.tenant,
-            self.name,
-            self.payload,
-            self.cost,
-            self.max_attempts,
-            self.backoff_base,
-            self.backoff_max,
-            self.eta,
-            self.enqueued_at,
-        )
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)

@@ -11,6 +11,7 @@ import itertools
 import multiprocessing
 import statistics
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +22,6 @@ from rota import db, ops
 from rota.db import Copy, Op
 from rota.envelope import TaskEnvelope, make_envelope
 from rota.migrate import migrate
-from rota.ops import STAGING_TYPES
 from rota.process import tune_gc
 from rota.sql import query
 
@@ -67,15 +67,16 @@ def _copy_only(step: Copy) -> Op[None]:
 
 
 def _raw_copy(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
-    """Baseline: COPY the same rows into a table shaped like rota.tasks, PK only,
-    in the same binary format the load's staging COPY uses."""
+    """Baseline: COPY the rows the fair load COPYs into rota.tasks into a table
+    shaped like it, primary key only, in the same binary format."""
     conn.execute(query("bench_raw_setup"))
-    # The staging columns but for the arrival number, with ids for the names.
-    types = ["uuid", "int4", "int4", *STAGING_TYPES[4:]]
+    ids: defaultdict[str, int] = defaultdict(lambda: 1)
+    now = datetime.now(UTC)
     started = time.perf_counter()
+    seq = itertools.count()
     for batch in batches:
-        rows = ((e.id, 1, 1, *e.copy_row()[3:]) for e in batch)
-        db.transact(conn, _copy_only(Copy(query("bench_raw_copy"), rows, types)))
+        rows = ops.task_rows(zip(seq, batch, strict=False), ids, ids, now)
+        db.transact(conn, _copy_only(Copy(query("bench_raw_copy"), rows, ops.TASK_COPY_TYPES)))
     return time.perf_counter() - started
 
 

@@ -91,8 +91,8 @@ CREATE UNLOGGED TABLE rota_bench_raw (LIKE rota.tasks INCLUDING DEFAULTS);
 ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)
 
 -- name: bench_raw_copy
-COPY rota_bench_raw (id, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
-                     backoff_max, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
+COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
+                     backoff_base, backoff_max, status, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
 
 -- name: bench_analyze_ready
 -- ANALYZE only: after churn, cleaning up is autovacuum's job, as in production.

@@ -3,40 +3,66 @@
 -- Array parameters are sent in binary (`%(name)b`): psycopg's text form quotes
 -- each element, which cost a worker about 0.3 ms per 100-task completion.
 
--- name: create_staging
--- The session's staging table for COPY; emptied at every commit.
-CREATE TEMP TABLE IF NOT EXISTS rota_staging (
-    arrival integer NOT NULL,  -- position in the batch: the order tasks arrived in
-    id uuid NOT NULL,
-    queue text NOT NULL,
-    tenant text NOT NULL,
-    name text NOT NULL,
-    payload json NOT NULL,
-    cost double precision NOT NULL,
-    max_attempts integer NOT NULL,
-    backoff_base double precision NOT NULL,
-    backoff_max double precision NOT NULL,
-    eta timestamptz,
-    enqueued_at timestamptz NOT NULL
-) ON COMMIT DELETE ROWS
-
--- name: copy_staging
--- Binary (a third cheaper than text); rota.ops.STAGING_TYPES names the column types.
-COPY rota_staging (arrival, id, queue, tenant, name, payload, cost, max_attempts, backoff_base,
-                   backoff_max, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
-
--- name: clear_staging
--- For a caller's own transaction, where ON COMMIT has not yet emptied it.
--- (DELETE, not TRUNCATE: the table is almost always empty, and then DELETE
--- costs nothing while TRUNCATE swaps files.)
-DELETE FROM rota_staging
-
 -- name: listen_ready
 -- Loads, requeues and promotions notify this channel once per queue and batch.
 LISTEN rota_ready
 
--- name: load_staged
-SELECT rota.load_staged()
+-- name: load_name_ids
+SELECT queue_ids, tenant_ids FROM rota.name_ids(%(queues)b::text[], %(tenants)b::text[])
+
+-- name: load_prepare
+-- The transaction's time (a task whose ETA is later waits scheduled), one
+-- sequence number per task in arrival order, and the tasks that already ran
+-- (a batch loaded again must not bring them back).
+SELECT now(),
+       ARRAY(SELECT nextval('rota.task_seq') FROM generate_series(1, %(count)s) ORDER BY 1),
+       ARRAY(SELECT task_id FROM rota.finished WHERE task_id = ANY (%(ids)b::uuid[]))
+
+-- name: load_savepoint
+SAVEPOINT rota_load
+
+-- name: load_rollback_to_savepoint
+ROLLBACK TO SAVEPOINT rota_load
+
+-- name: existing_tasks
+SELECT id FROM rota.tasks WHERE id = ANY (%(ids)b::uuid[])
+
+-- name: copy_tasks
+-- Binary; rota.ops.TASK_COPY_TYPES names the column types.
+COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
+                 backoff_max, status, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
+
+-- name: schedule_tasks
+INSERT INTO rota.scheduled (run_at, task_id)
+SELECT * FROM unnest(%(run_at)b::timestamptz[], %(ids)b::uuid[])
+
+-- name: fair_starts
+SELECT queue_id, tenant_id, weight, start
+FROM rota.fair_starts(%(queue_ids)b::integer[], %(tenant_ids)b::integer[])
+
+-- name: copy_ready
+COPY rota.ready (queue_id, vtime, tenant_id, seq, task_id) FROM STDIN (FORMAT BINARY)
+
+-- name: save_fair_tags
+SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
+                           %(finish_tags)b::float8[], %(clock_queue_ids)b::integer[],
+                           %(max_starts)b::float8[])
+
+-- name: take_due
+-- Due scheduled tasks (ETA reached, retry backoff over), back to pending; they
+-- get their fair place in line from rota.ops.make_ready.
+WITH due AS (
+    DELETE FROM rota.scheduled
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM rota.scheduled WHERE run_at <= now()
+        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+    RETURNING task_id
+), promoted AS (
+    UPDATE rota.tasks t SET status = 'pending'
+    WHERE t.id = ANY (ARRAY(SELECT task_id FROM due)) AND t.status = 'scheduled'
+    RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost
+)
+SELECT id, seq, queue_id, tenant_id, cost FROM promoted ORDER BY seq
 
 -- name: claim
 -- Claims up to `limit` ready tasks of the given queues in fair order, in one
@@ -144,9 +170,6 @@ SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS x(id, attempt)
 WHERE r.task_id = x.id AND r.attempt = x.attempt
 RETURNING r.task_id
-
--- name: promote_due
-SELECT rota.promote_due(%(limit)s)
 
 -- name: configure_tenant
 SELECT rota.configure_tenant(%(name)s, %(weight)s, %(concurrency_limit)s, %(rate_limit)s,

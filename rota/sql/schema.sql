@@ -177,63 +177,6 @@ LANGUAGE sql STABLE AS $$
         0)
 $$;
 
--- Gives tasks their fair place in line and makes them claimable. The caller
--- holds the rows of their queues locked (rota.lock_queues), so loaders and
--- schedulers of the same queue take turns and each reads a settled clock.
-CREATE FUNCTION rota.make_ready(
-    p_ids uuid[], p_seqs bigint[], p_queue_ids integer[], p_tenant_ids integer[], p_costs double precision[]
-) RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_count integer;
-BEGIN
-    WITH batch AS (
-        SELECT * FROM unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs)
-            AS b(id, seq, queue_id, tenant_id, cost)
-    ), clock AS MATERIALIZED (  -- read once per queue, not once per tenant or task
-        SELECT q.queue_id, rota.vclock(q.queue_id) AS v FROM (SELECT DISTINCT queue_id FROM batch) q
-    ), tenant_base AS MATERIALIZED (
-        -- Per (queue, tenant) of the batch, not per task: where its next task
-        -- starts, S = max(V, F), and its weight.
-        SELECT p.queue_id, p.tenant_id, t.weight,
-               greatest(c.v, coalesce(tq.finish_tag, c.v)) AS start
-        FROM (SELECT DISTINCT queue_id, tenant_id FROM batch) p
-        JOIN clock c ON c.queue_id = p.queue_id
-        JOIN rota.tenants t ON t.id = p.tenant_id
-        LEFT JOIN rota.tenant_queues tq ON tq.queue_id = p.queue_id AND tq.tenant_id = p.tenant_id
-    ), finished AS (
-        -- Each next task of a tenant starts where its previous one finished:
-        -- F = S + cost / weight.
-        SELECT b.id, b.seq, b.queue_id, b.tenant_id, b.cost / tb.weight AS step,
-               tb.start + sum(b.cost / tb.weight) OVER (PARTITION BY b.queue_id, b.tenant_id
-                                                        ORDER BY b.seq ROWS UNBOUNDED PRECEDING)
-                 AS finish
-        FROM batch b
-        JOIN tenant_base tb ON tb.queue_id = b.queue_id AND tb.tenant_id = b.tenant_id
-    ), tagged AS (
-        SELECT id, seq, queue_id, tenant_id, finish - step AS vtime, finish FROM finished
-    ), into_ready AS (
-        INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
-        SELECT queue_id, vtime, tenant_id, seq, id FROM tagged
-    ), finish_tags AS (
-        INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
-        SELECT queue_id, tenant_id, max(finish) FROM tagged GROUP BY queue_id, tenant_id
-        ORDER BY queue_id, tenant_id
-        ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = excluded.finish_tag
-    ), clocks AS (
-        UPDATE rota.queues q SET max_start = greatest(q.max_start, m.s)
-        FROM (SELECT queue_id, max(vtime) AS s FROM tagged GROUP BY queue_id) m
-        WHERE q.id = m.queue_id
-    )
-    SELECT count(*) INTO v_count FROM tagged;
-
-    -- One notification per queue and batch, never one per task.
-    PERFORM pg_notify('rota_ready', q.name)
-    FROM rota.queues q WHERE q.id = ANY(p_queue_ids);
-    RETURN v_count;
-END
-$$;
-
 -- Locks queue rows in id order: every writer of fair tags takes them the same way.
 CREATE FUNCTION rota.lock_queues(p_queue_ids integer[]) RETURNS void
 LANGUAGE sql AS $$
@@ -242,109 +185,64 @@ LANGUAGE sql AS $$
     ) locked
 $$;
 
--- Turns the session's staged batch (pg_temp.rota_staging, filled by COPY)
--- into tasks. Duplicate ids (a batch loaded twice) are ignored. Returns how
--- many new tasks were stored.
-CREATE FUNCTION rota.load_staged() RETURNS integer
+-- The ids of queue and tenant names, in the order given; unknown ones are
+-- created, in name order (loaders creating the same ones cannot deadlock).
+CREATE FUNCTION rota.name_ids(p_queues text[], p_tenants text[],
+                              OUT queue_ids integer[], OUT tenant_ids integer[])
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_queue_ids integer[];
-    v_ids uuid[]; v_seqs bigint[]; v_qids integer[]; v_tids integer[]; v_costs double precision[];
-    v_loaded integer;
-    v_insert text;
 BEGIN
-    -- Unknown queues and tenants are created in name order (no deadlocks
-    -- between loaders creating the same ones).
     INSERT INTO rota.queues (name)
-    SELECT DISTINCT s.queue FROM pg_temp.rota_staging s
-    WHERE NOT EXISTS (SELECT 1 FROM rota.queues q WHERE q.name = s.queue)
+    SELECT DISTINCT n FROM unnest(p_queues) n
+    WHERE NOT EXISTS (SELECT 1 FROM rota.queues q WHERE q.name = n)
     ORDER BY 1 ON CONFLICT (name) DO NOTHING;
     INSERT INTO rota.tenants (name)
-    SELECT DISTINCT s.tenant FROM pg_temp.rota_staging s
-    WHERE NOT EXISTS (SELECT 1 FROM rota.tenants t WHERE t.name = s.tenant)
+    SELECT DISTINCT n FROM unnest(p_tenants) n
+    WHERE NOT EXISTS (SELECT 1 FROM rota.tenants t WHERE t.name = n)
     ORDER BY 1 ON CONFLICT (name) DO NOTHING;
-
-    SELECT array_agg(q.id) INTO v_queue_ids FROM rota.queues q
-    WHERE q.name IN (SELECT DISTINCT queue FROM pg_temp.rota_staging);
-    IF v_queue_ids IS NULL THEN
-        RETURN 0;
-    END IF;
-    PERFORM rota.lock_queues(v_queue_ids);
-
-    -- Tasks already succeeded (in rota.finished) are skipped by the WHERE; a
-    -- repeated id still waiting (in this batch or an earlier one) by ON
-    -- CONFLICT. Repeats are rare (a replayed batch), and a plain INSERT is a
-    -- third cheaper than one with ON CONFLICT: try that first, and only when a
-    -- repeat makes it fail, load the batch again skipping conflicts.
-    v_insert := $sql$
-        WITH inserted AS (
-            INSERT INTO rota.tasks AS t (id, queue_id, tenant_id, name, payload, cost,
-                                         max_attempts, backoff_base, backoff_max, status, eta,
-                                         enqueued_at)
-            SELECT s.id, q.id, tn.id, s.name, s.payload, s.cost, s.max_attempts,
-                   s.backoff_base, s.backoff_max,
-                   CASE WHEN s.eta > now() THEN 'scheduled' ELSE 'pending' END::rota.task_status,
-                   s.eta, s.enqueued_at
-            FROM pg_temp.rota_staging s
-            JOIN rota.queues q ON q.name = s.queue
-            JOIN rota.tenants tn ON tn.name = s.tenant
-            WHERE s.id <> ALL (ARRAY(
-                SELECT f.task_id FROM rota.finished f
-                WHERE f.task_id = ANY (ARRAY(SELECT id FROM pg_temp.rota_staging))))
-            ORDER BY s.arrival
-            %s
-            RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta
-        ), later AS (
-            INSERT INTO rota.scheduled (run_at, task_id)
-            SELECT eta, id FROM inserted WHERE status = 'scheduled'
-        ), now_ready AS (
-            SELECT * FROM inserted WHERE status = 'pending' ORDER BY seq
-        )
-        SELECT (SELECT count(*) FROM inserted), array_agg(id), array_agg(seq),
-               array_agg(queue_id), array_agg(tenant_id), array_agg(cost)
-        FROM now_ready
-    $sql$;
-    BEGIN
-        EXECUTE format(v_insert, '')
-        INTO v_loaded, v_ids, v_seqs, v_qids, v_tids, v_costs;
-    EXCEPTION WHEN unique_violation THEN
-        EXECUTE format(v_insert, 'ON CONFLICT (id) DO NOTHING')
-        INTO v_loaded, v_ids, v_seqs, v_qids, v_tids, v_costs;
-    END;
-
-    IF v_ids IS NOT NULL THEN
-        PERFORM rota.make_ready(v_ids, v_seqs, v_qids, v_tids, v_costs);
-    END IF;
-    RETURN coalesce(v_loaded, 0);
+    SELECT array_agg(q.id ORDER BY x.i) INTO queue_ids
+    FROM unnest(p_queues) WITH ORDINALITY x(name, i) JOIN rota.queues q ON q.name = x.name;
+    SELECT array_agg(t.id ORDER BY x.i) INTO tenant_ids
+    FROM unnest(p_tenants) WITH ORDINALITY x(name, i) JOIN rota.tenants t ON t.name = x.name;
 END
 $$;
 
--- Moves due scheduled tasks (ETA reached, retry backoff over) into line.
-CREATE FUNCTION rota.promote_due(p_limit integer) RETURNS integer
+-- Where each (queue, tenant) pair's next task starts, S = max(V, F) (the
+-- queue's virtual clock, the tenant's finish tag), and the tenant's weight.
+-- Locks the queues first (rota.lock_queues): loaders and schedulers of the
+-- same queue take turns, each reading settled tags, until they commit.
+CREATE FUNCTION rota.fair_starts(p_queue_ids integer[], p_tenant_ids integer[])
+RETURNS TABLE (queue_id integer, tenant_id integer, weight double precision,
+               start double precision)
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_ids uuid[]; v_seqs bigint[]; v_qids integer[]; v_tids integer[]; v_costs double precision[];
 BEGIN
-    WITH due AS (
-        DELETE FROM rota.scheduled
-        WHERE ctid = ANY(ARRAY(
-            SELECT ctid FROM rota.scheduled WHERE run_at <= now()
-            ORDER BY run_at LIMIT p_limit FOR UPDATE SKIP LOCKED))
-        RETURNING task_id
-    ), promoted AS (
-        UPDATE rota.tasks t SET status = 'pending'
-        WHERE t.id = ANY(ARRAY(SELECT task_id FROM due)) AND t.status = 'scheduled'
-        RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost
+    PERFORM rota.lock_queues(ARRAY(SELECT DISTINCT unnest(p_queue_ids)));
+    RETURN QUERY
+    WITH clock AS MATERIALIZED (  -- read once per queue, not once per tenant
+        SELECT q.id, rota.vclock(q.id) AS v FROM (SELECT DISTINCT unnest(p_queue_ids) AS id) q
     )
-    SELECT array_agg(id ORDER BY seq), array_agg(seq ORDER BY seq), array_agg(queue_id ORDER BY seq),
-           array_agg(tenant_id ORDER BY seq), array_agg(cost ORDER BY seq)
-    INTO v_ids, v_seqs, v_qids, v_tids, v_costs
-    FROM promoted;
-    IF v_ids IS NULL THEN
-        RETURN 0;
-    END IF;
-    PERFORM rota.lock_queues(ARRAY(SELECT DISTINCT unnest(v_qids)));
-    RETURN rota.make_ready(v_ids, v_seqs, v_qids, v_tids, v_costs);
+    SELECT p.queue_id, p.tenant_id, t.weight, greatest(c.v, coalesce(tq.finish_tag, c.v))
+    FROM unnest(p_queue_ids, p_tenant_ids) AS p(queue_id, tenant_id)
+    JOIN clock c ON c.id = p.queue_id
+    JOIN rota.tenants t ON t.id = p.tenant_id
+    LEFT JOIN rota.tenant_queues tq ON tq.queue_id = p.queue_id AND tq.tenant_id = p.tenant_id;
+END
+$$;
+
+-- Records what the tasks just made ready (rota.ops.make_ready) moved: each
+-- pair's finish tag and each queue's largest start tag; notifies once per queue.
+CREATE FUNCTION rota.save_fair_tags(
+    p_queue_ids integer[], p_tenant_ids integer[], p_finish_tags double precision[],
+    p_clock_queue_ids integer[], p_max_starts double precision[]
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
+    SELECT * FROM unnest(p_queue_ids, p_tenant_ids, p_finish_tags) ORDER BY 1, 2
+    ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = excluded.finish_tag;
+    UPDATE rota.queues q SET max_start = greatest(q.max_start, m.s)
+    FROM unnest(p_clock_queue_ids, p_max_starts) AS m(id, s)
+    WHERE q.id = m.id;
+    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q WHERE q.id = ANY(p_clock_queue_ids);
 END
 $$;
 
