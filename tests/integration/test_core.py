@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,6 +31,28 @@ def test_loading_the_same_batch_twice_creates_each_task_once(conn: Conn) -> None
 def test_duplicate_ids_inside_one_batch_are_loaded_once(conn: Conn) -> None:
     batch = envelopes("alice", 3)
     assert load(conn, batch + batch) == 3
+
+
+def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: str) -> None:
+    # The second load's COPY waits on the first's uncommitted rows, fails on
+    # their ids once they commit, and loads only what is new.
+    batch = envelopes("alice", 20)
+    late = envelopes("bob", 5)
+    outcome: list[int] = []
+    with db.connect(database_url) as other:
+        racer = threading.Thread(
+            target=lambda: outcome.append(db.transact(other, ops.load(batch + late)))
+        )
+        with conn.transaction():
+            assert db.run(conn, ops.load(batch)) == 20
+            racer.start()
+            time.sleep(0.5)  # the racer is now waiting on our uncommitted ids
+            assert outcome == []
+        racer.join(timeout=30)
+    assert outcome == [5]
+    counts = db.run(conn, ops.queue_counts())["default"]
+    assert counts["ready"] == 25
+    assert sorted(drain_order(conn)) == ["alice"] * 20 + ["bob"] * 5
 
 
 def test_a_flood_does_not_push_a_small_tenant_back(conn: Conn) -> None:
