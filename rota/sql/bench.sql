@@ -108,6 +108,10 @@ ANALYZE rota_bench_fair
 -- Enqueue -> claimable (loaded) of every task, in milliseconds.
 SELECT extract(epoch FROM loaded_at - enqueued_at) * 1000 FROM rota.tasks
 
+-- name: bench_loader_batches
+-- The tasks each micro-batch of a Spark loader query stored, in order.
+SELECT tasks FROM rota.loader_batches WHERE query = %(query)s ORDER BY batch_id
+
 -- name: bench_start_latencies
 -- Enqueue -> start of every finished task, in milliseconds.
 SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 FROM rota.finished f

@@ -189,20 +189,27 @@ $$;
 -- created, in name order (loaders creating the same ones cannot deadlock).
 CREATE FUNCTION rota.name_ids(p_queues text[], p_tenants text[],
                               OUT queue_ids integer[], OUT tenant_ids integer[])
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Index probes whatever the statistics say (migration 0008 tells why).
+SET enable_seqscan = off
+AS $$
 BEGIN
+    -- Lookups are scalar subqueries: each an index probe (joins could be
+    -- planned as a scan of the whole table per name).
     INSERT INTO rota.queues (name)
     SELECT DISTINCT n FROM unnest(p_queues) n
-    WHERE NOT EXISTS (SELECT 1 FROM rota.queues q WHERE q.name = n)
+    WHERE (SELECT q.id FROM rota.queues q WHERE q.name = n) IS NULL
     ORDER BY 1 ON CONFLICT (name) DO NOTHING;
     INSERT INTO rota.tenants (name)
     SELECT DISTINCT n FROM unnest(p_tenants) n
-    WHERE NOT EXISTS (SELECT 1 FROM rota.tenants t WHERE t.name = n)
+    WHERE (SELECT t.id FROM rota.tenants t WHERE t.name = n) IS NULL
     ORDER BY 1 ON CONFLICT (name) DO NOTHING;
-    SELECT array_agg(q.id ORDER BY x.i) INTO queue_ids
-    FROM unnest(p_queues) WITH ORDINALITY x(name, i) JOIN rota.queues q ON q.name = x.name;
-    SELECT array_agg(t.id ORDER BY x.i) INTO tenant_ids
-    FROM unnest(p_tenants) WITH ORDINALITY x(name, i) JOIN rota.tenants t ON t.name = x.name;
+    queue_ids := ARRAY(
+        SELECT (SELECT q.id FROM rota.queues q WHERE q.name = x.name)
+        FROM unnest(p_queues) WITH ORDINALITY x(name, i) ORDER BY x.i);
+    tenant_ids := ARRAY(
+        SELECT (SELECT t.id FROM rota.tenants t WHERE t.name = x.name)
+        FROM unnest(p_tenants) WITH ORDINALITY x(name, i) ORDER BY x.i);
 END
 $$;
 
@@ -213,18 +220,22 @@ $$;
 CREATE FUNCTION rota.fair_starts(p_queue_ids integer[], p_tenant_ids integer[])
 RETURNS TABLE (queue_id integer, tenant_id integer, weight double precision,
                start double precision)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
 BEGIN
     PERFORM rota.lock_queues(ARRAY(SELECT DISTINCT unnest(p_queue_ids)));
     RETURN QUERY
     WITH clock AS MATERIALIZED (  -- read once per queue, not once per tenant
         SELECT q.id, rota.vclock(q.id) AS v FROM (SELECT DISTINCT unnest(p_queue_ids) AS id) q
     )
-    SELECT p.queue_id, p.tenant_id, t.weight, greatest(c.v, coalesce(tq.finish_tag, c.v))
+    SELECT p.queue_id, p.tenant_id,
+           (SELECT t.weight FROM rota.tenants t WHERE t.id = p.tenant_id),
+           greatest(c.v, coalesce((SELECT tq.finish_tag FROM rota.tenant_queues tq
+                                   WHERE tq.queue_id = p.queue_id AND tq.tenant_id = p.tenant_id),
+                                  c.v))
     FROM unnest(p_queue_ids, p_tenant_ids) AS p(queue_id, tenant_id)
-    JOIN clock c ON c.id = p.queue_id
-    JOIN rota.tenants t ON t.id = p.tenant_id
-    LEFT JOIN rota.tenant_queues tq ON tq.queue_id = p.queue_id AND tq.tenant_id = p.tenant_id;
+    JOIN clock c ON c.id = p.queue_id;
 END
 $$;
 

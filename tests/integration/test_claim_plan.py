@@ -68,3 +68,28 @@ def test_a_claim_transaction_locks_few_relations_all_on_the_fast_path(conn: Conn
     assert {"ready", "ready_fair_order", "tasks", "running", "tenants"} <= relations
     assert len(relations) < 16, relations
     assert all(fastpath for _, _, fastpath in locks), locks
+
+
+def test_loading_looks_names_and_tags_up_by_index_even_when_planned_on_empty_tables(
+    database_url: str,
+) -> None:
+    # PL/pgSQL keeps its plans for the session: planned while the tables looked
+    # empty, the loader's lookups once scanned the whole table per tenant, and
+    # a transaction that kept loading (a Spark micro-batch) grew quadratic.
+    with db.connect(database_url) as conn:
+        for table in ("queues", "tenants", "tenant_queues", "ready"):
+            conn.execute(f"ANALYZE rota.{table}")
+        load(conn, envelopes("first", 1))  # plans made now, on "empty" tables
+        with conn.transaction():
+            for chunk in range(4):
+                batch = [e for t in range(200) for e in envelopes(f"c{chunk}-t{t}", 2)]
+                assert db.run(conn, ops.load(batch)) == 400
+            scans = dict(
+                conn.execute(
+                    "SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
+                    " WHERE schemaname = 'rota' AND relname = ANY(%s)",
+                    [["tenants", "tenant_queues"]],
+                ).fetchall()
+            )
+    # (rota.queues holds one row per queue: scanning it is cheap.)
+    assert scans == {"tenants": 0, "tenant_queues": 0}, scans
