@@ -161,28 +161,45 @@ def _spark_sustained(
     tasks: int,
     tenants: int,
     run: int,
-) -> float:
-    """The streaming query runs first (its start-up is not the steady rate); then
-    the buffer is filled and the clock runs until every task is claimable."""
+) -> tuple[float, list[int]]:
+    """The streaming query runs first (its start-up is not the steady rate), then
+    the backlog appears in the buffer at once, as it does for the Python engine
+    (which starts on a filled buffer): it is enqueued into streams the query
+    does not read and renamed onto its shards in one MULTI. The clock runs
+    until every task is claimable. Returns tasks/s and the micro-batch sizes."""
 
     stop = threading.Event()
-    streaming = _spark_loader(
-        settings, spark, f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}", 0.2, stop
-    )
+    checkpoint = f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}"
+    streaming = _spark_loader(settings, spark, checkpoint, 0.2, stop)
     streaming.start()
+    filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
+    fill_app = _app(filling)
+    client = redis.Redis.from_url(settings.redis_url)
     try:
         app.tasks["noop"].enqueue(0, "warm-up", tenant="warm-up")
         while db.run(conn, ops.queue_counts()).get(QUEUE, {}).get("ready", 0) < 1:
             time.sleep(0.2)
+        _fill_buffer(fill_app, tasks, tenants)
+        pipe = client.pipeline(transaction=True)
+        for staged, live in zip(
+            all_streams(filling.stream_prefix, filling.shards),
+            all_streams(settings.stream_prefix, settings.shards),
+            strict=True,
+        ):
+            if client.exists(staged):  # a shard no tenant of the backlog maps to has none
+                pipe.rename(staged, live)
         started = time.perf_counter()
-        _fill_buffer(app, tasks, tenants)
+        pipe.execute()
         while db.run(conn, ops.queue_counts())[QUEUE]["ready"] < tasks + 1:
             time.sleep(0.05)
         elapsed = time.perf_counter() - started
     finally:
         stop.set()
         streaming.join()
-    return tasks / elapsed
+        fill_app.close()
+        client.close()
+    batches = conn.execute(query("bench_loader_batches"), {"query": checkpoint}).fetchall()
+    return tasks / elapsed, [row[0] for row in batches if row[0] > 0]
 
 
 def _drain_worker(args: tuple[Settings, int]) -> int:
@@ -214,6 +231,7 @@ def bench_pipeline_load(
     app = _app(settings)
     noop = app.tasks["noop"]
     rates = []
+    micro_batches: list[list[int]] = []
     spark = None
     if engine == "spark":
         from rota.loader.spark import spark_session
@@ -227,7 +245,9 @@ def bench_pipeline_load(
                 _fill_buffer(app, tasks, tenants)
                 rates.append(tasks / _parallel_drain(settings, loaders))
             else:
-                rates.append(_spark_sustained(settings, app, spark, conn, tasks, tenants, run))
+                rate, sizes = _spark_sustained(settings, app, spark, conn, tasks, tenants, run)
+                rates.append(rate)
+                micro_batches.append(sizes)
             warm_up = 1 if engine == "spark" else 0
             assert db.run(conn, ops.queue_counts())[QUEUE]["ready"] == tasks + warm_up
 
@@ -273,6 +293,7 @@ def bench_pipeline_load(
         },
         "sustained_tasks_per_s": round(statistics.median(rates)),
         "runs": [round(r) for r in rates],
+        **({"micro_batch_tasks": micro_batches} if engine == "spark" else {}),
         "enqueue_to_claimable_ms": {
             "p50": round(statistics.median(latencies), 1),
             "p99": round(_percentile(latencies, 0.99), 1),
