@@ -85,6 +85,11 @@ class CapacityCache:
         self.since_fetch.clear()
         self.fetched_at = time.monotonic()
 
+    def postpone(self) -> None:
+        """The refresh failed: keep the cached figures until the next one is
+        due, rather than ask the database again on every call."""
+        self.fetched_at = time.monotonic()
+
     def check(self, batch: TaskBatch) -> None:
         if not self.limits:
             return
@@ -132,7 +137,13 @@ class ProducerCore:
             try:
                 self.capacity.refresh((yield FetchBacklogs()))
             except Exception as exc:
-                log.warning("could not refresh tenant capacities, using the cached ones: %s", exc)
+                # PostgreSQL down must not cost every enqueue a connection attempt.
+                self.capacity.postpone()
+                log.warning(
+                    "could not refresh tenant capacities, using the cached ones for %s s: %s",
+                    self.capacity.max_age,
+                    exc,
+                )
         self.capacity.check(batch)
 
         if connection is not None:
