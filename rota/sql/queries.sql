@@ -126,26 +126,27 @@ WITH blocked AS MATERIALIZED (
         refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
     FROM (SELECT tenant_id, count(*) AS n FROM admitted GROUP BY tenant_id) a
     JOIN limited l ON l.id = a.tenant_id
-    WHERE t.id = a.tenant_id
+    WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
 ), taken AS (
     DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
 ), claimed AS MATERIALIZED (
     SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
            t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
            now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at
-    FROM rota.tasks t
-    JOIN admitted a ON a.task_id = t.id
-    WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+    FROM admitted a
+    -- One primary-key probe per task (LIMIT keeps the planner from turning it
+    -- into a join it could plan as a scan of every task per claimed one).
+    CROSS JOIN LATERAL (SELECT * FROM rota.tasks t WHERE t.id = a.task_id LIMIT 1) t
 ), leased AS (
     INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
                               lease_expires_at, counted)
     SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, %(worker)s, lease_expires_at, counted
     FROM claimed
 )
-SELECT c.task_id AS id, c.name, c.payload::text, c.queue, tn.name AS tenant, c.attempt,
+SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
+       (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id) AS tenant, c.attempt,
        c.max_attempts, c.lease_expires_at, c.enqueued_at
 FROM claimed c
-JOIN rota.tenants tn ON tn.id = c.tenant_id
 ORDER BY c.vtime, c.tenant_id, c.seq
 
 -- name: complete

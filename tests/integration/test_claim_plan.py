@@ -93,3 +93,37 @@ def test_loading_looks_names_and_tags_up_by_index_even_when_planned_on_empty_tab
             )
     # (rota.queues holds one row per queue: scanning it is cheap.)
     assert scans == {"tenants": 0, "tenant_queues": 0}, scans
+
+
+def test_a_claim_planned_on_an_empty_queue_stays_on_its_indexes(database_url: str) -> None:
+    # A worker's claim is a prepared statement with a generic plan, kept until
+    # the next ANALYZE: planned while the queue was empty, it once sorted a
+    # scan of all of ready (and read every tenant per task) on every claim.
+    with db.connect(database_url) as conn:
+        load(conn, envelopes("seed", 1))
+        for table in ("ready", "tasks", "tenants", "queues", "running"):
+            conn.execute(f"ANALYZE rota.{table}")
+        for _ in range(8):  # psycopg prepares it after 5 runs
+            db.transact(conn, ops.claim(["default"], 100, "w"))
+        load(conn, [e for t in range(200) for e in envelopes(f"t{t}", 50)])
+        with conn.transaction():
+            for _ in range(3):
+                assert len(db.run(conn, ops.claim(["default"], 100, "w"))) == 100
+            read = {
+                name: (seq_scan, fetched)
+                for name, seq_scan, fetched in conn.execute(
+                    "SELECT relname, seq_scan, coalesce(idx_tup_fetch, 0)"
+                    " FROM pg_stat_xact_user_tables WHERE schemaname = 'rota'"
+                    " AND relname = ANY(%s)",
+                    [["ready", "tasks", "tenants"]],
+                )
+            }
+    assert {name: seq_scan for name, (seq_scan, _) in read.items()} == dict.fromkeys(
+        ["ready", "tasks", "tenants"], 0
+    ), read
+    # Three claims of 100 tasks: about a row per task and table (as planned on
+    # a full queue: 301, 301 and 703), not the 10k waiting, nor every tenant
+    # per task (tens of thousands).
+    fetched = {name: rows for name, (_, rows) in read.items()}
+    assert fetched["ready"] <= 400 and fetched["tasks"] <= 400, read
+    assert fetched["tenants"] <= 1000, read
