@@ -133,10 +133,9 @@ WITH blocked AS MATERIALIZED (
     SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
            t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
            now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at
-    FROM admitted a
-    -- One primary-key probe per task (LIMIT keeps the planner from turning it
-    -- into a join it could plan as a scan of every task per claimed one).
-    CROSS JOIN LATERAL (SELECT * FROM rota.tasks t WHERE t.id = a.task_id LIMIT 1) t
+    FROM rota.tasks t
+    JOIN admitted a ON a.task_id = t.id
+    WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
 ), leased AS (
     INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
                               lease_expires_at, counted)
