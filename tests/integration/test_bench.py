@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from rota import Settings
 
 
@@ -44,6 +46,17 @@ def test_bench_load_python_engine(settings: Settings) -> None:
         settings, "load", "--engine", "python", "--tasks", "3000", "--tenants", "50", "--runs", "1"
     )
     assert report["sustained_tasks_per_s"] > 0
+    assert report["enqueue_to_claimable_ms"]["tasks"] > 0
+
+
+@pytest.mark.spark
+def test_bench_load_spark_engine(settings: Settings) -> None:
+    report = bench(
+        settings, "load", "--engine", "spark", "--tasks", "3000", "--tenants", "50", "--runs", "1"
+    )
+    assert report["sustained_tasks_per_s"] > 0
+    # The warm-up task, then the whole backlog, which appears at once, in one micro-batch.
+    assert report["micro_batch_tasks"] == [[1, 3000]]
     assert report["enqueue_to_claimable_ms"]["tasks"] > 0
 
 
