@@ -198,7 +198,11 @@ def _spark_sustained(
         streaming.join()
         fill_app.close()
         client.close()
-    batches = conn.execute(query("bench_loader_batches"), {"query": checkpoint}).fetchall()
+    from rota.loader.spark import checkpoint_location
+
+    batches = conn.execute(
+        query("bench_loader_batches"), {"query": checkpoint_location(checkpoint)}
+    ).fetchall()
     return tasks / elapsed, [row[0] for row in batches if row[0] > 0]
 
 

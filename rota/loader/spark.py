@@ -285,6 +285,11 @@ def buffer_stream(session: SparkSession, settings: Settings, max_entries: int = 
     )
 
 
+def checkpoint_location(checkpoint: str) -> str:
+    """Where the query keeps its checkpoint: also its key in the loader ledger."""
+    return checkpoint if "://" in checkpoint else str(Path(checkpoint).resolve())
+
+
 def run_streaming(
     settings: Settings,
     *,
@@ -299,7 +304,7 @@ def run_streaming(
     """Runs the streaming loader until `should_stop()` (or, with `available_now`,
     until what is in the buffer now is loaded). Returns the sink's counters."""
     spark = session or spark_session(master)
-    checkpoint_path = checkpoint if "://" in checkpoint else str(Path(checkpoint).resolve())
+    checkpoint_path = checkpoint_location(checkpoint)
     sink = BatchSink(settings, query_key=checkpoint_path)
     writer = (
         buffer_stream(spark, settings, max_entries)
