@@ -168,8 +168,11 @@ def _spark_sustained(
     does not read and renamed onto its shards in one MULTI. The clock runs
     until every task is claimable. Returns tasks/s and the micro-batch sizes."""
 
+    from rota.loader.spark import checkpoint_location
+
     stop = threading.Event()
-    checkpoint = f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}"
+    # Resolved once: the sink keys its ledger by it, and so does the read below.
+    checkpoint = checkpoint_location(f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}")
     streaming = _spark_loader(settings, spark, checkpoint, 0.2, stop)
     streaming.start()
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
@@ -198,11 +201,7 @@ def _spark_sustained(
         streaming.join()
         fill_app.close()
         client.close()
-    from rota.loader.spark import checkpoint_location
-
-    batches = conn.execute(
-        query("bench_loader_batches"), {"query": checkpoint_location(checkpoint)}
-    ).fetchall()
+    batches = conn.execute(query("bench_loader_batches"), {"query": checkpoint}).fetchall()
     return tasks / elapsed, [row[0] for row in batches if row[0] > 0]
 
 

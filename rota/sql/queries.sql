@@ -126,6 +126,7 @@ WITH blocked AS MATERIALIZED (
         refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
     FROM (SELECT tenant_id, count(*) AS n FROM admitted GROUP BY tenant_id) a
     JOIN limited l ON l.id = a.tenant_id
+    -- The ANY keeps the planner on the key, even with a plan made on few tenants.
     WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
 ), taken AS (
     DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))

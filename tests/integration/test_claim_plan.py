@@ -70,6 +70,17 @@ def test_a_claim_transaction_locks_few_relations_all_on_the_fast_path(conn: Conn
     assert all(fastpath for _, _, fastpath in locks), locks
 
 
+def _read_in_transaction(conn: Conn, tables: list[str]) -> dict[str, tuple[int, int]]:
+    """Per rota table: sequential scans, and rows fetched through an index, so
+    far in the open transaction."""
+    rows = conn.execute(
+        "SELECT relname, seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'rota' AND relname = ANY(%s)",
+        [tables],
+    )
+    return {name: (seq_scan, fetched) for name, seq_scan, fetched in rows}
+
+
 def test_loading_looks_names_and_tags_up_by_index_even_when_planned_on_empty_tables(
     database_url: str,
 ) -> None:
@@ -84,13 +95,8 @@ def test_loading_looks_names_and_tags_up_by_index_even_when_planned_on_empty_tab
             for chunk in range(4):
                 batch = [e for t in range(200) for e in envelopes(f"c{chunk}-t{t}", 2)]
                 assert db.run(conn, ops.load(batch)) == 400
-            scans = dict(
-                conn.execute(
-                    "SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
-                    " WHERE schemaname = 'rota' AND relname = ANY(%s)",
-                    [["tenants", "tenant_queues"]],
-                ).fetchall()
-            )
+            read = _read_in_transaction(conn, ["tenants", "tenant_queues"])
+    scans = {name: seq_scan for name, (seq_scan, _) in read.items()}
     # (rota.queues holds one row per queue: scanning it is cheap.)
     assert scans == {"tenants": 0, "tenant_queues": 0}, scans
 
@@ -109,15 +115,7 @@ def test_a_claim_planned_on_an_empty_queue_stays_on_its_indexes(database_url: st
         with conn.transaction():
             for _ in range(3):
                 assert len(db.run(conn, ops.claim(["default"], 100, "w"))) == 100
-            read = {
-                name: (seq_scan, fetched)
-                for name, seq_scan, fetched in conn.execute(
-                    "SELECT relname, seq_scan, coalesce(idx_tup_fetch, 0)"
-                    " FROM pg_stat_xact_user_tables WHERE schemaname = 'rota'"
-                    " AND relname = ANY(%s)",
-                    [["ready", "tasks", "tenants"]],
-                )
-            }
+            read = _read_in_transaction(conn, ["ready", "tasks", "tenants"])
     assert {name: seq_scan for name, (seq_scan, _) in read.items()} == dict.fromkeys(
         ["ready", "tasks", "tenants"], 0
     ), read
