@@ -67,15 +67,20 @@ SELECT id, seq, queue_id, tenant_id, cost FROM promoted ORDER BY seq
 -- name: claim
 -- Claims up to `limit` ready tasks of the given queues in fair order, in one
 -- statement. Tenants at their concurrency limit or out of rate tokens are
--- skipped by the scan; the admission below is the race-proof check.
-WITH blocked AS MATERIALIZED (
-    SELECT coalesce(array_agg(t.id), '{}') AS ids
+-- skipped by the scan; the admission below is the race-proof check. Tenants
+-- without limits (most) skip the admission's locking, counting and ranking.
+WITH limits AS MATERIALIZED (
+    -- Every limited tenant (the partial index holds only those), and those
+    -- that cannot take a task now.
+    SELECT coalesce(array_agg(t.id), '{}') AS limited,
+           coalesce(array_agg(t.id) FILTER (
+               WHERE t.running >= t.concurrency_limit
+                  OR t.rate_limit IS NOT NULL
+                     AND least(t.rate_burst,
+                               t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1),
+               '{}') AS blocked
     FROM rota.tenants t
     WHERE t.limited
-      AND (t.running >= t.concurrency_limit
-           OR t.rate_limit IS NOT NULL
-              AND least(t.rate_burst,
-                        t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1)
 ), candidates AS MATERIALIZED (
     SELECT c.*, q.name AS queue
     FROM rota.queues q
@@ -85,7 +90,7 @@ WITH blocked AS MATERIALIZED (
         -- `+ 0` hides the column's statistics from this filter: when one
         -- tenant holds the whole backlog they make the planner expect no row
         -- to pass it, and it then sorts a seq scan of ready on every claim.
-        WHERE r.queue_id = q.id AND r.tenant_id + 0 <> ALL ((SELECT ids FROM blocked)::integer[])
+        WHERE r.queue_id = q.id AND r.tenant_id + 0 <> ALL ((SELECT blocked FROM limits)::integer[])
         ORDER BY r.vtime, r.tenant_id, r.seq
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -94,9 +99,9 @@ WITH blocked AS MATERIALIZED (
     ORDER BY c.vtime, c.tenant_id, c.seq
     LIMIT %(limit)s
 ), limited AS MATERIALIZED (
-    -- Locked in id order, as every writer of tenant counters locks them; FOR
-    -- UPDATE reads the latest committed counters, so racing claims cannot
-    -- both take the last free slot.
+    -- The candidates' limited tenants, locked in id order, as every writer of
+    -- tenant counters locks them; FOR UPDATE reads the latest committed
+    -- counters, so racing claims cannot both take the last free slot.
     SELECT t.id,
            t.concurrency_limit - t.running AS free_slots,
            -- least() skips NULLs: without a rate limit the tokens must stay NULL.
@@ -105,20 +110,28 @@ WITH blocked AS MATERIALIZED (
                            t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
            END AS tokens
     FROM rota.tenants t
-    WHERE t.limited AND t.id = ANY (ARRAY(SELECT DISTINCT tenant_id FROM candidates))
+    WHERE t.limited AND t.id = ANY (ARRAY(
+        SELECT DISTINCT c.tenant_id FROM candidates c
+        WHERE c.tenant_id = ANY ((SELECT limited FROM limits)::integer[])))
     ORDER BY t.id
     FOR UPDATE
 ), admitted AS MATERIALIZED (
+    -- Unlimited tenants' candidates as they are; a limited tenant's, in its
+    -- order, as many as it has free slots and tokens.
+    SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, false AS counted
+    FROM candidates c
+    WHERE c.tenant_id <> ALL ((SELECT limited FROM limits)::integer[])
+    UNION ALL
     SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id,
-           l.free_slots IS NOT NULL AS counted
+           l.free_slots IS NOT NULL
     FROM (
         SELECT candidates.*,
                row_number() OVER (PARTITION BY tenant_id ORDER BY vtime, seq) AS nth
         FROM candidates
+        WHERE tenant_id = ANY ((SELECT limited FROM limits)::integer[])
     ) c
-    LEFT JOIN limited l ON l.id = c.tenant_id
-    WHERE l.id IS NULL
-       OR c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
+    JOIN limited l ON l.id = c.tenant_id
+    WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
 ), charged AS (
     UPDATE rota.tenants t
     SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
