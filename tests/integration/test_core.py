@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from rota import db, ops
-from rota.envelope import make_envelope
+from rota.db import UUIDArray
+from rota.envelope import make_envelope, new_task_id
 from rota.errors import InvalidName, ValidationError
 from tests.helpers import claim, drain_order, envelopes, load
 
@@ -317,3 +318,12 @@ def test_finished_records_can_be_pruned(conn: Conn) -> None:
     db.transact(conn, ops.complete(t.token for t in claim(conn, 3)))
     assert db.transact(conn, ops.prune_finished(3600)) == 0
     assert db.transact(conn, ops.prune_finished(0)) == 3
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_task_id_arrays_reach_the_server_whole(conn: Conn, count: int) -> None:
+    ids = [new_task_id() for _ in range(count)]
+    sent, length = conn.execute(
+        "SELECT %(ids)b::uuid[], cardinality(%(ids)b::uuid[])", {"ids": UUIDArray(ids)}
+    ).fetchone()  # type: ignore[misc]
+    assert (sent, length) == (ids, count)

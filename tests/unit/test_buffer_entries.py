@@ -61,6 +61,7 @@ def test_a_checked_batch_survives_its_json() -> None:
     batch.add(WORK, "bob", [], {"k": None}, cost=2.5, eta=datetime(2030, 1, 1, tzinfo=UTC))
     again = TaskBatch.from_checked_json(batch.to_json())
     assert again.envelopes() == batch.envelopes()
+    assert set(again.ids) == set(batch.ids)  # the rebuilt ids hash as the originals
 
 
 @pytest.mark.parametrize(
