@@ -57,6 +57,7 @@ def test_bench_load_spark_engine(settings: Settings) -> None:
     assert report["sustained_tasks_per_s"] > 0
     # The warm-up task, then the whole backlog, which appears at once, in one micro-batch.
     assert report["micro_batch_tasks"] == [[1, 3000]]
+    assert report["warm_up_run_tasks_per_s"] > 0  # the untimed run before
     assert report["enqueue_to_claimable_ms"]["tasks"] > 0
 
 
