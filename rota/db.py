@@ -69,7 +69,10 @@ class _UUIDArrayDumper(Dumper):
         if not obj:
             return _ARRAY_HEADER.pack(0, 0, _UUID.oid, 0, 0)[:12]
         head = _ARRAY_HEADER.pack(1, 0, _UUID.oid, len(obj), 1)
-        return head + b"".join([_UUID_LENGTH + u.int.to_bytes(16, "big") for u in obj])
+        # An id given as text (from a web request, say) is parsed: a bad one
+        # raises ValueError here, before anything reaches the server.
+        values = (u if type(u) is UUID else UUID(str(u)) for u in obj)
+        return head + b"".join([_UUID_LENGTH + u.int.to_bytes(16, "big") for u in values])
 
 
 psycopg.adapters.register_dumper(UUIDArray, _UUIDArrayDumper)

@@ -327,3 +327,14 @@ def test_task_id_arrays_reach_the_server_whole(conn: Conn, count: int) -> None:
         "SELECT %(ids)b::uuid[], cardinality(%(ids)b::uuid[])", {"ids": UUIDArray(ids)}
     ).fetchone()  # type: ignore[misc]
     assert (sent, length) == (ids, count)
+
+
+def test_task_ids_given_as_text_are_parsed_and_bad_ones_refused(conn: Conn) -> None:
+    task_id = new_task_id()
+    (sent,) = conn.execute(
+        "SELECT %(ids)b::uuid[]",
+        {"ids": UUIDArray([str(task_id)])},  # type: ignore[list-item]
+    ).fetchone()  # type: ignore[misc]
+    assert sent == [task_id]
+    with pytest.raises(ValueError, match="hexadecimal UUID"):
+        db.run(conn, ops.task_states(["not-an-id"]))  # type: ignore[list-item]
