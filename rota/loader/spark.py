@@ -188,7 +188,7 @@ class BatchSink:
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         if self._conn is None or self._conn.closed:
             self._conn = db.connect(self.settings.database_url)
-        size = self.settings.loader_batch_size
+        size = self.settings.spark_load_size
         stored = 0
         dead: list[tuple[str, str, Rejected]] = []
         with self._conn.transaction():
@@ -236,7 +236,7 @@ class BatchSink:
         """Loads the entries' tasks (savepoints in the batch's transaction); the
         tasks PostgreSQL refuses join `dead`, with the entry they came from."""
         assert self._conn is not None
-        stored, refused = load_entries(self._conn, entries, self.settings.loader_batch_size)
+        stored, refused = load_entries(self._conn, entries, self.settings.spark_load_size)
         dead.extend((stream, entry_id, rejected) for (stream, entry_id), rejected in refused)
         return stored
 

@@ -89,7 +89,7 @@ def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
         )
     rows = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, ids))]
     frame = spark.createDataFrame(rows, SCHEMA)  # two partitions, in order
-    sink = BatchSink(settings.model_copy(update={"loader_batch_size": 12}), query_key="q")
+    sink = BatchSink(settings.model_copy(update={"spark_load_size": 12}), query_key="q")
     sink(frame, 0)
     sink.close()
     assert sink.loaded == 80
