@@ -1,8 +1,10 @@
-"""Real processes killed with SIGKILL: nothing lost, nothing duplicated."""
+"""Real processes killed with SIGKILL, or stopped with SIGTERM: nothing lost, nothing duplicated."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -107,3 +109,43 @@ def test_redis_killed_mid_burst_every_acknowledged_task_is_stored_once(
         "SELECT count(*), count(DISTINCT id) FROM rota.tasks WHERE id = ANY(%s)", [acknowledged]
     ).fetchone()
     assert stored == (len(acknowledged), len(acknowledged))
+
+
+def test_a_running_loader_stops_on_sigterm_after_the_batch_in_hand(
+    app: App, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    loader = subprocess.Popen(
+        [sys.executable, "-m", "rota", "loader", "run", "--engine", "python"],
+        env=_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ids: list[UUID] = []
+    try:
+        deadline = time.monotonic() + 60
+        # Enqueue in bursts until the loader has loaded some and is still at it.
+        while db.run(conn, ops.queue_counts()).get("pdfs", {}).get("ready", 0) == 0:
+            assert time.monotonic() < deadline, "the loader loaded nothing"
+            ids += app.enqueue_many(
+                [parse_pdf.call(str(len(ids) + i), tenant=f"t{i % 7}") for i in range(500)]
+            )
+        ids += app.enqueue_many([parse_pdf.call(str(i), tenant="late") for i in range(2000)])
+        loader.send_signal(signal.SIGTERM)
+        stdout, stderr = loader.communicate(timeout=30)
+    finally:
+        loader.kill()
+    assert loader.returncode == 0, stderr
+    ran = json.loads(stdout.strip().splitlines()[-1])
+    # It finished what it had read: nothing is left pending for a reclaim.
+    leftover = Loader(settings)
+    assert sum(int(s["pending"]) for s in leftover.buffer_stats().values()) == 0
+    rest = leftover.drain()
+    leftover.close()
+    assert rest.drained and rest.reclaimed == 0
+    assert ran["loaded"] + rest.loaded == len(ids)
+    stored = conn.execute(
+        "SELECT count(*), count(DISTINCT id) FROM rota.tasks WHERE id = ANY(%s)", [ids]
+    ).fetchone()
+    assert stored == (len(ids), len(ids))
