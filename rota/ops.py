@@ -344,8 +344,9 @@ def configure_tenant(
     return int(rows[0][0])
 
 
-def tenant_backlogs() -> Op[dict[str, tuple[int | None, float]]]:
-    """{tenant: (capacity, estimated waiting work)} for backpressure."""
+def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:
+    """{tenant: (capacity, estimated waiting work)} of the tenants that have a
+    capacity, for backpressure."""
     rows = yield Execute(query("tenant_backlog"))
     return {row[0]: (row[1], float(row[2])) for row in rows}
 

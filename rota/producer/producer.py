@@ -78,10 +78,8 @@ class CapacityCache:
     def stale(self) -> bool:
         return time.monotonic() - self.fetched_at >= self.max_age
 
-    def refresh(self, backlogs: dict[str, tuple[int | None, float]]) -> None:
-        self.limits = {
-            t: (cap, backlog) for t, (cap, backlog) in backlogs.items() if cap is not None
-        }
+    def refresh(self, backlogs: dict[str, tuple[int, float]]) -> None:
+        self.limits = dict(backlogs)
         self.since_fetch.clear()
         self.fetched_at = time.monotonic()
 
