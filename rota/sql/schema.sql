@@ -444,7 +444,9 @@ $$;
 -- divided by its weight. O(1) per tenant, for backpressure.
 CREATE VIEW rota.tenant_backlog AS
 SELECT t.name AS tenant, t.capacity,
-       coalesce(sum(greatest(0, tq.finish_tag - rota.vclock(tq.queue_id)) * t.weight), 0) AS backlog
+       coalesce(sum(greatest(0, tq.finish_tag - c.clock) * t.weight), 0) AS backlog
 FROM rota.tenants t
 LEFT JOIN rota.tenant_queues tq ON tq.tenant_id = t.id
+-- Each queue's clock once, not once per (queue, tenant) pair.
+LEFT JOIN (SELECT q.id, rota.vclock(q.id) AS clock FROM rota.queues q) c ON c.id = tq.queue_id
 GROUP BY t.id;

@@ -240,6 +240,16 @@ def test_backlog_estimate_tracks_waiting_work(conn: Conn) -> None:
     assert 23 <= db.run(conn, ops.tenant_backlogs())["alice"][1] <= 24
 
 
+def test_backlog_estimate_adds_up_a_tenants_queues(conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("alice", capacity=100, weight=2))
+    # Each queue has its own clock: bob's tasks run ahead of it in "b" only.
+    load(
+        conn,
+        envelopes("alice", 6) + envelopes("bob", 4, queue="b") + envelopes("alice", 3, queue="b"),
+    )
+    assert db.run(conn, ops.tenant_backlogs()) == {"alice": (100, 9.0)}
+
+
 def test_loading_notifies_once_per_batch(conn: Conn, database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute("LISTEN rota_ready")
