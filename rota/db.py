@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.adapt import Buffer, Dumper
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.postgres import types as pg_types
 from psycopg.pq import Format
 
@@ -139,8 +140,14 @@ async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
 CONNECTION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c jit=off"
 
 
-def _options(synchronous_commit: bool) -> str:
-    return CONNECTION_OPTIONS + ("" if synchronous_commit else " -c synchronous_commit=off")
+def _options(url: str, synchronous_commit: bool) -> dict[str, Any]:
+    """rota's session settings as startup options, unless the URL names its
+    own `options`: PgBouncer refuses most startup options, so behind it the
+    settings go on the role instead (README, "Behind PgBouncer")."""
+    if "options" in conninfo_to_dict(url):
+        return {}
+    sync = "" if synchronous_commit else " -c synchronous_commit=off"
+    return {"options": CONNECTION_OPTIONS + sync}
 
 
 def connect(
@@ -150,7 +157,7 @@ def connect(
     Settings.worker_synchronous_commit); what a commit must not forget, such
     as a load the buffer is then acknowledged for, keeps the default."""
     return psycopg.connect(
-        url, autocommit=autocommit, options=_options(synchronous_commit), **kwargs
+        url, autocommit=autocommit, **_options(url, synchronous_commit), **kwargs
     )
 
 
@@ -158,5 +165,5 @@ async def aconnect(
     url: str, *, autocommit: bool = True, synchronous_commit: bool = True, **kwargs: Any
 ) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(
-        url, autocommit=autocommit, options=_options(synchronous_commit), **kwargs
+        url, autocommit=autocommit, **_options(url, synchronous_commit), **kwargs
     )

@@ -135,3 +135,23 @@ def test_a_statement_left_with_a_sequential_scan_is_not_jit_compiled(database_ur
         load(conn, envelopes("t", 10))
         (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query("queue_counts")).fetchone()
     assert "JIT" not in plan[0], plan[0]["JIT"]
+
+
+def test_a_url_naming_its_own_options_gets_no_session_settings_from_rota(
+    database_url: str,
+) -> None:
+    def settings(url: str) -> tuple[str, ...]:
+        with db.connect(url, synchronous_commit=False) as conn:
+            row = conn.execute(
+                "SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan'),"
+                " current_setting('jit'), current_setting('synchronous_commit'),"
+                " current_setting('work_mem')"
+            ).fetchone()
+        assert row is not None
+        return tuple(row)
+
+    default_work_mem = settings(database_url)[4]
+    assert settings(database_url) == ("force_generic_plan", "off", "off", "off", default_work_mem)
+    # Behind PgBouncer the settings live on the role; the URL's options are the user's.
+    own = database_url + ("&" if "?" in database_url else "?") + "options=-c%20work_mem%3D1234kB"
+    assert settings(own) == ("auto", "on", "on", "on", "1234kB")
