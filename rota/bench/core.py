@@ -12,14 +12,14 @@ import multiprocessing
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from rota import db, ops
-from rota.db import Copy, Op
+from rota.db import Copy, Op, UUIDArray
 from rota.envelope import TaskEnvelope, make_envelope
 from rota.migrate import migrate
 from rota.process import tune_gc
@@ -27,6 +27,7 @@ from rota.sql import query
 
 BATCH = 10_000
 QUEUE = "bench"
+FIFO = "fifo"  # the baseline's key among backlog sizes
 
 
 def skewed_tenant(i: int, tenants: int) -> str:
@@ -106,7 +107,8 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
 
 
 class Filler:
-    """Tops a bench queue up to a backlog size, numbering tasks uniquely."""
+    """Tops a bench queue up to a backlog size, numbering tasks uniquely, and
+    claims from it as a worker does."""
 
     def __init__(self, conn: psycopg.Connection[Any], tenants: int, queue: str = QUEUE) -> None:
         self.conn, self.tenants, self.queue, self.next_number = conn, tenants, queue, 0
@@ -122,33 +124,68 @@ class Filler:
         while batch := list(itertools.islice(rows, BATCH)):
             db.transact(self.conn, ops.load(batch))
 
+    def claim(self, limit: int) -> Sequence[Any]:
+        return db.run(self.conn, ops.claim([self.queue], limit, "bench"))
+
+    def finish(self, claimed: Sequence[Any]) -> int:
+        return len(db.run(self.conn, ops.complete(t.token for t in claimed)))
+
+
+class FifoFiller:
+    """The same for the plain SKIP LOCKED baseline (its one queue)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def fill(self, target: int) -> None:
+        self.conn.execute(query("bench_fifo_setup"))
+        self.add(target)
+        self.conn.execute(query("bench_analyze_fifo"))
+
+    def add(self, count: int) -> None:
+        self.conn.execute(query("bench_fifo_fill"), {"count": count})
+
+    def claim(self, limit: int) -> Sequence[Any]:
+        return self.conn.execute(
+            query("bench_fifo_claim"), {"limit": limit}, prepare=True
+        ).fetchall()
+
+    def finish(self, claimed: Sequence[Any]) -> int:
+        return self.conn.execute(
+            query("bench_fifo_finish"), {"ids": UUIDArray(r[0] for r in claimed)}, prepare=True
+        ).rowcount
+
+    def drop(self) -> None:
+        self.conn.execute(query("bench_fifo_teardown"))
+
 
 def _queue_for(backlog: int) -> str:
     return f"{QUEUE}-{backlog}"
 
 
 def _interleaved_claim_latencies(
-    conn: psycopg.Connection[Any], fillers: dict[int, Filler], samples: int, limit: int
-) -> dict[int, list[float]]:
+    fillers: dict[str, Filler | FifoFiller], sizes: dict[str, int], samples: int, limit: int
+) -> dict[str, list[float]]:
     """Times claims as a worker makes them (statement, rows, commit), of fresh
-    tasks, taking turns between one queue per backlog size so that the
-    machine's drift hits every size alike. Claimed tasks are completed and
-    each queue topped up, untimed, before it falls 5% below its size."""
-    times: dict[int, list[float]] = {backlog: [] for backlog in fillers}
+    tasks, taking turns between the queues (one per backlog size, and the
+    baseline's) so that the machine's drift hits every one alike. Claimed
+    tasks are finished and each queue topped up, untimed, before it falls 5%
+    below its size."""
+    times: dict[str, list[float]] = {key: [] for key in fillers}
     taken = dict.fromkeys(fillers, 0)
     for i in range(samples + 5):
-        for backlog, filler in fillers.items():
-            if taken[backlog] + limit > backlog // 20:
-                filler.add(taken[backlog])
-                taken[backlog] = 0
+        for key, filler in fillers.items():
+            if taken[key] + limit > sizes[key] // 20:
+                filler.add(taken[key])
+                taken[key] = 0
             started = time.perf_counter()
-            got = db.run(conn, ops.claim([filler.queue], limit, "bench"))
+            got = filler.claim(limit)
             elapsed = time.perf_counter() - started
             assert len(got) == limit, f"claimed {len(got)} of {limit}"
-            db.run(conn, ops.complete(t.token for t in got))
-            taken[backlog] += limit
+            filler.finish(got)
+            taken[key] += limit
             if i >= 5:  # the first executions plan and warm up
-                times[backlog].append(elapsed * 1000)
+                times[key].append(elapsed * 1000)
     return times
 
 
@@ -158,28 +195,18 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _claim_worker(args: tuple[str, str, int, float]) -> int:
-    """Claims and completes in a loop for `seconds`; `kind` is rota or the fifo baseline."""
+    """Claims and finishes in a loop for `seconds`; `kind` is rota or the fifo baseline."""
     kind, url, limit, seconds = args
     done = 0
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
+        # Autocommit: each call is one statement, atomic on its own.
+        claimer = FifoFiller(conn) if kind == FIFO else Filler(conn, tenants=0)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            # Autocommit: each call is one statement, atomic on its own.
-            if kind == "fifo":
-                rows = conn.execute(
-                    query("bench_fifo_claim"), {"limit": limit}, prepare=True
-                ).fetchall()
-                if not rows:
-                    break
-                conn.execute(
-                    query("bench_fifo_finish"), {"ids": [r[0] for r in rows]}, prepare=True
-                )
-                done += len(rows)
-                continue
-            got = db.run(conn, ops.claim([QUEUE], limit, "bench"))
+            got = claimer.claim(limit)
             if not got:
                 break
-            done += len(db.run(conn, ops.complete(t.token for t in got)))
+            done += claimer.finish(got)
     return done
 
 
@@ -209,39 +236,53 @@ def _churn_worker(args: tuple[str, str, int, int]) -> int:
     url, queue, limit, quota = args
     done = 0
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
+        claimer = Filler(conn, tenants=0, queue=queue)
         while done < quota:
-            got = db.run(conn, ops.claim([queue], min(limit, quota - done), "bench"))
+            got = claimer.claim(min(limit, quota - done))
             if not got:
                 break
-            done += len(db.run(conn, ops.complete(t.token for t in got)))
+            done += claimer.finish(got)
     return done
 
 
 def backlog_scaling(
     url: str, backlogs: list[int], tenants: int, connections: int, limit: int, samples: int
 ) -> dict[str, Any]:
-    """Claim latency at each backlog size (one queue each, measured in turns),
-    then again after the largest queue had as many tasks claimed and completed
-    (churn: dead tuples for autovacuum)."""
+    """Claim latency at each backlog size (one queue each, measured in turns
+    with the plain FIFO baseline at the largest size), then again after the
+    largest queue had as many tasks claimed and completed (churn: dead tuples
+    for autovacuum)."""
     sizes = sorted(backlogs)
-    smallest, largest = sizes[0], sizes[-1]
+    smallest, largest = str(sizes[0]), str(sizes[-1])
+    size_of = {str(size): size for size in sizes}
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         reset(conn)
-        fillers = {size: Filler(conn, tenants, _queue_for(size)) for size in sizes}
-        for size, filler in fillers.items():
-            filler.fill(size)
-        before = _interleaved_claim_latencies(conn, fillers, samples, limit)
-        fillers[largest].fill(2 * largest)
-        churn_rate = churn(url, _queue_for(largest), largest, connections, limit)
+        fillers: dict[str, Filler | FifoFiller] = {
+            str(size): Filler(conn, tenants, _queue_for(size)) for size in sizes
+        }
+        fillers[FIFO] = FifoFiller(conn)
+        for key, filler in fillers.items():
+            filler.fill(size_of.get(key, sizes[-1]))
+        before = _interleaved_claim_latencies(fillers, {**size_of, FIFO: sizes[-1]}, samples, limit)
+        fifo = fillers.pop(FIFO)
+        assert isinstance(fifo, FifoFiller)
+        fifo.drop()
+        fillers[largest].fill(2 * sizes[-1])
+        churn_rate = churn(url, _queue_for(sizes[-1]), sizes[-1], connections, limit)
         after = _interleaved_claim_latencies(
-            conn, {smallest: fillers[smallest], largest: fillers[largest]}, samples, limit
+            {key: fillers[key] for key in (smallest, largest)}, size_of, samples, limit
         )
-    latency = {str(size): _latency_figures(before[size]) for size in sizes}
+    latency = {key: _latency_figures(before[key]) for key in size_of}
     latency[f"{largest}_after_churn"] = _latency_figures(after[largest])
-    p50 = {size: statistics.median(times) for size, times in before.items()}
+    p50 = {key: statistics.median(times) for key, times in before.items()}
     return {
         "churn_tasks_per_s": round(churn_rate),
         "claim_latency": latency,
+        # The plain SKIP LOCKED claim (no fairness, limits or leases) of as many
+        # tasks from as large a backlog, timed in the same turns: the baseline
+        # of the claim's absolute latency on this machine at this hour.
+        "fifo_baseline_claim_latency": {largest: _latency_figures(before[FIFO])},
+        "p50_ratio_to_fifo_baseline": round(p50[largest] / p50[FIFO], 3),
         "p50_ratio_largest_to_smallest": round(p50[largest] / p50[smallest], 3),
         # Against the smallest queue measured in the same turns after the churn
         # (with one size only, against its own p50 before the churn).
@@ -271,8 +312,6 @@ def bench_claim(
     runs: int,
 ) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
-        reset(conn)
-        filler = Filler(conn, tenants)
         # Throughput: claim + complete, `connections` processes, alternating
         # with the plain FIFO baseline, `runs` times.
         rates, fifo_rates = [], []
@@ -284,11 +323,10 @@ def bench_claim(
             filler = Filler(conn, tenants)
             filler.fill(size)
             rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
-            conn.execute(query("bench_fifo_setup"))
-            conn.execute(query("bench_fifo_fill"), {"count": size})
-            conn.execute(query("bench_analyze_fifo"))
-            fifo_rates.append(claim_throughput("fifo", url, connections, limit, throughput_seconds))
-            conn.execute(query("bench_fifo_teardown"))
+            fifo = FifoFiller(conn)
+            fifo.fill(size)
+            fifo_rates.append(claim_throughput(FIFO, url, connections, limit, throughput_seconds))
+            fifo.drop()
     return {
         "params": {
             "backlogs": backlogs,

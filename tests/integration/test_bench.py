@@ -79,6 +79,9 @@ def test_bench_claim(settings: Settings) -> None:
         "2",
     )
     assert set(report["claim_latency"]) == {"2000", "4000", "4000_after_churn"}
+    # The plain SKIP LOCKED claim, timed in the same turns at the largest backlog.
+    assert report["fifo_baseline_claim_latency"]["4000"]["p50_ms"] > 0
+    assert report["p50_ratio_to_fifo_baseline"] > 0
     assert report["claim_complete_tasks_per_s"] > 0 and report["fifo_baseline_tasks_per_s"] > 0
 
 
