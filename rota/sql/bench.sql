@@ -94,6 +94,22 @@ ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)
 COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
                      backoff_base, backoff_max, status, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
 
+-- name: bench_indexed_setup
+-- The least any fair design with a claim index writes: the raw table with
+-- each task's place in line and a partial index in fair order (the issue's
+-- alternative to a ready table), for one COPY and nothing else.
+DROP TABLE IF EXISTS rota_bench_raw;
+CREATE UNLOGGED TABLE rota_bench_raw (LIKE rota.tasks INCLUDING DEFAULTS);
+ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id),
+    ADD COLUMN vtime double precision NOT NULL;
+CREATE INDEX rota_bench_raw_fair_order ON rota_bench_raw (queue_id, vtime, tenant_id, seq)
+    WHERE status = 'pending'
+
+-- name: bench_indexed_copy
+COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
+                     backoff_base, backoff_max, status, eta, enqueued_at, vtime)
+FROM STDIN (FORMAT BINARY)
+
 -- name: bench_analyze_ready
 -- ANALYZE only: after churn, cleaning up is autovacuum's job, as in production.
 ANALYZE rota.ready

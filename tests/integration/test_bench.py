@@ -39,6 +39,8 @@ def test_bench_load_core(settings: Settings) -> None:
     assert report["scenario"] == "load"
     assert report["fair_load_tasks_per_s"] > 0 and report["raw_copy_rows_per_s"] > 0
     assert report["fair_to_raw_ratio"] > 0
+    assert report["fair_index_copy_rows_per_s"] > 0  # the ceiling of any fair design
+    assert report["fair_index_copy_to_raw_ratio"] > 0
 
 
 def test_bench_load_python_engine(settings: Settings) -> None:
