@@ -97,7 +97,10 @@ CREATE TABLE rota.ready (
     autovacuum_vacuum_insert_scale_factor = 0,
     autovacuum_vacuum_insert_threshold = 100000,
     autovacuum_analyze_scale_factor = 0.02,
-    autovacuum_vacuum_cost_delay = 0
+    autovacuum_vacuum_cost_delay = 0,
+    -- Truncating empty pages takes an ACCESS EXCLUSIVE lock, which pushes
+    -- every claim's locks off the fast path (migration 0010).
+    vacuum_truncate = false
 );
 CREATE INDEX ready_fair_order ON rota.ready (queue_id, vtime, tenant_id, seq);
 
@@ -117,7 +120,8 @@ CREATE TABLE rota.running (
 ) WITH (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
-    autovacuum_vacuum_cost_delay = 0
+    autovacuum_vacuum_cost_delay = 0,
+    vacuum_truncate = false
 );
 
 -- Append-only log of succeeded tasks, narrow. Its key also keeps a batch
@@ -163,7 +167,8 @@ CREATE TABLE rota.scheduled (
 ) WITH (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
-    autovacuum_vacuum_cost_delay = 0
+    autovacuum_vacuum_cost_delay = 0,
+    vacuum_truncate = false
 );
 CREATE INDEX scheduled_run_at ON rota.scheduled (run_at);
 
