@@ -137,7 +137,8 @@ async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
 # for the filter) is costed at 1e10 when disabled, which made PostgreSQL
 # JIT-compile such statements on every run (130 ms for queue_counts, whose
 # execution takes 1 ms); rota's statements are short and never gain from it.
-CONNECTION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c jit=off"
+SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
+CONNECTION_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
 
 
 def _options(url: str, synchronous_commit: bool) -> dict[str, Any]:
