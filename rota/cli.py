@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
-from rota.process import tune_gc
+from rota.process import on_stop_signals, tune_gc
 from rota.settings import Settings
 
 app = typer.Typer(help="rota: a fair, multi-tenant task queue.", no_args_is_help=True)
@@ -85,13 +85,11 @@ def loader_run(
 ) -> None:
     """Long-running loader; SIGTERM or Ctrl-C stops it after the batch in hand."""
     tune_gc()
-    import signal
     import threading
 
     settings = _settings(database_url, redis_url)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    on_stop_signals(stop.set)
     if engine == "python":
         from rota.loader import Loader
 
@@ -156,7 +154,6 @@ def worker(
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
     tune_gc()
     import logging
-    import signal
 
     from rota.consumer import Worker
 
@@ -169,8 +166,7 @@ def worker(
         batch_size=batch_size,
         maintenance=maintenance,
     )
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: runner.stop())
+    on_stop_signals(runner.stop)
     runner.run()
 
 
@@ -181,7 +177,6 @@ def reaper(
 ) -> None:
     """The maintenance sidecar: promotes due tasks, requeues expired leases and
     dead workers' tasks, fires cron ticks. Several may run; one is active."""
-    import signal
     import threading
 
     from rota import db, ops
@@ -190,8 +185,7 @@ def reaper(
     application = load_app(app_spec) if app_spec else None
     settings = application.settings if application else _settings(database_url)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    on_stop_signals(stop.set)
     duty = Maintenance(settings, application)
     with db.connect(settings.database_url) as conn:
         while not stop.wait(settings.maintenance_seconds):
