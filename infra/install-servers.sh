@@ -21,6 +21,13 @@ echo "installing server packages: ${missing[*]}" >&2
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
+# Debian starts an installed server as a system service unless policy-rc.d
+# says no; rota starts its own per test session on free ports. Machines of
+# this kind have one; elsewhere a refusing one stands in during the install.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+  $SUDO chmod +x /usr/sbin/policy-rc.d
+  trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+fi
 $SUDO apt-get update -qq
-# policy-rc.d keeps Debian from starting system-wide services we do not want.
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
