@@ -89,10 +89,10 @@ def loader_run(
 
     settings = _settings(database_url, redis_url)
     stop = threading.Event()
-    on_stop_signals(stop.set)
     if engine == "python":
         from rota.loader import Loader
 
+        on_stop_signals(stop.set)
         loader = Loader(settings)
         try:
             summary = loader.run_forever(stop.is_set)
@@ -108,15 +108,22 @@ def loader_run(
             )
         )
     elif engine == "spark":
-        from rota.loader.spark import run_streaming
+        from rota.loader.spark import run_streaming, spark_session
 
-        run_streaming(
-            settings,
-            master=master,
-            checkpoint=checkpoint,
-            trigger_seconds=trigger_seconds,
-            should_stop=stop.is_set,
-        )
+        # The session first: its SparkContext puts a handler on SIGINT that
+        # cancels the batch in hand; rota's then takes its place.
+        session = spark_session(master)
+        on_stop_signals(stop.set)
+        try:
+            run_streaming(
+                settings,
+                checkpoint=checkpoint,
+                trigger_seconds=trigger_seconds,
+                should_stop=stop.is_set,
+                session=session,
+            )
+        finally:
+            session.stop()
     else:
         raise typer.BadParameter(f"unknown engine {engine!r}: use spark or python")
 

@@ -111,9 +111,24 @@ def test_redis_killed_mid_burst_every_acknowledged_task_is_stored_once(
     assert stored == (len(acknowledged), len(acknowledged))
 
 
-@pytest.mark.parametrize("engine", ["python", pytest.param("spark", marks=pytest.mark.spark)])
-def test_a_running_loader_stops_on_sigterm_after_the_batch_in_hand(
-    app: App, settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path, engine: str
+@pytest.mark.parametrize(
+    ("engine", "signum"),
+    [
+        ("python", signal.SIGTERM),
+        pytest.param("spark", signal.SIGTERM, marks=pytest.mark.spark),
+        # A SparkContext puts its own handler on SIGINT (Ctrl-C), which
+        # cancelled the batch in hand until rota's replaced it.
+        pytest.param("spark", signal.SIGINT, marks=pytest.mark.spark),
+    ],
+    ids=["python-SIGTERM", "spark-SIGTERM", "spark-SIGINT"],
+)
+def test_a_running_loader_stops_on_a_signal_after_the_batch_in_hand(
+    app: App,
+    settings: Settings,
+    conn: psycopg.Connection[Any],
+    tmp_path: Path,
+    engine: str,
+    signum: int,
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
     spark = ["--master", "local[2]", "--checkpoint", str(tmp_path / "checkpoint")]
@@ -144,7 +159,7 @@ def test_a_running_loader_stops_on_sigterm_after_the_batch_in_hand(
             )
             time.sleep(0.1)
         ids += app.enqueue_many([parse_pdf.call(str(i), tenant="late") for i in range(2000)])
-        loader.send_signal(signal.SIGTERM)
+        loader.send_signal(signum)
         stdout, stderr = loader.communicate(timeout=60)
     finally:
         loader.kill()
