@@ -75,7 +75,7 @@ class FailOutcome:
 # is their text, and the text dumper skips psycopg's JSON wrapper (2 µs a task).
 TASK_COPY_TYPES = (
     "uuid", "int8", "int4", "int4", "text", "text", "float8", "int4", "float8", "float8",
-    "text", "timestamptz", "timestamptz",
+    "text", "timestamptz", "timestamptz", "text",
 )  # fmt: skip
 # The copy_ready block: queue_id, vtime, tenant_id, seq, task_id.
 READY_COPY_TYPES = ("int4", "float8", "int4", "int8", "uuid")
@@ -177,7 +177,7 @@ def task_rows(
             t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.name, t.payload, t.cost,
             t.max_attempts, t.backoff_base, t.backoff_max,
             "scheduled" if t.eta is not None and t.eta > now else "pending",
-            t.eta, t.enqueued_at,
+            t.eta, t.enqueued_at, t.tenant,
         )  # fmt: skip
 
 

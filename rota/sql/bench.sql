@@ -98,7 +98,8 @@ ALTER TABLE rota_bench_raw SET LOGGED, ADD PRIMARY KEY (id)
 
 -- name: bench_raw_copy
 COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
-                     backoff_base, backoff_max, status, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
+                     backoff_base, backoff_max, status, eta, enqueued_at, tenant)
+FROM STDIN (FORMAT BINARY)
 
 -- name: bench_indexed_setup
 -- The least any fair design with a claim index writes: the raw table with
@@ -113,7 +114,7 @@ CREATE INDEX rota_bench_raw_fair_order ON rota_bench_raw (queue_id, vtime, tenan
 
 -- name: bench_indexed_copy
 COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
-                     backoff_base, backoff_max, status, eta, enqueued_at, vtime)
+                     backoff_base, backoff_max, status, eta, enqueued_at, tenant, vtime)
 FROM STDIN (FORMAT BINARY)
 
 -- name: bench_analyze_ready

@@ -30,7 +30,7 @@ SELECT id FROM rota.tasks WHERE id = ANY (%(ids)b::uuid[])
 -- name: copy_tasks
 -- Binary; rota.ops.TASK_COPY_TYPES names the column types.
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
-                 backoff_max, status, eta, enqueued_at) FROM STDIN (FORMAT BINARY)
+                 backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
 
 -- name: schedule_tasks
 INSERT INTO rota.scheduled (run_at, task_id)
@@ -145,7 +145,7 @@ WITH limits AS MATERIALIZED (
     DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
 ), claimed AS MATERIALIZED (
     SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
-           t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
+           t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
            now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at
     FROM rota.tasks t
     JOIN admitted a ON a.task_id = t.id
@@ -157,7 +157,10 @@ WITH limits AS MATERIALIZED (
     FROM claimed
 )
 SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
-       (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id) AS tenant, c.attempt,
+       -- Looked up only for tasks loaded before the name was copied (0011).
+       coalesce(c.tenant, (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id))
+           AS tenant,
+       c.attempt,
        c.max_attempts, c.lease_expires_at, c.enqueued_at
 FROM claimed c
 ORDER BY c.vtime, c.tenant_id, c.seq

@@ -82,7 +82,10 @@ CREATE TABLE rota.tasks (
     enqueued_at timestamptz NOT NULL DEFAULT now(),
     loaded_at timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
-    last_error text
+    last_error text,
+    -- The tenant's name, copied at load time so that a claim need not look it
+    -- up (NULL for tasks loaded before migration 0011).
+    tenant text
 ) WITH (fillfactor = 90);
 
 CREATE TABLE rota.ready (

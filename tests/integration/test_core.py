@@ -208,6 +208,17 @@ def test_multi_queue_claims_merge_in_fair_order(conn: Conn) -> None:
     assert [t.tenant for t in got] == ["a", "b", "a", "b", "a", "b"]
 
 
+def test_claims_name_each_tasks_tenant_copied_or_not(conn: Conn) -> None:
+    load(conn, envelopes("acme", 2) + envelopes("globex", 2))
+    assert conn.execute("SELECT DISTINCT tenant FROM rota.tasks ORDER BY 1").fetchall() == [
+        ("acme",),
+        ("globex",),
+    ]
+    # Tasks loaded before migration 0011 have no copy of the name.
+    conn.execute("UPDATE rota.tasks SET tenant = NULL WHERE tenant = 'globex'")
+    assert sorted(t.tenant for t in claim(conn, 4)) == ["acme", "acme", "globex", "globex"]
+
+
 def test_concurrency_limit_holds_back_extra_tasks_without_using_attempts(conn: Conn) -> None:
     db.transact(conn, ops.configure_tenant("capped", concurrency_limit=2))
     load(conn, envelopes("capped", 5) + envelopes("free", 5))
