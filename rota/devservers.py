@@ -1,4 +1,5 @@
-"""Throwaway PostgreSQL and Redis servers for tests, benchmarks and the demo.
+"""Throwaway PostgreSQL and Redis servers for tests, benchmarks and the demo
+(and a PgBouncer in front of PostgreSQL, for the tests).
 
 Each server runs from the machine's own binaries (Debian packages, installed by
 ``infra/install-servers.sh``) on a free loopback port, with its data in a fresh
@@ -201,6 +202,37 @@ def start_redis(port: int | None = None, appendonly: bool = True) -> Server:
     )
 
 
+def start_pgbouncer(postgres: Server, pool_mode: str = "session") -> Server:
+    """A PgBouncer in front of `postgres` (any database; the URL names none)."""
+    binary = shutil.which("pgbouncer", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+    if binary is None:
+        raise ServerError("pgbouncer not found: run `bash infra/install-servers.sh`")
+    prefix, uid, gid = _as_postgres_user()  # it refuses to run as root
+    port = free_port()
+    directory = Path(tempfile.mkdtemp(prefix="rota-pgbouncer-"))
+    log = directory / "pgbouncer.log"
+    (directory / "users.txt").write_text('"rota" ""\n')
+    config = directory / "pgbouncer.ini"
+    config.write_text(
+        f"[databases]\n* = host=127.0.0.1 port={postgres.port}\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {directory / 'users.txt'}\npool_mode = {pool_mode}\n"
+        f"logfile = {log}\n"
+    )
+    if uid is not None and gid is not None:
+        for path in (directory, *directory.iterdir()):
+            os.chown(path, uid, gid)
+    process = subprocess.Popen(
+        [*prefix, binary, str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    _wait_for_port(port, process, "pgbouncer", log)
+    return Server(url=f"postgresql://rota@127.0.0.1:{port}", port=port, directory=directory,
+                  process=process)  # fmt: skip
+
+
 def restart_redis(server: Server) -> Server:
     """Start redis again on the same port and data directory (after a kill)."""
     binary = shutil.which("redis-server")
@@ -248,6 +280,15 @@ def local_postgres(settings: dict[str, str] | None = None) -> Iterator[Server]:
 @contextlib.contextmanager
 def local_redis(appendonly: bool = True) -> Iterator[Server]:
     server = start_redis(appendonly=appendonly)
+    try:
+        yield server
+    finally:
+        _remove(server)
+
+
+@contextlib.contextmanager
+def local_pgbouncer(postgres: Server, pool_mode: str = "session") -> Iterator[Server]:
+    server = start_pgbouncer(postgres, pool_mode)
     try:
         yield server
     finally:

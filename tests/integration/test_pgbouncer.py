@@ -3,58 +3,24 @@ the session settings on the role, and a URL that names its own `options`."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from rota import db, ops
-from rota.devservers import Server, _as_postgres_user, _wait_for_port, free_port
+from rota.devservers import Server, local_pgbouncer
 from tests.helpers import envelopes, load
-
-# Debian's pgbouncer (1.18) has no prepared statements in transaction pooling,
-# which rota's statements are after a few runs: session pooling is what it supports.
-POOL_MODE = "session"
 
 
 @pytest.fixture(scope="module")
 def pgbouncer(postgres_server: Server) -> Iterator[Server]:
-    binary = shutil.which("pgbouncer", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
-    assert binary, "pgbouncer not found: run `bash infra/install-servers.sh`"
-    prefix, uid, gid = _as_postgres_user()  # it refuses to run as root
-    directory = Path(tempfile.mkdtemp(prefix="rota-pgbouncer-"))
-    port = free_port()
-    (directory / "users.txt").write_text('"rota" ""\n')
-    config = directory / "pgbouncer.ini"
-    config.write_text(
-        f"[databases]\n* = host=127.0.0.1 port={postgres_server.port}\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {directory / 'users.txt'}\npool_mode = {POOL_MODE}\n"
-        f"logfile = {directory / 'pgbouncer.log'}\n"
-    )
-    if uid is not None and gid is not None:
-        for path in (directory, *directory.iterdir()):
-            os.chown(path, uid, gid)
-    process = subprocess.Popen(
-        [*prefix, binary, str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = Server(url=f"postgresql://rota@127.0.0.1:{port}", port=port, directory=directory,
-                    process=process)  # fmt: skip
-    try:
-        _wait_for_port(port, process, "pgbouncer", directory / "pgbouncer.log")
+    # Debian's pgbouncer (1.18) has no prepared statements in transaction
+    # pooling, which rota's statements are after a few runs: session pooling
+    # is what it supports.
+    with local_pgbouncer(postgres_server, pool_mode="session") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _through(pgbouncer: Server, database_url: str, query: str = "") -> str:
