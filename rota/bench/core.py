@@ -12,7 +12,7 @@ import multiprocessing
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -192,7 +192,7 @@ def _queue_for(backlog: int) -> str:
 
 
 def _interleaved_claim_latencies(
-    fillers: dict[str, Filler | FifoFiller], sizes: dict[str, int], samples: int, limit: int
+    fillers: Mapping[str, Filler | FifoFiller], sizes: dict[str, int], samples: int, limit: int
 ) -> dict[str, list[float]]:
     """Times claims as a worker makes them (statement, rows, commit), of fresh
     tasks, taking turns between the queues (one per backlog size, and the
@@ -285,15 +285,14 @@ def backlog_scaling(
     size_of = {str(size): size for size in sizes}
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         reset(conn)
-        fillers: dict[str, Filler | FifoFiller] = {
-            str(size): Filler(conn, tenants, _queue_for(size)) for size in sizes
-        }
-        fillers[FIFO] = FifoFiller(conn)
+        fillers = {key: Filler(conn, tenants, _queue_for(size)) for key, size in size_of.items()}
         for key, filler in fillers.items():
-            filler.fill(size_of.get(key, sizes[-1]))
-        before = _interleaved_claim_latencies(fillers, {**size_of, FIFO: sizes[-1]}, samples, limit)
-        fifo = fillers.pop(FIFO)
-        assert isinstance(fifo, FifoFiller)
+            filler.fill(size_of[key])
+        fifo = FifoFiller(conn)
+        fifo.fill(sizes[-1])
+        before = _interleaved_claim_latencies(
+            {**fillers, FIFO: fifo}, {**size_of, FIFO: sizes[-1]}, samples, limit
+        )
         fifo.drop()
         fillers[largest].fill(2 * sizes[-1])
         churn_rate = churn(url, _queue_for(sizes[-1]), sizes[-1], connections, limit)
