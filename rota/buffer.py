@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -41,6 +41,45 @@ def all_streams(prefix: str, shards: int) -> list[str]:
 
 def dead_letter_stream(prefix: str) -> str:
     return f"{prefix}:dead"
+
+
+def backlog_key(stream: str) -> str:
+    """A hash of {tenant: cost units} that a shard holds for tenants with a
+    capacity: producers add as they write, loaders subtract as they load. It
+    shares the stream's hash tag, so it lives in the same Cluster slot."""
+    return f"{stream}:backlog"
+
+
+def tenant_costs(batch: TaskBatch, tenants: Container[str]) -> dict[str, float]:
+    """The cost units `batch` holds for each of `tenants` it names."""
+    costs: dict[str, float] = {}
+    for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
+        if tenant in tenants:
+            costs[tenant] = costs.get(tenant, 0.0) + cost
+    return costs
+
+
+# Subtracts loaded work from a shard's backlog hash (KEYS[1]); ARGV holds
+# tenant, cost pairs. Only tenants already counted are touched, and a count
+# that reaches zero is removed, so the hash stays as small as the set of
+# capacity-limited tenants with work in the buffer.
+SUBTRACT_BACKLOG = """
+for i = 1, #ARGV, 2 do
+    if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+        local left = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], -tonumber(ARGV[i + 1])))
+        if left <= 1e-9 then redis.call('HDEL', KEYS[1], ARGV[i]) end
+    end
+end
+return 0
+"""
+
+# Clears a shard's backlog hash (KEYS[2]) once its stream (KEYS[1]) is empty:
+# counts that drifted (a producer or loader killed between its write and its
+# count) start again from zero.
+RESET_BACKLOG_IF_EMPTY = """
+if redis.call('XLEN', KEYS[1]) == 0 then return redis.call('DEL', KEYS[2]) end
+return 0
+"""
 
 
 @functools.lru_cache(maxsize=65536)

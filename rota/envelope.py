@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-import re
 from collections.abc import Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +19,7 @@ from uuid import UUID, SafeUUID
 import orjson
 import uuid_utils
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     ConfigDict,
     Field,
@@ -31,71 +30,50 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 from typing_extensions import TypedDict
 
-from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
+from rota.errors import NotJSONSerializable, PayloadTooLarge, ValidationError
+from rota.rules import (
+    MAX_ATTEMPTS,
+    MAX_COST,
+    MAX_DELAY_SECONDS,
+    QUEUE_PATTERN,
+    TASK_NAME_MAX,
+    TASK_PATTERN,
+    TENANT_PATTERN,
+    check_cost,
+    check_delay,
+    check_json_integers,
+    check_max_attempts,
+    check_queue,
+    check_task_name,
+    check_tenant,
+    check_time,
+)
 
 ENVELOPE_VERSION: Literal[1] = 1
 
-# The documented name rules (README, "Names"). The database checks the same.
-QUEUE_NAME = r"^[a-z][a-z0-9_.-]{0,62}$"
-TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
-TASK_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*$"
-TASK_NAME_MAX = 200
-# The database keeps attempts in an integer column.
-MAX_ATTEMPTS_LIMIT = 2**31 - 1
-# Costs and weights are bounded so that fair tags (sums of cost / weight in
-# double precision) can neither overflow nor lose their increments.
-MAX_COST = 1e6
-WEIGHT_RANGE = (1e-6, 1e6)
 
-# Field types, shared by the per-task envelope and the buffer entry's columns.
-QueueName = Annotated[str, StringConstraints(pattern=QUEUE_NAME)]
-TenantName = Annotated[str, StringConstraints(pattern=TENANT_NAME)]
-TaskName = Annotated[str, StringConstraints(pattern=TASK_NAME, max_length=TASK_NAME_MAX)]
-Cost = Annotated[float, Field(gt=0, le=MAX_COST, allow_inf_nan=False)]
-Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS_LIMIT)]
-Backoff = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+def _in_time_range(value: datetime) -> datetime:
+    try:
+        return check_time("time", value)
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from None
 
-_QUEUE_RE = re.compile(QUEUE_NAME)
-_TENANT_RE = re.compile(TENANT_NAME)
-_TASK_RE = re.compile(TASK_NAME)
+
+# Field types for untrusted JSON (buffer entries, dead letters, imports), built
+# from the rules' constants. Numbers are strict: "5" is not a number.
+QueueName = Annotated[str, StringConstraints(pattern=f"^{QUEUE_PATTERN}$")]
+TenantName = Annotated[str, StringConstraints(pattern=f"^{TENANT_PATTERN}$")]
+TaskName = Annotated[str, StringConstraints(pattern=f"^{TASK_PATTERN}$", max_length=TASK_NAME_MAX)]
+Cost = Annotated[float, Field(gt=0, le=MAX_COST, allow_inf_nan=False, strict=True)]
+Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS, strict=True)]
+Backoff = Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False, strict=True)]
+Time = Annotated[AwareDatetime, AfterValidator(_in_time_range)]
 
 _JSON_OPTIONS = (
     orjson.OPT_PASSTHROUGH_DATETIME
     | orjson.OPT_PASSTHROUGH_DATACLASS
     | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
-
-
-@functools.lru_cache(maxsize=65536)  # few distinct names, checked once per task
-def _matches(pattern: re.Pattern[str], name: str) -> bool:
-    return pattern.match(name) is not None
-
-
-def check_queue(name: object) -> str:
-    if not isinstance(name, str) or not _matches(_QUEUE_RE, name):
-        raise InvalidName(
-            f"queue name {name!r} is invalid: 1-63 characters of a-z, 0-9, '_', '.', '-', "
-            "starting with a letter"
-        )
-    return name
-
-
-def check_tenant(name: object) -> str:
-    if not isinstance(name, str) or not _matches(_TENANT_RE, name):
-        raise InvalidName(
-            f"tenant name {name!r} is invalid: 1-128 characters of letters, digits, "
-            "'_', '.', ':', '@', '-', starting with a letter or digit"
-        )
-    return name
-
-
-def check_task_name(name: object) -> str:
-    if not isinstance(name, str) or len(name) > TASK_NAME_MAX or not _matches(_TASK_RE, name):
-        raise InvalidName(
-            f"task name {name!r} is invalid: a dotted Python-style name of at most "
-            f"{TASK_NAME_MAX} characters"
-        )
-    return name
 
 
 def _refuse(value: Any) -> Any:
@@ -147,10 +125,11 @@ def new_task_id() -> UUID:
 
 
 def task_id_for_key(idempotency_key: str, tenant: str) -> UUID:
-    """The same key (per tenant) always names the same task: a second enqueue is a no-op."""
-    return UUID(
-        bytes=uuid_utils.uuid5(uuid_utils.NAMESPACE_URL, f"rota:{tenant}:{idempotency_key}").bytes
-    )
+    """The same key (per tenant) always names the same task: a second enqueue is
+    a no-op. The id hashes the JSON `[tenant, key]`, which no two different
+    pairs share (a tenant name may contain ':', a key anything)."""
+    name = orjson.dumps([tenant, idempotency_key]).decode()
+    return UUID(bytes=uuid_utils.uuid5(uuid_utils.NAMESPACE_URL, f"rota:{name}").bytes)
 
 
 @dataclass(slots=True)
@@ -169,12 +148,12 @@ class TaskEnvelope:
     tenant: TenantName
     name: TaskName
     payload: str
-    enqueued_at: AwareDatetime
+    enqueued_at: Time
     cost: Cost = 1.0
     max_attempts: Attempts = 3
     backoff_base: Backoff = 1.0
     backoff_max: Backoff = 3600.0
-    eta: AwareDatetime | None = None
+    eta: Time | None = None
     v: Literal[1] = ENVELOPE_VERSION
 
     def to_json(self) -> bytes:
@@ -219,18 +198,14 @@ def _checked_template(
 ) -> EnvelopeTemplate:
     check_task_name(name)
     check_queue(queue)
-    if (
-        not isinstance(max_attempts, int)
-        or isinstance(max_attempts, bool)
-        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
-    ):
-        raise ValidationError(
-            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}"
-        )
-    for backoff in (backoff_base, backoff_max):
-        if not isinstance(backoff, int | float) or not 0 <= backoff < math.inf:
-            raise ValidationError(f"backoff must be a finite number >= 0, got {backoff!r}")
-    return EnvelopeTemplate(name, queue, max_attempts, float(backoff_base), float(backoff_max))
+    check_max_attempts(max_attempts)
+    return EnvelopeTemplate(
+        name,
+        queue,
+        max_attempts,
+        check_delay("backoff", backoff_base),
+        check_delay("backoff_max", backoff_max),
+    )
 
 
 _cached_template = functools.lru_cache(maxsize=4096, typed=True)(_checked_template)
@@ -257,6 +232,7 @@ class TaskBatch:
     costs: list[float] = field(default_factory=list)
     etas: list[datetime | None] = field(default_factory=list)
     _last: tuple[EnvelopeTemplate | None, int] = field(default=(None, -1), repr=False)
+    _index: dict[EnvelopeTemplate, int] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -279,10 +255,9 @@ class TaskBatch:
         """Checks one run of `template` and appends it (nothing, if it raises a
         ValidationError subclass); returns its task id."""
         check_tenant(tenant)
-        if not isinstance(cost, int | float) or not 0 < cost <= MAX_COST:
-            raise ValidationError(f"cost must be a number > 0 and <= {MAX_COST:g}, got {cost!r}")
-        if eta is not None and eta.tzinfo is None:
-            raise ValidationError("eta must be timezone-aware (e.g. datetime.now(UTC))")
+        cost = check_cost(cost)
+        if eta is not None:
+            check_time("eta", eta)
         payload = dump_payload(args, {} if kwargs is None else kwargs, max_payload_bytes)
         last, index = self._last
         if template is not last:
@@ -293,16 +268,20 @@ class TaskBatch:
         self.ids.append(task_id)
         self.tenants.append(tenant)
         self.payloads.append(payload)
-        self.costs.append(float(cost))
+        self.costs.append(cost)
         self.etas.append(eta)
         return task_id
 
     def _index_of(self, template: EnvelopeTemplate) -> int:
-        for index, known in enumerate(self.templates):  # few: usually one
-            if known == template:
-                return index
-        self.templates.append(template)
-        return len(self.templates) - 1
+        index = self._index
+        if len(index) != len(self.templates):  # a batch built from its columns
+            index.clear()
+            index.update((known, i) for i, known in enumerate(self.templates))
+        found = index.get(template)
+        if found is None:
+            found = index[template] = len(self.templates)
+            self.templates.append(template)
+        return found
 
     def select(self, indices: Sequence[int]) -> TaskBatch:
         """The tasks at `indices`, in that order, with only the templates they use."""
@@ -392,14 +371,14 @@ def _check_same_length(columns: Sequence[Sized]) -> None:
 class _EntryColumns(TypedDict):
     """What `TaskBatch.to_json` writes, as pydantic validates it."""
 
-    enqueued_at: AwareDatetime
+    enqueued_at: Time
     templates: list[tuple[TaskName, QueueName, Attempts, Backoff, Backoff]]
     template: list[Annotated[int, Field(ge=0, strict=True)]]
     id: list[UUID]
     tenant: list[TenantName]
     payload: list[str]
     cost: list[Cost]
-    eta: list[AwareDatetime | None]
+    eta: list[Time | None]
 
 
 _ENTRY = TypeAdapter(_EntryColumns)
@@ -549,3 +528,4 @@ def check_payload(payload: str, max_payload_bytes: int) -> None:
     size = len(payload.encode())
     if size > max_payload_bytes:
         raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes}")
+    check_json_integers(payload)

@@ -19,8 +19,9 @@ import orjson
 import psycopg
 
 from rota.db import Copy, Execute, Op, Row, UUIDArray
-from rota.envelope import WEIGHT_RANGE, TaskEnvelope, check_queue, check_tenant
+from rota.envelope import TaskEnvelope
 from rota.errors import ValidationError
+from rota.rules import check_queue, check_tenant, check_tenant_settings
 from rota.sql import query
 
 
@@ -320,16 +321,13 @@ def configure_tenant(
 ) -> Op[int]:
     """Creates or changes a tenant; returns its slot (id)."""
     check_tenant(name)
-    low, high = WEIGHT_RANGE
-    if not low <= weight <= high:
-        raise ValidationError(f"weight must be from {low:g} to {high:g}, got {weight!r}")
-    for field, value in (("concurrency_limit", concurrency_limit), ("capacity", capacity)):
-        if value is not None and value < 0:
-            raise ValidationError(f"{field} must be >= 0, got {value!r}")
-    if rate_limit is not None and not rate_limit > 0:
-        raise ValidationError(f"rate_limit must be > 0 tasks per second, got {rate_limit!r}")
-    if rate_burst is not None and not rate_burst >= 1:
-        raise ValidationError(f"rate_burst must be >= 1, got {rate_burst!r}")
+    check_tenant_settings(
+        weight=weight,
+        concurrency_limit=concurrency_limit,
+        rate_limit=rate_limit,
+        rate_burst=rate_burst,
+        capacity=capacity,
+    )
     rows = yield Execute(
         query("configure_tenant"),
         {

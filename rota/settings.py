@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rota.redact import redact_url
+from rota.rules import MAX_ATTEMPTS, MAX_DELAY_SECONDS, check_queue
 
 
 class Settings(BaseSettings):
@@ -11,6 +18,9 @@ class Settings(BaseSettings):
 
     database_url: str = "postgresql://localhost/postgres"
     redis_url: str = "redis://localhost:6379/0"
+    # An allow-list of queue names (comma-separated): when set, enqueues to any
+    # other queue are refused and the loader dead-letters them.
+    queues: str | None = None
 
     # Producer
     stream_prefix: str = "rota:buffer"
@@ -19,6 +29,9 @@ class Settings(BaseSettings):
     # 8). Raise it to spread over a Redis Cluster or a Spark cluster.
     shards: int = Field(default=2, ge=1, le=1024)
     max_payload_bytes: int = Field(default=256 * 1024, ge=64)
+    # Entries a shard may hold; past it, enqueues go to the PostgreSQL
+    # fallback, so that one tenant cannot fill Redis for everyone.
+    buffer_max_entries: int = Field(default=1_000_000, ge=1)
     redis_timeout_seconds: float = Field(default=0.5, gt=0)
     redis_retries: int = Field(default=2, ge=0)
     breaker_failures: int = Field(default=3, ge=1)
@@ -28,9 +41,9 @@ class Settings(BaseSettings):
 
     # Task defaults
     default_queue: str = "default"
-    default_max_attempts: int = Field(default=3, ge=1)
-    default_backoff_seconds: float = Field(default=1.0, ge=0)
-    default_backoff_max_seconds: float = Field(default=3600.0, ge=0)
+    default_max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
+    default_backoff_seconds: float = Field(default=1.0, ge=0, le=MAX_DELAY_SECONDS)
+    default_backoff_max_seconds: float = Field(default=3600.0, ge=0, le=MAX_DELAY_SECONDS)
 
     # Loader
     loader_group: str = "rota-loader"
@@ -55,7 +68,33 @@ class Settings(BaseSettings):
     maintenance_seconds: float = Field(default=1.0, gt=0)
     cron_lookback_seconds: float = Field(default=300.0, gt=0)  # missed ticks caught up
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    # A task whose name the worker's app does not know is handed back (run
+    # again this much later, no attempt used) for a worker that knows it, and
+    # is dead only once nobody ran it for the grace.
+    unknown_task_retry_seconds: float = Field(default=5.0, gt=0)
+    unknown_task_grace_seconds: float = Field(default=600.0, ge=0)
     # Off: workers' claims and reports skip waiting for the WAL flush. A
     # database crash can then forget the last moments of them, and those tasks
     # run again, which at-least-once delivery allows. Loads always wait.
     worker_synchronous_commit: bool = False
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queues(cls, value: str | None) -> str | None:
+        if value is not None:
+            for name in _names(value):
+                check_queue(name)
+        return value
+
+    @cached_property
+    def allowed_queues(self) -> frozenset[str] | None:
+        return None if self.queues is None else frozenset(_names(self.queues))
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # Passwords never reach a log line or a traceback's repr.
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name in ("database_url", "redis_url") else value
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]

@@ -13,22 +13,23 @@ app.enqueue_many([parse_pdf.call(p, tenant="alice") for p in paths])
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 from uuid import UUID
 
-from rota.envelope import (
-    EnvelopeTemplate,
-    TaskBatch,
-    check_task_name,
-    check_tenant,
-    envelope_template,
-    task_id_for_key,
-)
+from rota.envelope import EnvelopeTemplate, TaskBatch, envelope_template, task_id_for_key
 from rota.errors import UnknownTask, ValidationError
 from rota.producer.producer import AsyncProducer, Producer, ProducerCore
+from rota.rules import (
+    check_idempotency_key,
+    check_task_name,
+    check_tenant,
+    check_timeout,
+    resolve_eta,
+)
 from rota.settings import Settings
 
 P = ParamSpec("P")
@@ -73,14 +74,31 @@ class TaskCall:
     idempotency_key: str | None = None
 
 
-def _resolve_eta(eta: datetime | None, countdown: float | None) -> datetime | None:
-    if eta is not None and countdown is not None:
-        raise ValidationError("give eta or countdown, not both")
-    if countdown is not None:
-        if countdown < 0:
-            raise ValidationError(f"countdown must be >= 0 seconds, got {countdown!r}")
-        return datetime.now(UTC) + timedelta(seconds=countdown)
-    return eta
+class ArgumentCheck:
+    """Checks a call's arguments against the task function's signature, at
+    enqueue rather than in a worker three attempts later. Calls of one shape
+    (number of arguments, keyword names) share one verdict."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.signature = inspect.signature(fn)
+        self._verdicts: dict[tuple[int, tuple[str, ...]], str | None] = {}
+
+    def check(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        try:
+            shape = (len(args), tuple(kwargs))
+        except TypeError:
+            return  # not a list and a dict: the payload check says so
+        verdict = self._verdicts.get(shape, False)
+        if verdict is False:
+            try:
+                self.signature.bind(*range(shape[0]), **dict.fromkeys(shape[1]))
+                verdict = None
+            except TypeError as exc:
+                verdict = str(exc)
+            if len(self._verdicts) < 1024:
+                self._verdicts[shape] = verdict
+        if verdict is not None:
+            raise ValidationError(f"arguments do not fit task {name!r}: {verdict}")
 
 
 class Task(Generic[P, R]):
@@ -94,6 +112,7 @@ class Task(Generic[P, R]):
         self.name = template.name
         self.template = template  # name, queue and retry policy, checked
         self.options = options
+        self.arguments = ArgumentCheck(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -105,8 +124,6 @@ class Task(Generic[P, R]):
 
     @property
     def is_async(self) -> bool:
-        import inspect
-
         return inspect.iscoroutinefunction(self.fn)
 
     def call(
@@ -192,22 +209,31 @@ class App:
             check_task_name(task_name)
             if task_name in self.tasks:
                 raise ValidationError(f"a task named {task_name!r} is already registered")
+            clash = RESERVED & set(inspect.signature(function).parameters)
+            if clash:
+                raise ValidationError(
+                    f"task {task_name!r} has parameters named {sorted(clash)}, which are "
+                    "enqueue options; rename them"
+                )
             options = TaskOptions(
-                queue=queue or self.settings.default_queue,
-                max_attempts=max_attempts or self.settings.default_max_attempts,
+                queue=self.settings.default_queue if queue is None else queue,
+                max_attempts=(
+                    self.settings.default_max_attempts if max_attempts is None else max_attempts
+                ),
                 backoff=self.settings.default_backoff_seconds if backoff is None else backoff,
                 backoff_max=(
                     self.settings.default_backoff_max_seconds
                     if backoff_max is None
                     else backoff_max
                 ),
-                timeout=timeout,
+                timeout=check_timeout(timeout),
                 cost=cost,
             )
             # Checked once here, so a bad option fails at import, not at enqueue.
             template = envelope_template(
                 task_name, options.queue, options.max_attempts, options.backoff, options.backoff_max
             )
+            self.check_queue_allowed(options.queue)
             TaskBatch.empty().add(template, "check", cost=options.cost)
             registered: Task[Any, Any] = Task(self, function, template, options)
             self.tasks[task_name] = registered
@@ -252,6 +278,14 @@ class App:
             self._add(batch, call)
         return batch
 
+    def check_queue_allowed(self, queue: str) -> None:
+        """With ROTA_QUEUES set, only the queues it names may be used."""
+        allowed = self.settings.allowed_queues
+        if allowed is not None and queue not in allowed:
+            raise ValidationError(
+                f"queue {queue!r} is not in ROTA_QUEUES ({', '.join(sorted(allowed))})"
+            )
+
     def _add(self, batch: TaskBatch, call: TaskCall) -> None:
         task = self.tasks.get(call.name)
         if task is None and call.queue is None:
@@ -264,6 +298,7 @@ class App:
             clash = RESERVED & set(call.kwargs)
             raise ValidationError(f"{sorted(clash)} are enqueue options, not task arguments")
         if task is not None:
+            task.arguments.check(call.name, call.args, call.kwargs)
             options = task.options
             template = task.template
             if call.queue is not None and call.queue != template.queue:
@@ -274,6 +309,7 @@ class App:
                     options.backoff,
                     options.backoff_max,
                 )
+                self.check_queue_allowed(template.queue)
             default_cost = options.cost
         else:
             settings = self.settings
@@ -284,6 +320,7 @@ class App:
                 settings.default_backoff_seconds,
                 settings.default_backoff_max_seconds,
             )
+            self.check_queue_allowed(template.queue)
             default_cost = 1.0
         batch.add(
             template,
@@ -291,12 +328,16 @@ class App:
             call.args,
             call.kwargs,
             (
-                task_id_for_key(call.idempotency_key, call.tenant)
+                task_id_for_key(
+                    check_idempotency_key(call.idempotency_key), check_tenant(call.tenant)
+                )
                 if call.idempotency_key is not None
                 else None
             ),
             call.cost if call.cost is not None else default_cost,
-            call.eta if call.countdown is None else _resolve_eta(call.eta, call.countdown),
+            call.eta
+            if call.countdown is None and call.eta is None
+            else resolve_eta(call.eta, call.countdown, batch.enqueued_at),
             self.settings.max_payload_bytes,
         )
 

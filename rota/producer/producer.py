@@ -33,21 +33,58 @@ from tenacity import (
 )
 
 from rota import db, ops
-from rota.buffer import encode_entries
+from rota.buffer import (
+    all_streams,
+    backlog_key,
+    encode_entries,
+    shard_for,
+    stream_name,
+    tenant_costs,
+)
 from rota.effects import adrive, drive
 from rota.envelope import TaskBatch, TaskEnvelope
 from rota.errors import CapacityExceeded, EnqueueError
-from rota.producer.breaker import CircuitBreaker
+from rota.producer.breaker import BreakerState, CircuitBreaker
 from rota.settings import Settings
 
 log = logging.getLogger("rota.producer")
 
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+# Redis cannot take writes now: lost, timed out, out of memory, a read-only
+# replica, loading its data set, or its master down. The producer retries,
+# then falls back to PostgreSQL and counts a failure towards the breaker.
+# (BusyLoadingError is a ConnectionError.) Any other error is unexpected.
+REDIS_ERRORS = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    OSError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.TryAgainError,
+)
 
 
 @dataclass(frozen=True)
 class WriteBuffer:
+    """XADD the entries; add the capacity-limited tenants' work to the shards'
+    backlog hashes. The result is each stream's length after the write."""
+
     entries: dict[str, list[dict[bytes, bytes]]]
+    backlog: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProbeBuffer:
+    """Each stream's length."""
+
+    streams: list[str]
+
+
+@dataclass(frozen=True)
+class ReadBufferBacklogs:
+    """{tenant: cost units in the buffer}, summed over the shards' backlog hashes."""
+
+    keys: list[str]
 
 
 @dataclass(frozen=True)
@@ -61,7 +98,7 @@ class FetchBacklogs:
     pass
 
 
-Effect: TypeAlias = WriteBuffer | LoadDatabase | FetchBacklogs
+Effect: TypeAlias = WriteBuffer | ProbeBuffer | ReadBufferBacklogs | LoadDatabase | FetchBacklogs
 Flow: TypeAlias = Generator[Effect, Any, list[UUID]]
 
 
@@ -78,8 +115,16 @@ class CapacityCache:
     def stale(self) -> bool:
         return time.monotonic() - self.fetched_at >= self.max_age
 
-    def refresh(self, backlogs: dict[str, tuple[int, float]]) -> None:
-        self.limits = dict(backlogs)
+    def refresh(
+        self, backlogs: dict[str, tuple[int, float]], buffered: dict[str, float] | None = None
+    ) -> None:
+        """`backlogs`: {tenant: (capacity, work waiting in PostgreSQL)};
+        `buffered`: {tenant: work still in the Redis buffer}."""
+        buffered = buffered or {}
+        self.limits = {
+            tenant: (capacity, waiting + buffered.get(tenant, 0.0))
+            for tenant, (capacity, waiting) in backlogs.items()
+        }
         self.since_fetch.clear()
         self.fetched_at = time.monotonic()
 
@@ -117,6 +162,10 @@ class ProducerCore:
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_seconds)
         self.capacity = CapacityCache(settings.capacity_cache_seconds)
         self.fallbacks = 0  # tasks that went straight to PostgreSQL
+        self.streams = all_streams(settings.stream_prefix, settings.shards)
+        # Each shard's length as of the last write or probe (the buffer bound).
+        self.shard_lengths: dict[str, int] = {}
+        self.lengths_at = float("-inf")
 
     def retry_policy(self) -> dict[str, Any]:
         """Bounded retries of a Redis write (tenacity), then the fallback."""
@@ -132,16 +181,7 @@ class ProducerCore:
         if not batch:
             return ids
         if self.capacity.stale():
-            try:
-                self.capacity.refresh((yield FetchBacklogs()))
-            except Exception as exc:
-                # PostgreSQL down must not cost every enqueue a connection attempt.
-                self.capacity.postpone()
-                log.warning(
-                    "could not refresh tenant capacities, using the cached ones for %s s: %s",
-                    self.capacity.max_age,
-                    exc,
-                )
+            yield from self._refresh_capacities()
         self.capacity.check(batch)
 
         if connection is not None:
@@ -151,17 +191,25 @@ class ProducerCore:
             return ids
 
         if self.breaker.allow():
-            try:
-                yield WriteBuffer(
-                    encode_entries(batch, self.settings.stream_prefix, self.settings.shards)
-                )
-            except REDIS_ERRORS as exc:
-                self.breaker.failed()
-                log.warning("redis buffer unavailable, writing to PostgreSQL: %s", exc)
+            entries = encode_entries(batch, self.settings.stream_prefix, self.settings.shards)
+            if (yield from self._buffer_full(entries)):
+                self.breaker.succeeded()  # Redis answered: full, not down
             else:
-                self.breaker.succeeded()
-                self.capacity.count(batch)
-                return ids
+                try:
+                    lengths = yield WriteBuffer(entries, self._backlog(batch))
+                except REDIS_ERRORS as exc:
+                    self.breaker.failed()
+                    log.warning("redis buffer unavailable, writing to PostgreSQL: %s", exc)
+                except Exception as exc:
+                    raise EnqueueError(
+                        f"{len(batch)} task(s) not stored: the Redis buffer refused the write "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from exc
+                else:
+                    self.breaker.succeeded()
+                    self._note_lengths(lengths)
+                    self.capacity.count(batch)
+                    return ids
         try:
             yield LoadDatabase(batch.envelopes())
         except Exception as exc:
@@ -173,6 +221,99 @@ class ProducerCore:
         self.fallbacks += len(batch)
         self.capacity.count(batch)
         return ids
+
+    def _refresh_capacities(self) -> Generator[Effect, Any, None]:
+        try:
+            backlogs = yield FetchBacklogs()
+        except Exception as exc:
+            # PostgreSQL down must not cost every enqueue a connection attempt.
+            self.capacity.postpone()
+            log.warning(
+                "could not refresh tenant capacities, using the cached ones for %s s: %s",
+                self.capacity.max_age,
+                exc,
+            )
+            return
+        buffered: dict[str, float] = {}
+        if backlogs and self.breaker.state is BreakerState.CLOSED:
+            try:
+                buffered = yield ReadBufferBacklogs([backlog_key(s) for s in self.streams])
+            except redis.RedisError as exc:  # counted from PostgreSQL alone meanwhile
+                log.warning("could not read the buffer's backlog counts: %s", exc)
+        self.capacity.refresh(backlogs, buffered)
+
+    def _backlog(self, batch: TaskBatch) -> dict[str, dict[str, float]]:
+        """The work `batch` adds to each shard's backlog hash (capacity-limited
+        tenants only: the others need no count)."""
+        if not self.capacity.limits:
+            return {}
+        shards = self.settings.shards
+        backlog: dict[str, dict[str, float]] = {}
+        for tenant, cost in tenant_costs(batch, self.capacity.limits).items():
+            key = backlog_key(stream_name(self.settings.stream_prefix, shard_for(tenant, shards)))
+            backlog.setdefault(key, {})[tenant] = cost
+        return backlog
+
+    def _note_lengths(self, lengths: dict[str, int]) -> None:
+        self.shard_lengths.update(lengths)
+        self.lengths_at = time.monotonic()
+
+    def _buffer_full(self, entries: dict[str, list[Any]]) -> Generator[Effect, Any, bool]:
+        """Whether writing `entries` would take a shard past ROTA_BUFFER_MAX_ENTRIES,
+        judged from the lengths the last write returned; while a shard is
+        full, it is probed again every ROTA_CAPACITY_CACHE_SECONDS."""
+        limit = self.settings.buffer_max_entries
+
+        def full() -> list[str]:
+            return [s for s in entries if self.shard_lengths.get(s, 0) + len(entries[s]) > limit]
+
+        if not full():
+            return False
+        if time.monotonic() - self.lengths_at >= self.settings.capacity_cache_seconds:
+            try:
+                self._note_lengths((yield ProbeBuffer(full())))
+            except Exception:
+                return False  # the write itself will tell what is wrong
+        over = full()
+        if over:
+            log.warning(
+                "buffer shard(s) %s hold ROTA_BUFFER_MAX_ENTRIES=%d entries: writing to PostgreSQL",
+                ", ".join(over),
+                limit,
+            )
+        return bool(over)
+
+
+def _queue_write(pipe: Any, effect: WriteBuffer) -> None:
+    """Queues a WriteBuffer on a pipeline: the XADDs, then one XLEN per
+    stream, then the backlog counts (read back by `_lengths`)."""
+    for stream, entries in effect.entries.items():
+        for fields in entries:
+            pipe.xadd(stream, fields)
+    for stream in effect.entries:
+        pipe.xlen(stream)
+    for key, costs in effect.backlog.items():
+        for tenant, cost in costs.items():
+            pipe.hincrbyfloat(key, tenant, cost)
+
+
+def _lengths(effect: WriteBuffer, replies: list[Any]) -> dict[str, int]:
+    start = sum(len(entries) for entries in effect.entries.values())
+    return {
+        stream: int(length)
+        for stream, length in zip(
+            effect.entries, replies[start : start + len(effect.entries)], strict=True
+        )
+    }
+
+
+def _sum_backlogs(replies: list[Any]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for counts in replies:
+        for tenant, cost in counts.items():
+            name = tenant.decode() if isinstance(tenant, bytes) else tenant
+            total[name] = total.get(name, 0.0) + float(cost)
+    return total
 
 
 def _redis_options(settings: Settings) -> dict[str, Any]:
@@ -210,11 +351,18 @@ class Producer:
             for attempt in Retrying(**self.core.retry_policy()):
                 with attempt:
                     pipe = self.redis.pipeline(transaction=False)
-                    for stream, entries in effect.entries.items():
-                        for fields in entries:
-                            pipe.xadd(stream, fields)  # type: ignore[arg-type]
-                    pipe.execute()
-            return None
+                    _queue_write(pipe, effect)
+                    replies = pipe.execute()
+            return _lengths(effect, replies)
+        if isinstance(effect, ProbeBuffer | ReadBufferBacklogs):
+            pipe = self.redis.pipeline(transaction=False)
+            if isinstance(effect, ProbeBuffer):
+                for stream in effect.streams:
+                    pipe.xlen(stream)
+                return dict(zip(effect.streams, map(int, pipe.execute()), strict=True))
+            for key in effect.keys:
+                pipe.hgetall(key)
+            return _sum_backlogs(pipe.execute())
         if isinstance(effect, LoadDatabase) and effect.connection is not None:
             # In the caller's transaction (it commits or rolls back with it); a
             # transaction of its own only on an autocommit connection.
@@ -276,11 +424,18 @@ class AsyncProducer:
             async for attempt in AsyncRetrying(**self.core.retry_policy()):
                 with attempt:
                     pipe = self.redis.pipeline(transaction=False)
-                    for stream, entries in effect.entries.items():
-                        for fields in entries:
-                            pipe.xadd(stream, fields)  # type: ignore[arg-type]
-                    await pipe.execute()
-            return None
+                    _queue_write(pipe, effect)
+                    replies = await pipe.execute()
+            return _lengths(effect, replies)
+        if isinstance(effect, ProbeBuffer | ReadBufferBacklogs):
+            pipe = self.redis.pipeline(transaction=False)
+            if isinstance(effect, ProbeBuffer):
+                for stream in effect.streams:
+                    pipe.xlen(stream)
+                return dict(zip(effect.streams, map(int, await pipe.execute()), strict=True))
+            for key in effect.keys:
+                pipe.hgetall(key)
+            return _sum_backlogs(await pipe.execute())
         if isinstance(effect, LoadDatabase) and effect.connection is not None:
             if effect.connection.autocommit:
                 return await db.atransact(effect.connection, ops.load(effect.envelopes))

@@ -1,0 +1,240 @@
+"""The rules every task and tenant setting obeys, defined once.
+
+The SDK, the `connection=` path, the fallback, the loader's reading of raw
+buffer entries, `rota import` and `rota tenant` all check with these
+functions (or, for untrusted JSON, pydantic types built from the same
+constants), and the database's CHECKs repeat them as the last line; a test
+reads the CHECKs back from the schema and compares them with these constants.
+Bounds are documented in the README ("Bounds").
+
+Every check raises `rota.ValidationError` (or a subclass) and never anything
+else, whatever the type of the value: a string where a number belongs is a
+ValidationError, not an AttributeError.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rota.errors import InvalidName, ValidationError
+
+# Names, matched whole (`re.fullmatch` here, `^...$` in PostgreSQL and pydantic,
+# whose `$` matches only at the very end).
+QUEUE_PATTERN = r"[a-z][a-z0-9_.-]{0,62}"
+TENANT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}"
+TASK_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*"
+QUEUE_NAME_MAX = 63
+TENANT_NAME_MAX = 128
+TASK_NAME_MAX = 200
+IDEMPOTENCY_KEY_MAX = 1024
+
+# Numbers a task carries.
+MAX_COST = 1e6  # cost in (0, MAX_COST]: fair tags are sums of cost / weight in float8
+MAX_ATTEMPTS = 10_000
+# Every delay (countdown, Retry countdown, backoff, backoff max): at most ten
+# years, so that now + delay is far from any timestamp limit.
+MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
+MAX_TIMEOUT_SECONDS = 7 * 86_400.0
+# Every time a task carries (eta, enqueued_at) lies in [EARLIEST, LATEST).
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+# JSON integers in arguments: what a 64-bit integer holds (orjson's range);
+# a larger one would come back to a worker as a float.
+INT_RANGE = (-(2**63), 2**64 - 1)
+
+# Tenant settings.
+WEIGHT_RANGE = (1e-6, 1e6)
+MAX_CONCURRENCY_LIMIT = 1_000_000
+MAX_RATE_LIMIT = 1e6  # tasks per second
+MAX_RATE_BURST = 1e9
+MAX_CAPACITY = 10**12  # cost units waiting
+
+_QUEUE_RE = re.compile(QUEUE_PATTERN)
+_TENANT_RE = re.compile(TENANT_PATTERN)
+_TASK_RE = re.compile(TASK_PATTERN)
+_valid_names: dict[tuple[int, str], bool] = {}
+_VALID_NAMES_MAX = 65_536
+
+
+def _is_valid_name(kind: int, pattern: re.Pattern[str], name: str, max_length: int) -> bool:
+    """Valid names are remembered (a process sees few); the length is checked
+    before anything else, and rejected names are never kept."""
+    if len(name) > max_length:
+        return False
+    key = (kind, name)
+    if key in _valid_names:
+        return True
+    if pattern.fullmatch(name) is None:
+        return False
+    if len(_valid_names) >= _VALID_NAMES_MAX:
+        _valid_names.clear()
+    _valid_names[key] = True
+    return True
+
+
+def _shown(value: object) -> str:
+    """A value for an error message, cut short (names may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_queue(name: object) -> str:
+    if type(name) is not str or not _is_valid_name(0, _QUEUE_RE, name, QUEUE_NAME_MAX):
+        raise InvalidName(
+            f"queue name {_shown(name)} is invalid: 1-{QUEUE_NAME_MAX} characters of a-z, 0-9, "
+            "'_', '.', '-', starting with a letter"
+        )
+    return name
+
+
+def check_tenant(name: object) -> str:
+    if type(name) is not str or not _is_valid_name(1, _TENANT_RE, name, TENANT_NAME_MAX):
+        raise InvalidName(
+            f"tenant name {_shown(name)} is invalid: 1-{TENANT_NAME_MAX} characters of letters, "
+            "digits, '_', '.', ':', '@', '-', starting with a letter or digit"
+        )
+    return name
+
+
+def check_task_name(name: object) -> str:
+    if type(name) is not str or not _is_valid_name(2, _TASK_RE, name, TASK_NAME_MAX):
+        raise InvalidName(
+            f"task name {_shown(name)} is invalid: a dotted Python-style name of at most "
+            f"{TASK_NAME_MAX} characters"
+        )
+    return name
+
+
+def check_idempotency_key(key: object) -> str:
+    if type(key) is not str or not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
+        raise ValidationError(
+            f"idempotency_key must be a string of 1-{IDEMPOTENCY_KEY_MAX} characters, "
+            f"got {_shown(key)}"
+        )
+    return key
+
+
+def is_number(value: object) -> bool:
+    """An int or float, not a bool (True is an int to Python, not to a user)."""
+    return (
+        type(value) is float
+        or type(value) is int
+        or (isinstance(value, int | float) and not isinstance(value, bool))
+    )
+
+
+def check_number(
+    what: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    integer: bool = False,
+) -> Any:
+    """`value` is a finite number (an int if `integer`) in [low, high], or
+    (low, high] with `low_open`; returns it."""
+    ok = is_number(value) and (isinstance(value, int) or not integer)
+    if ok:
+        ok = (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        kind = "an integer" if integer else "a number"
+        bracket = "(" if low_open else "["
+        raise ValidationError(
+            f"{what} must be {kind} in {bracket}{low:g}, {high:g}], got {_shown(value)}"
+        )
+    return value
+
+
+def check_delay(what: str, seconds: Any) -> float:
+    return float(check_number(what, seconds, 0, MAX_DELAY_SECONDS))
+
+
+def check_cost(cost: Any) -> float:
+    if (type(cost) is float or type(cost) is int) and 0 < cost <= MAX_COST:
+        return float(cost)  # the usual case, without the general check's calls
+    return float(check_number("cost", cost, 0, MAX_COST, low_open=True))
+
+
+def check_max_attempts(value: Any) -> int:
+    return int(check_number("max_attempts", value, 1, MAX_ATTEMPTS, integer=True))
+
+
+def check_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    return float(check_number("timeout", value, 0, MAX_TIMEOUT_SECONDS, low_open=True))
+
+
+def check_time(what: str, value: Any) -> datetime:
+    """A timezone-aware datetime in [EARLIEST, LATEST)."""
+    if not isinstance(value, datetime):
+        raise ValidationError(
+            f"{what} must be a timezone-aware datetime, got {type(value).__name__} {_shown(value)}"
+        )
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationError(f"{what} must be timezone-aware (e.g. datetime.now(UTC))")
+    if not EARLIEST <= value < LATEST:
+        raise ValidationError(
+            f"{what} must lie from {EARLIEST.date()} to before {LATEST.date()}, "
+            f"got {value.isoformat()}"
+        )
+    return value
+
+
+def resolve_eta(eta: Any, countdown: Any, now: datetime) -> datetime | None:
+    """The time a task may first run: `eta`, or `countdown` seconds from now."""
+    if eta is not None and countdown is not None:
+        raise ValidationError("give eta or countdown, not both")
+    if countdown is not None:
+        return now + timedelta(seconds=check_delay("countdown", countdown))
+    if eta is None:
+        return None
+    return check_time("eta", eta)
+
+
+def check_json_integers(text: str | bytes) -> None:
+    """Refuses JSON integers outside INT_RANGE. Only text with a run of 19
+    digits can hold one, so the slow parse runs only then."""
+    if isinstance(text, str):
+        text = text.encode()
+    if _LONG_DIGITS.search(text) is None:
+        return
+    import json
+
+    low, high = INT_RANGE
+
+    def parse_int(digits: str) -> int:
+        number = int(digits)
+        if not low <= number <= high:
+            raise ValidationError(f"integer {digits[:30]}... does not fit in 64 bits")
+        return number
+
+    json.loads(text, parse_int=parse_int)
+
+
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
+def check_tenant_settings(
+    *,
+    weight: Any = None,
+    concurrency_limit: Any = None,
+    rate_limit: Any = None,
+    rate_burst: Any = None,
+    capacity: Any = None,
+) -> None:
+    """Each setting given (not None) within its bounds."""
+    low, high = WEIGHT_RANGE
+    if weight is not None:
+        check_number("weight", weight, low, high)
+    if concurrency_limit is not None:
+        check_number("concurrency_limit", concurrency_limit, 0, MAX_CONCURRENCY_LIMIT, integer=True)
+    if rate_limit is not None:
+        check_number("rate_limit", rate_limit, 0, MAX_RATE_LIMIT, low_open=True)
+    if rate_burst is not None:
+        check_number("rate_burst", rate_burst, 1, MAX_RATE_BURST)
+    if capacity is not None:
+        check_number("capacity", capacity, 0, MAX_CAPACITY, integer=True)
