@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import redis
@@ -118,9 +119,12 @@ class Rejected:
 
 
 def decode_entry(
-    fields: Mapping[bytes, bytes], max_payload_bytes: int
+    fields: Mapping[bytes, bytes],
+    max_payload_bytes: int,
+    allowed_queues: frozenset[str] | None = None,
 ) -> tuple[TaskBatch, list[Rejected]]:
-    """Parses one entry: the valid tasks, and each invalid part with its reason."""
+    """Parses one entry: the valid tasks, and each invalid part with its reason
+    (a task of a queue outside `allowed_queues`, when given, among them)."""
     version = fields.get(b"v")
     raw = fields.get(b"tasks")
     if version != ENTRY_VERSION or raw is None:
@@ -133,7 +137,17 @@ def decode_entry(
         batch, bad = parse_batch(raw, max_payload_bytes)
     except ValidationError as exc:
         return TaskBatch.empty(), [Rejected(raw, str(exc))]
-    return batch, [Rejected(task, reason) for task, reason in bad]
+    rejected = [Rejected(task, reason) for task, reason in bad]
+    if allowed_queues is not None and any(t.queue not in allowed_queues for t in batch.templates):
+        keep = []
+        for index, envelope in enumerate(batch.envelopes()):
+            if envelope.queue in allowed_queues:
+                keep.append(index)
+            else:
+                reason = f"queue {envelope.queue!r} is not in ROTA_QUEUES"
+                rejected.append(Rejected(envelope.to_json(), reason))
+        batch = batch.select(keep)
+    return batch, rejected
 
 
 def add_dead_letters(
@@ -149,3 +163,37 @@ def add_dead_letters(
             b"entry": entry_id.encode(),
         }
         pipe.xadd(dead_letter_stream(prefix), fields)  # type: ignore[arg-type]
+
+
+def subtract_backlogs(client: redis.Redis, loaded: Sequence[tuple[str, Sequence[Any]]]) -> None:
+    """Takes loaded work (stream, tasks with .tenant and .cost) of
+    capacity-limited tenants off the shards' backlog hashes, which the
+    producer's capacity check reads."""
+    streams = sorted({stream for stream, _ in loaded})
+    if not streams:
+        return
+    pipe = client.pipeline(transaction=False)
+    for stream in streams:
+        pipe.hkeys(backlog_key(stream))
+    counted = {
+        stream: {t.decode() if isinstance(t, bytes) else t for t in tenants}
+        for stream, tenants in zip(streams, pipe.execute(), strict=True)
+        if tenants
+    }
+    if not counted:
+        return  # the usual case: no limited tenant has work in the buffer
+    costs: dict[str, dict[str, float]] = {}
+    for stream, tasks in loaded:
+        tenants = counted.get(stream)
+        if tenants:
+            per_tenant = costs.setdefault(stream, {})
+            for task in tasks:
+                if task.tenant in tenants:
+                    per_tenant[task.tenant] = per_tenant.get(task.tenant, 0.0) + task.cost
+    subtract = client.register_script(SUBTRACT_BACKLOG)
+    pipe = client.pipeline(transaction=False)
+    for stream, per_tenant in costs.items():
+        if per_tenant:
+            args = [x for pair in per_tenant.items() for x in pair]
+            subtract(keys=[backlog_key(stream)], args=args, client=pipe)
+    pipe.execute()

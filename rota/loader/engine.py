@@ -27,10 +27,13 @@ import redis
 
 from rota import db, ops
 from rota.buffer import (
+    RESET_BACKLOG_IF_EMPTY,
     Rejected,
     add_dead_letters,
     all_streams,
+    backlog_key,
     decode_entry,
+    subtract_backlogs,
 )
 from rota.envelope import TaskEnvelope
 from rota.settings import Settings
@@ -96,6 +99,7 @@ class Loader:
         self.streams = all_streams(settings.stream_prefix, settings.shards)
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
+        self._reset = self.redis.register_script(RESET_BACKLOG_IF_EMPTY)
         # Until the first entries are seen, assume packed ones: a first pass
         # that reads too little costs one round trip; one that reads too much
         # leaves the other loaders idle.
@@ -208,7 +212,9 @@ class Loader:
         ]
         decoded: list[tuple[Entry, list[TaskEnvelope]]] = []
         for entry in entries:
-            batch, bad = decode_entry(entry[2], self.settings.max_payload_bytes)
+            batch, bad = decode_entry(
+                entry[2], self.settings.max_payload_bytes, self.settings.allowed_queues
+            )
             decoded.append((entry, batch.envelopes()))
             dead.extend((entry, rejected) for rejected in bad)
 
@@ -220,26 +226,67 @@ class Loader:
         result.duplicates = tasks - stored - len(refused)
         dead.extend(refused)
         result.dead_lettered = len(dead)
-        self._finish(entries + exhausted, dead)
+        self._finish(entries + exhausted, dead, decoded)
+        if not result.entries:
+            self._reset_backlogs()
         return result
 
-    def _finish(self, entries: list[Entry], dead: list[tuple[Entry, Rejected]]) -> None:
-        """Dead letters first, then acknowledge: an entry is never dropped unrecorded."""
-        pipe = self.redis.pipeline(transaction=False)
-        add_dead_letters(
-            pipe,
-            self.settings.stream_prefix,
-            ((stream, entry_id, rejected) for (stream, entry_id, _), rejected in dead),
-        )
+    def _finish(
+        self,
+        entries: list[Entry],
+        dead: list[tuple[Entry, Rejected]],
+        decoded: list[tuple[Entry, list[TaskEnvelope]]],
+    ) -> None:
+        """Dead letters first, checked; only then are entries acknowledged and
+        deleted. An entry whose dead letter Redis refused stays pending (it is
+        reclaimed and tried again): nothing leaves the buffer unless it is in
+        PostgreSQL or in the dead-letter stream."""
+        unrecorded: set[tuple[str, str]] = set()
+        if dead:
+            pipe = self.redis.pipeline(transaction=False)
+            add_dead_letters(
+                pipe,
+                self.settings.stream_prefix,
+                ((stream, entry_id, rejected) for (stream, entry_id, _), rejected in dead),
+            )
+            replies = pipe.execute(raise_on_error=False)
+            for ((stream, entry_id, _), rejected), reply in zip(dead, replies, strict=True):
+                if isinstance(reply, Exception):
+                    unrecorded.add((stream, entry_id))
+                    log.error(
+                        "could not dead-letter %s %s (%s), left pending: %s",
+                        stream,
+                        entry_id,
+                        reply,
+                        rejected.reason,
+                    )
+                else:
+                    log.warning("dead-lettered %s %s: %s", stream, entry_id, rejected.reason)
         by_stream: dict[str, list[str]] = {}
         for stream, entry_id, _ in entries:
-            by_stream.setdefault(stream, []).append(entry_id)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, self.settings.loader_group, *ids)
-            pipe.xdel(stream, *ids)
+            if (stream, entry_id) not in unrecorded:
+                by_stream.setdefault(stream, []).append(entry_id)
+        if by_stream:
+            pipe = self.redis.pipeline(transaction=False)
+            for stream, ids in by_stream.items():
+                pipe.xack(stream, self.settings.loader_group, *ids)
+                pipe.xdel(stream, *ids)
+            pipe.execute()
+        subtract_backlogs(
+            self.redis,
+            [
+                (stream, envelopes)
+                for (stream, entry_id, _), envelopes in decoded
+                if (stream, entry_id) not in unrecorded
+            ],
+        )
+
+    def _reset_backlogs(self) -> None:
+        """Nothing was read: counts of shards that are empty start from zero again."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in self.streams:
+            self._reset(keys=[stream, backlog_key(stream)], client=pipe)
         pipe.execute()
-        for (stream, entry_id, _), rejected in dead:
-            log.warning("dead-lettered %s %s: %s", stream, entry_id, rejected.reason)
 
     # -- observability ---------------------------------------------------------
 

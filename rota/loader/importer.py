@@ -17,9 +17,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rota import db, ops
+import orjson
+
+from rota import db
 from rota.envelope import TaskEnvelope, make_envelope, parse_envelope, task_id_for_key
-from rota.errors import RotaError
+from rota.errors import ValidationError
+from rota.loader.engine import load_in_chunks
+from rota.rules import check_idempotency_key, check_tenant
 from rota.settings import Settings
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
@@ -39,30 +43,42 @@ def _json_value(value: Any, default: Any) -> Any:
     if value is None:
         return default
     if isinstance(value, str):
-        return json.loads(value)
+        return orjson.loads(value)  # depth-limited: deep nesting is an error, not a crash
     if hasattr(value, "asDict"):  # a Spark Row (struct)
         return value.asDict(recursive=True)
     return value
 
 
+def _number(value: Any, convert: type[float] | type[int]) -> Any:
+    """CSV columns are text: "2.5" is a number there (anything else is checked as it is)."""
+    return convert(value) if isinstance(value, str) else value
+
+
 def validate_row(row: dict[str, Any], defaults: dict[str, Any]) -> TaskEnvelope:
-    """One imported row to an envelope, or a RotaError / ValueError saying why not."""
+    """One imported row to an envelope, or an exception saying why not."""
     eta = row.get("eta")
     if isinstance(eta, str):
         eta = datetime.fromisoformat(eta)
-    tenant = row.get("tenant")
+    tenant = check_tenant(row.get("tenant"))
     key = row.get("idempotency_key")
     args = _json_value(row.get("args"), [])
     kwargs = _json_value(row.get("kwargs"), {})
+    queue = row.get("queue") or defaults["queue"]
+    allowed = defaults["allowed_queues"]
+    if allowed is not None and queue not in allowed:
+        raise ValidationError(f"queue {queue!r} is not in ROTA_QUEUES")
+    cost, attempts = row.get("cost"), row.get("max_attempts")
     return make_envelope(
         name=row.get("name"),  # type: ignore[arg-type]
-        queue=row.get("queue") or defaults["queue"],
-        tenant=tenant,  # type: ignore[arg-type]
+        queue=queue,
+        tenant=tenant,
         args=list(args) if isinstance(args, list | tuple) else args,
         kwargs=kwargs,
-        task_id=task_id_for_key(key, str(tenant)) if key else None,
-        cost=float(row["cost"]) if row.get("cost") is not None else 1.0,
-        max_attempts=int(row.get("max_attempts") or defaults["max_attempts"]),
+        task_id=task_id_for_key(check_idempotency_key(key), tenant) if key else None,
+        cost=1.0 if cost is None else _number(cost, float),
+        max_attempts=defaults["max_attempts"]
+        if max_attempts is None
+        else _number(max_attempts, int),
         eta=eta,
         max_payload_bytes=defaults["max_payload_bytes"],
     )
@@ -73,8 +89,20 @@ def _validate_partition(rows: Iterable[Any], defaults: dict[str, Any]) -> Iterat
         record = row.asDict(recursive=True)
         try:
             yield (validate_row(record, defaults).to_json().decode(), None, None)
-        except (RotaError, ValueError, TypeError) as exc:
-            yield (None, f"{type(exc).__name__}: {exc}", json.dumps(record, default=str))
+        except Exception as exc:  # any bad row is rejected with its reason, never a crash
+            yield (None, _reason(exc), _row_json(record))
+
+
+def _reason(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _row_json(record: dict[str, Any]) -> str:
+    try:
+        return json.dumps(record, default=str)
+    except (ValueError, RecursionError):  # too deep to echo back whole
+        return json.dumps({key: str(value)[:1000] for key, value in record.items()})
 
 
 def import_tasks(
@@ -98,6 +126,7 @@ def import_tasks(
         reader = reader.option("header", "true").option("escape", '"')
     frame = reader.load(path)
     defaults = {
+        "allowed_queues": settings.allowed_queues,
         "queue": settings.default_queue,
         "max_attempts": settings.default_max_attempts,
         "max_payload_bytes": settings.max_payload_bytes,
@@ -108,20 +137,27 @@ def import_tasks(
     batch: list[TaskEnvelope] = []
     with db.connect(settings.database_url) as conn, rejected_file.open("w") as rejects:
 
+        def reject(reason: str, row: Any) -> None:
+            summary.rejected += 1
+            entry = {"reason": reason, "row": row}
+            rejects.write(json.dumps(entry) + "\n")
+            if len(summary.examples) < 5:
+                summary.examples.append(entry)
+
         def flush() -> None:
-            loaded = db.transact(conn, ops.load(batch))
+            # The loaders' own path: a chunk PostgreSQL refuses is split until
+            # the refused rows are found; they are rejected, the rest load.
+            loaded, refused = load_in_chunks(conn, batch, settings.loader_batch_size)
             summary.loaded += loaded
-            summary.duplicates += len(batch) - loaded
+            summary.duplicates += len(batch) - loaded - len(refused)
+            for envelope, reason in refused:
+                reject(reason, orjson.loads(envelope.to_json()))
             batch.clear()
 
         for envelope_json, reason, raw in checked.toLocalIterator():
             summary.rows += 1
             if reason is not None:
-                summary.rejected += 1
-                entry = {"reason": reason, "row": json.loads(raw)}
-                rejects.write(json.dumps(entry) + "\n")
-                if len(summary.examples) < 5:
-                    summary.examples.append(entry)
+                reject(reason, json.loads(raw))
                 continue
             batch.append(parse_envelope(envelope_json, settings.max_payload_bytes))
             if len(batch) >= settings.loader_batch_size:

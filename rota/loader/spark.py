@@ -39,6 +39,7 @@ from rota.buffer import (
     add_dead_letters,
     all_streams,
     decode_entry,
+    subtract_backlogs,
 )
 from rota.envelope import TaskBatch, TaskEnvelope
 from rota.loader.engine import load_entries
@@ -86,6 +87,8 @@ class BufferStreamReader(DataSourceStreamReader):
         self.streams = options["streams"].split(",")
         self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
         self.max_entries = int(options.get("max_entries", "0"))
+        queues = options.get("queues")
+        self.allowed_queues = frozenset(queues.split(",")) if queues else None
 
     def _client(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis_url)
@@ -144,7 +147,7 @@ class BufferStreamReader(DataSourceStreamReader):
                 page: Any = client.xrange(stream, min=cursor, max=last, count=PAGE)
                 for raw_id, fields in page:
                     entry_id = raw_id.decode()
-                    batch, bad = decode_entry(fields, self.max_payload_bytes)
+                    batch, bad = decode_entry(fields, self.max_payload_bytes, self.allowed_queues)
                     if batch:
                         # A valid entry goes to the driver as it is; else its valid part.
                         data = batch.to_json() if bad else fields[b"tasks"]
@@ -202,6 +205,7 @@ class BatchSink:
             # the driver loads this one. A tenant lives in one shard, so its
             # tasks still load in enqueue order.
             entries: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
+            loaded: list[tuple[str, list[TaskEnvelope]]] = []
             waiting = 0
             for stream, entry_id, data, error in frame.toLocalIterator(prefetchPartitions=True):
                 if error is not None:
@@ -209,6 +213,7 @@ class BatchSink:
                     continue
                 envelopes = TaskBatch.from_checked_json(data).envelopes()
                 entries.append(((stream, entry_id), envelopes))
+                loaded.append((stream, envelopes))
                 waiting += len(envelopes)
                 if waiting >= size:
                     stored += self._load(entries, dead)
@@ -219,14 +224,18 @@ class BatchSink:
                 {"query": self.query_key, "batch_id": batch_id, "tasks": stored},
             )
             if dead:  # before the commit: a replay may record them twice, never zero times
-                if self._redis is None:
-                    self._redis = redis.Redis.from_url(self.settings.redis_url)
-                pipe = self._redis.pipeline(transaction=False)
+                pipe = self._buffer().pipeline(transaction=False)
                 add_dead_letters(pipe, self.settings.stream_prefix, dead)
                 pipe.execute()
+        subtract_backlogs(self._buffer(), loaded)
         self.loaded += stored
         self.dead_lettered += len(dead)
         self.batches += 1
+
+    def _buffer(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.settings.redis_url)
+        return self._redis
 
     def _load(
         self,
@@ -280,6 +289,7 @@ def buffer_stream(session: SparkSession, settings: Settings, max_entries: int = 
         .option("redis_url", settings.redis_url)
         .option("streams", ",".join(all_streams(settings.stream_prefix, settings.shards)))
         .option("max_payload_bytes", str(settings.max_payload_bytes))
+        .option("queues", ",".join(sorted(settings.allowed_queues or ())))
         .option("max_entries", str(max_entries))
         .load()
     )
