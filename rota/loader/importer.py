@@ -76,9 +76,7 @@ def validate_row(row: dict[str, Any], defaults: dict[str, Any]) -> TaskEnvelope:
         kwargs=kwargs,
         task_id=task_id_for_key(check_idempotency_key(key), tenant) if key else None,
         cost=1.0 if cost is None else _number(cost, float),
-        max_attempts=defaults["max_attempts"]
-        if max_attempts is None
-        else _number(max_attempts, int),
+        max_attempts=defaults["max_attempts"] if attempts is None else _number(attempts, int),
         eta=eta,
         max_payload_bytes=defaults["max_payload_bytes"],
     )
