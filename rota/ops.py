@@ -269,6 +269,25 @@ def fail(failures: Sequence[Failure]) -> Op[list[FailOutcome]]:
     return [FailOutcome(*row) for row in rows]
 
 
+def defer_unknown(
+    tokens: Iterable[tuple[UUID, int]], delay_seconds: float, grace_seconds: float, reason: str
+) -> Op[dict[UUID, str]]:
+    """Hands back tasks whose name the worker does not know: run again after
+    `delay_seconds` (no attempt used) until unknown for `grace_seconds`, then
+    dead with `reason`. Returns {id: 'scheduled' or 'dead'}."""
+    rows = yield Execute(
+        query("defer_unknown"),
+        {**_tokens(tokens), "delay": delay_seconds, "grace": grace_seconds, "reason": reason},
+    )
+    return {row[0]: row[1] for row in rows}
+
+
+def worker_claims(worker: str) -> Op[list[tuple[UUID, int]]]:
+    """The (task id, attempt) tokens a worker holds now."""
+    rows = yield Execute(query("worker_claims"), {"worker": worker})
+    return [(row[0], row[1]) for row in rows]
+
+
 def release(tokens: Iterable[tuple[UUID, int]]) -> Op[set[UUID]]:
     """Hands claimed-but-unstarted tasks back at their place; no attempt is used."""
     rows = yield Execute(query("requeue"), {**_tokens(tokens), "consume": False, "reason": None})

@@ -30,14 +30,15 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from rota import db, ops
 from rota.consumer.maintenance import Maintenance
-from rota.errors import Retry, UnknownTask
+from rota.errors import Retry, ValidationError
 from rota.producer.app import App, Task
+from rota.rules import check_delay
 from rota.settings import Settings
 from rota.sql import query
 
@@ -68,6 +69,23 @@ class Outcome:
     error: BaseException | None  # None: success
 
 
+class TaskAborted(Exception):
+    """An async task raised SystemExit or KeyboardInterrupt: it fails like any
+    error instead of stopping the worker's event loop."""
+
+
+def describe(error: BaseException) -> str:
+    """An exception as one stored line; never raises, whatever its __str__ does."""
+    try:
+        text = "".join(traceback.format_exception_only(error)).strip()
+    except Exception:
+        text = f"{type(error).__name__} (its message could not be read)"
+    return text[:4000]
+
+
+Item = TypeVar("Item")
+
+
 class Worker:
     def __init__(
         self,
@@ -91,11 +109,15 @@ class Worker:
         self.in_flight: dict[uuid.UUID, InFlight] = {}
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.processed = 0
-        # Outcomes taken off `outcomes` but not yet reported: kept across a lost
-        # connection and reported after reconnecting (fencing refuses any
-        # whose lease went to another worker meanwhile).
-        self._to_complete: list[tuple[uuid.UUID, int]] = []
-        self._to_fail: list[ops.Failure] = []
+        # Outcomes taken off `outcomes` but not yet reported. They stay here
+        # until a report succeeds, so a lost connection keeps them for after
+        # reconnecting (fencing refuses any whose lease went elsewhere meanwhile).
+        self.unreported_done: list[tuple[uuid.UUID, int]] = []
+        self.unreported_failed: list[ops.Failure] = []
+        self.unknown: list[tuple[uuid.UUID, int]] = []  # names this app does not know
+        # After a claim that could not be read: claims of one task, this many
+        # times, to find the task that caused it.
+        self.narrowing = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, "rota-task")
         self._loop = asyncio.new_event_loop()
         self._async_slots = asyncio.Semaphore(concurrency)
@@ -135,9 +157,13 @@ class Worker:
                     # The database went away: outcomes not yet reported are
                     # kept and reported after reconnecting; reconnect and carry on.
                     log.warning("database unavailable, reconnecting: %s", exc)
-                    time.sleep(1)
                     conn.close()
-                    conn = self._connect()
+                    conn = self._reconnect()
+                except Exception:
+                    # Narrowed down to its task where it can be (claims and
+                    # reports); anything else is logged, and the worker carries on.
+                    log.exception("worker step failed; carrying on")
+                    self.wake.wait(self.settings.poll_seconds)
             self._shutdown(conn)
         finally:
             self.stopping.set()
@@ -152,6 +178,19 @@ class Worker:
             synchronous_commit=self.settings.worker_synchronous_commit,
         )
 
+    def _reconnect(self) -> psycopg.Connection[Any]:
+        delay = 0.1
+        while True:
+            try:
+                conn = self._connect()
+            except psycopg.OperationalError as exc:
+                log.debug("reconnect failed: %s", exc)
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 5.0)
+            else:
+                log.info("database reachable again")
+                return conn
+
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""
         self._report(conn)
@@ -165,7 +204,17 @@ class Worker:
             self.wake.wait(0.005)
             self.wake.clear()
             return
-        claimed = db.run(conn, ops.claim(queues, wanted, self.id, self.settings.lease_seconds))
+        if self.narrowing:
+            wanted = 1
+        try:
+            claimed = db.run(conn, ops.claim(queues, wanted, self.id, self.settings.lease_seconds))
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:
+            self._unreadable_claim(conn, exc)
+            return
+        if self.narrowing:
+            self.narrowing -= 1
         for task in claimed:
             self._start(task)
         if len(claimed) < wanted:
@@ -173,12 +222,42 @@ class Worker:
             self.wake.wait(self.settings.poll_seconds * random.uniform(0.5, 1.5))
             self.wake.clear()
 
+    def _unreadable_claim(self, conn: psycopg.Connection[Any], error: Exception) -> None:
+        """A claim committed but its rows could not be read (a row the rules of
+        today would refuse, stored before them). The tasks it took are found
+        by this worker's claims: one alone is the culprit and is dead with the
+        reason; several are handed back (no attempt used) and claimed one at a
+        time until the culprit is alone."""
+        held = {task_id for task_id in self.in_flight}
+        taken = [t for t in db.run(conn, ops.worker_claims(self.id)) if t[0] not in held]
+        if len(taken) == 1:
+            reason = f"claimed, but could not be read: {describe(error)}"
+            log.error("task %s: %s", taken[0][0], reason)
+            db.run(conn, ops.fail([ops.Failure(*taken[0], reason, final=True)]))
+        elif taken:
+            log.warning(
+                "a claim of %d task(s) could not be read (%s); claiming one at a time",
+                len(taken),
+                describe(error),
+            )
+            db.run(conn, ops.release(taken))
+            self.narrowing = len(taken)
+
     def _queues(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """--queues, else the queues its app's tasks declare (never other
+        services' queues); minus --exclude."""
+        declared = {t.options.queue for t in self.app.tasks.values()}
         if self.fixed_queues is not None:
             names = self.fixed_queues
+            unused = sorted(set(names) - declared)
+            if unused:
+                log.warning(
+                    "--queues names %s, which no task of this app uses: their tasks are "
+                    "handed back for a worker that knows them",
+                    unused,
+                )
         else:
-            known = {t.options.queue for t in self.app.tasks.values()}
-            names = sorted(known | set(db.run(conn, ops.queue_names())))
+            names = sorted(declared)
         return [q for q in names if q not in self.exclude]
 
     def _shutdown(self, conn: psycopg.Connection[Any]) -> None:
@@ -208,8 +287,11 @@ class Worker:
 
     def _start(self, task: ops.ClaimedTask) -> None:
         registered = self.app.tasks.get(task.name)
-        flight = InFlight(task, timeout=registered.options.timeout if registered else None)
-        if registered is not None and registered.is_async:
+        if registered is None:
+            self.unknown.append(task.token)
+            return
+        flight = InFlight(task, timeout=registered.options.timeout)
+        if registered.is_async:
             flight.future = asyncio.run_coroutine_threadsafe(
                 self._run_async(registered, flight), self._loop
             )
@@ -221,12 +303,8 @@ class Worker:
         flight.future.add_done_callback(functools.partial(self._done, task))
 
     @staticmethod
-    def _run_sync(registered: Task[Any, Any] | None, flight: InFlight) -> Any:
+    def _run_sync(registered: Task[Any, Any], flight: InFlight) -> Any:
         flight.begin()
-        if registered is None:
-            raise UnknownTask(
-                f"unknown task {flight.task.name!r}: not registered in this worker's app"
-            )
         current_task.set(flight.task)
         return registered.fn(*flight.task.args, **flight.task.kwargs)
 
@@ -240,6 +318,8 @@ class Worker:
                 )
             except TimeoutError:
                 raise TaskTimeout(f"timed out after {flight.timeout} s") from None
+            except (SystemExit, KeyboardInterrupt) as exc:
+                raise TaskAborted(f"the task raised {type(exc).__name__}") from None
 
     def _done(self, task: ops.ClaimedTask, future: concurrent.futures.Future[Any]) -> None:
         if future.cancelled():
@@ -263,52 +343,115 @@ class Worker:
                 self.outcomes.put(Outcome(flight.task, timeout))
 
     def _report(self, conn: psycopg.Connection[Any]) -> None:
-        """Completes and fails what finished since the last call (and what a
-        lost connection kept from being reported), in two statements."""
-        done = self._to_complete
-        failed = self._to_fail
+        """Reports what finished since the last call (and what a lost
+        connection kept from being reported): completions, failures and
+        unknown tasks, a statement each."""
+        self._collect_outcomes()
+        if self.unreported_done:
+            completed = self._send(conn, self.unreported_done, ops.complete, lambda token: token)
+            refused = len(self.unreported_done) - len(completed)
+            if refused:
+                log.warning(
+                    "%d completion(s) refused: lease lost, or reported before the "
+                    "connection was lost",
+                    refused,
+                )
+            self.processed += len(self.unreported_done)
+            self.unreported_done = []
+        if self.unreported_failed:
+            self._send(conn, self.unreported_failed, ops.fail, lambda f: (f.task_id, f.attempt))
+            self.processed += len(self.unreported_failed)
+            self.unreported_failed = []
+        if self.unknown:
+            settings = self.settings
+            reason = (
+                "unknown task: no worker whose app registers this name ran it within "
+                f"ROTA_UNKNOWN_TASK_GRACE_SECONDS ({settings.unknown_task_grace_seconds:g} s)"
+            )
+            self._send(
+                conn,
+                self.unknown,
+                lambda tokens: ops.defer_unknown(
+                    tokens,
+                    settings.unknown_task_retry_seconds,
+                    settings.unknown_task_grace_seconds,
+                    reason,
+                ),
+                lambda token: token,
+            )
+            self.unknown = []
+
+    def _collect_outcomes(self) -> None:
         while True:
             try:
                 outcome = self.outcomes.get_nowait()
             except queue.Empty:
-                break
+                return
             if self.in_flight.pop(outcome.task.id, None) is None:
                 continue  # already reported (a timeout, then the late result)
-            error = outcome.error
+            task, error = outcome.task, outcome.error
             if error is None:
-                done.append(outcome.task.token)
+                self.unreported_done.append(task.token)
             elif isinstance(error, Retry):
-                retry_at = (
-                    datetime.now(UTC) + timedelta(seconds=error.countdown)
-                    if error.countdown is not None
-                    else None
-                )
-                failed.append(
-                    ops.Failure(outcome.task.id, outcome.task.attempt, error.reason, retry_at)
-                )
+                self.unreported_failed.append(_retry_failure(task, error))
             else:
-                failed.append(
-                    ops.Failure(
-                        outcome.task.id,
-                        outcome.task.attempt,
-                        "".join(traceback.format_exception_only(error)).strip()[:4000],
-                        final=isinstance(error, UnknownTask),  # no retry can help
-                    )
-                )
-        if done:
-            completed = db.run(conn, ops.complete(done))
-            if len(completed) < len(done):
                 log.warning(
-                    "%d completion(s) refused: lease lost, or reported before the "
-                    "connection was lost",
-                    len(done) - len(completed),
+                    "task %s (%s, tenant %s) failed on attempt %d: %s",
+                    task.id,
+                    task.name,
+                    task.tenant,
+                    task.attempt,
+                    describe(error),
                 )
-            self.processed += len(done)
-            self._to_complete = []
-        if failed:
-            db.run(conn, ops.fail(failed))
-            self.processed += len(failed)
-            self._to_fail = []
+                self.unreported_failed.append(ops.Failure(task.id, task.attempt, describe(error)))
+
+    def _send(
+        self,
+        conn: psycopg.Connection[Any],
+        items: list[Item],
+        op: Any,
+        token_of: Any,
+    ) -> Any:
+        """Runs `op(items)`; if the database refuses it for its data (a lost
+        connection is re-raised: an outage), one item at a time, and an item
+        refused alone is failed for good with the reason, so that one task's
+        bad row never holds back the others' reports."""
+        try:
+            return db.run(conn, op(items))
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:
+            if len(items) == 1:
+                self._bury(conn, token_of(items[0]), exc)
+                return []
+            log.warning("a report of %d tasks was refused (%s); one at a time", len(items), exc)
+        results: list[Any] = []
+        for item in items:
+            try:
+                result = db.run(conn, op([item]))
+            except psycopg.OperationalError:
+                raise
+            except Exception as exc:
+                self._bury(conn, token_of(item), exc)
+            else:
+                if isinstance(result, set | list | dict):
+                    results.extend(result)
+        return results
+
+    def _bury(
+        self, conn: psycopg.Connection[Any], token: tuple[uuid.UUID, int], error: Exception
+    ) -> None:
+        """A task whose report the database refuses: dead, with the reason."""
+        reason = f"its outcome could not be stored: {describe(error)}"
+        log.error("task %s: %s", token[0], reason)
+        try:
+            db.run(conn, ops.fail([ops.Failure(*token, reason, final=True)]))
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:
+            # Left to its lease: when it expires the task is requeued, and dead
+            # once out of attempts.
+            log.error("task %s could not be marked dead either: %s", token[0], describe(exc))
 
     # -- helpers -----------------------------------------------------------------
 
@@ -328,27 +471,50 @@ class Worker:
         maintenance = Maintenance(self.settings, self.app) if self.run_maintenance else None
         leader = False
         last_beat = 0.0
-        with db.connect(self.settings.database_url) as conn:
-            while not self.stopping.wait(self.settings.maintenance_seconds):
-                try:
-                    if time.monotonic() - last_beat >= self.settings.heartbeat_seconds:
-                        last_beat = time.monotonic()
-                        if not db.run(conn, ops.worker_heartbeat(self.id)):
-                            log.error("worker %s was declared dead; stopping", self.id)
-                            self.stop()
-                        tokens = [f.task.token for f in list(self.in_flight.values())]
-                        if tokens:
-                            held = db.run(
-                                conn, ops.extend_leases(tokens, self.settings.lease_seconds)
-                            )
-                            if len(held) < len(tokens):
-                                log.warning("%d lease(s) lost", len(tokens) - len(held))
-                    if maintenance is not None:
-                        leader = leader or db.run(conn, ops.try_maintenance_lock())
-                        if leader:
-                            maintenance.tick(conn)
-                except psycopg.Error as exc:
-                    log.warning("heartbeat failed: %s", exc)
+        conn: psycopg.Connection[Any] | None = None
+        while not self.stopping.wait(self.settings.maintenance_seconds):
+            try:
+                if conn is None or conn.closed:
+                    conn = db.connect(self.settings.database_url)
+                    leader = False  # the maintenance lock lived on the lost connection
+                if time.monotonic() - last_beat >= self.settings.heartbeat_seconds:
+                    last_beat = time.monotonic()
+                    if not db.run(conn, ops.worker_heartbeat(self.id)):
+                        log.error("worker %s was declared dead; stopping", self.id)
+                        self.stop()
+                    tokens = [f.task.token for f in list(self.in_flight.values())]
+                    if tokens:
+                        held = db.run(conn, ops.extend_leases(tokens, self.settings.lease_seconds))
+                        if len(held) < len(tokens):
+                            log.warning("%d lease(s) lost", len(tokens) - len(held))
+                if maintenance is not None:
+                    leader = leader or db.run(conn, ops.try_maintenance_lock())
+                    if leader:
+                        maintenance.tick(conn)
+            except psycopg.OperationalError as exc:
+                log.warning("heartbeat connection lost: %s", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            except Exception:
+                log.exception("heartbeat or maintenance failed; carrying on")
+        if conn is not None:
+            conn.close()
+
+
+def _retry_failure(task: ops.ClaimedTask, retry: Retry) -> ops.Failure:
+    """rota.Retry: run again after its countdown, or the task's backoff when
+    it gave none or one out of bounds (said in the stored reason)."""
+    reason = retry.reason if isinstance(retry.reason, str) else describe(retry)
+    retry_at = None
+    if retry.countdown is not None:
+        try:
+            seconds = check_delay("Retry countdown", retry.countdown)
+        except ValidationError as exc:
+            reason = f"{reason} ({exc}; retried after the task's backoff instead)"
+        else:
+            retry_at = datetime.now(UTC) + timedelta(seconds=seconds)
+    return ops.Failure(task.id, task.attempt, reason[:4000], retry_at)
 
 
 def spawn_workers(

@@ -173,6 +173,15 @@ SELECT id, status::text, run_at
 FROM rota.fail(%(ids)b::uuid[], %(attempts)b::integer[], %(errors)b::text[],
                %(retry_at)b::timestamptz[], %(final)b::boolean[])
 
+-- name: defer_unknown
+SELECT id, status::text
+FROM rota.defer_unknown(%(ids)b::uuid[], %(attempts)b::integer[], %(delay)s, %(grace)s,
+                        %(reason)s)
+
+-- name: worker_claims
+-- The tasks a worker holds (to find what a claim it could not read took).
+SELECT task_id, attempt FROM rota.running WHERE worker = %(worker)s
+
 -- name: requeue
 SELECT id FROM rota.requeue(%(ids)b::uuid[], %(attempts)b::integer[], %(consume)s,
                             %(reason)s) AS id

@@ -177,6 +177,11 @@ def test_retries_backoff_dead_letters_timeouts_and_unknown_tasks(
         ],
     )
     ids += producer.enqueue_many([TaskCall("nobody.knows", "a", queue="work")], connection=conn)
+    env = {
+        **env,
+        "ROTA_UNKNOWN_TASK_GRACE_SECONDS": "1",
+        "ROTA_UNKNOWN_TASK_RETRY_SECONDS": "0.2",
+    }
     worker = start_worker(env)
     try:
         wait_for(
@@ -193,8 +198,14 @@ def test_retries_backoff_dead_letters_timeouts_and_unknown_tasks(
     assert (boom.status, boom.attempts) == ("dead", 2)
     assert "ValueError: boom" in (boom.last_error or "")
     assert slow.status == "dead" and "timed out" in (slow.last_error or "")
+    # Handed back (no attempt used) until unknown for the grace, then dead.
     assert (unknown.status, unknown.attempts) == ("dead", 1)
     assert "unknown task" in (unknown.last_error or "")
+    ((unknown_for,),) = conn.execute(
+        "SELECT extract(epoch FROM finished_at - unknown_since) FROM rota.tasks WHERE id = %s",
+        [unknown.id],
+    ).fetchall()
+    assert unknown_for >= 1
 
 
 def test_cron_fires_once_per_tick_with_two_schedulers(
