@@ -48,6 +48,7 @@ numbers = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from(["5", True, None, 0, 1, 1e300]),
 )
+ZONES = st.sampled_from([UTC, timezone(timedelta(hours=-14)), timezone(timedelta(hours=14))])
 times = st.one_of(
     st.none(),
     st.datetimes(
