@@ -17,7 +17,12 @@ import typer
 from rota.process import on_stop_signals, tune_gc
 from rota.settings import Settings
 
-app = typer.Typer(help="rota: a fair, multi-tenant task queue.", no_args_is_help=True)
+app = typer.Typer(
+    help="rota: a fair, multi-tenant task queue.",
+    no_args_is_help=True,
+    # Locals may hold URLs with passwords: never shown.
+    pretty_exceptions_show_locals=False,
+)
 bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 loader_app = typer.Typer(help="Drain the Redis buffer into PostgreSQL.", no_args_is_help=True)
@@ -26,6 +31,17 @@ app.add_typer(loader_app, name="loader")
 DatabaseUrl = Annotated[
     str | None, typer.Option(help="PostgreSQL URL (default: ROTA_DATABASE_URL)")
 ]
+
+
+_debug = False
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks of errors")] = False,
+) -> None:
+    global _debug
+    _debug = debug
 
 
 def _settings(database_url: str | None = None, redis_url: str | None = None) -> Settings:
@@ -138,7 +154,10 @@ def load_app(spec: str) -> Any:
     if not module_name or not attribute:
         raise typer.BadParameter(f"--app must look like package.module:app, got {spec!r}")
     sys.path.insert(0, os.getcwd())
-    application = getattr(importlib.import_module(module_name), attribute)
+    try:
+        application = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise typer.BadParameter(f"cannot load the app {spec!r}: {exc}") from None
     if not isinstance(application, App):
         raise typer.BadParameter(f"{spec} is a {type(application).__name__}, not a rota.App")
     return application
@@ -237,7 +256,16 @@ def tenant(
 ) -> None:
     """Create or change a tenant (options not given are cleared)."""
     from rota import db, ops
+    from rota.rules import check_tenant, check_tenant_settings
 
+    check_tenant(name)  # before connecting: bad input is told as such
+    check_tenant_settings(
+        weight=weight,
+        concurrency_limit=concurrency_limit,
+        rate_limit=rate_limit,
+        rate_burst=rate_burst,
+        capacity=capacity,
+    )
     with db.connect(_settings(database_url).database_url) as conn:
         slot = db.transact(
             conn,
@@ -533,7 +561,16 @@ def demo(
 
 
 def main() -> None:
-    app()
+    from rota.cli_errors import explain
+
+    try:
+        app()
+    except Exception as exc:
+        if _debug:
+            raise
+        line, code = explain(exc)
+        typer.echo(f"rota: {line}", err=True)
+        raise SystemExit(code) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""The CLI's expected errors: one line that says what to do, exit code 2, no
+traceback without --debug, never a password."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent.parent
+PASSWORD = "s3cret-pw"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _with_password(url: str) -> str:
+    """The URL with a user and password the server ignores (trust auth)."""
+    scheme, rest = url.split("://", 1)
+    user, host = rest.split("@", 1)
+    return f"{scheme}://{user}:{PASSWORD}@{host}"
+
+
+def rota(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rota", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str], says: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert PASSWORD not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert says in lines[0], lines[0]
+
+
+def test_server_down(redis_url: str) -> None:
+    down = f"postgresql://rota:{PASSWORD}@127.0.0.1:{_free_port()}/rota"
+    _one_line(rota("tenant", "alice", ROTA_DATABASE_URL=down), "cannot reach PostgreSQL")
+    redis_down = f"redis://:{PASSWORD}@127.0.0.1:{_free_port()}/0"
+    result = rota("stats", ROTA_DATABASE_URL=down, ROTA_REDIS_URL=redis_down)
+    _one_line(result, "cannot reach Redis")
+
+
+def test_schema_not_migrated(empty_database_url: str) -> None:
+    url = _with_password(empty_database_url)
+    _one_line(rota("tenant", "alice", ROTA_DATABASE_URL=url), "run `rota migrate`")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("tenant", "alice", "--rate-limit", "inf"), "rate_limit must be"),
+        (("tenant", "alice", "--weight", "0"), "weight must be"),
+        (("tenant", "alice\n"), "tenant name"),
+    ],
+)
+def test_bad_input(database_url: str, args: tuple[str, ...], says: str) -> None:
+    _one_line(rota(*args, ROTA_DATABASE_URL=_with_password(database_url)), says)
+
+
+def test_bad_url_and_bad_setting() -> None:
+    _one_line(rota("tenant", "a", ROTA_DATABASE_URL=f"nonsense {PASSWORD}"), "not a valid")
+    _one_line(rota("tenant", "a", ROTA_SHARDS="0"), "ROTA_SHARDS")
+
+
+def test_unknown_app_and_bad_option(database_url: str) -> None:
+    result = rota("worker", "--app", "no.such.module:app", ROTA_DATABASE_URL=database_url)
+    assert result.returncode == 2 and "cannot load the app" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = rota("tenant", "alice", "--capacity", "1e20", ROTA_DATABASE_URL=database_url)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback_without_locals() -> None:
+    down = f"postgresql://rota:{PASSWORD}@127.0.0.1:{_free_port()}/rota"
+    result = rota("--debug", "tenant", "alice", ROTA_DATABASE_URL=down)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr or "OperationalError" in result.stderr
+    assert PASSWORD not in result.stderr
