@@ -420,8 +420,8 @@ def register_worker(
 
 def worker_heartbeat(worker_id: str) -> Op[bool]:
     """False when the worker was declared dead meanwhile (it must stop)."""
-    rows = yield Execute(query("worker_heartbeat"), {"id": worker_id})
-    return bool(rows)
+    ((alive,),) = yield Execute(query("worker_heartbeat"), {"id": worker_id})
+    return bool(alive)
 
 
 def stop_worker(worker_id: str) -> Op[None]:

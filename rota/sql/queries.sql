@@ -49,121 +49,16 @@ SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
                            %(max_starts)b::float8[])
 
 -- name: take_due
--- Due scheduled tasks (ETA reached, retry backoff over), back to pending; they
--- get their fair place in line from rota.ops.make_ready.
-WITH due AS (
-    DELETE FROM rota.scheduled
-    WHERE ctid = ANY (ARRAY(
-        SELECT ctid FROM rota.scheduled WHERE run_at <= now()
-        ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
-    RETURNING task_id
-), promoted AS (
-    UPDATE rota.tasks t SET status = 'pending'
-    WHERE t.id = ANY (ARRAY(SELECT task_id FROM due)) AND t.status = 'scheduled'
-    RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost
-)
-SELECT id, seq, queue_id, tenant_id, cost FROM promoted ORDER BY seq
+-- Due scheduled tasks, back to pending; they get their fair place in line
+-- from rota.ops.make_ready.
+SELECT id, seq, queue_id, tenant_id, cost FROM rota.take_due(%(limit)s::integer)
 
 -- name: claim
--- Claims up to `limit` ready tasks of the given queues in fair order, in one
--- statement. Tenants at their concurrency limit or out of rate tokens are
--- skipped by the scan; the admission below is the race-proof check. Tenants
--- without limits (most) skip the admission's locking, counting and ranking.
-WITH limits AS MATERIALIZED (
-    -- Every limited tenant (the partial index holds only those), and those
-    -- that cannot take a task now.
-    SELECT coalesce(array_agg(t.id), '{}') AS limited,
-           coalesce(array_agg(t.id) FILTER (
-               WHERE t.running >= t.concurrency_limit
-                  OR t.rate_limit IS NOT NULL
-                     AND least(t.rate_burst,
-                               t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1),
-               '{}') AS blocked
-    FROM rota.tenants t
-    WHERE t.limited
-), candidates AS MATERIALIZED (
-    SELECT c.*, q.name AS queue
-    FROM rota.queues q
-    CROSS JOIN LATERAL (
-        SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id
-        FROM rota.ready r
-        -- `+ 0` hides the column's statistics from this filter: when one
-        -- tenant holds the whole backlog they make the planner expect no row
-        -- to pass it, and it then sorts a seq scan of ready on every claim.
-        WHERE r.queue_id = q.id AND r.tenant_id + 0 <> ALL ((SELECT blocked FROM limits)::integer[])
-        ORDER BY r.vtime, r.tenant_id, r.seq
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) c
-    WHERE q.name = ANY (%(queues)b::text[])
-    ORDER BY c.vtime, c.tenant_id, c.seq
-    LIMIT %(limit)s
-), limited AS MATERIALIZED (
-    -- The candidates' limited tenants, locked in id order, as every writer of
-    -- tenant counters locks them; FOR UPDATE reads the latest committed
-    -- counters, so racing claims cannot both take the last free slot.
-    SELECT t.id,
-           t.concurrency_limit - t.running AS free_slots,
-           -- least() skips NULLs: without a rate limit the tokens must stay NULL.
-           CASE WHEN t.rate_limit IS NOT NULL
-                THEN least(t.rate_burst,
-                           t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
-           END AS tokens
-    FROM rota.tenants t
-    WHERE t.limited AND t.id = ANY (ARRAY(
-        SELECT DISTINCT c.tenant_id FROM candidates c
-        WHERE c.tenant_id = ANY ((SELECT limited FROM limits)::integer[])))
-    ORDER BY t.id
-    FOR UPDATE
-), admitted AS MATERIALIZED (
-    -- Unlimited tenants' candidates as they are; a limited tenant's, in its
-    -- order, as many as it has free slots and tokens.
-    SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, false AS counted
-    FROM candidates c
-    WHERE c.tenant_id <> ALL ((SELECT limited FROM limits)::integer[])
-    UNION ALL
-    SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id,
-           l.free_slots IS NOT NULL
-    FROM (
-        SELECT candidates.*,
-               row_number() OVER (PARTITION BY tenant_id ORDER BY vtime, seq) AS nth
-        FROM candidates
-        WHERE tenant_id = ANY ((SELECT limited FROM limits)::integer[])
-    ) c
-    JOIN limited l ON l.id = c.tenant_id
-    WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
-), charged AS (
-    UPDATE rota.tenants t
-    SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
-        tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
-        refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
-    FROM (SELECT tenant_id, count(*) AS n FROM admitted GROUP BY tenant_id) a
-    JOIN limited l ON l.id = a.tenant_id
-    -- The ANY keeps the planner on the key, even with a plan made on few tenants.
-    WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
-), taken AS (
-    DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
-), claimed AS MATERIALIZED (
-    SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
-           t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
-           now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at
-    FROM rota.tasks t
-    JOIN admitted a ON a.task_id = t.id
-    WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
-), leased AS (
-    INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
-                              lease_expires_at, counted)
-    SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, %(worker)s, lease_expires_at, counted
-    FROM claimed
-)
-SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
-       -- Looked up only for tasks loaded before the name was copied (0011).
-       coalesce(c.tenant, (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id))
-           AS tenant,
-       c.attempt,
-       c.max_attempts, c.lease_expires_at, c.enqueued_at
-FROM claimed c
-ORDER BY c.vtime, c.tenant_id, c.seq
+-- Claims up to `limit` ready tasks of the given queues in fair order (SKIP
+-- LOCKED), limits enforced; the statement is rota.claim's (schema.sql).
+SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at
+FROM rota.claim(%(queues)b::text[], %(limit)s::integer, %(worker)s::text,
+                %(lease_seconds)s::float8)
 
 -- name: complete
 SELECT id FROM rota.complete(%(ids)b::uuid[], %(attempts)b::integer[]) AS id
@@ -191,11 +86,8 @@ SELECT id FROM rota.requeue_expired() AS id
 
 -- name: extend_leases
 -- Heartbeat: returns the ids whose lease this worker still holds.
-UPDATE rota.running r
-SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)b::uuid[], %(attempts)b::integer[]) AS x(id, attempt)
-WHERE r.task_id = x.id AND r.attempt = x.attempt
-RETURNING r.task_id
+SELECT id FROM rota.extend_leases(%(ids)b::uuid[], %(attempts)b::integer[],
+                                  %(lease_seconds)s::float8) AS id
 
 -- name: configure_tenant
 SELECT rota.configure_tenant(%(name)s, %(weight)s, %(concurrency_limit)s, %(rate_limit)s,
@@ -253,11 +145,10 @@ INSERT INTO rota.workers (id, host, pid, queues, concurrency)
 VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
 
 -- name: worker_heartbeat
-UPDATE rota.workers SET heartbeat_at = now() WHERE id = %(id)s AND stopped_at IS NULL
-RETURNING id
+SELECT rota.worker_heartbeat(%(id)s::text)
 
 -- name: stop_worker
-UPDATE rota.workers SET stopped_at = now() WHERE id = %(id)s
+SELECT rota.stop_worker(%(id)s::text)
 
 -- name: live_workers
 SELECT id, host, pid, extract(epoch FROM now() - heartbeat_at) AS silent_seconds
@@ -265,12 +156,7 @@ FROM rota.workers WHERE stopped_at IS NULL
 
 -- name: reap_workers
 -- Marks workers dead and returns their claimed tasks' ids, for requeueing.
-WITH dead AS (
-    UPDATE rota.workers SET stopped_at = now()
-    WHERE id = ANY (%(ids)b::text[]) AND stopped_at IS NULL
-    RETURNING id
-)
-SELECT r.task_id FROM rota.running r WHERE r.worker = ANY (ARRAY(SELECT id FROM dead))
+SELECT task_id FROM rota.reap_workers(%(ids)b::text[]) AS task_id
 
 -- name: queue_names
 SELECT name FROM rota.queues ORDER BY name

@@ -34,22 +34,39 @@ def _backlog(conn: Conn, tenants: int = 50) -> None:
 @pytest.mark.parametrize("tenants", [50, 1], ids=["many-tenants", "one-tenant"])
 def test_the_claim_reads_ready_through_its_fair_order_index(conn: Conn, tenants: int) -> None:
     _backlog(conn, tenants)
-    with conn.transaction():
-        # Workers run the claim as a prepared statement with a generic plan (rota.db).
-        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.execute(query("claim"), PARAMS, prepare=True)
-        (plan,) = conn.execute(
-            "EXPLAIN (FORMAT JSON) " + query("claim"), PARAMS, prepare=True
-        ).fetchone()
-    nodes = _plan_nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    plan = _claim_plan(conn)
     scans = [
         (n["Node Type"], n.get("Relation Name"), n.get("Index Name"))
-        for n in nodes
+        for n in _plan_nodes(plan)
         if "Relation Name" in n
     ]
     assert ("Index Scan", "ready", "ready_fair_order") in scans, scans
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in {"ready", "tasks"}], scans
     assert ("Index Scan", "tasks", "tasks_pkey") in scans, scans
+
+
+def _claim_plan(conn: Conn) -> dict[str, Any]:
+    """The plan of the statement inside rota.claim, as workers run it (a
+    generic plan), from auto_explain's report of nested statements."""
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "auto_explain.log_nested_statements = on",
+        "auto_explain.log_level = notice",
+        "auto_explain.log_format = json",
+        "plan_cache_mode = force_generic_plan",
+    ):
+        conn.execute(f"SET {setting}")
+    with conn.transaction(force_rollback=True):
+        db.run(conn, ops.claim(**PARAMS))  # type: ignore[arg-type]
+    for notice in notices:
+        report = json.loads(notice[notice.index("{") :])
+        if "SKIP LOCKED" in report["Query Text"] and "rota.ready" in report["Query Text"]:
+            plan: dict[str, Any] = report["Plan"]
+            return plan
+    raise AssertionError(f"no plan of the claim's statement among {len(notices)} notices")
 
 
 def test_a_claim_transaction_locks_few_relations_all_on_the_fast_path(conn: Conn) -> None:
