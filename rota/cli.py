@@ -54,13 +54,27 @@ def _settings(database_url: str | None = None, redis_url: str | None = None) -> 
 
 
 @app.command()
-def migrate(database_url: DatabaseUrl = None) -> None:
+def migrate(
+    roles: Annotated[
+        bool, typer.Option(help="create rota_owner/_producer/_loader/_worker/_admin and grants")
+    ] = False,
+    print_roles: Annotated[
+        bool, typer.Option(help="print the roles' SQL instead of running anything")
+    ] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
     """Create or upgrade rota's schema (idempotent; concurrent runs take turns)."""
     from rota.migrate import migrate as run_migrations
+    from rota.migrate import roles_script
 
+    if print_roles:
+        typer.echo(roles_script(), nl=False)
+        return
     with psycopg.connect(_settings(database_url).database_url, autocommit=True) as conn:
-        applied = run_migrations(conn)
+        applied = run_migrations(conn, roles=roles)
     typer.echo(f"applied migrations: {applied}" if applied else "schema is up to date")
+    if roles:
+        typer.echo("roles rota_owner, rota_producer, rota_loader, rota_worker, rota_admin ready")
 
 
 RedisUrl = Annotated[str | None, typer.Option(help="Redis URL (default: ROTA_REDIS_URL)")]

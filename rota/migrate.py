@@ -22,14 +22,50 @@ def applied_versions(conn: psycopg.Connection[Any]) -> list[int]:
     return [row[0] for row in conn.execute(query("applied_migrations"))]
 
 
+ROLE_BLOCKS = ("create_roles", "own_schema", "grant_roles")
+
+
+def roles_script() -> str:
+    """The SQL of `rota migrate --roles`, for a DBA to read and run."""
+    return "".join(f"{query(name)};\n\n" for name in ROLE_BLOCKS)
+
+
 def migrate(
-    conn: psycopg.Connection[Any], *, target: int | None = None, step_by_step: bool = False
+    conn: psycopg.Connection[Any],
+    *,
+    target: int | None = None,
+    step_by_step: bool = False,
+    roles: bool = False,
 ) -> list[int]:
     """Applies what is missing; returns the versions applied now.
 
     `target` stops at a version; `step_by_step` applies every migration even on
     a fresh database (how the equivalence test builds its reference).
+    `roles` creates rota's roles (rota/sql/roles.sql). Once they exist, every
+    run migrates as rota_owner (when this user may become it) and renews the
+    owner and the grants, so that new objects get them too.
     """
+    if roles:
+        conn.execute(query("create_roles"))
+    ((have_roles,),) = conn.execute(query("roles_exist")).fetchall()
+    if not have_roles:
+        return _apply(conn, target, step_by_step)
+    if applied_versions(conn):
+        conn.execute(query("own_schema"))
+    ((as_owner,),) = conn.execute(query("can_become_owner")).fetchall()
+    if as_owner:
+        conn.execute(query("become_owner"))
+    try:
+        done = _apply(conn, target, step_by_step)
+    finally:
+        if as_owner:
+            conn.execute(query("reset_role"))
+    conn.execute(query("own_schema"))
+    conn.execute(query("grant_roles"))
+    return done
+
+
+def _apply(conn: psycopg.Connection[Any], target: int | None, step_by_step: bool) -> list[int]:
     all_migrations = migrations()
     newest = all_migrations[-1].version
     target = newest if target is None else target

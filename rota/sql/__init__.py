@@ -27,7 +27,7 @@ def parse_named_blocks(text: str) -> dict[str, str]:
 
 
 # Files of named blocks; names are unique across all of them.
-BLOCK_FILES = ("queries.sql", "bench.sql", "demo.sql")
+BLOCK_FILES = ("queries.sql", "roles.sql", "bench.sql", "demo.sql")
 
 
 @cache

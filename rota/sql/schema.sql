@@ -721,3 +721,5 @@ ALTER FUNCTION rota.defer_unknown(uuid[], integer[], double precision, double pr
 -- Functions run by anyone with EXECUTE, which PUBLIC has by default: only the
 -- roles of `rota migrate --roles` (rota/sql/roles.sql) get it.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;
+-- The virtual clock is read by the producers' backlog view too.
+ALTER FUNCTION rota.vclock(integer) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;

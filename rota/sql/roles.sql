@@ -1,0 +1,120 @@
+-- Least privilege (`rota migrate --roles`, or `--print-roles` for a DBA).
+-- Roles without login; grant them to the users each component connects as:
+--   rota_owner     owns the schema and runs `rota migrate`;
+--   rota_producer  enqueues (the PostgreSQL fallback and `connection=`);
+--   rota_loader    loads the buffer, and imports;
+--   rota_worker    claims, reports, heartbeats, and runs maintenance;
+--   rota_admin     `rota tenant`, `rota stats` and the operations to come.
+-- Producers, loaders and workers change the queue only through SECURITY
+-- DEFINER functions with a fixed search_path: none holds UPDATE or DELETE on
+-- the queue's tables. Idempotent: `rota migrate` applies it again after
+-- migrations whenever the roles exist, so new functions get their grants.
+
+-- name: roles_exist
+SELECT count(*) = 5 FROM pg_roles
+WHERE rolname IN ('rota_owner', 'rota_producer', 'rota_loader', 'rota_worker', 'rota_admin')
+
+-- name: can_become_owner
+SELECT pg_has_role('rota_owner', 'USAGE')
+
+-- name: become_owner
+SET ROLE rota_owner
+
+-- name: reset_role
+RESET ROLE
+
+-- name: create_roles
+DO $roles$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['rota_owner', 'rota_producer', 'rota_loader', 'rota_worker',
+                             'rota_admin'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
+            EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
+    EXECUTE format('GRANT CONNECT, CREATE ON DATABASE %I TO rota_owner', current_database());
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO rota_producer, rota_loader, rota_worker, '
+                   'rota_admin', current_database());
+END
+$roles$
+
+-- name: own_schema
+-- Everything in the schema belongs to rota_owner (the definer functions run as it).
+DO $own$
+DECLARE
+    o record;
+BEGIN
+    ALTER SCHEMA rota OWNER TO rota_owner;
+    FOR o IN SELECT c.oid::regclass AS name,
+                    CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                                   ELSE 'TABLE' END AS kind
+             FROM pg_class c
+             WHERE c.relnamespace = 'rota'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'S')
+    LOOP
+        EXECUTE format('ALTER %s %s OWNER TO rota_owner', o.kind, o.name);
+    END LOOP;
+    FOR o IN SELECT p.oid::regprocedure AS name FROM pg_proc p
+             WHERE p.pronamespace = 'rota'::regnamespace
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO rota_owner', o.name);
+    END LOOP;
+    FOR o IN SELECT t.oid::regtype AS name FROM pg_type t
+             WHERE t.typnamespace = 'rota'::regnamespace AND t.typtype = 'e'
+    LOOP
+        EXECUTE format('ALTER TYPE %s OWNER TO rota_owner', o.name);
+    END LOOP;
+END
+$own$
+
+-- name: grant_roles
+DO $grants$
+BEGIN
+    REVOKE ALL ON SCHEMA rota FROM PUBLIC;
+    REVOKE ALL ON ALL TABLES IN SCHEMA rota FROM PUBLIC;
+    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;
+    GRANT USAGE ON SCHEMA rota TO rota_producer, rota_loader, rota_worker, rota_admin;
+
+    -- Loading (producers' fallback, loaders, and workers' promotions and cron):
+    -- insert tasks and their places in line; names, fair tags and the clock
+    -- through definer functions; see only ids of what exists or finished.
+    GRANT INSERT ON rota.tasks, rota.ready, rota.scheduled
+        TO rota_producer, rota_loader, rota_worker;
+    GRANT SELECT (id) ON rota.tasks TO rota_producer, rota_loader, rota_worker;
+    GRANT SELECT (task_id) ON rota.finished TO rota_producer, rota_loader, rota_worker;
+    GRANT USAGE ON SEQUENCE rota.task_seq TO rota_producer, rota_loader, rota_worker;
+    GRANT EXECUTE ON FUNCTION rota.name_ids(text[], text[]),
+                              rota.fair_starts(integer[], integer[]),
+                              rota.save_fair_tags(integer[], integer[], double precision[],
+                                                  integer[], double precision[]),
+                              rota.vclock(integer)
+        TO rota_producer, rota_loader, rota_worker;
+    -- Backpressure: the producers read their tenants' backlog.
+    GRANT SELECT ON rota.tenant_backlog TO rota_producer, rota_loader;
+    -- The Spark loader's ledger of micro-batches.
+    GRANT SELECT, INSERT, UPDATE ON rota.loader_batches TO rota_loader;
+
+    -- Workers: claim, report, heartbeat, maintenance, all through functions.
+    GRANT EXECUTE ON FUNCTION
+        rota.claim(text[], integer, text, double precision),
+        rota.complete(uuid[], integer[]),
+        rota.fail(uuid[], integer[], text[], timestamptz[], boolean[]),
+        rota.requeue(uuid[], integer[], boolean, text),
+        rota.requeue_expired(),
+        rota.extend_leases(uuid[], integer[], double precision),
+        rota.defer_unknown(uuid[], integer[], double precision, double precision, text),
+        rota.take_due(integer),
+        rota.worker_heartbeat(text),
+        rota.stop_worker(text),
+        rota.reap_workers(text[])
+        TO rota_worker;
+    GRANT SELECT, INSERT ON rota.workers TO rota_worker;
+    GRANT SELECT (task_id, attempt, worker) ON rota.running TO rota_worker;
+
+    -- Admins: everything, as the operator on a bad day.
+    GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA rota TO rota_admin;
+    GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA rota TO rota_admin;
+    GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA rota TO rota_admin;
+END
+$grants$

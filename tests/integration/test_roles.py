@@ -1,0 +1,183 @@
+"""Least privilege: each component's role can do its job and is refused the rest.
+
+Roles are cluster-wide, so this module runs its own PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import App, Settings, db, ops
+from rota.consumer import Maintenance
+from rota.devservers import Server, local_postgres
+from rota.loader import Loader
+from rota.migrate import migrate
+from tests.helpers import envelopes
+
+Conn = psycopg.Connection[Any]
+COMPONENTS = ("producer", "loader", "worker", "admin")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Server]:
+    with local_postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def urls(cluster: Server) -> dict[str, str]:
+    """Migrated with --roles; a login user per component, member of its role."""
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE app")
+    base = cluster.url.rsplit("/", 1)[0].replace("rota@", "{user}@") + "/app"
+    with psycopg.connect(base.format(user="rota"), autocommit=True) as conn:
+        assert migrate(conn, roles=True)
+        for component in COMPONENTS:
+            conn.execute(f"CREATE ROLE app_{component} LOGIN IN ROLE rota_{component}")
+        conn.execute("CREATE ROLE app_migrator LOGIN IN ROLE rota_owner")
+    urls = {c: base.format(user=f"app_{c}") for c in (*COMPONENTS, "migrator")}
+    return {**urls, "rota": base.format(user="rota")}
+
+
+def tick_task(tick: str) -> None: ...
+
+
+def _refused(conn: Conn, statement: str) -> None:
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(statement)
+
+
+@pytest.fixture
+def owner(urls: dict[str, str]) -> Iterator[Conn]:
+    with psycopg.connect(urls["rota"], autocommit=True) as conn:
+        conn.execute("TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.finished")
+        yield conn
+
+
+def test_everything_belongs_to_rota_owner_and_nothing_to_public(owner: Conn) -> None:
+    owners = owner.execute(
+        "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class "
+        "WHERE relnamespace = 'rota'::regnamespace "
+        "UNION SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc "
+        "WHERE pronamespace = 'rota'::regnamespace"
+    ).fetchall()
+    assert owners == [("rota_owner",)]
+    public = owner.execute(
+        "SELECT p.oid::regprocedure FROM pg_proc p "
+        "WHERE p.pronamespace = 'rota'::regnamespace "
+        "AND has_function_privilege('public', p.oid, 'EXECUTE')"
+    ).fetchall()
+    assert public == []
+    definers = owner.execute(
+        "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = 'rota'::regnamespace "
+        "AND prosecdef"
+    ).fetchall()
+    assert {"claim", "complete", "fail", "name_ids", "take_due"} <= {n for n, _ in definers}
+    assert all("search_path=pg_catalog, pg_temp" in config for _, config in definers)
+
+
+def test_the_producer_enqueues_and_may_do_nothing_else(urls: dict[str, str], owner: Conn) -> None:
+    db.transact(owner, ops.configure_tenant("alice", capacity=1000))
+    settings = Settings(database_url=urls["producer"], redis_url="redis://127.0.0.1:1/0")
+    app = App(settings)
+    try:
+        # Redis unreachable: the fallback loads straight into PostgreSQL.
+        task_id = app.enqueue("x.y", queue="q", tenant="alice", countdown=60)
+        assert app.enqueue("x.y", queue="q", tenant="bob") != task_id
+    finally:
+        app.close()
+    assert owner.execute("SELECT count(*) FROM rota.tasks").fetchone() == (2,)
+    with db.connect(urls["producer"]) as conn:
+        assert db.run(conn, ops.tenant_backlogs())["alice"][0] == 1000
+        _refused(conn, "SELECT payload FROM rota.tasks")
+        _refused(conn, "DELETE FROM rota.tasks")
+        _refused(conn, "UPDATE rota.tenants SET weight = 2")
+        _refused(conn, "DELETE FROM rota.ready")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            db.run(conn, ops.claim(["q"], 10, "w"))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            db.run(conn, ops.configure_tenant("alice", weight=5))
+
+
+def test_the_worker_claims_reports_and_maintains_through_functions_only(
+    urls: dict[str, str], owner: Conn
+) -> None:
+    db.transact(owner, ops.load(envelopes("alice", 3, backoff_base=0.001)))
+    db.transact(owner, ops.configure_tenant("alice", concurrency_limit=2))
+    with db.connect(urls["worker"]) as conn:
+        db.run(conn, ops.register_worker("w1", "host", 1, ["default"], 4))
+        assert db.run(conn, ops.worker_heartbeat("w1"))
+        tasks = db.run(conn, ops.claim(["default"], 10, "w1"))
+        assert len(tasks) == 2  # the limit holds for this role too
+        assert db.run(conn, ops.extend_leases([t.token for t in tasks], 60)) == {
+            t.id for t in tasks
+        }
+        assert db.run(conn, ops.complete([tasks[0].token])) == {tasks[0].id}
+        db.run(conn, ops.fail([ops.Failure(tasks[1].id, tasks[1].attempt, "boom")]))
+        settings = Settings(database_url=urls["worker"])
+        cron = App(settings)
+        cron.periodic("* * * * *")(tick_task)
+        maintenance = Maintenance(settings, cron)
+        assert maintenance.fire_cron(conn) >= 1  # cron ticks load as the worker's role
+        deadline = time.monotonic() + 10
+        while maintenance.tick(conn).promoted == 0:  # the retry falls due in a millisecond
+            assert time.monotonic() < deadline
+        assert db.run(conn, ops.worker_claims("w1")) == []
+        db.run(conn, ops.stop_worker("w1"))
+        for statement in (
+            "UPDATE rota.tasks SET attempts = 0",
+            "DELETE FROM rota.ready",
+            "UPDATE rota.tenants SET running = 0",
+            "DELETE FROM rota.running",
+            "SELECT payload FROM rota.tasks",
+            "UPDATE rota.workers SET stopped_at = NULL",
+        ):
+            _refused(conn, statement)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            db.run(conn, ops.configure_tenant("alice", weight=5))
+
+
+def test_the_loader_loads_the_buffer_and_may_do_nothing_else(
+    urls: dict[str, str], owner: Conn, redis_url: str
+) -> None:
+    app = App(Settings(database_url=urls["rota"], redis_url=redis_url))
+    try:
+        app.enqueue_many([app.call("x.y", queue="q", tenant=f"t{i}") for i in range(50)])
+    finally:
+        app.close()
+    loader = Loader(Settings(database_url=urls["loader"], redis_url=redis_url))
+    try:
+        summary = loader.drain()
+    finally:
+        loader.close()
+    assert summary.drained and summary.loaded == 50 and not summary.errors
+    with db.connect(urls["loader"]) as conn:
+        _refused(conn, "DELETE FROM rota.tasks")
+        _refused(conn, "UPDATE rota.tasks SET attempts = 0")
+        _refused(conn, "SELECT payload FROM rota.tasks")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            db.run(conn, ops.claim(["q"], 10, "w"))
+
+
+def test_the_admin_configures_tenants(urls: dict[str, str], owner: Conn) -> None:
+    with db.connect(urls["admin"]) as conn:
+        db.transact(conn, ops.configure_tenant("carol", weight=3))
+        assert db.run(conn, ops.queue_counts()) is not None
+        assert db.run(conn, ops.prune_finished(3600)) == 0
+
+
+def test_migrations_run_as_the_owner_role(urls: dict[str, str]) -> None:
+    with psycopg.connect(urls["migrator"], autocommit=True) as conn:
+        assert migrate(conn) == []  # up to date, grants renewed, as rota_owner
+
+
+def test_print_roles_is_the_same_script() -> None:
+    from rota.migrate import roles_script
+
+    script = roles_script()
+    assert "CREATE ROLE" in script and "GRANT EXECUTE" in script and "OWNER TO rota_owner" in script
