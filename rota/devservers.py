@@ -167,7 +167,10 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
     return Server(url=url, port=port, directory=directory, process=process)
 
 
-def start_redis(port: int | None = None, appendonly: bool = True) -> Server:
+def start_redis(
+    port: int | None = None, appendonly: bool = True, tls: TLSFiles | None = None
+) -> Server:
+    """A Redis on `port`; with `tls`, that port speaks TLS only (rediss://)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServerError("redis-server not found: run `bash infra/install-servers.sh`")
@@ -193,6 +196,10 @@ def start_redis(port: int | None = None, appendonly: bool = True) -> Server:
         "--appendonly",
         "yes" if appendonly else "no",
     ]
+    if tls is not None:
+        args += ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+        args += ["--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key)]
+        args += ["--tls-ca-cert-file", str(tls.ca)]
     process = subprocess.Popen(
         args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -263,6 +270,46 @@ def restart_redis(server: Server) -> Server:
     return server
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """A server certificate (for localhost and 127.0.0.1) and the CA that signed it."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_tls_files() -> TLSFiles:
+    """A fresh certificate authority and a server certificate it signs
+    (openssl), in a temporary directory of their own."""
+    directory = Path(tempfile.mkdtemp(prefix="rota-tls-"))
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    cert, key, csr = directory / "server.pem", directory / "server.key", directory / "server.csr"
+    extensions = directory / "san.cnf"
+    extensions.write_text("subjectAltName = DNS:localhost, IP:127.0.0.1\n")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=rota test CA", "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+            "-keyout", str(key), "-out", str(csr))  # fmt: skip
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-days", "2", "-extfile", str(extensions),
+            "-out", str(cert))  # fmt: skip
+    key.chmod(0o600)
+    _, uid, gid = _as_postgres_user()
+    if uid is not None and gid is not None:  # PostgreSQL reads its key as `postgres`
+        for path in (directory, cert, key, ca):
+            os.chown(path, uid, gid)
+    return TLSFiles(ca=ca, cert=cert, key=key)
+
+
+def postgres_tls_settings(tls: TLSFiles) -> dict[str, str]:
+    return {"ssl": "on", "ssl_cert_file": str(tls.cert), "ssl_key_file": str(tls.key)}
+
+
 def _remove(server: Server) -> None:
     server.stop()
     shutil.rmtree(server.directory, ignore_errors=True)
@@ -278,8 +325,8 @@ def local_postgres(settings: dict[str, str] | None = None) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def local_redis(appendonly: bool = True) -> Iterator[Server]:
-    server = start_redis(appendonly=appendonly)
+def local_redis(appendonly: bool = True, tls: TLSFiles | None = None) -> Iterator[Server]:
+    server = start_redis(appendonly=appendonly, tls=tls)
     try:
         yield server
     finally:
