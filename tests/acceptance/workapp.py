@@ -61,3 +61,39 @@ def too_slow() -> None:
 @app.periodic("* * * * *", tenant="cron")
 def every_minute(tick: str) -> None:
     _log(time.time())
+
+
+# Poison: each kind of bad task a tenant can send; none may stop a worker.
+@app.task(queue="work", max_attempts=2, backoff=0.05)
+def retry_in_a_trillion_seconds() -> None:
+    raise rota.Retry(countdown=1e12)
+
+
+@app.task(queue="work", max_attempts=2, backoff=0.05)
+def retry_soon_ish() -> None:
+    raise rota.Retry(countdown="soon")  # type: ignore[arg-type]
+
+
+@app.task(queue="work", max_attempts=1)
+def exits() -> None:
+    raise SystemExit(3)
+
+
+@app.task(queue="work", max_attempts=1)
+async def interrupts() -> None:
+    raise KeyboardInterrupt
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+@app.task(queue="work", max_attempts=1)
+def unprintable() -> None:
+    raise Unprintable()
+
+
+@app.task(queue="work", max_attempts=2)
+def fails_once_stored() -> None:
+    raise ValueError("fails")
