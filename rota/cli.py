@@ -184,7 +184,9 @@ def _split(names: str | None) -> list[str]:
 @app.command()
 def worker(
     app_spec: Annotated[str, typer.Option("--app", help="package.module:app")],
-    queues: Annotated[str | None, typer.Option(help="comma-separated (default: all)")] = None,
+    queues: Annotated[
+        str | None, typer.Option(help="comma-separated (default: its app's tasks' queues)")
+    ] = None,
     exclude: Annotated[str | None, typer.Option(help="queues to leave alone")] = None,
     concurrency: int = 4,
     batch_size: int = 10,
