@@ -17,6 +17,7 @@ fast), with each distinct name, queue and retry policy written once:
 from __future__ import annotations
 
 import functools
+import time
 import zlib
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,12 @@ def all_streams(prefix: str, shards: int) -> list[str]:
 
 def dead_letter_stream(prefix: str) -> str:
     return f"{prefix}:dead"
+
+
+def trim_dead_letters(client: redis.Redis, prefix: str, retention_seconds: float) -> int:
+    """Drops dead letters older than the retention (stream ids are times)."""
+    oldest_kept_ms = int((time.time() - retention_seconds) * 1000)
+    return int(client.xtrim(dead_letter_stream(prefix), minid=f"{oldest_kept_ms}-0"))
 
 
 def backlog_key(stream: str) -> str:

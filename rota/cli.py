@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import platform
 import sys
@@ -195,8 +196,6 @@ def worker(
     """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
     tune_gc()
-    import logging
-
     from rota.consumer import Worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -209,7 +208,11 @@ def worker(
         maintenance=maintenance,
     )
     on_stop_signals(runner.stop)
-    runner.run()
+    if not runner.run():
+        # Tasks outlived the shutdown grace and were handed back; their
+        # threads cannot be stopped, and would keep the process alive.
+        logging.shutdown()
+        os._exit(0)
 
 
 @app.command()
@@ -221,18 +224,15 @@ def reaper(
     dead workers' tasks, fires cron ticks. Several may run; one is active."""
     import threading
 
-    from rota import db, ops
     from rota.consumer import Maintenance
+    from rota.consumer.maintenance import run_maintenance
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     application = load_app(app_spec) if app_spec else None
     settings = application.settings if application else _settings(database_url)
     stop = threading.Event()
     on_stop_signals(stop.set)
-    duty = Maintenance(settings, application)
-    with db.connect(settings.database_url) as conn:
-        while not stop.wait(settings.maintenance_seconds):
-            if db.run(conn, ops.try_maintenance_lock()):
-                duty.tick(conn)
+    run_maintenance(settings, Maintenance(settings, application), stop)
 
 
 @app.command("import")

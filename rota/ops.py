@@ -384,10 +384,43 @@ def task_states(task_ids: Sequence[UUID]) -> Op[dict[UUID, TaskState]]:
     return {row[0]: TaskState(*row) for row in rows}
 
 
-def prune_finished(older_than_seconds: float) -> Op[int]:
-    """Drops records of tasks that succeeded longer ago than this; returns how many."""
-    rows = yield Execute(query("prune_finished"), {"seconds": older_than_seconds})
+# Rows a retention duty deletes per run: a short transaction, repeated.
+PRUNE_BATCH = 10_000
+
+
+def prune_finished(older_than_seconds: float, limit: int = PRUNE_BATCH) -> Op[int]:
+    """Drops up to `limit` records of tasks that succeeded longer ago than this."""
+    rows = yield Execute(query("prune_finished"), {"seconds": older_than_seconds, "limit": limit})
     return int(rows[0][0])
+
+
+def prune_dead(older_than_seconds: float, limit: int = PRUNE_BATCH) -> Op[int]:
+    """Drops up to `limit` dead tasks that died longer ago than this."""
+    rows = yield Execute(query("prune_dead"), {"seconds": older_than_seconds, "limit": limit})
+    return int(rows[0][0])
+
+
+def prune_workers(older_than_seconds: float) -> Op[int]:
+    """Drops rows of workers stopped longer ago than this (holding no claim)."""
+    rows = yield Execute(query("prune_workers"), {"seconds": older_than_seconds})
+    return int(rows[0][0])
+
+
+def prune_loader_batches(older_than_seconds: float, keep: int) -> Op[int]:
+    """Drops Spark ledger rows no replay can need (all but each checkpoint's
+    newest `keep`, if older than this)."""
+    rows = yield Execute(
+        query("prune_loader_batches"), {"seconds": older_than_seconds, "keep": keep}
+    )
+    return int(rows[0][0])
+
+
+def reap_stopped_workers_claims(after_seconds: float) -> Op[set[UUID]]:
+    """Requeues claims still held by workers stopped more than this long ago."""
+    rows = yield Execute(query("stopped_workers_claims"), {"seconds": after_seconds})
+    if not rows:
+        return set()
+    return (yield from requeue_lost([row[0] for row in rows], "its worker stopped holding it"))
 
 
 def queue_counts() -> Op[dict[str, dict[str, int]]]:

@@ -238,3 +238,20 @@ def check_tenant_settings(
         check_number("rate_burst", rate_burst, 1, MAX_RATE_BURST)
     if capacity is not None:
         check_number("capacity", capacity, 0, MAX_CAPACITY, integer=True)
+
+
+_DURATION = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>s|m|h|d|w)?")
+_UNIT_SECONDS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a number, or from text like "90", "30m", "12h", "7d", "2w"."""
+    if is_number(value):
+        seconds = float(value)  # type: ignore[arg-type]
+    elif isinstance(value, str) and (match := _DURATION.fullmatch(value.strip())):
+        seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"]]
+    else:
+        raise ValidationError(
+            f"a duration is a number of seconds or text like 30m, 12h, 7d; got {_shown(value)}"
+        )
+    return float(check_number("duration", seconds, 0, 100 * 365 * 86_400.0))

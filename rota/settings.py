@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rota.redact import redact_url
-from rota.rules import MAX_ATTEMPTS, MAX_DELAY_SECONDS, check_queue
+from rota.rules import MAX_ATTEMPTS, MAX_DELAY_SECONDS, check_queue, parse_duration
+
+# Seconds, from a number or text like "30m", "12h", "7d".
+Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class Settings(BaseSettings):
@@ -65,7 +68,20 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     poll_seconds: float = Field(default=1.0, gt=0)
     worker_dead_after_seconds: float = Field(default=30.0, gt=0)  # silent this long: dead
+    # Maintenance duties, each on its own interval (seconds; the queue's
+    # duties default to ROTA_MAINTENANCE_SECONDS).
     maintenance_seconds: float = Field(default=1.0, gt=0)
+    promote_seconds: float | None = Field(default=None, gt=0)
+    expire_leases_seconds: float | None = Field(default=None, gt=0)
+    reap_workers_seconds: float | None = Field(default=None, gt=0)
+    cron_seconds: float | None = Field(default=None, gt=0)
+    retention_seconds: float = Field(default=60.0, gt=0)  # how often the retention duties run
+    # What is kept, and for how long.
+    finished_retention: Duration = 7 * 86_400.0  # succeeded tasks' records
+    dead_retention: Duration = 30 * 86_400.0  # dead tasks
+    worker_retention: Duration = 86_400.0  # rows of stopped or dead workers
+    loader_ledger_retention: Duration = 86_400.0  # Spark ledger rows past each checkpoint's last
+    dead_letter_retention: Duration = 30 * 86_400.0  # the buffer's dead-letter stream
     cron_lookback_seconds: float = Field(default=300.0, gt=0)  # missed ticks caught up
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     # A task whose name the worker's app does not know is handed back (run

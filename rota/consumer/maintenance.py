@@ -1,12 +1,18 @@
-"""Housekeeping the queue needs: promote due tasks, requeue expired leases,
-reap dead workers, fire cron ticks. Run by `rota reaper`, or inside workers by
-the one that holds the maintenance lock."""
+"""Housekeeping the queue needs, as a set of duties, each on its own interval:
+promote due tasks, requeue expired leases, reap dead workers, fire cron ticks,
+and the retention duties (finished and dead tasks, stopped workers' rows, the
+loader ledger). Run by `rota reaper`, or inside workers by the one that holds
+the maintenance lock (`Leadership`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,17 +21,40 @@ from croniter import croniter
 
 from rota import db, ops
 from rota.envelope import make_envelope, task_id_for_key
+from rota.outage import Outage
 from rota.producer.app import App
 from rota.settings import Settings
+
+log = logging.getLogger("rota.maintenance")
+
+# Ledger rows each Spark checkpoint keeps whatever their age: a replay only
+# ever concerns a checkpoint's latest batches.
+LEDGER_ROWS_KEPT = 100
 
 
 @dataclass
 class TickResult:
+    """What one tick did (zero for duties that were not due)."""
+
     promoted: int = 0
     expired: int = 0
     reaped_workers: int = 0
     requeued_from_dead: int = 0
     cron_enqueued: int = 0
+    pruned: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Duty:
+    """One maintenance duty: runs at most every `interval` seconds."""
+
+    name: str
+    interval: float
+    run: Callable[[psycopg.Connection[Any], TickResult], None]
+    last_run: float = float("-inf")
+
+    def due(self, now: float) -> bool:
+        return now - self.last_run >= self.interval
 
 
 def _pid_alive(pid: int) -> bool:
@@ -39,26 +68,112 @@ def _pid_alive(pid: int) -> bool:
 
 
 class Maintenance:
-    def __init__(self, settings: Settings, app: App | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        app: App | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self.app = app
         self.host = socket.gethostname()
+        self._clock = clock
+        # Silence is judged only once this leader has watched for as long as
+        # a worker may stay silent (see `took_over`).
+        self.judge_silence_after = float("-inf")
+        every = settings.maintenance_seconds
+        self.duties = [
+            Duty("promote", settings.promote_seconds or every, self.promote),
+            Duty("expire_leases", settings.expire_leases_seconds or every, self.expire_leases),
+            Duty("reap_workers", settings.reap_workers_seconds or every, self.reap_workers),
+            Duty("cron", settings.cron_seconds or every, self.cron),
+            Duty("prune_finished", settings.retention_seconds, self.prune_finished),
+            Duty("prune_dead", settings.retention_seconds, self.prune_dead),
+            Duty("prune_workers", settings.retention_seconds, self.prune_workers),
+            Duty("prune_loader_ledger", settings.retention_seconds, self.prune_loader_ledger),
+        ]
+
+    def took_over(self) -> None:
+        """This process just became the leader (or got its connection back):
+        a worker's silence so far may be this process's own outage, so no
+        worker is declared dead for being silent until one full
+        ROTA_WORKER_DEAD_AFTER_SECONDS has been watched."""
+        self.judge_silence_after = self._clock() + self.settings.worker_dead_after_seconds
 
     def tick(self, conn: psycopg.Connection[Any]) -> TickResult:
+        """Runs the duties that are due. A duty that fails is logged and
+        tried again at its next interval; the others still run. A lost
+        connection stops the tick (the caller reconnects)."""
         result = TickResult()
+        now = self._clock()
+        for duty in self.duties:
+            if not duty.due(now):
+                continue
+            duty.last_run = now
+            try:
+                duty.run(conn, result)
+            except psycopg.OperationalError:
+                raise
+            except Exception:
+                log.exception(
+                    "maintenance duty %s failed; next try in %s s", duty.name, duty.interval
+                )
+        return result
+
+    # -- the queue's duties ----------------------------------------------------
+
+    def promote(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         result.promoted = db.run(conn, ops.promote_due())
+
+    def expire_leases(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         result.expired = len(db.run(conn, ops.requeue_expired()))
+
+    def reap_workers(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        """Declares dead the workers silent past ROTA_WORKER_DEAD_AFTER_SECONDS
+        (or whose pid is gone on this host), requeueing their claims; and
+        requeues claims left by workers that stopped."""
+        judge_silence = self._clock() >= self.judge_silence_after
         dead = [
             w.id
             for w in db.run(conn, ops.live_workers())
-            if w.silent_seconds > self.settings.worker_dead_after_seconds
+            if (judge_silence and w.silent_seconds > self.settings.worker_dead_after_seconds)
             or (w.host == self.host and not _pid_alive(w.pid))
         ]
         if dead:
+            log.warning("declaring dead the silent worker(s) %s", ", ".join(dead))
             result.reaped_workers = len(dead)
             result.requeued_from_dead = len(db.transact(conn, ops.reap_workers(dead)))
+        # A stopped worker reports before it marks itself stopped, and one
+        # declared dead learns so at its next heartbeat: claims older than
+        # that are leftovers.
+        leftovers = db.run(
+            conn, ops.reap_stopped_workers_claims(2 * self.settings.heartbeat_seconds)
+        )
+        result.requeued_from_dead += len(leftovers)
+
+    def cron(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         result.cron_enqueued = self.fire_cron(conn)
-        return result
+
+    # -- retention -------------------------------------------------------------
+
+    def prune_finished(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        result.pruned["finished"] = db.run(
+            conn, ops.prune_finished(self.settings.finished_retention)
+        )
+
+    def prune_dead(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        result.pruned["dead"] = db.run(conn, ops.prune_dead(self.settings.dead_retention))
+
+    def prune_workers(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        result.pruned["workers"] = db.run(conn, ops.prune_workers(self.settings.worker_retention))
+
+    def prune_loader_ledger(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        result.pruned["loader_ledger"] = db.run(
+            conn,
+            ops.prune_loader_batches(self.settings.loader_ledger_retention, LEDGER_ROWS_KEPT),
+        )
+
+    # -- cron ------------------------------------------------------------------
 
     def fire_cron(self, conn: psycopg.Connection[Any], now: datetime | None = None) -> int:
         """Enqueues every tick of the last few minutes. Each tick's task id is
@@ -88,3 +203,58 @@ class Maintenance:
         if not envelopes:
             return 0
         return db.transact(conn, ops.load(envelopes))
+
+
+class Leadership:
+    """The maintenance lock, held on one connection: while a process holds
+    it, it runs the duties; when that connection is lost, so is the lock (the
+    server releases it), and it must be won again on a new connection. Two
+    leaders at once would need two sessions holding one advisory lock."""
+
+    def __init__(self, duty: Maintenance, holder: str) -> None:
+        self.duty = duty
+        self.holder = holder
+        self.leader = False
+
+    def tick(self, conn: psycopg.Connection[Any]) -> TickResult | None:
+        """On the connection that holds (or tries for) the lock."""
+        if not self.leader and db.run(conn, ops.try_maintenance_lock()):
+            self.leader = True
+            self.duty.took_over()
+            log.info("%s runs the maintenance duties", self.holder)
+        return self.duty.tick(conn) if self.leader else None
+
+    def connection_lost(self) -> None:
+        if self.leader:
+            log.warning("%s lost the maintenance lock with its connection", self.holder)
+        self.leader = False
+
+
+def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event) -> None:
+    """`rota reaper`: the duties every ROTA_MAINTENANCE_SECONDS while this
+    process leads, riding out database outages, until `stop` is set."""
+    leadership = Leadership(duty, f"reaper {socket.gethostname()}:{os.getpid()}")
+    outage = Outage("PostgreSQL (maintenance)", log)
+    conn: psycopg.Connection[Any] | None = None
+    try:
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = db.connect(
+                        settings.database_url, connect_timeout=settings.database_timeout_seconds
+                    )
+                leadership.tick(conn)
+                outage.recovered()
+            except psycopg.OperationalError as exc:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                leadership.connection_lost()
+                stop.wait(outage.failed(exc))
+                continue
+            except Exception:
+                log.exception("maintenance failed; carrying on")
+            stop.wait(settings.maintenance_seconds)
+    finally:
+        if conn is not None:
+            conn.close()

@@ -35,8 +35,9 @@ from typing import Any, TypeVar
 import psycopg
 
 from rota import db, ops
-from rota.consumer.maintenance import Maintenance
+from rota.consumer.maintenance import Leadership, Maintenance
 from rota.errors import Retry, ValidationError
+from rota.outage import Outage, retrying
 from rota.producer.app import App, Task
 from rota.rules import check_delay
 from rota.settings import Settings
@@ -56,6 +57,7 @@ class InFlight:
     task: ops.ClaimedTask
     timeout: float | None
     future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    claimed_at: float = 0.0
     started_at: float | None = None  # set when it really starts (not when prefetched)
     timed_out: bool = False
 
@@ -67,6 +69,11 @@ class InFlight:
 class Outcome:
     task: ops.ClaimedTask
     error: BaseException | None  # None: success
+
+
+class StaleClaim(Exception):
+    """A prefetched task whose lease ran out while the database was out of
+    reach: not started (another worker may hold it now); handed back."""
 
 
 class TaskAborted(Exception):
@@ -84,6 +91,9 @@ def describe(error: BaseException) -> str:
 
 
 Item = TypeVar("Item")
+
+# What makes a loop reconnect: the connection is lost or cannot be made.
+RECONNECT_ERRORS = (psycopg.OperationalError,)
 
 
 class Worker:
@@ -115,9 +125,14 @@ class Worker:
         self.unreported_done: list[tuple[uuid.UUID, int]] = []
         self.unreported_failed: list[ops.Failure] = []
         self.unknown: list[tuple[uuid.UUID, int]] = []  # names this app does not know
+        self.stale: list[tuple[uuid.UUID, int]] = []  # StaleClaim: to hand back
         # After a claim that could not be read: claims of one task, this many
         # times, to find the task that caused it.
         self.narrowing = 0
+        self.claims_outage = Outage("PostgreSQL (claims and reports)", log)
+        # When a heartbeat last reached the database: leases run out `lease`
+        # seconds after it (or after their claim, if later).
+        self.last_heartbeat = time.monotonic()
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, "rota-task")
         self._loop = asyncio.new_event_loop()
         self._async_slots = asyncio.Semaphore(concurrency)
@@ -132,9 +147,14 @@ class Worker:
         self.stopping.set()
         self.wake.set()
 
-    def run(self) -> None:
-        conn = self._connect()
-        queues = self._queues(conn)
+    def run(self) -> bool:
+        """Runs until stopped; returns whether every task finished (False: some
+        still ran after the shutdown grace and were handed back, and their
+        threads cannot be stopped: the process should exit now)."""
+        conn = retrying(self._connect, self.claims_outage, RECONNECT_ERRORS, self.stopping.wait)
+        if conn is None:
+            return True  # stopped before the database came back
+        queues = self._queues()
         db.run(
             conn,
             ops.register_worker(
@@ -151,45 +171,39 @@ class Worker:
         log.info("worker %s on queues %s, concurrency %d", self.id, queues, self.concurrency)
         try:
             while not self.stopping.is_set():
+                if conn is None:
+                    conn = retrying(
+                        self._connect, self.claims_outage, RECONNECT_ERRORS, self.stopping.wait
+                    )
+                    continue
                 try:
                     self._step(conn, queues)
-                except psycopg.OperationalError as exc:
-                    # The database went away: outcomes not yet reported are
-                    # kept and reported after reconnecting; reconnect and carry on.
-                    log.warning("database unavailable, reconnecting: %s", exc)
+                except RECONNECT_ERRORS as exc:
+                    # An outage: outcomes not yet reported are kept, and
+                    # reported after reconnecting.
                     conn.close()
-                    conn = self._reconnect()
+                    conn = None
+                    self.stopping.wait(self.claims_outage.failed(exc))
                 except Exception:
                     # Narrowed down to its task where it can be (claims and
                     # reports); anything else is logged, and the worker carries on.
                     log.exception("worker step failed; carrying on")
                     self.wake.wait(self.settings.poll_seconds)
-            self._shutdown(conn)
+            return self._shutdown(conn)
         finally:
             self.stopping.set()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
-            conn.close()
+            if conn is not None:
+                conn.close()
 
     def _connect(self) -> psycopg.Connection[Any]:
         """The connection that claims and reports."""
         return db.connect(
             self.settings.database_url,
             synchronous_commit=self.settings.worker_synchronous_commit,
+            connect_timeout=self.settings.database_timeout_seconds,
         )
-
-    def _reconnect(self) -> psycopg.Connection[Any]:
-        delay = 0.1
-        while True:
-            try:
-                conn = self._connect()
-            except psycopg.OperationalError as exc:
-                log.debug("reconnect failed: %s", exc)
-                time.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 5.0)
-            else:
-                log.info("database reachable again")
-                return conn
 
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""
@@ -243,7 +257,7 @@ class Worker:
             db.run(conn, ops.release(taken))
             self.narrowing = len(taken)
 
-    def _queues(self, conn: psycopg.Connection[Any]) -> list[str]:
+    def _queues(self) -> list[str]:
         """--queues, else the queues its app's tasks declare (never other
         services' queues); minus --exclude."""
         declared = {t.options.queue for t in self.app.tasks.values()}
@@ -260,28 +274,47 @@ class Worker:
             names = sorted(declared)
         return [q for q in names if q not in self.exclude]
 
-    def _shutdown(self, conn: psycopg.Connection[Any]) -> None:
+    def _shutdown(self, conn: psycopg.Connection[Any] | None) -> bool:
+        """Hands back unstarted tasks at once, lets running ones finish within
+        the grace, then hands back what still runs; returns whether all ended."""
+        deadline = time.monotonic() + self.settings.shutdown_grace_seconds
         unstarted = [
             f.task.token
-            for f in self.in_flight.values()
+            for f in list(self.in_flight.values())
             if f.started_at is None and f.future.cancel()
         ]
-        if unstarted:
-            db.run(conn, ops.release(unstarted))
-            for task_id, _ in unstarted:
-                self.in_flight.pop(task_id, None)
-        deadline = time.monotonic() + self.settings.shutdown_grace_seconds
+        for task_id, _ in unstarted:
+            self.in_flight.pop(task_id, None)
         while self.in_flight and time.monotonic() < deadline:
-            self._report(conn)
-            time.sleep(0.01)
-        self._report(conn)
-        if self.in_flight:
+            self.wake.wait(0.05)
+            self.wake.clear()
+            self._collect_outcomes()
+        stuck = [f.task.token for f in list(self.in_flight.values())]
+        if stuck:
             log.warning(
-                "%d task(s) still running after the grace period; their leases "
-                "will bring them back",
-                len(self.in_flight),
+                "%d task(s) still running after the %s s grace: handing them back",
+                len(stuck),
+                self.settings.shutdown_grace_seconds,
             )
-        db.run(conn, ops.stop_worker(self.id))
+        # The last reports, on the connection if it is up, else on a new one
+        # while the grace lasts (at least one try).
+        for attempt in range(2):
+            try:
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                self._report(conn)
+                if unstarted or stuck:
+                    db.run(conn, ops.release([*unstarted, *stuck]))
+                db.run(conn, ops.stop_worker(self.id))
+                break
+            except RECONNECT_ERRORS as exc:
+                if attempt or time.monotonic() >= deadline:
+                    log.warning("could not report before exiting (leases will expire): %s", exc)
+                    break
+                if conn is not None:
+                    conn.close()
+                conn = None
+        return not stuck
 
     # -- running tasks ---------------------------------------------------------
 
@@ -290,7 +323,7 @@ class Worker:
         if registered is None:
             self.unknown.append(task.token)
             return
-        flight = InFlight(task, timeout=registered.options.timeout)
+        flight = InFlight(task, timeout=registered.options.timeout, claimed_at=time.monotonic())
         if registered.is_async:
             flight.future = asyncio.run_coroutine_threadsafe(
                 self._run_async(registered, flight), self._loop
@@ -302,14 +335,23 @@ class Worker:
         self.in_flight[task.id] = flight
         flight.future.add_done_callback(functools.partial(self._done, task))
 
-    @staticmethod
-    def _run_sync(registered: Task[Any, Any], flight: InFlight) -> Any:
+    def _lease_ran_out(self, flight: InFlight) -> bool:
+        """Whether the task's lease has surely expired: no heartbeat reached
+        the database for longer than the lease since it was claimed."""
+        held_until = max(flight.claimed_at, self.last_heartbeat) + self.settings.lease_seconds
+        return time.monotonic() > held_until
+
+    def _run_sync(self, registered: Task[Any, Any], flight: InFlight) -> Any:
+        if self._lease_ran_out(flight):
+            raise StaleClaim()
         flight.begin()
         current_task.set(flight.task)
         return registered.fn(*flight.task.args, **flight.task.kwargs)
 
     async def _run_async(self, registered: Task[Any, Any], flight: InFlight) -> Any:
         async with self._async_slots:
+            if self._lease_ran_out(flight):
+                raise StaleClaim()
             flight.begin()
             current_task.set(flight.task)
             try:
@@ -362,6 +404,9 @@ class Worker:
             self._send(conn, self.unreported_failed, ops.fail, lambda f: (f.task_id, f.attempt))
             self.processed += len(self.unreported_failed)
             self.unreported_failed = []
+        if self.stale:
+            self._send(conn, self.stale, ops.release, lambda token: token)
+            self.stale = []
         if self.unknown:
             settings = self.settings
             reason = (
@@ -390,7 +435,14 @@ class Worker:
             if self.in_flight.pop(outcome.task.id, None) is None:
                 continue  # already reported (a timeout, then the late result)
             task, error = outcome.task, outcome.error
-            if error is None:
+            if isinstance(error, StaleClaim):
+                log.warning(
+                    "not starting task %s: its lease ran out while the database was out "
+                    "of reach; handing it back",
+                    task.id,
+                )
+                self.stale.append(task.token)
+            elif error is None:
                 self.unreported_done.append(task.token)
             elif isinstance(error, Retry):
                 self.unreported_failed.append(_retry_failure(task, error))
@@ -456,50 +508,81 @@ class Worker:
     # -- helpers -----------------------------------------------------------------
 
     def _listen(self, queues: list[str]) -> None:
+        """Wakes the claim loop on NOTIFY; after a lost connection it listens
+        again once reconnected (the loop polls meanwhile)."""
         wanted = set(queues)
-        try:
-            with db.connect(self.settings.database_url) as conn:
-                conn.execute(query("listen_ready"))
-                while not self.stopping.is_set():
-                    for note in conn.notifies(timeout=1.0):
-                        if note.payload in wanted:
-                            self.wake.set()
-        except psycopg.Error as exc:
-            log.warning("LISTEN connection lost, polling only: %s", exc)
+        outage = Outage("PostgreSQL (LISTEN)", log)
+        while not self.stopping.is_set():
+            try:
+                with db.connect(
+                    self.settings.database_url,
+                    connect_timeout=self.settings.database_timeout_seconds,
+                ) as conn:
+                    conn.execute(query("listen_ready"))
+                    outage.recovered()
+                    while not self.stopping.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            if note.payload in wanted:
+                                self.wake.set()
+            except RECONNECT_ERRORS as exc:
+                self.stopping.wait(outage.failed(exc))
 
     def _heartbeat(self) -> None:
-        maintenance = Maintenance(self.settings, self.app) if self.run_maintenance else None
-        leader = False
-        last_beat = 0.0
+        """Extends leases and keeps the worker's row alive; runs the
+        maintenance duties while this worker holds their lock, which lives on
+        this thread's connection: leadership is lost with it."""
+        leadership = (
+            Leadership(Maintenance(self.settings, self.app), f"worker {self.id}")
+            if self.run_maintenance
+            else None
+        )
+        last_beat = float("-inf")
+        outage = Outage("PostgreSQL (heartbeat and maintenance)", log)
         conn: psycopg.Connection[Any] | None = None
-        while not self.stopping.wait(self.settings.maintenance_seconds):
+        while not self.stopping.is_set():
             try:
-                if conn is None or conn.closed:
-                    conn = db.connect(self.settings.database_url)
-                    leader = False  # the maintenance lock lived on the lost connection
+                if conn is None:
+                    conn = db.connect(
+                        self.settings.database_url,
+                        connect_timeout=self.settings.database_timeout_seconds,
+                    )
                 if time.monotonic() - last_beat >= self.settings.heartbeat_seconds:
+                    self._beat(conn)
                     last_beat = time.monotonic()
-                    if not db.run(conn, ops.worker_heartbeat(self.id)):
-                        log.error("worker %s was declared dead; stopping", self.id)
-                        self.stop()
-                    tokens = [f.task.token for f in list(self.in_flight.values())]
-                    if tokens:
-                        held = db.run(conn, ops.extend_leases(tokens, self.settings.lease_seconds))
-                        if len(held) < len(tokens):
-                            log.warning("%d lease(s) lost", len(tokens) - len(held))
-                if maintenance is not None:
-                    leader = leader or db.run(conn, ops.try_maintenance_lock())
-                    if leader:
-                        maintenance.tick(conn)
-            except psycopg.OperationalError as exc:
-                log.warning("heartbeat connection lost: %s", exc)
+                outage.recovered()
+                if leadership is not None:
+                    leadership.tick(conn)
+            except RECONNECT_ERRORS as exc:
                 if conn is not None:
                     conn.close()
                 conn = None
+                if leadership is not None:
+                    leadership.connection_lost()
+                self.stopping.wait(outage.failed(exc))
+                continue
             except Exception:
                 log.exception("heartbeat or maintenance failed; carrying on")
+            self.stopping.wait(self.settings.maintenance_seconds)
         if conn is not None:
             conn.close()
+
+    def _beat(self, conn: psycopg.Connection[Any]) -> None:
+        beat_started = time.monotonic()
+        if not db.run(conn, ops.worker_heartbeat(self.id)):
+            log.error("worker %s was declared dead; stopping", self.id)
+            self.stop()
+        tokens = [f.task.token for f in list(self.in_flight.values())]
+        held = (
+            db.run(conn, ops.extend_leases(tokens, self.settings.lease_seconds))
+            if tokens
+            else set()
+        )
+        self.last_heartbeat = beat_started
+        # Only tasks still in flight count: one that finished meanwhile left
+        # the running table without losing anything.
+        lost = [t for t, _ in tokens if t not in held and t in self.in_flight]
+        if lost:
+            log.warning("%d lease(s) lost: their results will be refused", len(lost))
 
 
 def _retry_failure(task: ops.ClaimedTask, retry: Retry) -> ops.Failure:

@@ -34,11 +34,19 @@ from rota.buffer import (
     backlog_key,
     decode_entry,
     subtract_backlogs,
+    trim_dead_letters,
 )
 from rota.envelope import TaskEnvelope
+from rota.outage import Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")
+
+# A pass fails on these when a server is lost or refuses writes; the loop
+# waits the outage out (rota.outage). A ResponseError from Redis is one (out
+# of memory, read-only, loading) unless the group is missing, which
+# ensure_groups repairs on the next pass.
+LOADER_OUTAGES = (redis.RedisError, psycopg.OperationalError)
 
 Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
 
@@ -100,6 +108,7 @@ class Loader:
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
         self._reset = self.redis.register_script(RESET_BACKLOG_IF_EMPTY)
+        self._trimmed_at = float("-inf")  # the dead-letter stream's retention
         # Until the first entries are seen, assume packed ones: a first pass
         # that reads too little costs one round trip; one that reads too much
         # leaves the other loaders idle.
@@ -114,9 +123,20 @@ class Loader:
         return self._conn
 
     def close(self) -> None:
+        self._drop_connection()
+        self.redis.close()
+
+    def _drop_connection(self) -> None:
         if self._conn is not None:
             self._conn.close()
-        self.redis.close()
+        self._conn = None
+
+    def _after_failure(self) -> None:
+        """The next pass connects anew (the old connection closed, not leaked)
+        and checks the consumer groups (a Redis restarted without its data
+        has none)."""
+        self._drop_connection()
+        self._groups_ready = False
 
     def ensure_groups(self) -> None:
         if self._groups_ready:
@@ -229,6 +249,11 @@ class Loader:
         self._finish(entries + exhausted, dead, decoded)
         if not result.entries:
             self._reset_backlogs()
+        if time.monotonic() - self._trimmed_at >= self.settings.retention_seconds:
+            self._trimmed_at = time.monotonic()
+            trim_dead_letters(
+                self.redis, self.settings.stream_prefix, self.settings.dead_letter_retention
+            )
         return result
 
     def _finish(
@@ -320,17 +345,28 @@ class Loader:
         """Passes until the buffer is empty, the time is up or `should_stop()`."""
         summary = DrainSummary()
         started = time.monotonic()
-        try:
-            while not should_stop():
-                if max_seconds is not None and time.monotonic() - started >= max_seconds:
-                    break
+        deadline = None if max_seconds is None else started + max_seconds
+        outage = Outage("the buffer or PostgreSQL (drain)", log)
+        while not should_stop():
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            try:
                 result = self.pass_once()
-                summary.add(result)
-                if result.entries == 0:
-                    summary.drained = True
+            except LOADER_OUTAGES as exc:
+                self._after_failure()
+                delay = outage.failed(exc)
+                # Within a time budget an outage is waited out; without
+                # one (or past it) the drain fails, for cron to retry.
+                if deadline is None or time.monotonic() + delay >= deadline:
+                    summary.errors.append(f"{type(exc).__name__}: {exc}")
                     break
-        except (redis.RedisError, psycopg.Error) as exc:
-            summary.errors.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(delay)
+                continue
+            outage.recovered()
+            summary.add(result)
+            if result.entries == 0:
+                summary.drained = True
+                break
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
 
@@ -339,13 +375,18 @@ class Loader:
         `should_stop()` (checked between passes, so a batch is never cut short)."""
         summary = DrainSummary()
         started = time.monotonic()
+        outage = Outage("the buffer or PostgreSQL (loader)", log)
         while not should_stop():
             try:
                 summary.add(self.pass_once(block_ms=block_ms))
-            except (redis.RedisError, psycopg.OperationalError) as exc:
-                log.warning("loader pass failed, retrying: %s", exc)
-                self._conn = None
-                time.sleep(1)
+            except LOADER_OUTAGES as exc:
+                self._after_failure()
+                delay = outage.failed(exc)
+                deadline = time.monotonic() + delay
+                while not should_stop() and time.monotonic() < deadline:
+                    time.sleep(min(0.1, delay))
+                continue
+            outage.recovered()
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
 

@@ -20,6 +20,7 @@ Once a batch is durable, the source's `commit` trims the shards up to it.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -40,11 +41,15 @@ from rota.buffer import (
     all_streams,
     decode_entry,
     subtract_backlogs,
+    trim_dead_letters,
 )
 from rota.envelope import TaskBatch, TaskEnvelope
 from rota.loader.engine import load_entries
+from rota.outage import Outage
 from rota.settings import Settings
 from rota.sql import query
+
+log = logging.getLogger("rota.loader.spark")
 
 SOURCE_NAME = "rota_buffer"
 # One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
@@ -187,10 +192,25 @@ class BatchSink:
         self.loaded = 0
         self.dead_lettered = 0
         self.batches = 0
+        self.outage = Outage("the buffer or PostgreSQL (Spark loader)", log)
+        self._trimmed_at = float("-inf")  # the dead-letter stream's retention
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        try:
+            self._load_batch(frame, batch_id)
+        except Exception:
+            # Whatever failed, the next attempt (Spark replays the batch after
+            # the query restarts) starts from fresh connections.
+            self.close()
+            raise
+        self.outage.recovered()
+
+    def _load_batch(self, frame: DataFrame, batch_id: int) -> None:
         if self._conn is None or self._conn.closed:
-            self._conn = db.connect(self.settings.database_url)
+            self._conn = db.connect(
+                self.settings.database_url,
+                connect_timeout=self.settings.database_timeout_seconds,
+            )
         size = self.settings.spark_load_size
         stored = 0
         dead: list[tuple[str, str, Rejected]] = []
@@ -228,6 +248,11 @@ class BatchSink:
                 add_dead_letters(pipe, self.settings.stream_prefix, dead)
                 pipe.execute()
         subtract_backlogs(self._buffer(), loaded)
+        if time.monotonic() - self._trimmed_at >= self.settings.retention_seconds:
+            self._trimmed_at = time.monotonic()
+            trim_dead_letters(
+                self._buffer(), self.settings.stream_prefix, self.settings.dead_letter_retention
+            )
         self.loaded += stored
         self.dead_lettered += len(dead)
         self.batches += 1
@@ -254,6 +279,7 @@ class BatchSink:
             self._conn.close()
         if self._redis is not None:
             self._redis.close()
+        self._conn = self._redis = None
 
 
 def spark_session(master: str = "local[*]", app_name: str = "rota-loader") -> SparkSession:
@@ -300,6 +326,20 @@ def checkpoint_location(checkpoint: str) -> str:
     return checkpoint if "://" in checkpoint else str(Path(checkpoint).resolve())
 
 
+def _await(running: Any, should_stop: Callable[[], bool]) -> None:
+    """Until the query ends or `should_stop()`; then lets the batch in hand
+    finish (interrupting a Python foreachBatch mid-way makes Spark log a storm
+    of errors) and stops the query."""
+    while running.isActive and not should_stop():
+        running.awaitTermination(1)
+    for _ in range(600):
+        if not (running.isActive and running.status["isTriggerActive"]):
+            break
+        time.sleep(0.1)
+    if running.isActive:
+        running.stop()
+
+
 def run_streaming(
     settings: Settings,
     *,
@@ -326,20 +366,23 @@ def run_streaming(
         if available_now
         else writer.trigger(processingTime=f"{trigger_seconds} seconds")
     )
-    running = writer.start()
     try:
-        while running.isActive and not should_stop():
-            running.awaitTermination(1)
-        if running.exception() is not None:
-            raise RuntimeError(f"streaming loader failed: {running.exception()}")
-    finally:
-        # Let the batch in hand finish: interrupting a Python foreachBatch
-        # mid-way makes Spark log a storm of errors.
-        for _ in range(600):
-            if not (running.isActive and running.status["isTriggerActive"]):
+        while True:
+            running = writer.start()
+            _await(running, should_stop)
+            failure = running.exception()
+            if failure is None:
+                break  # stopped, or (available_now) caught up
+            if available_now:
+                raise RuntimeError(f"streaming loader failed: {failure}")
+            # A server lost or refusing: the query restarts from its
+            # checkpoint once the outage passes; the ledger skips any batch
+            # already loaded.
+            deadline = time.monotonic() + sink.outage.failed(RuntimeError(str(failure)))
+            while not should_stop() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if should_stop():
                 break
-            time.sleep(0.1)
-        if running.isActive:
-            running.stop()
+    finally:
         sink.close()
     return sink

@@ -44,6 +44,7 @@ from rota.buffer import (
 from rota.effects import adrive, drive
 from rota.envelope import TaskBatch, TaskEnvelope
 from rota.errors import CapacityExceeded, EnqueueError
+from rota.outage import Outage
 from rota.producer.breaker import BreakerState, CircuitBreaker
 from rota.settings import Settings
 
@@ -160,6 +161,9 @@ class ProducerCore:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_seconds)
+        # The breaker decides when to try Redis again; this only logs the
+        # outage's start and end (enqueues meanwhile go to PostgreSQL).
+        self.redis_outage = Outage("the Redis buffer (enqueues go to PostgreSQL)", log)
         self.capacity = CapacityCache(settings.capacity_cache_seconds)
         self.fallbacks = 0  # tasks that went straight to PostgreSQL
         self.streams = all_streams(settings.stream_prefix, settings.shards)
@@ -199,7 +203,7 @@ class ProducerCore:
                     lengths = yield WriteBuffer(entries, self._backlog(batch))
                 except REDIS_ERRORS as exc:
                     self.breaker.failed()
-                    log.warning("redis buffer unavailable, writing to PostgreSQL: %s", exc)
+                    self.redis_outage.failed(exc)  # logged once, when it starts
                 except Exception as exc:
                     raise EnqueueError(
                         f"{len(batch)} task(s) not stored: the Redis buffer refused the write "
@@ -207,6 +211,7 @@ class ProducerCore:
                     ) from exc
                 else:
                     self.breaker.succeeded()
+                    self.redis_outage.recovered()
                     self._note_lengths(lengths)
                     self.capacity.count(batch)
                     return ids

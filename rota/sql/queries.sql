@@ -116,7 +116,19 @@ JOIN rota.tenants tn ON tn.id = f.tenant_id
 WHERE f.task_id = ANY (%(ids)b::uuid[])
 
 -- name: prune_finished
-SELECT rota.prune_finished(make_interval(secs => %(seconds)s))
+SELECT rota.prune_finished(make_interval(secs => %(seconds)s), %(limit)s::integer)
+
+-- name: prune_dead
+SELECT rota.prune_dead(make_interval(secs => %(seconds)s), %(limit)s::integer)
+
+-- name: prune_workers
+SELECT rota.prune_workers(make_interval(secs => %(seconds)s))
+
+-- name: prune_loader_batches
+SELECT rota.prune_loader_batches(make_interval(secs => %(seconds)s), %(keep)s::integer)
+
+-- name: stopped_workers_claims
+SELECT task_id FROM rota.stopped_workers_claims(make_interval(secs => %(seconds)s)) AS task_id
 
 -- name: queue_counts
 SELECT q.name AS queue,

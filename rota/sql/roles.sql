@@ -107,7 +107,12 @@ BEGIN
         rota.take_due(integer),
         rota.worker_heartbeat(text),
         rota.stop_worker(text),
-        rota.reap_workers(text[])
+        rota.reap_workers(text[]),
+        rota.stopped_workers_claims(interval),
+        rota.prune_finished(interval, integer),
+        rota.prune_dead(interval, integer),
+        rota.prune_workers(interval),
+        rota.prune_loader_batches(interval, integer)
         TO rota_worker;
     GRANT SELECT, INSERT ON rota.workers TO rota_worker;
     GRANT SELECT (task_id, attempt, worker) ON rota.running TO rota_worker;

@@ -102,6 +102,7 @@ ACLS = {
         "+xadd",
         "+xlen",
         "+xrange",
+        "+xtrim",
         "+hkeys",
         "+hexists",
         "+hincrbyfloat",
