@@ -560,6 +560,36 @@ def bench_claim(
         _report("claim", figures, as_json)
 
 
+@bench_app.command("chaos")
+def bench_chaos(
+    rate: Annotated[float, typer.Option(help="tasks per second offered")] = 150.0,
+    baseline_seconds: float = 30.0,
+    settle_seconds: Annotated[float, typer.Option(help="under load after each fault")] = 20.0,
+    pg_pause_seconds: Annotated[float, typer.Option(help="PostgreSQL down this long")] = 10.0,
+    spark: Annotated[
+        bool, typer.Option("--spark/--no-spark", help="kill -9 a Spark loader too")
+    ] = True,
+    faults: Annotated[
+        bool, typer.Option("--faults/--no-faults", help="off: the same run, no faults")
+    ] = True,
+    as_json: AsJson = False,
+) -> None:
+    """Faults under load (kill -9 of each process, Redis and PostgreSQL
+    restarts): acknowledged vs ran, duplicates by cause, limit violations,
+    recovery times, throughput held. Throwaway servers."""
+    from rota.bench.chaos import run_chaos
+
+    figures = run_chaos(
+        rate=rate,
+        baseline_seconds=baseline_seconds,
+        settle_seconds=settle_seconds,
+        pg_pause_seconds=pg_pause_seconds,
+        spark=spark,
+        faults_enabled=faults,
+    )
+    _report("chaos", figures, as_json)
+
+
 @app.command()
 def demo(
     flood: int = 100_000,

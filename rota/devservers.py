@@ -70,6 +70,8 @@ class Server:
     directory: Path
     process: subprocess.Popen[bytes]
     extra: dict[str, str] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)  # to start it again
+    log: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -85,6 +87,21 @@ class Server:
         """kill -9, as a crash would."""
         self._signal(signal.SIGKILL)
         self.process.wait()
+
+    def stop_immediately(self) -> None:
+        """PostgreSQL's `pg_ctl -m immediate stop` (SIGQUIT): no checkpoint,
+        crash recovery on the next start."""
+        self._signal(signal.SIGQUIT)
+        self.process.wait()
+
+    def start_again(self) -> None:
+        """Starts the stopped (or killed) server on the same port and data."""
+        assert self.command and self.log is not None
+        log_file = open(self.log, "ab")  # noqa: SIM115 - handed to the child for its lifetime
+        self.process = subprocess.Popen(
+            self.command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        _wait_for_port(self.port, self.process, "server", self.log)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -145,11 +162,9 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
     for key, value in {**POSTGRES_SETTINGS, **(settings or {})}.items():
         options += ["-c", f"{key}={value}"]
     log_file = open(log, "wb")  # noqa: SIM115 - handed to the child for its lifetime
+    command = [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options]
     process = subprocess.Popen(
-        [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
     )
     _wait_for_port(port, process, "postgres", log)
     url = f"postgresql://rota@127.0.0.1:{port}/postgres"
@@ -164,7 +179,9 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
         if time.monotonic() > deadline:
             raise ServerError(f"postgres not ready: {result.stderr.decode()}")
         time.sleep(0.1)
-    return Server(url=url, port=port, directory=directory, process=process)
+    return Server(
+        url=url, port=port, directory=directory, process=process, command=command, log=log
+    )
 
 
 def start_redis(
@@ -205,7 +222,12 @@ def start_redis(
     )
     _wait_for_port(port, process, "redis", log)
     return Server(
-        url=f"redis://127.0.0.1:{port}/0", port=port, directory=directory, process=process
+        url=f"redis://127.0.0.1:{port}/0",
+        port=port,
+        directory=directory,
+        process=process,
+        command=args,
+        log=directory / "redis.out",
     )
 
 
@@ -241,32 +263,9 @@ def start_pgbouncer(postgres: Server, pool_mode: str = "session") -> Server:
 
 
 def restart_redis(server: Server) -> Server:
-    """Start redis again on the same port and data directory (after a kill)."""
-    binary = shutil.which("redis-server")
-    assert binary is not None
-    log = server.directory / "redis.log"
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(server.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(server.directory),
-            "--save",
-            "",
-            "--logfile",
-            str(log),
-            "--appendonly",
-            "yes",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    _wait_for_port(server.port, process, "redis", log)
-    server.process = process
+    """Start redis again on the same port and data directory (after a kill):
+    with its append-only file, it has every acknowledged write back."""
+    server.start_again()
     return server
 
 

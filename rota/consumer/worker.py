@@ -545,6 +545,8 @@ class Worker:
                     conn = db.connect(
                         self.settings.database_url,
                         connect_timeout=self.settings.database_timeout_seconds,
+                        # Which worker holds the maintenance lock, in pg_stat_activity.
+                        application_name=f"rota-worker:{self.id}"[-63:],
                     )
                 if time.monotonic() - last_beat >= self.settings.heartbeat_seconds:
                     self._beat(conn)

@@ -68,10 +68,12 @@ REDIS_ERRORS = (
 @dataclass(frozen=True)
 class WriteBuffer:
     """XADD the entries; add the capacity-limited tenants' work to the shards'
-    backlog hashes. The result is each stream's length after the write."""
+    backlog hashes. The result is each stream's length after the write (if
+    `measure`, else nothing)."""
 
     entries: dict[str, list[dict[bytes, bytes]]]
     backlog: dict[str, dict[str, float]] = field(default_factory=dict)
+    measure: bool = True  # also read each stream's length (XLEN)
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,9 @@ class ProducerCore:
                 self.breaker.succeeded()  # Redis answered: full, not down
             else:
                 try:
-                    lengths = yield WriteBuffer(entries, self._backlog(batch))
+                    lengths = yield WriteBuffer(
+                        entries, self._backlog(batch), measure=self._lengths_stale()
+                    )
                 except REDIS_ERRORS as exc:
                     self.breaker.failed()
                     self.redis_outage.failed(exc)  # logged once, when it starts
@@ -260,8 +264,15 @@ class ProducerCore:
         return backlog
 
     def _note_lengths(self, lengths: dict[str, int]) -> None:
-        self.shard_lengths.update(lengths)
-        self.lengths_at = time.monotonic()
+        if lengths:
+            self.shard_lengths.update(lengths)
+            self.lengths_at = time.monotonic()
+
+    def _lengths_stale(self) -> bool:
+        """Whether a write should also read the shards' lengths: at most every
+        ROTA_CAPACITY_CACHE_SECONDS (a command more per write costs a single
+        enqueue a tenth of its time)."""
+        return time.monotonic() - self.lengths_at >= self.settings.capacity_cache_seconds
 
     def _buffer_full(self, entries: dict[str, list[Any]]) -> Generator[Effect, Any, bool]:
         """Whether writing `entries` would take a shard past ROTA_BUFFER_MAX_ENTRIES,
@@ -295,14 +306,17 @@ def _queue_write(pipe: Any, effect: WriteBuffer) -> None:
     for stream, entries in effect.entries.items():
         for fields in entries:
             pipe.xadd(stream, fields)
-    for stream in effect.entries:
-        pipe.xlen(stream)
+    if effect.measure:
+        for stream in effect.entries:
+            pipe.xlen(stream)
     for key, costs in effect.backlog.items():
         for tenant, cost in costs.items():
             pipe.hincrbyfloat(key, tenant, cost)
 
 
 def _lengths(effect: WriteBuffer, replies: list[Any]) -> dict[str, int]:
+    if not effect.measure:
+        return {}
     start = sum(len(entries) for entries in effect.entries.values())
     return {
         stream: int(length)
