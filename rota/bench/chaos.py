@@ -374,8 +374,11 @@ def _report(
     for spans in by_task.values():
         first_end = min(end for _, end in spans)
         for _ in spans[1:]:
+            # Put down to the latest fault before the first run ended, if it
+            # was recent enough to explain a rerun.
             near = [f for f in faults if f.started - 2 <= first_end <= f.ended + window]
-            duplicates[near[0].cause if near else "unexplained"] += 1
+            cause = max(near, key=lambda f: f.started).cause if near else "unexplained"
+            duplicates[cause] += 1
     completions = _completions_per_second(runs, baseline_start, fault_phase_end + 1)
     for f in faults:
         offset = int(f.ended - baseline_start)
