@@ -1,0 +1,99 @@
+"""Maintenance duties against a real PostgreSQL, each alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from rota import Settings, db, ops
+from rota.consumer.maintenance import Maintenance, TickResult
+from tests.helpers import claim, envelopes, load
+
+Conn = psycopg.Connection[Any]
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _duty(settings: Settings, name: str, clock: Clock | None = None) -> Any:
+    maintenance = Maintenance(settings, clock=clock or Clock())
+    (duty,) = [d for d in maintenance.duties if d.name == name]
+    return maintenance, duty
+
+
+def _count(conn: Conn, table: str, where: str = "true") -> int:
+    (count,) = conn.execute(f"SELECT count(*) FROM rota.{table} WHERE {where}").fetchone() or (0,)
+    return int(count)
+
+
+def test_retention_prunes_what_is_old_and_keeps_the_rest(conn: Conn) -> None:
+    settings = Settings(finished_retention="7d", dead_retention="30d", worker_retention="1d",
+                        loader_ledger_retention="1d")  # fmt: skip
+    load(conn, envelopes("a", 6, max_attempts=1))
+    tasks = claim(conn, 6)
+    db.run(conn, ops.complete([t.token for t in tasks[:3]]))
+    db.run(conn, ops.fail([ops.Failure(t.id, t.attempt, "boom") for t in tasks[3:]]))
+    # Two of each are old, one is recent.
+    conn.execute("UPDATE rota.finished SET finished_at = now() - interval '8 days' "
+                 "WHERE task_id = ANY(%s)", [[t.id for t in tasks[:2]]])  # fmt: skip
+    conn.execute("UPDATE rota.tasks SET finished_at = now() - interval '31 days' "
+                 "WHERE id = ANY(%s)", [[t.id for t in tasks[3:5]]])  # fmt: skip
+    for name, stopped in (("old", "now() - interval '2 days'"), ("new", "now()")):
+        db.run(conn, ops.register_worker(name, "h", 1, ["default"], 1))
+        conn.execute(f"UPDATE rota.workers SET stopped_at = {stopped} WHERE id = %s", [name])
+    for batch in range(150):
+        conn.execute("INSERT INTO rota.loader_batches (query, batch_id, tasks, loaded_at) "
+                     "VALUES ('ckpt', %s, 1, now() - interval '2 days')", [batch])  # fmt: skip
+    maintenance = Maintenance(settings)
+    for name in ("prune_finished", "prune_dead", "prune_workers", "prune_loader_ledger"):
+        (duty,) = [d for d in maintenance.duties if d.name == name]
+        duty.run(conn, TickResult())
+    assert _count(conn, "finished") == 1
+    assert _count(conn, "tasks", "status = 'dead'") == 1
+    assert [r[0] for r in conn.execute("SELECT id FROM rota.workers")] == ["new"]
+    assert _count(conn, "loader_batches") == 100  # each checkpoint keeps its newest 100
+
+
+def test_retention_deletes_in_bounded_batches(conn: Conn) -> None:
+    load(conn, envelopes("a", 30))
+    tasks = claim(conn, 30)
+    db.run(conn, ops.complete([t.token for t in tasks]))
+    conn.execute("UPDATE rota.finished SET finished_at = now() - interval '8 days'")
+    assert db.run(conn, ops.prune_finished(7 * 86400, limit=10)) == 10
+    assert _count(conn, "finished") == 20
+
+
+def test_a_new_leader_does_not_declare_silent_workers_dead_until_it_has_watched(
+    conn: Conn,
+) -> None:
+    clock = Clock()
+    settings = Settings(worker_dead_after_seconds=30)
+    maintenance, duty = _duty(settings, "reap_workers", clock)
+    db.run(conn, ops.register_worker("quiet", "elsewhere", 1, ["default"], 1))
+    conn.execute("UPDATE rota.workers SET heartbeat_at = now() - interval '5 minutes'")
+    maintenance.took_over()  # e.g. its own connection just came back
+    result = TickResult()
+    duty.run(conn, result)
+    assert result.reaped_workers == 0 and _count(conn, "workers", "stopped_at IS NULL") == 1
+    clock.now += 31  # watched for as long as a worker may be silent
+    duty.run(conn, result)
+    assert result.reaped_workers == 1
+
+
+def test_claims_left_by_a_stopped_worker_are_requeued(conn: Conn) -> None:
+    settings = Settings(heartbeat_seconds=1)
+    load(conn, envelopes("a", 2))
+    db.run(conn, ops.register_worker("gone", "elsewhere", 1, ["default"], 1))
+    (task, _) = claim(conn, 2, worker="gone")
+    db.run(conn, ops.stop_worker("gone"))  # then died before reporting
+    conn.execute("UPDATE rota.workers SET stopped_at = now() - interval '10 seconds'")
+    _, duty = _duty(settings, "reap_workers")
+    result = TickResult()
+    duty.run(conn, result)
+    assert result.requeued_from_dead == 2
+    assert db.run(conn, ops.task_states([task.id]))[task.id].status == "pending"
