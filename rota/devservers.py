@@ -102,6 +102,8 @@ class Server:
             self.command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
         _wait_for_port(self.port, self.process, "server", self.log)
+        if self.url.startswith("postgresql://"):
+            _wait_for_postgres(self.url)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -132,6 +134,22 @@ POSTGRES_SETTINGS = {
     "listen_addresses": "127.0.0.1",
     "unix_socket_directories": "",
 }
+
+
+def _wait_for_postgres(url: str) -> None:
+    """Listening is not yet accepting (recovery, start-up): waits until a query works."""
+    deadline = time.monotonic() + 60
+    while True:
+        result = subprocess.run(
+            [str(postgres_bindir() / "psql"), url, "-Atc", "select 1"],
+            capture_output=True,
+            check=False,
+        )
+        if result.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise ServerError(f"postgres not ready: {result.stderr.decode()}")
+        time.sleep(0.1)
 
 
 def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
@@ -168,17 +186,7 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
     )
     _wait_for_port(port, process, "postgres", log)
     url = f"postgresql://rota@127.0.0.1:{port}/postgres"
-    # Listening is not yet accepting: wait until a query works.
-    deadline = time.monotonic() + 30
-    while True:
-        result = subprocess.run(
-            [str(bindir / "psql"), url, "-Atc", "select 1"], capture_output=True, check=False
-        )
-        if result.returncode == 0:
-            break
-        if time.monotonic() > deadline:
-            raise ServerError(f"postgres not ready: {result.stderr.decode()}")
-        time.sleep(0.1)
+    _wait_for_postgres(url)
     return Server(
         url=url, port=port, directory=directory, process=process, command=command, log=log
     )

@@ -1,0 +1,122 @@
+"""A worker (and the reaper sidecar) ride out a PostgreSQL restart: claims,
+heartbeats, maintenance and LISTEN come back by themselves, each outage is
+logged when it starts and when it ends, and nothing is declared dead."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from rota import App, Settings, db, ops
+from rota.devservers import Server, local_postgres
+from rota.migrate import migrate
+from tests.acceptance.conftest import ROOT
+from tests.acceptance.test_workers import wait_for
+from tests.acceptance.workapp import LOG_TABLE
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Server]:
+    """A server of this test's own: it is stopped and started again."""
+    with local_postgres() as server:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            migrate(conn)
+            conn.execute(LOG_TABLE)
+        yield server
+
+
+def _start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rota", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _states(url: str, ids: list[Any]) -> set[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return {s.status for s in db.run(conn, ops.task_states(ids)).values()}
+
+
+@pytest.mark.parametrize("maintenance", ["in-worker", "reaper"])
+def test_a_postgres_restart_is_ridden_out(
+    own_postgres: Server, redis_url: str, maintenance: str
+) -> None:
+    url = own_postgres.url
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": url,
+        "ROTA_REDIS_URL": redis_url,
+        "ROTA_POLL_SECONDS": "0.2",
+        "ROTA_HEARTBEAT_SECONDS": "0.5",
+        "ROTA_MAINTENANCE_SECONDS": "0.2",
+        "ROTA_WORKER_DEAD_AFTER_SECONDS": "3",
+        "ROTA_DATABASE_TIMEOUT_SECONDS": "2",
+        "PYTHONPATH": str(ROOT),
+    }
+    worker_args = ["worker", "--app", "tests.acceptance.workapp:app"]
+    processes = {}
+    if maintenance == "reaper":
+        worker_args.append("--no-maintenance")
+        processes["reaper"] = _start(env, "reaper", "--app", "tests.acceptance.workapp:app")
+    processes["worker"] = _start(env, *worker_args)
+    from tests.acceptance import workapp
+
+    app = App(Settings(database_url=url, redis_url=redis_url))
+    app.tasks.update(workapp.app.tasks)
+    sleep = app.tasks["sleep"]
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            before = app.enqueue_many([sleep.call(0, tenant="a")] * 5, connection=conn)
+        wait_for(lambda: _states(url, before) == {"succeeded"})
+
+        own_postgres.stop_immediately()  # pg_ctl -m immediate
+        time.sleep(3)  # the outage: longer than the worker-dead timeout
+        own_postgres.start_again()
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            later = app.enqueue_many(
+                [sleep.call(0, tenant="a", countdown=1), sleep.call(0, tenant="b")],
+                connection=conn,
+            )
+        # Claims, promotion (maintenance) and heartbeats all came back.
+        wait_for(lambda: _states(url, later) == {"succeeded"}, timeout=60)
+        with psycopg.connect(url, autocommit=True) as conn:
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%LISTEN rota_ready'"
+                    ).fetchone()
+                    == (1,)
+                )
+            )
+            assert conn.execute(
+                "SELECT count(*) FROM rota.workers WHERE stopped_at IS NOT NULL"
+            ).fetchone() == (0,)  # never declared dead
+        assert all(p.poll() is None for p in processes.values())
+    finally:
+        for process in processes.values():
+            process.terminate()
+        logs = {name: p.communicate(timeout=30)[1] for name, p in processes.items()}
+        app.close()
+    assert all(p.returncode == 0 for p in processes.values()), logs
+    worker_log = logs["worker"]
+    for loop in ("claims and reports", "LISTEN") + (
+        ("heartbeat and maintenance",) if maintenance == "in-worker" else ()
+    ):
+        # One line when the outage starts, one when it ends: not one per try.
+        assert worker_log.count(f"PostgreSQL ({loop}) unavailable") == 1, worker_log
+        assert worker_log.count(f"PostgreSQL ({loop}) reachable again") == 1, worker_log
+    if maintenance == "reaper":
+        assert logs["reaper"].count("PostgreSQL (maintenance) unavailable") == 1, logs["reaper"]
+        assert logs["reaper"].count("runs the maintenance duties") == 2  # won again
