@@ -95,7 +95,8 @@ def test_a_postgres_restart_is_ridden_out(
             wait_for(
                 lambda: (
                     conn.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%%LISTEN rota_ready'"
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE query LIKE '%%LISTEN rota_ready'"
                     ).fetchone()
                     == (1,)
                 )
