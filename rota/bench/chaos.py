@@ -336,6 +336,9 @@ def _run(
             harness.add("loader", "loader", "run", "--checkpoint", str(harness.workdir / "ckpt"))
             time.sleep(settle_seconds * 2)  # the JVM's start
             fault("kill -9 loader (spark)", "loader", lambda: harness.kill("loader"))
+            time.sleep(settle_seconds)  # the restarted JVM's start
+            fault("postgres -m immediate under the Spark loader", "postgres",
+                  lambda: pg_outage(pg_pause_seconds))  # fmt: skip
     fault_phase_end = time.time()
 
     harness.stop("producer")

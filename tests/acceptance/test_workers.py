@@ -209,3 +209,16 @@ def test_cron_fires_once_per_tick_with_two_schedulers(
     rows = conn.execute("SELECT payload FROM rota.tasks WHERE name = 'every_minute'").fetchall()
     assert len(rows) == ticks
     assert len({row[0]["args"][-1] for row in rows}) == ticks
+
+
+def test_tasks_that_outlive_the_shutdown_grace_are_handed_back_and_the_worker_exits(
+    env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
+) -> None:
+    ids = enqueue(conn, producer, [producer.tasks["sleep"].call(30, tenant="a")])
+    worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "1"})
+    wait_for(lambda: db.run(conn, ops.task_states(ids))[ids[0]].status == "running")
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=15)  # the grace, not the task's 30 s
+    assert worker.returncode == 0
+    state = db.run(conn, ops.task_states(ids))[ids[0]]
+    assert (state.status, state.attempts) == ("pending", 0)  # handed back, no attempt used

@@ -1,0 +1,40 @@
+"""A worker cut off from the database for longer than a lease does not start
+the tasks it had prefetched: their leases have surely run out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from uuid import uuid4
+
+import pytest
+
+from rota import App, Settings
+from rota.consumer.worker import InFlight, StaleClaim, Worker
+from rota.ops import ClaimedTask
+
+
+def _flight(claimed_at: float) -> InFlight:
+    now = datetime.now(UTC)
+    task = ClaimedTask(uuid4(), "t", {"args": [], "kwargs": {}}, "q", "a", 1, 3, now, now)
+    return InFlight(task, timeout=None, claimed_at=claimed_at)
+
+
+def test_a_prefetched_task_is_not_started_once_its_lease_surely_ran_out() -> None:
+    app = App(Settings(lease_seconds=60))
+    ran: list[int] = []
+    task = app.task(name="t")(lambda: ran.append(1))
+    worker = Worker(app, queues=["q"])
+    try:
+        now = worker.last_heartbeat
+        # Claimed and heartbeated recently: runs.
+        worker._run_sync(task, _flight(claimed_at=now))
+        assert ran == [1]
+        # No heartbeat reached the database for over a lease since the claim.
+        worker.last_heartbeat = now - 120
+        with pytest.raises(StaleClaim):
+            worker._run_sync(task, _flight(claimed_at=now - 61))
+        # Claimed after the last heartbeat, within a lease: still its own.
+        worker._run_sync(task, _flight(claimed_at=now))
+        assert ran == [1, 1]
+    finally:
+        worker._pool.shutdown()
