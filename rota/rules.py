@@ -80,31 +80,29 @@ def _shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_queue(name: object) -> str:
-    if type(name) is not str or not _is_valid_name(0, _QUEUE_RE, name, QUEUE_NAME_MAX):
-        raise InvalidName(
-            f"queue name {_shown(name)} is invalid: 1-{QUEUE_NAME_MAX} characters of a-z, 0-9, "
-            "'_', '.', '-', starting with a letter"
-        )
+def _check_name(name: object, kind: int, pattern: re.Pattern[str], max_length: int,
+                what: str, rule: str) -> str:  # fmt: skip
+    if type(name) is not str or not _is_valid_name(kind, pattern, name, max_length):
+        raise InvalidName(f"{what} name {_shown(name)} is invalid: {rule}")
     return name
+
+
+def check_queue(name: object) -> str:
+    rule = f"1-{QUEUE_NAME_MAX} characters of a-z, 0-9, '_', '.', '-', starting with a letter"
+    return _check_name(name, 0, _QUEUE_RE, QUEUE_NAME_MAX, "queue", rule)
 
 
 def check_tenant(name: object) -> str:
-    if type(name) is not str or not _is_valid_name(1, _TENANT_RE, name, TENANT_NAME_MAX):
-        raise InvalidName(
-            f"tenant name {_shown(name)} is invalid: 1-{TENANT_NAME_MAX} characters of letters, "
-            "digits, '_', '.', ':', '@', '-', starting with a letter or digit"
-        )
-    return name
+    rule = (
+        f"1-{TENANT_NAME_MAX} characters of letters, digits, '_', '.', ':', '@', '-', "
+        "starting with a letter or digit"
+    )
+    return _check_name(name, 1, _TENANT_RE, TENANT_NAME_MAX, "tenant", rule)
 
 
 def check_task_name(name: object) -> str:
-    if type(name) is not str or not _is_valid_name(2, _TASK_RE, name, TASK_NAME_MAX):
-        raise InvalidName(
-            f"task name {_shown(name)} is invalid: a dotted Python-style name of at most "
-            f"{TASK_NAME_MAX} characters"
-        )
-    return name
+    rule = f"a dotted Python-style name of at most {TASK_NAME_MAX} characters"
+    return _check_name(name, 2, _TASK_RE, TASK_NAME_MAX, "task", rule)
 
 
 def check_idempotency_key(key: object) -> str:
