@@ -30,6 +30,7 @@ from typing import Any
 
 import psycopg
 import redis
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
@@ -331,7 +332,10 @@ def _await(running: Any, should_stop: Callable[[], bool]) -> None:
     finish (interrupting a Python foreachBatch mid-way makes Spark log a storm
     of errors) and stops the query."""
     while running.isActive and not should_stop():
-        running.awaitTermination(1)
+        try:
+            running.awaitTermination(1)
+        except StreamingQueryException:
+            break  # the caller reads running.exception()
     for _ in range(600):
         if not (running.isActive and running.status["isTriggerActive"]):
             break
