@@ -301,7 +301,8 @@ def _run(
     def fault(name: str, cause: str, act: Any) -> None:
         nonlocal always_up
         started = time.time()
-        act()
+        if faults_enabled:
+            act()  # else the same schedule without the fault, as a reference
         faults.append(Fault(name, started, time.time(), cause))
         time.sleep(settle_seconds)
         always_up = always_up and all(harness.alive().values())
@@ -321,24 +322,23 @@ def _run(
         leader = harness.leader()
         harness.kill(leader or "worker1")
 
-    if faults_enabled:
-        fault("kill -9 loader (python)", "loader", lambda: harness.kill("loader"))
-        fault("kill -9 worker mid-task", "worker", lambda: harness.kill("worker2"))
-        fault("kill -9 producer mid-burst", "producer", lambda: harness.kill("producer"))
-        fault("kill -9 maintenance leader", "worker", kill_leader)
-        fault("redis kill -9, restart from AOF", "redis", redis_crash)
-        fault(f"postgres -m immediate, back after {pg_pause_seconds:g} s", "postgres",
+    fault("kill -9 loader (python)", "loader", lambda: harness.kill("loader"))
+    fault("kill -9 worker mid-task", "worker", lambda: harness.kill("worker2"))
+    fault("kill -9 producer mid-burst", "producer", lambda: harness.kill("producer"))
+    fault("kill -9 maintenance leader", "worker", kill_leader)
+    fault("redis kill -9, restart from AOF", "redis", redis_crash)
+    fault(f"postgres -m immediate, back after {pg_pause_seconds:g} s", "postgres",
+          lambda: pg_outage(pg_pause_seconds))  # fmt: skip
+    fault("postgres unreachable past a lease", "postgres",
+          lambda: pg_outage(LEASE_SECONDS + 3))  # fmt: skip
+    if spark:
+        harness.stop("loader")
+        harness.add("loader", "loader", "run", "--checkpoint", str(harness.workdir / "ckpt"))
+        time.sleep(settle_seconds * 2)  # the JVM's start
+        fault("kill -9 loader (spark)", "loader", lambda: harness.kill("loader"))
+        time.sleep(settle_seconds)  # the restarted JVM's start
+        fault("postgres -m immediate under the Spark loader", "postgres",
               lambda: pg_outage(pg_pause_seconds))  # fmt: skip
-        fault("postgres unreachable past a lease", "postgres",
-              lambda: pg_outage(LEASE_SECONDS + 3))  # fmt: skip
-        if spark:
-            harness.stop("loader")
-            harness.add("loader", "loader", "run", "--checkpoint", str(harness.workdir / "ckpt"))
-            time.sleep(settle_seconds * 2)  # the JVM's start
-            fault("kill -9 loader (spark)", "loader", lambda: harness.kill("loader"))
-            time.sleep(settle_seconds)  # the restarted JVM's start
-            fault("postgres -m immediate under the Spark loader", "postgres",
-                  lambda: pg_outage(pg_pause_seconds))  # fmt: skip
     fault_phase_end = time.time()
 
     harness.stop("producer")

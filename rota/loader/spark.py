@@ -228,7 +228,10 @@ class BatchSink:
             entries: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
             loaded: list[tuple[str, list[TaskEnvelope]]] = []
             waiting = 0
+            last: dict[str, str] = {}  # each shard's last entry in this batch
             for stream, entry_id, data, error in frame.toLocalIterator(prefetchPartitions=True):
+                if stream not in last or _id_key(entry_id) > _id_key(last[stream]):
+                    last[stream] = entry_id
                 if error is not None:
                     dead.append((stream, entry_id, Rejected(data.encode(), error)))
                     continue
@@ -248,6 +251,12 @@ class BatchSink:
                 pipe = self._buffer().pipeline(transaction=False)
                 add_dead_letters(pipe, self.settings.stream_prefix, dead)
                 pipe.execute()
+        # Durable now: trimmed here, not only by the source's commit, which
+        # Spark calls when the next batch starts (with an idle buffer, never).
+        pipe = self._buffer().pipeline(transaction=False)
+        for stream, entry_id in last.items():
+            pipe.xtrim(stream, minid=_after(entry_id), approximate=False)
+        pipe.execute()
         subtract_backlogs(self._buffer(), loaded)
         if time.monotonic() - self._trimmed_at >= self.settings.retention_seconds:
             self._trimmed_at = time.monotonic()
