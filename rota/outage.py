@@ -24,9 +24,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-# The first retry comes after about BASE seconds; waits double up to CAP.
+# The first retry comes after about BASE seconds; waits double up to CAP,
+# which bounds how long a loop may sleep on after its server is back.
 BASE_SECONDS = 0.1
-CAP_SECONDS = 5.0
+CAP_SECONDS = 2.0
 
 
 class Outage:
