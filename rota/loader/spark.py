@@ -185,9 +185,15 @@ class BufferStreamReader(DataSourceStreamReader):
 class BatchSink:
     """foreachBatch: load a micro-batch exactly once (ledger in the same transaction)."""
 
-    def __init__(self, settings: Settings, query_key: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        query_key: str,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.settings = settings
         self.query_key = query_key
+        self.should_stop = should_stop
         self._conn: psycopg.Connection[Any] | None = None
         self._redis: redis.Redis | None = None
         self.loaded = 0
@@ -197,14 +203,25 @@ class BatchSink:
         self._trimmed_at = float("-inf")  # the dead-letter stream's retention
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        try:
-            self._load_batch(frame, batch_id)
-        except Exception:
-            # Whatever failed, the next attempt (Spark replays the batch after
-            # the query restarts) starts from fresh connections.
-            self.close()
-            raise
-        self.outage.recovered()
+        """Loads the batch; through an outage of either server, tries again
+        in place (the query goes on, the ledger keeps it exactly once) until
+        it loads or the loader is stopped."""
+        while True:
+            try:
+                self._load_batch(frame, batch_id)
+            except (psycopg.OperationalError, redis.ConnectionError, redis.TimeoutError) as exc:
+                self.close()
+                if self.should_stop():
+                    raise
+                deadline = time.monotonic() + self.outage.failed(exc)
+                while time.monotonic() < deadline and not self.should_stop():
+                    time.sleep(0.05)
+                continue
+            except Exception:
+                self.close()  # whatever failed, the next attempt starts afresh
+                raise
+            self.outage.recovered()
+            return
 
     def _load_batch(self, frame: DataFrame, batch_id: int) -> None:
         if self._conn is None or self._conn.closed:
@@ -368,7 +385,7 @@ def run_streaming(
     until what is in the buffer now is loaded). Returns the sink's counters."""
     spark = session or spark_session(master)
     checkpoint_path = checkpoint_location(checkpoint)
-    sink = BatchSink(settings, query_key=checkpoint_path)
+    sink = BatchSink(settings, query_key=checkpoint_path, should_stop=should_stop)
     writer = (
         buffer_stream(spark, settings, max_entries)
         .writeStream.foreachBatch(sink)
