@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the PostgreSQL (15+) and Redis (6.2+) server packages when missing,
 # and PgBouncer (the tests check that rota runs behind it).
-# The servers themselves are started per test session / demo by infra/devservers.py,
+# The servers themselves are started per test session / demo by rota/devservers.py,
 # on free loopback ports in a temporary directory; nothing runs as a system service.
 set -euo pipefail
 

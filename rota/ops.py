@@ -184,7 +184,7 @@ def task_rows(
 
 def make_ready(tasks: Sequence[ReadyRow]) -> Op[None]:
     """Gives tasks (in arrival order) their fair places in line and makes them
-    claimable: start-time fair queueing (design.md). Each tenant's next task in
+    claimable: start-time fair queueing (docs/architecture.md). Each tenant's next task in
     a queue starts at S = max(V, F), the queue's virtual clock or the tenant's
     finish tag, and moves F on by cost / weight. The queues stay locked until
     the transaction ends, so loaders and schedulers of a queue take turns."""

@@ -1,5 +1,5 @@
 -- Named statements of rota's Python layer. Each block starts with `-- name: NAME`;
--- rota.sql.QUERIES maps names to text, and a test checks every name used exists.
+-- rota.sql.queries() maps names to text, and a test checks every name used exists.
 -- Array parameters are sent in binary (`%(name)b`): psycopg's text form quotes
 -- each element, which cost a worker about 0.3 ms per 100-task completion.
 

@@ -7,7 +7,7 @@
 --   running    claimed tasks with their lease and attempt token (fencing);
 --   scheduled  tasks waiting for an ETA or a retry backoff; they get their fair
 --              position when they fall due.
--- Fairness is decided at insert time (start-time fair queueing, see design.md):
+-- Fairness is decided at insert time (start-time fair queueing, docs/architecture.md):
 -- a claim is a plain index scan of ready in (vtime, tenant slot, arrival) order.
 
 CREATE SCHEMA IF NOT EXISTS rota;
@@ -222,7 +222,8 @@ $$;
 CREATE FUNCTION rota.name_ids(p_queues text[], p_tenants text[],
                               OUT queue_ids integer[], OUT tenant_ids integer[])
 LANGUAGE plpgsql
--- Index probes whatever the statistics say (migration 0008 tells why).
+-- Index probes whatever the statistics say: planned on a small table, a
+-- generic plan would keep scanning it whole once it grows.
 SET enable_seqscan = off
 AS $$
 BEGIN
