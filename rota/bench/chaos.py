@@ -36,7 +36,7 @@ import psycopg
 import redis
 
 from rota import Settings, db, ops
-from rota.buffer import all_streams
+from rota.buffer import all_streams, dead_letter_stream
 from rota.devservers import Server, local_postgres, local_redis
 from rota.migrate import migrate
 
@@ -190,11 +190,12 @@ def _wait(check: Any, timeout: float, poll: float = 0.5) -> bool:
 
 
 def _left(settings: Settings) -> dict[str, int]:
+    """What is still waiting, dead, or dead-lettered (nothing was meant to be)."""
     client = redis.Redis.from_url(settings.redis_url)
     try:
-        buffered = sum(
-            int(client.xlen(s)) for s in all_streams(settings.stream_prefix, settings.shards)
-        )
+        streams = all_streams(settings.stream_prefix, settings.shards)
+        buffered = sum(int(client.xlen(stream)) for stream in streams)
+        dead_letters = int(client.xlen(dead_letter_stream(settings.stream_prefix)))
     finally:
         client.close()
     with db.connect(settings.database_url) as conn:
@@ -202,7 +203,7 @@ def _left(settings: Settings) -> dict[str, int]:
         (dead,) = conn.execute(
             "SELECT count(*) FROM rota.tasks WHERE status = 'dead'"
         ).fetchone() or (0,)
-    return {"buffer": buffered, **counts, "dead": int(dead)}
+    return {"buffer": buffered, **counts, "dead": int(dead), "dead_letters": dead_letters}
 
 
 def _max_concurrent(intervals: list[tuple[float, float]]) -> int:

@@ -109,6 +109,8 @@ class Loader:
         self._groups_ready = False
         self._reset = self.redis.register_script(RESET_BACKLOG_IF_EMPTY)
         self._trimmed_at = float("-inf")  # the dead-letter stream's retention
+        # (entries, exhausted entries) read by a pass that did not finish.
+        self._held: tuple[list[Entry], list[Entry]] | None = None
         # Until the first entries are seen, assume packed ones: a first pass
         # that reads too little costs one round trip; one that reads too much
         # leaves the other loaders idle.
@@ -187,6 +189,15 @@ class Loader:
                     usable.append(entry)
         return usable, exhausted
 
+    def _keep_pending(self, entries: list[Entry]) -> None:
+        by_stream: dict[str, list[Any]] = {}
+        for stream, entry_id, _ in entries:
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            self.redis.xclaim(
+                stream, self.settings.loader_group, self.consumer, 0, ids, justid=True
+            )
+
     def _read_count(self) -> int:
         """Entries to read per shard: about one batch of tasks in all, whether
         entries carry one task (single enqueues) or hundreds (enqueue_many), so
@@ -213,10 +224,19 @@ class Loader:
         """Reads what is there (waiting up to `block_ms` for new entries) and loads it."""
         self.ensure_groups()
         result = PassResult()
-        reclaimed, exhausted = self._reclaim()
-        result.reclaimed = len(reclaimed) + len(exhausted)
-        fresh = self._read_new(block_ms if not reclaimed and not exhausted else None)
-        entries = reclaimed + fresh
+        if self._held is not None:
+            # What a pass read but could not finish (an outage of either
+            # server): this loader loads it again. XCLAIM JUSTID resets its
+            # idle time without counting a delivery, so that no outage, however
+            # long, uses up the entries' deliveries (ROTA_LOADER_MAX_DELIVERIES).
+            entries, exhausted = self._held
+            self._keep_pending([*entries, *exhausted])
+        else:
+            reclaimed, exhausted = self._reclaim()
+            result.reclaimed = len(reclaimed) + len(exhausted)
+            fresh = self._read_new(block_ms if not reclaimed and not exhausted else None)
+            entries = reclaimed + fresh
+            self._held = (entries, exhausted)
         result.entries = len(entries) + len(exhausted)
 
         dead: list[tuple[Entry, Rejected]] = [
@@ -247,6 +267,7 @@ class Loader:
         dead.extend(refused)
         result.dead_lettered = len(dead)
         self._finish(entries + exhausted, dead, decoded)
+        self._held = None
         if not result.entries:
             self._reset_backlogs()
         if time.monotonic() - self._trimmed_at >= self.settings.retention_seconds:

@@ -96,6 +96,7 @@ ACLS = {
         "+xgroup|create",
         "+xreadgroup",
         "+xautoclaim",
+        "+xclaim",
         "+xpending",
         "+xack",
         "+xdel",

@@ -1,0 +1,60 @@
+"""A loader that rides out a PostgreSQL outage loads what it had read: the
+outage never uses up the entries' deliveries (they would be dead-lettered)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import redis
+
+from rota import App, Settings, db, ops
+from rota.buffer import dead_letter_stream
+from rota.devservers import Server, local_postgres
+from rota.loader import Loader
+from rota.migrate import migrate
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Server]:
+    with local_postgres() as server:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            migrate(conn)
+        yield server
+
+
+def test_an_outage_longer_than_every_delivery_loses_nothing(
+    own_postgres: Server, redis_url: str
+) -> None:
+    settings = Settings(
+        database_url=own_postgres.url,
+        redis_url=redis_url,
+        loader_idle_reclaim_seconds=0.2,
+        loader_max_deliveries=2,
+        database_timeout_seconds=1,
+    )
+    app = App(settings)
+    ids = app.enqueue_many([app.call("x.y", queue="q", tenant=f"t{i}") for i in range(30)])
+    app.close()
+    loader = Loader(settings)
+    try:
+        own_postgres.stop_immediately()
+        failures = 0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # several reclaim periods, each pass failing
+            with pytest.raises(psycopg.OperationalError):
+                loader.pass_once()
+            loader._after_failure()
+            failures += 1
+            time.sleep(0.3)  # past the reclaim's idle time: the mechanism under test
+        assert failures > settings.loader_max_deliveries
+        own_postgres.start_again()
+        summary = loader.drain()
+    finally:
+        loader.close()
+    assert summary.drained and summary.loaded == 30 and summary.dead_lettered == 0
+    assert redis.Redis.from_url(redis_url).xlen(dead_letter_stream(settings.stream_prefix)) == 0
+    with psycopg.connect(own_postgres.url, autocommit=True) as conn:
+        assert len(db.run(conn, ops.task_states(ids))) == 30
