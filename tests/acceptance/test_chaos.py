@@ -25,6 +25,7 @@ def test_every_acknowledged_task_runs_through_every_fault() -> None:
         "running": 0,
         "scheduled": 0,
         "dead": 0,
+        "dead_letters": 0,
     }
     assert report["maintenance_leader_overlaps"] == 0
     assert report["processes_stayed_up"], report
