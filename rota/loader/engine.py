@@ -133,10 +133,20 @@ class Loader:
             self._conn.close()
         self._conn = None
 
-    def _after_failure(self) -> None:
+    def _after_failure(self, error: BaseException) -> None:
         """The next pass connects anew (the old connection closed, not leaked)
         and checks the consumer groups (a Redis restarted without its data
-        has none)."""
+        has none). Entries in hand are kept for the next pass only when a
+        server was lost: an error of theirs (a statement timeout, say) must
+        use up their deliveries and end in the dead-letter stream."""
+        lost = (
+            isinstance(error, redis.ConnectionError | redis.TimeoutError)
+            or self._conn is None
+            or self._conn.closed
+            or self._conn.broken
+        )
+        if not lost:
+            self._held = None
         self._drop_connection()
         self._groups_ready = False
 
@@ -374,7 +384,7 @@ class Loader:
             try:
                 result = self.pass_once()
             except LOADER_OUTAGES as exc:
-                self._after_failure()
+                self._after_failure(exc)
                 delay = outage.failed(exc)
                 # Within a time budget an outage is waited out; without
                 # one (or past it) the drain fails, for cron to retry.
@@ -401,7 +411,7 @@ class Loader:
             try:
                 summary.add(self.pass_once(block_ms=block_ms))
             except LOADER_OUTAGES as exc:
-                self._after_failure()
+                self._after_failure(exc)
                 delay = outage.failed(exc)
                 deadline = time.monotonic() + delay
                 while not should_stop() and time.monotonic() < deadline:

@@ -247,7 +247,7 @@ class ProducerCore:
         if backlogs and self.breaker.state is BreakerState.CLOSED:
             try:
                 buffered = yield ReadBufferBacklogs([backlog_key(s) for s in self.streams])
-            except redis.RedisError as exc:  # counted from PostgreSQL alone meanwhile
+            except (redis.RedisError, OSError) as exc:  # PostgreSQL's count alone meanwhile
                 log.warning("could not read the buffer's backlog counts: %s", exc)
         self.capacity.refresh(backlogs, buffered)
 
