@@ -79,6 +79,15 @@ def test_a_postgres_restart_is_ridden_out(
         with psycopg.connect(url, autocommit=True) as conn:
             before = app.enqueue_many([sleep.call(0, tenant="a")] * 5, connection=conn)
         wait_for(lambda: _states(url, before) == {"succeeded"})
+        with psycopg.connect(url, autocommit=True) as conn:  # maintenance has a leader
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                    ).fetchone()
+                    == (1,)
+                )
+            )
 
         own_postgres.stop_immediately()  # pg_ctl -m immediate
         time.sleep(3)  # the outage: longer than the worker-dead timeout
