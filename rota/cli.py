@@ -272,10 +272,10 @@ def tenant(
 ) -> None:
     """Create or change a tenant (options not given are cleared)."""
     from rota import db, ops
-    from rota.rules import check_tenant, check_tenant_settings
 
-    check_tenant(name)  # before connecting: bad input is told as such
-    check_tenant_settings(
+    # Checked here, before connecting: bad input is told as such.
+    configure = ops.configure_tenant(
+        name,
         weight=weight,
         concurrency_limit=concurrency_limit,
         rate_limit=rate_limit,
@@ -283,17 +283,7 @@ def tenant(
         capacity=capacity,
     )
     with db.connect(_settings(database_url).database_url) as conn:
-        slot = db.transact(
-            conn,
-            ops.configure_tenant(
-                name,
-                weight=weight,
-                concurrency_limit=concurrency_limit,
-                rate_limit=rate_limit,
-                rate_burst=rate_burst,
-                capacity=capacity,
-            ),
-        )
+        slot = db.transact(conn, configure)
     typer.echo(
         json.dumps(
             {

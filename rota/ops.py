@@ -338,7 +338,8 @@ def configure_tenant(
     rate_burst: float | None = None,
     capacity: int | None = None,
 ) -> Op[int]:
-    """Creates or changes a tenant; returns its slot (id)."""
+    """Creates or changes a tenant; returns its slot (id). The name and
+    settings are checked when this is called, before any connection is used."""
     check_tenant(name)
     check_tenant_settings(
         weight=weight,
@@ -347,8 +348,7 @@ def configure_tenant(
         rate_burst=rate_burst,
         capacity=capacity,
     )
-    rows = yield Execute(
-        query("configure_tenant"),
+    return _configure_tenant(
         {
             "name": name,
             "weight": weight,
@@ -356,8 +356,12 @@ def configure_tenant(
             "rate_limit": rate_limit,
             "rate_burst": rate_burst,
             "capacity": capacity,
-        },
+        }
     )
+
+
+def _configure_tenant(params: dict[str, Any]) -> Op[int]:
+    rows = yield Execute(query("configure_tenant"), params)
     return int(rows[0][0])
 
 
