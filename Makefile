@@ -19,8 +19,8 @@ servers:
 	bash infra/install-servers.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rota tests
-	$(VENV)/bin/ruff format --check rota tests
+	$(VENV)/bin/ruff check rota rota_tools tests
+	$(VENV)/bin/ruff format --check rota rota_tools tests
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

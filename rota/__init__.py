@@ -1,6 +1,7 @@
 """rota: a fair, multi-tenant task queue for Python."""
 
 from rota import db, ops
+from rota.app import App, Task, TaskCall
 from rota.errors import (
     CapacityExceeded,
     EnqueueError,
@@ -13,7 +14,6 @@ from rota.errors import (
     UnknownTask,
     ValidationError,
 )
-from rota.producer import App, Task, TaskCall
 from rota.settings import Settings
 
 __version__ = "0.1.0"

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import redis
 
-from rota.envelope import TaskBatch, parse_batch
+from rota.entries import TaskBatch, parse_batch
 from rota.errors import ValidationError
 
 ENTRY_VERSION = b"2"

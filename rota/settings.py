@@ -27,14 +27,15 @@ class Settings(BaseSettings):
 
     # Producer
     stream_prefix: str = "rota:buffer"
-    # One Spark partition per shard: on local[2], more shards than cores only
-    # add per-batch overhead (enqueue -> claimable p50 0.65 s with 2, 1.4 s with
-    # 8). Raise it to spread over a Redis Cluster or a Spark cluster.
+    # One Spark partition per shard: more shards than cores only add
+    # per-batch overhead (docs/benchmarks.md). Raise it with the cores.
     shards: int = Field(default=2, ge=1, le=1024)
     max_payload_bytes: int = Field(default=256 * 1024, ge=64)
     # Entries a shard may hold; past it, enqueues go to the PostgreSQL
     # fallback, so that one tenant cannot fill Redis for everyone.
     buffer_max_entries: int = Field(default=1_000_000, ge=1)
+    # The producer's Redis socket timeout: short, so that an outage falls
+    # back to PostgreSQL quickly.
     redis_timeout_seconds: float = Field(default=0.5, gt=0)
     redis_retries: int = Field(default=2, ge=0)
     breaker_failures: int = Field(default=3, ge=1)
@@ -50,17 +51,17 @@ class Settings(BaseSettings):
 
     # Loader
     loader_group: str = "rota-loader"
-    # Tasks per load transaction: 20k loaded ~14% faster than 10k (2 loaders,
-    # alternating runs), 40k slower again (loads of a queue take turns on its lock).
+    # Tasks per load transaction: loads of a queue take turns on its lock, so
+    # bigger is not always faster (docs/benchmarks.md).
     loader_batch_size: int = Field(default=20_000, ge=1)
     # Tasks per load inside a Spark micro-batch: one loader in one transaction
     # shares no queue lock, so a larger load only saves per-load work (each
-    # load looks up and saves every tenant it holds). Alternating sets: 50k
-    # against 20k 58.5k and 61.8k against 56.0k and 55.3k tasks/s; 100k
-    # against 50k 51.3k and 59.7k against 48.6k and 49.3k.
+    # load looks up and saves every tenant it holds).
     spark_load_size: int = Field(default=100_000, ge=1)
     loader_read_count: int = Field(default=100, ge=1)  # entries read per shard per pass
     loader_idle_reclaim_seconds: float = Field(default=60.0, gt=0)
+    # The loaders' Redis socket timeout: longer than their blocking reads.
+    loader_redis_timeout_seconds: float = Field(default=30.0, gt=0)
     loader_max_deliveries: int = Field(default=5, ge=1)
 
     # Consumer

@@ -1,7 +1,7 @@
 """Real servers for the integration and acceptance tiers.
 
 One PostgreSQL and one Redis per test session, started from the machine's own
-binaries on free loopback ports (rota/devservers.py). Each test that asks for
+binaries on free loopback ports (rota_tools/devservers.py). Each test that asks for
 `database_url` gets a fresh database cloned from a migrated template.
 """
 
@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from rota import App, Settings
-from rota.devservers import Server, local_postgres, local_redis
+from rota_tools.devservers import Server, local_postgres, local_redis
 from rota.migrate import migrate
 
 _counter = itertools.count()

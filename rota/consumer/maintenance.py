@@ -20,9 +20,9 @@ import psycopg
 from croniter import croniter
 
 from rota import db, ops
+from rota.app import App
 from rota.envelope import make_envelope, task_id_for_key
 from rota.outage import Outage
-from rota.producer.app import App
 from rota.settings import Settings
 
 log = logging.getLogger("rota.maintenance")

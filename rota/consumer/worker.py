@@ -14,83 +14,53 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
 import functools
 import logging
 import os
 import queue
 import random
 import socket
-import subprocess
-import sys
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 
 from rota import db, ops
+from rota.app import App, Task
 from rota.consumer.maintenance import Leadership, Maintenance
-from rota.errors import Retry, ValidationError
+from rota.consumer.reports import (
+    UnknownTaskPolicy,
+    Unreported,
+    report,
+    unreadable_claim,
+)
+from rota.consumer.running import (
+    InFlight,
+    Outcome,
+    StaleClaim,
+    TaskAborted,
+    TaskTimeout,
+    current_task,
+    listen,
+    sort_outcome,
+)
 from rota.outage import Outage, retrying
-from rota.producer.app import App, Task
-from rota.rules import check_delay
-from rota.settings import Settings
-from rota.sql import query
 
 log = logging.getLogger("rota.worker")
 
-current_task: contextvars.ContextVar[ops.ClaimedTask] = contextvars.ContextVar("rota_task")
-
-
-class TaskTimeout(Exception):
-    pass
-
-
-@dataclass
-class InFlight:
-    task: ops.ClaimedTask
-    timeout: float | None
-    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
-    claimed_at: float = 0.0
-    started_at: float | None = None  # set when it really starts (not when prefetched)
-    timed_out: bool = False
-
-    def begin(self) -> None:
-        self.started_at = time.monotonic()
-
-
-@dataclass
-class Outcome:
-    task: ops.ClaimedTask
-    error: BaseException | None  # None: success
-
-
-class StaleClaim(Exception):
-    """A prefetched task whose lease ran out while the database was out of
-    reach: not started (another worker may hold it now); handed back."""
-
-
-class TaskAborted(Exception):
-    """An async task raised SystemExit or KeyboardInterrupt: it fails like any
-    error instead of stopping the worker's event loop."""
-
-
-def describe(error: BaseException) -> str:
-    """An exception as one stored line; never raises, whatever its __str__ does."""
-    try:
-        text = "".join(traceback.format_exception_only(error)).strip()
-    except Exception:
-        text = f"{type(error).__name__} (its message could not be read)"
-    return text[:4000]
-
-
-Item = TypeVar("Item")
+# Busy: how long finished tasks may gather, so that completing and claiming
+# stay batches rather than a round trip per task.
+GATHER_SECONDS = 0.005
+# Caught up: the poll interval is jittered by this factor, so that a fleet
+# does not poll in step.
+POLL_JITTER = (0.5, 1.5)
+# Shutting down: how often finished tasks are collected within the grace.
+SHUTDOWN_CHECK_SECONDS = 0.05
+# PostgreSQL keeps this much of an application_name (NAMEDATALEN - 1).
+APPLICATION_NAME_MAX = 63
 
 # What makes a loop reconnect: the connection is lost or cannot be made.
 RECONNECT_ERRORS = (psycopg.OperationalError,)
@@ -119,13 +89,10 @@ class Worker:
         self.in_flight: dict[uuid.UUID, InFlight] = {}
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.processed = 0
-        # Outcomes taken off `outcomes` but not yet reported. They stay here
-        # until a report succeeds, so a lost connection keeps them for after
-        # reconnecting (fencing refuses any whose lease went elsewhere meanwhile).
-        self.unreported_done: list[tuple[uuid.UUID, int]] = []
-        self.unreported_failed: list[ops.Failure] = []
-        self.unknown: list[tuple[uuid.UUID, int]] = []  # names this app does not know
-        self.stale: list[tuple[uuid.UUID, int]] = []  # StaleClaim: to hand back
+        self.unreported = Unreported()  # taken off `outcomes`, not yet stored
+        self.unknown_tasks = UnknownTaskPolicy(
+            self.settings.unknown_task_retry_seconds, self.settings.unknown_task_grace_seconds
+        )
         # After a claim that could not be read: claims of one task, this many
         # times, to find the task that caused it.
         self.narrowing = 0
@@ -163,7 +130,9 @@ class Worker:
         )
         self._loop_thread.start()
         helpers = [
-            threading.Thread(target=self._listen, args=(queues,), daemon=True),
+            threading.Thread(
+                target=listen, args=(self.settings, queues, self.wake, self.stopping), daemon=True
+            ),
             threading.Thread(target=self._heartbeat, daemon=True),
         ]
         for helper in helpers:
@@ -213,9 +182,7 @@ class Worker:
         free = self.concurrency + self.batch_size - len(self.in_flight)
         wanted = min(self.batch_size, free)
         if self.in_flight and wanted < max(1, self.batch_size // 2):
-            # Busy: let finished tasks gather, so that completing and claiming
-            # stay batches rather than a round trip per task.
-            self.wake.wait(0.005)
+            self.wake.wait(GATHER_SECONDS)
             self.wake.clear()
             return
         if self.narrowing:
@@ -225,7 +192,7 @@ class Worker:
         except psycopg.OperationalError:
             raise
         except Exception as exc:
-            self._unreadable_claim(conn, exc)
+            self.narrowing = db.run(conn, unreadable_claim(self.id, self.in_flight, exc))
             return
         if self.narrowing:
             self.narrowing -= 1
@@ -233,29 +200,8 @@ class Worker:
             self._start(task)
         if len(claimed) < wanted:
             # Caught up: wait for a NOTIFY, a finished task, or the poll.
-            self.wake.wait(self.settings.poll_seconds * random.uniform(0.5, 1.5))
+            self.wake.wait(self.settings.poll_seconds * random.uniform(*POLL_JITTER))
             self.wake.clear()
-
-    def _unreadable_claim(self, conn: psycopg.Connection[Any], error: Exception) -> None:
-        """A claim committed but its rows could not be read (a row the rules of
-        today would refuse, stored before them). The tasks it took are found
-        by this worker's claims: one alone is the culprit and is dead with the
-        reason; several are handed back (no attempt used) and claimed one at a
-        time until the culprit is alone."""
-        held = {task_id for task_id in self.in_flight}
-        taken = [t for t in db.run(conn, ops.worker_claims(self.id)) if t[0] not in held]
-        if len(taken) == 1:
-            reason = f"claimed, but could not be read: {describe(error)}"
-            log.error("task %s: %s", taken[0][0], reason)
-            db.run(conn, ops.fail([ops.Failure(*taken[0], reason, final=True)]))
-        elif taken:
-            log.warning(
-                "a claim of %d task(s) could not be read (%s); claiming one at a time",
-                len(taken),
-                describe(error),
-            )
-            db.run(conn, ops.release(taken))
-            self.narrowing = len(taken)
 
     def _queues(self) -> list[str]:
         """--queues, else the queues its app's tasks declare (never other
@@ -286,7 +232,7 @@ class Worker:
         for task_id, _ in unstarted:
             self.in_flight.pop(task_id, None)
         while self.in_flight and time.monotonic() < deadline:
-            self.wake.wait(0.05)
+            self.wake.wait(SHUTDOWN_CHECK_SECONDS)
             self.wake.clear()
             self._collect_outcomes()
         stuck = [f.task.token for f in list(self.in_flight.values())]
@@ -321,7 +267,7 @@ class Worker:
     def _start(self, task: ops.ClaimedTask) -> None:
         registered = self.app.tasks.get(task.name)
         if registered is None:
-            self.unknown.append(task.token)
+            self.unreported.unknown.append(task.token)
             return
         flight = InFlight(task, timeout=registered.options.timeout, claimed_at=time.monotonic())
         if registered.is_async:
@@ -385,46 +331,11 @@ class Worker:
                 self.outcomes.put(Outcome(flight.task, timeout))
 
     def _report(self, conn: psycopg.Connection[Any]) -> None:
-        """Reports what finished since the last call (and what a lost
-        connection kept from being reported): completions, failures and
-        unknown tasks, a statement each."""
+        """Reports what finished since the last call, and what a lost
+        connection kept from being reported."""
         self._collect_outcomes()
-        if self.unreported_done:
-            completed = self._send(conn, self.unreported_done, ops.complete, lambda token: token)
-            refused = len(self.unreported_done) - len(completed)
-            if refused:
-                log.warning(
-                    "%d completion(s) refused: lease lost, or reported before the "
-                    "connection was lost",
-                    refused,
-                )
-            self.processed += len(self.unreported_done)
-            self.unreported_done = []
-        if self.unreported_failed:
-            self._send(conn, self.unreported_failed, ops.fail, lambda f: (f.task_id, f.attempt))
-            self.processed += len(self.unreported_failed)
-            self.unreported_failed = []
-        if self.stale:
-            self._send(conn, self.stale, ops.release, lambda token: token)
-            self.stale = []
-        if self.unknown:
-            settings = self.settings
-            reason = (
-                "unknown task: no worker whose app registers this name ran it within "
-                f"ROTA_UNKNOWN_TASK_GRACE_SECONDS ({settings.unknown_task_grace_seconds:g} s)"
-            )
-            self._send(
-                conn,
-                self.unknown,
-                lambda tokens: ops.defer_unknown(
-                    tokens,
-                    settings.unknown_task_retry_seconds,
-                    settings.unknown_task_grace_seconds,
-                    reason,
-                ),
-                lambda token: token,
-            )
-            self.unknown = []
+        if self.unreported:
+            self.processed += db.run(conn, report(self.unreported, self.unknown_tasks))
 
     def _collect_outcomes(self) -> None:
         while True:
@@ -432,100 +343,11 @@ class Worker:
                 outcome = self.outcomes.get_nowait()
             except queue.Empty:
                 return
-            if self.in_flight.pop(outcome.task.id, None) is None:
-                continue  # already reported (a timeout, then the late result)
-            task, error = outcome.task, outcome.error
-            if isinstance(error, StaleClaim):
-                log.warning(
-                    "not starting task %s: its lease ran out while the database was out "
-                    "of reach; handing it back",
-                    task.id,
-                )
-                self.stale.append(task.token)
-            elif error is None:
-                self.unreported_done.append(task.token)
-            elif isinstance(error, Retry):
-                self.unreported_failed.append(_retry_failure(task, error))
-            else:
-                log.warning(
-                    "task %s (%s, tenant %s) failed on attempt %d: %s",
-                    task.id,
-                    task.name,
-                    task.tenant,
-                    task.attempt,
-                    describe(error),
-                )
-                self.unreported_failed.append(ops.Failure(task.id, task.attempt, describe(error)))
-
-    def _send(
-        self,
-        conn: psycopg.Connection[Any],
-        items: list[Item],
-        op: Any,
-        token_of: Any,
-    ) -> Any:
-        """Runs `op(items)`; if the database refuses it for its data (a lost
-        connection is re-raised: an outage), one item at a time, and an item
-        refused alone is failed for good with the reason, so that one task's
-        bad row never holds back the others' reports."""
-        try:
-            return db.run(conn, op(items))
-        except psycopg.OperationalError:
-            raise
-        except Exception as exc:
-            if len(items) == 1:
-                self._bury(conn, token_of(items[0]), exc)
-                return []
-            log.warning("a report of %d tasks was refused (%s); one at a time", len(items), exc)
-        results: list[Any] = []
-        for item in items:
-            try:
-                result = db.run(conn, op([item]))
-            except psycopg.OperationalError:
-                raise
-            except Exception as exc:
-                self._bury(conn, token_of(item), exc)
-            else:
-                if isinstance(result, set | list | dict):
-                    results.extend(result)
-        return results
-
-    def _bury(
-        self, conn: psycopg.Connection[Any], token: tuple[uuid.UUID, int], error: Exception
-    ) -> None:
-        """A task whose report the database refuses: dead, with the reason."""
-        reason = f"its outcome could not be stored: {describe(error)}"
-        log.error("task %s: %s", token[0], reason)
-        try:
-            db.run(conn, ops.fail([ops.Failure(*token, reason, final=True)]))
-        except psycopg.OperationalError:
-            raise
-        except Exception as exc:
-            # Left to its lease: when it expires the task is requeued, and dead
-            # once out of attempts.
-            log.error("task %s could not be marked dead either: %s", token[0], describe(exc))
+            if self.in_flight.pop(outcome.task.id, None) is not None:
+                sort_outcome(outcome, self.unreported)
+            # else: already reported (a timeout, then the late result)
 
     # -- helpers -----------------------------------------------------------------
-
-    def _listen(self, queues: list[str]) -> None:
-        """Wakes the claim loop on NOTIFY; after a lost connection it listens
-        again once reconnected (the loop polls meanwhile)."""
-        wanted = set(queues)
-        outage = Outage("PostgreSQL (LISTEN)", log)
-        while not self.stopping.is_set():
-            try:
-                with db.connect(
-                    self.settings.database_url,
-                    connect_timeout=self.settings.database_timeout_seconds,
-                ) as conn:
-                    conn.execute(query("listen_ready"))
-                    outage.recovered()
-                    while not self.stopping.is_set():
-                        for note in conn.notifies(timeout=1.0):
-                            if note.payload in wanted:
-                                self.wake.set()
-            except RECONNECT_ERRORS as exc:
-                self.stopping.wait(outage.failed(exc))
 
     def _heartbeat(self) -> None:
         """Extends leases and keeps the worker's row alive; runs the
@@ -546,7 +368,7 @@ class Worker:
                         self.settings.database_url,
                         connect_timeout=self.settings.database_timeout_seconds,
                         # Which worker holds the maintenance lock, in pg_stat_activity.
-                        application_name=f"rota-worker:{self.id}"[-63:],
+                        application_name=f"rota-worker:{self.id}"[-APPLICATION_NAME_MAX:],
                     )
                 if time.monotonic() - last_beat >= self.settings.heartbeat_seconds:
                     self._beat(conn)
@@ -585,64 +407,3 @@ class Worker:
         lost = [t for t, _ in tokens if t not in held and t in self.in_flight]
         if lost:
             log.warning("%d lease(s) lost: their results will be refused", len(lost))
-
-
-def _retry_failure(task: ops.ClaimedTask, retry: Retry) -> ops.Failure:
-    """rota.Retry: run again after its countdown, or the task's backoff when
-    it gave none or one out of bounds (said in the stored reason)."""
-    reason = retry.reason if isinstance(retry.reason, str) else describe(retry)
-    retry_at = None
-    if retry.countdown is not None:
-        try:
-            seconds = check_delay("Retry countdown", retry.countdown)
-        except ValidationError as exc:
-            reason = f"{reason} ({exc}; retried after the task's backoff instead)"
-        else:
-            retry_at = datetime.now(UTC) + timedelta(seconds=seconds)
-    return ops.Failure(task.id, task.attempt, reason[:4000], retry_at)
-
-
-def spawn_workers(
-    app_spec: str,
-    queues: Sequence[str],
-    count: int,
-    settings: Settings,
-    *,
-    concurrency: int = 8,
-    batch_size: int = 10,
-    poll_seconds: float = 1.0,
-) -> list[subprocess.Popen[bytes]]:
-    """Starts `count` `rota worker` processes against `settings`' servers (for the
-    demo and the benchmarks; in production, run `rota worker` under your supervisor)."""
-    env = {
-        **os.environ,
-        "ROTA_DATABASE_URL": settings.database_url,
-        "ROTA_REDIS_URL": settings.redis_url,
-        "ROTA_POLL_SECONDS": str(poll_seconds),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "rota",
-        "worker",
-        "--app",
-        app_spec,
-        "--queues",
-        ",".join(queues),
-        "--concurrency",
-        str(concurrency),
-        "--batch-size",
-        str(batch_size),
-    ]
-    return [
-        subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(count)
-    ]
-
-
-def stop_workers(workers: Sequence[subprocess.Popen[bytes]], timeout: float = 60) -> None:
-    """SIGTERM (graceful), then wait for each."""
-    for process in workers:
-        process.terminate()
-    for process in workers:
-        process.wait(timeout=timeout)

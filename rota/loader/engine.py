@@ -13,19 +13,19 @@ A crash before 3 leaves the entries pending (reclaimed later); a crash between
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import redis
 
-from rota import db, ops
+from rota import db
 from rota.buffer import (
     RESET_BACKLOG_IF_EMPTY,
     Rejected,
@@ -37,6 +37,7 @@ from rota.buffer import (
     trim_dead_letters,
 )
 from rota.envelope import TaskEnvelope
+from rota.loader.store import load_entries
 from rota.outage import Outage
 from rota.settings import Settings
 
@@ -50,6 +51,15 @@ LOADER_OUTAGES = (redis.RedisError, psycopg.OperationalError)
 
 Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
 
+# Until the first entries are seen, a loader assumes packed ones: a first pass
+# that reads too little costs one round trip; one that reads too much leaves
+# the other loaders idle.
+FIRST_GUESS_TASKS_PER_ENTRY = 64.0
+# A long-running loader's blocking read; a stop is noticed between reads.
+BLOCK_MS = 1000
+# How often a loader waiting out an outage checks whether it should stop.
+STOP_CHECK_SECONDS = 0.1
+
 
 @dataclass
 class PassResult:
@@ -61,24 +71,19 @@ class PassResult:
 
 
 @dataclass
-class DrainSummary:
+class DrainSummary(PassResult):
+    """The sum of a drain's passes."""
+
     passes: int = 0
-    entries: int = 0
-    loaded: int = 0
-    duplicates: int = 0
-    dead_lettered: int = 0
-    reclaimed: int = 0
     seconds: float = 0.0
     drained: bool = False
     errors: list[str] = field(default_factory=list)
 
     def add(self, result: PassResult) -> None:
         self.passes += 1
-        self.entries += result.entries
-        self.loaded += result.loaded
-        self.duplicates += result.duplicates
-        self.dead_lettered += result.dead_lettered
-        self.reclaimed += result.reclaimed
+        for counter in dataclasses.fields(PassResult):
+            name = counter.name
+            setattr(self, name, getattr(self, name) + getattr(result, name))
 
     @property
     def exit_code(self) -> int:
@@ -102,7 +107,9 @@ class Loader:
         self.settings = settings
         self.consumer = consumer or default_consumer_name()
         self.redis = redis_client or redis.Redis.from_url(
-            settings.redis_url, socket_timeout=30, socket_connect_timeout=5
+            settings.redis_url,
+            socket_timeout=settings.loader_redis_timeout_seconds,
+            socket_connect_timeout=settings.database_timeout_seconds,
         )
         self.streams = all_streams(settings.stream_prefix, settings.shards)
         self._conn: psycopg.Connection[Any] | None = None
@@ -111,10 +118,7 @@ class Loader:
         self._trimmed_at = float("-inf")  # the dead-letter stream's retention
         # (entries, exhausted entries) read by a pass that did not finish.
         self._held: tuple[list[Entry], list[Entry]] | None = None
-        # Until the first entries are seen, assume packed ones: a first pass
-        # that reads too little costs one round trip; one that reads too much
-        # leaves the other loaders idle.
-        self._tasks_per_entry = 64.0
+        self._tasks_per_entry = FIRST_GUESS_TASKS_PER_ENTRY
 
     # -- plumbing --------------------------------------------------------------
 
@@ -401,7 +405,9 @@ class Loader:
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
 
-    def run_forever(self, should_stop: Callable[[], bool], block_ms: int = 1000) -> DrainSummary:
+    def run_forever(
+        self, should_stop: Callable[[], bool], block_ms: int = BLOCK_MS
+    ) -> DrainSummary:
         """Long-running: waits on the streams, loads as entries arrive, until
         `should_stop()` (checked between passes, so a batch is never cut short)."""
         summary = DrainSummary()
@@ -415,54 +421,11 @@ class Loader:
                 delay = outage.failed(exc)
                 deadline = time.monotonic() + delay
                 while not should_stop() and time.monotonic() < deadline:
-                    time.sleep(min(0.1, delay))
+                    time.sleep(min(STOP_CHECK_SECONDS, delay))
                 continue
             outage.recovered()
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
-
-
-K = TypeVar("K")
-
-
-def load_entries(
-    conn: psycopg.Connection[Any], entries: list[tuple[K, list[TaskEnvelope]]], size: int
-) -> tuple[int, list[tuple[K, Rejected]]]:
-    """Loads the tasks of buffer entries, in order (`load_in_chunks`). Returns
-    the tasks stored, and each task PostgreSQL refused as a dead letter with
-    the entry (`K`) it came from."""
-    good = [envelope for _, envelopes in entries for envelope in envelopes]
-    stored, refused = load_in_chunks(conn, good, size)
-    if not refused:
-        return stored, []
-    # Rare: only then is it worth mapping tasks to their entries.
-    origin = {envelope.id: key for key, envelopes in entries for envelope in envelopes}
-    return stored, [(origin[e.id], Rejected(e.to_json(), reason)) for e, reason in refused]
-
-
-def load_in_chunks(
-    conn: psycopg.Connection[Any], envelopes: list[TaskEnvelope], size: int
-) -> tuple[int, list[tuple[TaskEnvelope, str]]]:
-    """Loads in chunks of `size`, each its own transaction (a savepoint inside
-    the caller's). A chunk the database refuses for its data (not for being
-    down) is split until the culprits are found. Returns (tasks stored, refused
-    tasks with the reason)."""
-    stored = 0
-    refused: list[tuple[TaskEnvelope, str]] = []
-    # In order, first chunk first: a tenant's tasks take their places in line
-    # in the order they were enqueued.
-    chunks = deque(envelopes[i : i + size] for i in range(0, len(envelopes), size))
-    while chunks:
-        chunk = chunks.popleft()
-        try:
-            stored += db.transact(conn, ops.load(chunk))
-        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            if len(chunk) == 1:
-                refused.append((chunk[0], f"refused by PostgreSQL: {exc}"))
-            else:
-                half = len(chunk) // 2
-                chunks.extendleft([chunk[half:], chunk[:half]])
-    return stored, refused
 
 
 def _text(value: bytes | str) -> str:

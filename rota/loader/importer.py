@@ -22,7 +22,7 @@ import orjson
 from rota import db
 from rota.envelope import TaskEnvelope, make_envelope, parse_envelope, task_id_for_key
 from rota.errors import ValidationError
-from rota.loader.engine import load_in_chunks
+from rota.loader.store import load_in_chunks
 from rota.rules import check_idempotency_key, check_tenant
 from rota.settings import Settings
 

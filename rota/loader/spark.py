@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from rota import db
+from rota import db, ops
 from rota.buffer import (
     Rejected,
     add_dead_letters,
@@ -44,11 +44,11 @@ from rota.buffer import (
     subtract_backlogs,
     trim_dead_letters,
 )
-from rota.envelope import TaskBatch, TaskEnvelope
-from rota.loader.engine import load_entries
+from rota.entries import TaskBatch
+from rota.envelope import TaskEnvelope
+from rota.loader.store import load_entries
 from rota.outage import Outage
 from rota.settings import Settings
-from rota.sql import query
 
 log = logging.getLogger("rota.loader.spark")
 
@@ -233,10 +233,7 @@ class BatchSink:
         stored = 0
         dead: list[tuple[str, str, Rejected]] = []
         with self._conn.transaction():
-            first_time = self._conn.execute(
-                query("record_loader_batch"), {"query": self.query_key, "batch_id": batch_id}
-            ).fetchall()
-            if not first_time:
+            if not db.run(self._conn, ops.record_loader_batch(self.query_key, batch_id)):
                 return  # this micro-batch was loaded before (a replay)
             # Row by row, one partition (shard) after the other, longest first,
             # loading as chunks fill up: Spark computes the next partition while
@@ -260,10 +257,7 @@ class BatchSink:
                     stored += self._load(entries, dead)
                     entries, waiting = [], 0
             stored += self._load(entries, dead)
-            self._conn.execute(
-                query("count_loader_batch"),
-                {"query": self.query_key, "batch_id": batch_id, "tasks": stored},
-            )
+            db.run(self._conn, ops.count_loader_batch(self.query_key, batch_id, stored))
             if dead:  # before the commit: a replay may record them twice, never zero times
                 pipe = self._buffer().pipeline(transaction=False)
                 add_dead_letters(pipe, self.settings.stream_prefix, dead)

@@ -1,6 +1,7 @@
-"""The producer SDK web apps import: tasks, enqueue, the buffer and its fallback."""
+"""The producer: checked tasks into the Redis buffer, or PostgreSQL when Redis
+cannot take them. `rota.App` is the API web apps use; it makes these."""
 
-from rota.producer.app import App, Task, TaskCall
-from rota.producer.producer import AsyncProducer, Producer
+from rota.producer.clients import AsyncProducer, Producer
+from rota.producer.core import ProducerCore
 
-__all__ = ["App", "AsyncProducer", "Producer", "Task", "TaskCall"]
+__all__ = ["AsyncProducer", "Producer", "ProducerCore"]

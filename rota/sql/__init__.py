@@ -1,18 +1,16 @@
-"""rota's SQL: migrations, the current schema and the named statements, as shipped files."""
+"""rota's SQL as shipped files: migrations, the current schema, and named
+statements in `-- name: NAME` blocks, one file per audience."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
-
-
-def _read(name: str) -> str:
-    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 def parse_named_blocks(text: str) -> dict[str, str]:
@@ -26,26 +24,45 @@ def parse_named_blocks(text: str) -> dict[str, str]:
     return blocks
 
 
-# Files of named blocks; names are unique across all of them.
-BLOCK_FILES = ("queries.sql", "roles.sql", "bench.sql", "demo.sql")
+class Blocks:
+    """The named blocks of some `.sql` files of a package; a name is unique
+    across them."""
+
+    def __init__(self, package: str, files: Sequence[str]) -> None:
+        self.package = package
+        self.files = tuple(files)
+
+    @cached_property
+    def by_name(self) -> dict[str, str]:
+        blocks: dict[str, str] = {}
+        for file in self.files:
+            text = resources.files(self.package).joinpath(file).read_text(encoding="utf-8")
+            for name, statement in parse_named_blocks(text).items():
+                if name in blocks:
+                    raise ValueError(f"SQL block {name!r} is defined in two files")
+                blocks[name] = statement
+        return blocks
+
+    def query(self, name: str) -> str:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise KeyError(f"no SQL block named {name!r} in {self.package}: {self.files}") from None
 
 
-@cache
+# The queue core's statements, by audience (rota/ops/ has a module for each).
+BLOCKS = Blocks(
+    __package__,
+    ("load.sql", "work.sql", "maintain.sql", "admin.sql", "read.sql", "migrate.sql", "roles.sql"),
+)
+
+
 def queries() -> dict[str, str]:
-    blocks: dict[str, str] = {}
-    for file in BLOCK_FILES:
-        for name, text in parse_named_blocks(_read(file)).items():
-            if name in blocks:
-                raise ValueError(f"SQL block {name!r} is defined in two files")
-            blocks[name] = text
-    return blocks
+    return BLOCKS.by_name
 
 
 def query(name: str) -> str:
-    try:
-        return queries()[name]
-    except KeyError:
-        raise KeyError(f"no SQL block named {name!r} in rota/sql/{BLOCK_FILES}") from None
+    return BLOCKS.query(name)
 
 
 @dataclass(frozen=True)
@@ -71,4 +88,4 @@ def migrations() -> tuple[Migration, ...]:
 
 def current_schema() -> str:
     """The whole schema at the newest version, for fresh databases."""
-    return _read("schema.sql")
+    return resources.files(__package__).joinpath("schema.sql").read_text(encoding="utf-8")

@@ -23,7 +23,7 @@ def _hang(*_: Any) -> Any:
 if __name__ == "__main__":
     stage = sys.argv[1]
     if stage == "before-commit":
-        engine.load_in_chunks = _hang
+        engine.load_entries = _hang
     elif stage == "before-ack":
         original = engine.Loader._finish
 

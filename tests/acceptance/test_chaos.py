@@ -6,7 +6,7 @@ runs the same, longer, with a Spark loader too, and reports the figures."""
 
 from __future__ import annotations
 
-from rota.bench.chaos import LIMIT, run_chaos
+from rota_tools.bench.chaos import LIMIT, run_chaos
 
 
 def test_every_acknowledged_task_runs_through_every_fault() -> None:

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from rota import App, EnqueueError, Settings, db, ops
-from rota.devservers import local_redis, restart_redis
+from rota_tools.devservers import local_redis, restart_redis
 from rota.loader import Loader
 
 CHILD = Path(__file__).with_name("loader_child.py")

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from rota import App, Settings, db, ops
-from rota.devservers import Server, local_postgres
+from rota_tools.devservers import Server, local_postgres
 from rota.migrate import migrate
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.test_workers import wait_for

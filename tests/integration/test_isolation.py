@@ -15,7 +15,8 @@ import redis
 
 from rota import App, CapacityExceeded, EnqueueError, InvalidName, Settings, db, ops
 from rota.buffer import ENTRY_VERSION, all_streams, backlog_key, dead_letter_stream
-from rota.envelope import TaskBatch, TaskEnvelope, envelope_template, make_envelope
+from rota.entries import TaskBatch
+from rota.envelope import TaskEnvelope, envelope_template, make_envelope
 from rota.loader import Loader
 
 Conn = psycopg.Connection[Any]

@@ -14,9 +14,10 @@ import redis
 
 from rota import App, Settings, db, ops
 from rota.buffer import ENTRY_VERSION, dead_letter_stream, stream_name
-from rota.envelope import TaskBatch, envelope_template
+from rota.entries import TaskBatch
+from rota.envelope import envelope_template
 from rota.loader import Loader, lambda_handler
-from rota.loader.engine import load_in_chunks
+from rota.loader.store import load_in_chunks
 
 Conn = psycopg.Connection[Any]
 

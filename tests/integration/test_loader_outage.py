@@ -11,7 +11,7 @@ import redis
 
 from rota import App, Settings, db, ops
 from rota.buffer import dead_letter_stream
-from rota.devservers import Server, local_postgres
+from rota_tools.devservers import Server, local_postgres
 from rota.loader import Loader
 from rota.migrate import migrate
 

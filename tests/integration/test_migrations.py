@@ -7,7 +7,7 @@ import threading
 
 import psycopg
 
-from rota.devservers import postgres_bindir
+from rota_tools.devservers import postgres_bindir
 from rota.migrate import applied_versions, migrate
 from rota.sql import migrations
 

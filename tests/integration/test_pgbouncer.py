@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from rota import db, ops
-from rota.devservers import Server, local_pgbouncer
+from rota_tools.devservers import Server, local_pgbouncer
 from tests.helpers import envelopes, load
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from rota import App, Settings, db, ops
 from rota.consumer import Maintenance
-from rota.devservers import Server, local_postgres
+from rota_tools.devservers import Server, local_postgres
 from rota.loader import Loader
 from rota.migrate import migrate
 from tests.helpers import envelopes

@@ -14,7 +14,8 @@ import redis
 
 from rota import App, Settings, db, ops
 from rota.buffer import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
-from rota.envelope import TaskBatch, envelope_template
+from rota.entries import TaskBatch
+from rota.envelope import envelope_template
 
 pytestmark = pytest.mark.spark
 

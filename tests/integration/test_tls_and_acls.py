@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from rota import App, Settings, db, ops
-from rota.devservers import (
+from rota_tools.devservers import (
     Server,
     TLSFiles,
     local_postgres,

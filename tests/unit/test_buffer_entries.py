@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from rota.buffer import ENTRY_MAX_TASKS, ENTRY_VERSION, decode_entry, encode_entries, shard_for
-from rota.envelope import TaskBatch, envelope_template
+from rota.entries import TaskBatch
+from rota.envelope import envelope_template
 
 CAP = 1024
 WORK = envelope_template("app.work", "q", 3, 1.0, 60.0)

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from rota import App, Settings
-from rota.producer.producer import FetchBacklogs, ProducerCore, WriteBuffer
+from rota.producer.core import FetchBacklogs, ProducerCore, WriteBuffer
 
 
 def test_a_failed_refresh_is_not_retried_before_the_cache_is_due(

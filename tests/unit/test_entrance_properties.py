@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rota.buffer import ENTRY_VERSION, decode_entry
-from rota.envelope import TaskBatch, envelope_template, make_envelope, parse_envelope
+from rota.entries import TaskBatch
+from rota.envelope import envelope_template, make_envelope, parse_envelope
 from rota.errors import ValidationError
 
 CAP = 4096

@@ -9,8 +9,8 @@ from uuid import UUID
 
 import pytest
 
+from rota.entries import TaskBatch
 from rota.envelope import (
-    TaskBatch,
     envelope_template,
     make_envelope,
     parse_envelope,

@@ -23,7 +23,7 @@ from rota.db import Copy, Op, Row, UUIDArray
 from rota.envelope import TaskEnvelope, make_envelope
 from rota.migrate import migrate
 from rota.process import tune_gc
-from rota.sql import query
+from rota_tools.sql import query
 
 BATCH = 10_000
 QUEUE = "bench"

@@ -27,7 +27,7 @@ from rich.table import Table
 
 import rota
 from rota import db, ops
-from rota.sql import query
+from rota_tools.sql import query
 
 app = rota.App.from_env()
 QUEUE = "demo"
@@ -83,10 +83,10 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
-    from rota.consumer.worker import spawn_workers, stop_workers
-    from rota.devservers import local_postgres, local_redis
     from rota.loader.spark import run_streaming, spark_session
     from rota.migrate import migrate
+    from rota_tools.devservers import local_postgres, local_redis
+    from rota_tools.processes import spawn_workers, stop_workers
 
     with local_postgres() as pg, local_redis() as rd:
         settings = rota.Settings(database_url=pg.url, redis_url=rd.url)
@@ -112,7 +112,7 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
         )
         loader.start()
         workers = spawn_workers(
-            "rota.demo:app",
+            "rota_tools.demo:app",
             [QUEUE],
             run.workers,
             settings,

@@ -8,7 +8,7 @@ temporary directory that is removed on stop. No Docker, no system service.
     with local_postgres() as pg, local_redis() as rd:
         print(pg.url, rd.url)
 
-``python -m rota.devservers`` (or ``infra/servers``) starts both and prints
+``python -m rota_tools.devservers`` (or ``infra/servers``) starts both and prints
 their URLs until Ctrl-C.
 """
 

@@ -14,15 +14,15 @@ import psycopg
 import redis
 
 from rota import App, Settings, db, ops
-from rota.bench.core import reset, skewed_tenant
 from rota.buffer import all_streams
-from rota.consumer.worker import spawn_workers, stop_workers
 from rota.loader import Loader
 from rota.process import tune_gc
-from rota.sql import query
+from rota_tools.bench.core import reset, skewed_tenant
+from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.sql import query
 
 QUEUE = "bench"
-NOOP_APP = "rota.bench.noop:app"
+NOOP_APP = "rota_tools.bench.noop:app"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -402,7 +402,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         "goal": {"start_p50_ms_at_most": 50, "ratio_to_pgqueuer_at_least": 2.0},
     }
     if importlib.util.find_spec("pgqueuer") is not None:
-        from rota.bench.peers import pgqueuer_throughput
+        from rota_tools.bench.peers import pgqueuer_throughput
 
         peer = {
             f"{n}_process": pgqueuer_throughput(settings.database_url, tasks, n, 100)
@@ -415,7 +415,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
     else:
         figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
     if importlib.util.find_spec("procrastinate") is not None:
-        from rota.bench.peers import procrastinate_throughput
+        from rota_tools.bench.peers import procrastinate_throughput
 
         # Far slower per job: a smaller run keeps the benchmark short.
         peer_tasks = min(tasks, 5_000)

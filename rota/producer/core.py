@@ -1,17 +1,15 @@
-"""The producer: validated tasks into the Redis buffer, or PostgreSQL when Redis is down.
+"""The producer's decisions: capacity, circuit breaker, buffer bound,
+fallback, and what counts as stored.
 
-The decisions (capacity, circuit breaker, fallback, what counts as stored) are
-written once, in `ProducerCore.store`, as a generator of effects; `Producer`
-and `AsyncProducer` only carry the effects out, with redis-py and psycopg's
-sync or asyncio clients. A task id is returned only once the task is durably
-stored somewhere; otherwise the caller gets `EnqueueError`.
+Written once, in `ProducerCore.store`, as a generator of effects (rota.effects);
+rota.producer.clients carries them out with redis-py and psycopg, sync or
+asyncio. A task id is returned only once the task is durably stored
+somewhere; otherwise the caller gets `EnqueueError`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Generator
@@ -19,20 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 from uuid import UUID
 
-import psycopg
 import redis
-import redis.asyncio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-from tenacity import (
-    AsyncRetrying,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
+from tenacity import retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from rota import db, ops
 from rota.buffer import (
     all_streams,
     backlog_key,
@@ -41,8 +28,8 @@ from rota.buffer import (
     stream_name,
     tenant_costs,
 )
-from rota.effects import adrive, drive
-from rota.envelope import TaskBatch, TaskEnvelope
+from rota.entries import TaskBatch
+from rota.envelope import TaskEnvelope
 from rota.errors import CapacityExceeded, EnqueueError
 from rota.outage import Outage
 from rota.producer.breaker import BreakerState, CircuitBreaker
@@ -173,10 +160,12 @@ class ProducerCore:
         self.shard_lengths: dict[str, int] = {}
         self.lengths_at = float("-inf")
 
-    def retry_policy(self) -> dict[str, Any]:
-        """Bounded retries of a Redis write (tenacity), then the fallback."""
+    def retry_policy(self, effect: Effect) -> dict[str, Any]:
+        """Bounded retries of a Redis write (tenacity), then the fallback; a
+        probe or a read is tried once (the write that follows tells)."""
+        attempts = self.settings.redis_retries + 1 if isinstance(effect, WriteBuffer) else 1
         return {
-            "stop": stop_after_attempt(self.settings.redis_retries + 1),
+            "stop": stop_after_attempt(attempts),
             "wait": wait_exponential_jitter(multiplier=0.01, max=0.1, jitter=0.01),
             "retry": retry_if_exception_type(REDIS_ERRORS),
             "reraise": True,
@@ -298,191 +287,3 @@ class ProducerCore:
                 limit,
             )
         return bool(over)
-
-
-def _queue_write(pipe: Any, effect: WriteBuffer) -> None:
-    """Queues a WriteBuffer on a pipeline: the XADDs, then one XLEN per
-    stream, then the backlog counts (read back by `_lengths`)."""
-    for stream, entries in effect.entries.items():
-        for fields in entries:
-            pipe.xadd(stream, fields)
-    if effect.measure:
-        for stream in effect.entries:
-            pipe.xlen(stream)
-    for key, costs in effect.backlog.items():
-        for tenant, cost in costs.items():
-            pipe.hincrbyfloat(key, tenant, cost)
-
-
-def _lengths(effect: WriteBuffer, replies: list[Any]) -> dict[str, int]:
-    if not effect.measure:
-        return {}
-    start = sum(len(entries) for entries in effect.entries.values())
-    return {
-        stream: int(length)
-        for stream, length in zip(
-            effect.entries, replies[start : start + len(effect.entries)], strict=True
-        )
-    }
-
-
-def _sum_backlogs(replies: list[Any]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for counts in replies:
-        for tenant, cost in counts.items():
-            name = tenant.decode() if isinstance(tenant, bytes) else tenant
-            total[name] = total.get(name, 0.0) + float(cost)
-    return total
-
-
-def _redis_options(settings: Settings) -> dict[str, Any]:
-    return {
-        "socket_timeout": settings.redis_timeout_seconds,
-        "socket_connect_timeout": settings.redis_timeout_seconds,
-        # Retries are ours (tenacity, then the fallback), not redis-py's.
-        "retry": Retry(NoBackoff(), 0),
-    }
-
-
-class Producer:
-    """Sync producer. Thread-safe; one per process is enough."""
-
-    def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
-        self.core = core or ProducerCore(settings)
-        self.settings = settings
-        self._redis: redis.Redis | None = None
-        self._conn: psycopg.Connection[Any] | None = None
-        self._conn_lock = threading.Lock()
-
-    @property
-    def redis(self) -> redis.Redis:
-        if self._redis is None:
-            self._redis = redis.Redis.from_url(
-                self.settings.redis_url, **_redis_options(self.settings)
-            )
-        return self._redis
-
-    def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
-        return drive(self.core.store(batch, connection), self._carry_out)
-
-    def _carry_out(self, effect: Effect) -> Any:
-        if isinstance(effect, WriteBuffer):
-            for attempt in Retrying(**self.core.retry_policy()):
-                with attempt:
-                    pipe = self.redis.pipeline(transaction=False)
-                    _queue_write(pipe, effect)
-                    replies = pipe.execute()
-            return _lengths(effect, replies)
-        if isinstance(effect, ProbeBuffer | ReadBufferBacklogs):
-            pipe = self.redis.pipeline(transaction=False)
-            if isinstance(effect, ProbeBuffer):
-                for stream in effect.streams:
-                    pipe.xlen(stream)
-                return dict(zip(effect.streams, map(int, pipe.execute()), strict=True))
-            for key in effect.keys:
-                pipe.hgetall(key)
-            return _sum_backlogs(pipe.execute())
-        if isinstance(effect, LoadDatabase) and effect.connection is not None:
-            # In the caller's transaction (it commits or rolls back with it); a
-            # transaction of its own only on an autocommit connection.
-            if effect.connection.autocommit:
-                return db.transact(effect.connection, ops.load(effect.envelopes))
-            return db.run(effect.connection, ops.load(effect.envelopes))
-        with self._conn_lock:
-            conn = self._connection()
-            try:
-                if isinstance(effect, LoadDatabase):
-                    return db.transact(conn, ops.load(effect.envelopes))
-                return db.run(conn, ops.tenant_backlogs())
-            except psycopg.OperationalError:
-                self._drop_connection()
-                raise
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect(
-                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
-            )
-        return self._conn
-
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-
-    def close(self) -> None:
-        if self._redis is not None:
-            self._redis.close()
-        with self._conn_lock:
-            self._drop_connection()
-
-
-class AsyncProducer:
-    """asyncio producer (FastAPI, Starlette): the same flow, awaited."""
-
-    def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
-        self.core = core or ProducerCore(settings)
-        self.settings = settings
-        self._redis: redis.asyncio.Redis | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._conn_lock = asyncio.Lock()
-
-    @property
-    def redis(self) -> redis.asyncio.Redis:
-        if self._redis is None:
-            self._redis = redis.asyncio.Redis.from_url(
-                self.settings.redis_url, **_redis_options(self.settings)
-            )
-        return self._redis
-
-    async def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
-        return await adrive(self.core.store(batch, connection), self._carry_out)
-
-    async def _carry_out(self, effect: Effect) -> Any:
-        if isinstance(effect, WriteBuffer):
-            async for attempt in AsyncRetrying(**self.core.retry_policy()):
-                with attempt:
-                    pipe = self.redis.pipeline(transaction=False)
-                    _queue_write(pipe, effect)
-                    replies = await pipe.execute()
-            return _lengths(effect, replies)
-        if isinstance(effect, ProbeBuffer | ReadBufferBacklogs):
-            pipe = self.redis.pipeline(transaction=False)
-            if isinstance(effect, ProbeBuffer):
-                for stream in effect.streams:
-                    pipe.xlen(stream)
-                return dict(zip(effect.streams, map(int, await pipe.execute()), strict=True))
-            for key in effect.keys:
-                pipe.hgetall(key)
-            return _sum_backlogs(await pipe.execute())
-        if isinstance(effect, LoadDatabase) and effect.connection is not None:
-            if effect.connection.autocommit:
-                return await db.atransact(effect.connection, ops.load(effect.envelopes))
-            return await db.arun(effect.connection, ops.load(effect.envelopes))
-        async with self._conn_lock:
-            conn = await self._connection()
-            try:
-                if isinstance(effect, LoadDatabase):
-                    return await db.atransact(conn, ops.load(effect.envelopes))
-                return await db.arun(conn, ops.tenant_backlogs())
-            except psycopg.OperationalError:
-                await self._drop_connection()
-                raise
-
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await db.aconnect(
-                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
-            )
-        return self._conn
-
-    async def _drop_connection(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-        self._conn = None
-
-    async def close(self) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
-        async with self._conn_lock:
-            await self._drop_connection()

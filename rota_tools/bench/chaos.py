@@ -37,8 +37,8 @@ import redis
 
 from rota import Settings, db, ops
 from rota.buffer import all_streams, dead_letter_stream
-from rota.devservers import Server, local_postgres, local_redis
 from rota.migrate import migrate
+from rota_tools.devservers import Server, local_postgres, local_redis
 
 TENANTS = 50
 LIMITED_TENANT = "t0"
@@ -46,7 +46,7 @@ LIMIT = 2
 LEASE_SECONDS = 5.0
 WORKER_DEAD_AFTER = 3.0
 MAINTENANCE_SECONDS = 0.2
-APP = "rota.bench.chaosapp:app"
+APP = "rota_tools.bench.chaosapp:app"
 
 
 @dataclass
@@ -104,7 +104,7 @@ class Harness:
         self.start(name)
 
     def add_producer(self, rate: float, seconds_per_task: float) -> None:
-        command = [sys.executable, "-m", "rota.bench.chaos", str(self.ids_dir), str(rate),
+        command = [sys.executable, "-m", "rota_tools.bench.chaos", str(self.ids_dir), str(rate),
                    str(seconds_per_task)]  # fmt: skip
         self.processes["producer"] = Process("producer", command, self.workdir / "producer.log")
         self.start("producer")
@@ -432,8 +432,8 @@ def _report(
 def produce(ids_dir: Path, rate: float, seconds_per_task: float) -> None:
     """The producer process: single enqueues at `rate`, across the tenants,
     each id written (and flushed) once `enqueue` returned it."""
-    from rota.bench.chaosapp import work
     from rota.errors import CapacityExceeded, EnqueueError
+    from rota_tools.bench.chaosapp import work
 
     out = (ids_dir / f"{os.getpid()}.ids").open("a")
     started = time.perf_counter()

@@ -28,9 +28,9 @@ from typing import Any
 import psycopg
 
 from rota import db, ops
-from rota.bench.core import reset
 from rota.envelope import make_envelope
-from rota.sql import query
+from rota_tools.bench.core import reset
+from rota_tools.sql import query
 
 QUEUE = "fair"
 CLAIM = 100

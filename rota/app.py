@@ -1,4 +1,5 @@
-"""`rota.App`: the task registry and the enqueue API web apps use.
+"""`rota.App`: the task registry, shared by every part of rota, and the
+enqueue API web apps use.
 
 app = rota.App.from_env()
 
@@ -17,12 +18,12 @@ import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from uuid import UUID
 
-from rota.envelope import EnvelopeTemplate, TaskBatch, envelope_template, task_id_for_key
+from rota.entries import TaskBatch
+from rota.envelope import EnvelopeTemplate, check_run, envelope_template, task_id_for_key
 from rota.errors import UnknownTask, ValidationError
-from rota.producer.producer import AsyncProducer, Producer, ProducerCore
 from rota.rules import (
     check_idempotency_key,
     check_task_name,
@@ -31,6 +32,9 @@ from rota.rules import (
     resolve_eta,
 )
 from rota.settings import Settings
+
+if TYPE_CHECKING:
+    from rota.producer import AsyncProducer, Producer, ProducerCore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -136,16 +140,16 @@ class Task(Generic[P, R]):
         idempotency_key: str | None = None,
         **kwargs: Any,
     ) -> TaskCall:
-        return TaskCall(
+        return self.app.call(
             self.name,
-            tenant,
             args,
             kwargs,
-            self.options.queue,
-            eta,
-            countdown,
-            cost,
-            idempotency_key,
+            tenant=tenant,
+            queue=self.options.queue,
+            eta=eta,
+            countdown=countdown,
+            cost=cost,
+            idempotency_key=idempotency_key,
         )
 
     def enqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
@@ -164,7 +168,9 @@ class App:
         self.settings = settings or Settings()
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.periodics: list[Periodic] = []
-        self._core = ProducerCore(self.settings)
+        # The producers are made on the first enqueue: workers and maintenance
+        # load an app without the Redis client unless their tasks enqueue.
+        self._core: ProducerCore | None = None
         self._producer: Producer | None = None
         self._aproducer: AsyncProducer | None = None
 
@@ -234,7 +240,7 @@ class App:
                 task_name, options.queue, options.max_attempts, options.backoff, options.backoff_max
             )
             self.check_queue_allowed(options.queue)
-            TaskBatch.empty().add(template, "check", cost=options.cost)
+            check_run("check", options.cost)
             registered: Task[Any, Any] = Task(self, function, template, options)
             self.tasks[task_name] = registered
             return registered
@@ -343,16 +349,28 @@ class App:
 
     # -- enqueueing ----------------------------------------------------------
 
+    def _producer_core(self) -> ProducerCore:
+        """The decisions (breaker, capacity cache) the sync and async producers share."""
+        from rota.producer import ProducerCore
+
+        if self._core is None:
+            self._core = ProducerCore(self.settings)
+        return self._core
+
     @property
     def producer(self) -> Producer:
+        from rota.producer import Producer
+
         if self._producer is None:
-            self._producer = Producer(self.settings, self._core)
+            self._producer = Producer(self.settings, self._producer_core())
         return self._producer
 
     @property
     def aproducer(self) -> AsyncProducer:
+        from rota.producer import AsyncProducer
+
         if self._aproducer is None:
-            self._aproducer = AsyncProducer(self.settings, self._core)
+            self._aproducer = AsyncProducer(self.settings, self._producer_core())
         return self._aproducer
 
     def call(

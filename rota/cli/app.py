@@ -1,0 +1,66 @@
+"""The root `rota` command, its global options, and what its commands share."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from rota.settings import Settings
+
+app = typer.Typer(
+    help="rota: a fair, multi-tenant task queue.",
+    no_args_is_help=True,
+    # Locals may hold URLs with passwords: never shown.
+    pretty_exceptions_show_locals=False,
+)
+
+DatabaseUrl = Annotated[
+    str | None, typer.Option(help="PostgreSQL URL (default: ROTA_DATABASE_URL)")
+]
+RedisUrl = Annotated[str | None, typer.Option(help="Redis URL (default: ROTA_REDIS_URL)")]
+
+
+class Options:
+    debug = False
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks of errors")] = False,
+) -> None:
+    Options.debug = debug
+
+
+def settings_from(database_url: str | None = None, redis_url: str | None = None) -> Settings:
+    """ROTA_* settings, with the URLs given as options in their place."""
+    overrides: dict[str, Any] = {}
+    if database_url:
+        overrides["database_url"] = database_url
+    if redis_url:
+        overrides["redis_url"] = redis_url
+    return Settings(**overrides)
+
+
+def load_app(spec: str) -> Any:
+    """`package.module:attribute` -> the rota.App it names."""
+    from rota.app import App
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise typer.BadParameter(f"--app must look like package.module:app, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        application = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise typer.BadParameter(f"cannot load the app {spec!r}: {exc}") from None
+    if not isinstance(application, App):
+        raise typer.BadParameter(f"{spec} is a {type(application).__name__}, not a rota.App")
+    return application
+
+
+def split_names(names: str | None) -> list[str]:
+    return [n.strip() for n in (names or "").split(",") if n.strip()]

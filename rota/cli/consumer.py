@@ -1,0 +1,65 @@
+"""`rota worker` and `rota reaper`: running tasks, and the maintenance duties."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+from rota.cli.app import DatabaseUrl, app, load_app, settings_from, split_names
+from rota.process import on_stop_signals, tune_gc
+
+
+@app.command()
+def worker(
+    app_spec: Annotated[str, typer.Option("--app", help="package.module:app")],
+    queues: Annotated[
+        str | None, typer.Option(help="comma-separated (default: its app's tasks' queues)")
+    ] = None,
+    exclude: Annotated[str | None, typer.Option(help="queues to leave alone")] = None,
+    concurrency: int = 4,
+    batch_size: int = 10,
+    maintenance: Annotated[bool, typer.Option(help="take part in reaper/scheduler duty")] = True,
+) -> None:
+    """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
+    running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
+    tune_gc()
+    from rota.consumer import Worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    runner = Worker(
+        load_app(app_spec),
+        queues=split_names(queues) or None,
+        exclude=split_names(exclude),
+        concurrency=concurrency,
+        batch_size=batch_size,
+        maintenance=maintenance,
+    )
+    on_stop_signals(runner.stop)
+    if not runner.run():
+        # Tasks outlived the shutdown grace and were handed back; their
+        # threads cannot be stopped, and would keep the process alive.
+        logging.shutdown()
+        os._exit(0)
+
+
+@app.command()
+def reaper(
+    app_spec: Annotated[str | None, typer.Option("--app", help="for cron schedules")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """The maintenance sidecar: promotes due tasks, requeues expired leases and
+    dead workers' tasks, fires cron ticks. Several may run; one is active."""
+    import threading
+
+    from rota.consumer import Maintenance
+    from rota.consumer.maintenance import run_maintenance
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    application = load_app(app_spec) if app_spec else None
+    settings = application.settings if application else settings_from(database_url)
+    stop = threading.Event()
+    on_stop_signals(stop.set)
+    run_maintenance(settings, Maintenance(settings, application), stop)

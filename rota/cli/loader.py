@@ -1,0 +1,117 @@
+"""`rota loader` and `rota import`: tasks into PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from rota.cli.app import DatabaseUrl, RedisUrl, app, settings_from
+from rota.process import on_stop_signals, tune_gc
+
+loader_app = typer.Typer(help="Drain the Redis buffer into PostgreSQL.", no_args_is_help=True)
+app.add_typer(loader_app, name="loader")
+
+
+@loader_app.command("drain")
+def loader_drain(
+    max_seconds: Annotated[float | None, typer.Option(help="stop after this long")] = None,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """One pass until the buffer is empty (or --max-seconds): a JSON summary, and
+    exit code 0 when drained, 2 when stopped with work left, 1 on failure."""
+    tune_gc()
+    import dataclasses
+
+    from rota.loader import Loader
+
+    loader = Loader(settings_from(database_url, redis_url))
+    try:
+        summary = loader.drain(max_seconds=max_seconds)
+    finally:
+        loader.close()
+    typer.echo(json.dumps({**dataclasses.asdict(summary), "exit_code": summary.exit_code}))
+    raise typer.Exit(summary.exit_code)
+
+
+@loader_app.command("run")
+def loader_run(
+    engine: Annotated[str, typer.Option(help="spark (default) or python")] = "spark",
+    master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    checkpoint: Annotated[str, typer.Option(help="Spark checkpoint directory")] = (
+        "./rota-checkpoints/loader"
+    ),
+    trigger_seconds: Annotated[float, typer.Option(help="Spark micro-batch interval")] = 0.5,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Long-running loader; SIGTERM or Ctrl-C stops it after the batch in hand."""
+    tune_gc()
+    import threading
+
+    settings = settings_from(database_url, redis_url)
+    stop = threading.Event()
+    if engine == "python":
+        from rota.loader import Loader
+
+        on_stop_signals(stop.set)
+        loader = Loader(settings)
+        try:
+            summary = loader.run_forever(stop.is_set)
+        finally:
+            loader.close()
+        typer.echo(
+            json.dumps(
+                {
+                    "loaded": summary.loaded,
+                    "entries": summary.entries,
+                    "dead_lettered": summary.dead_lettered,
+                }
+            )
+        )
+    elif engine == "spark":
+        from rota.loader.spark import run_streaming, spark_session
+
+        # The session first: its SparkContext puts a handler on SIGINT that
+        # cancels the batch in hand; rota's then takes its place.
+        session = spark_session(master)
+        on_stop_signals(stop.set)
+        try:
+            run_streaming(
+                settings,
+                checkpoint=checkpoint,
+                trigger_seconds=trigger_seconds,
+                should_stop=stop.is_set,
+                session=session,
+            )
+        finally:
+            session.stop()
+    else:
+        raise typer.BadParameter(f"unknown engine {engine!r}: use spark or python")
+
+
+@app.command("import")
+def import_command(
+    path: Annotated[str, typer.Argument(help="a Parquet, CSV or JSON-lines file or folder")],
+    file_format: Annotated[str | None, typer.Option("--format", help="parquet|csv|json")] = None,
+    rejected: Annotated[str | None, typer.Option(help="where to write rejected rows")] = None,
+    master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Load a file of tasks with fair sequencing (Spark batch job); rejected rows
+    are written with their reasons. Exit code 0 if all rows loaded, 2 if some
+    were rejected."""
+    tune_gc()
+    from rota.loader.importer import import_tasks, summary_dict
+
+    summary = import_tasks(
+        settings_from(database_url),
+        path,
+        file_format=file_format,
+        rejected_path=rejected,
+        master=master,
+    )
+    typer.echo(json.dumps(summary_dict(summary), indent=2))
+    raise typer.Exit(2 if summary.rejected else 0)

@@ -1,0 +1,34 @@
+"""`rota migrate`: the schema, and the least-privilege roles."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import psycopg
+import typer
+
+from rota.cli.app import DatabaseUrl, app, settings_from
+
+
+@app.command()
+def migrate(
+    roles: Annotated[
+        bool, typer.Option(help="create rota_owner/_producer/_loader/_worker/_admin and grants")
+    ] = False,
+    print_roles: Annotated[
+        bool, typer.Option(help="print the roles' SQL instead of running anything")
+    ] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Create or upgrade rota's schema (idempotent; concurrent runs take turns)."""
+    from rota.migrate import migrate as run_migrations
+    from rota.migrate import roles_script
+
+    if print_roles:
+        typer.echo(roles_script(), nl=False)
+        return
+    with psycopg.connect(settings_from(database_url).database_url, autocommit=True) as conn:
+        applied = run_migrations(conn, roles=roles)
+    typer.echo(f"applied migrations: {applied}" if applied else "schema is up to date")
+    if roles:
+        typer.echo("roles rota_owner, rota_producer, rota_loader, rota_worker, rota_admin ready")

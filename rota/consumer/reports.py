@@ -1,0 +1,176 @@
+"""A worker's reports to the database, written as operations (rota.ops) so
+that they run on any connection and are tested without one.
+
+Outcomes are reported in batches, a statement per kind. When the database
+refuses a batch for its data, the tasks are reported one at a time, and a
+task refused alone is dead with the reason: one task's bad row never holds
+back the others' reports. A lost connection (psycopg.OperationalError) is
+never caught here: it is an outage, and the caller reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from uuid import UUID
+
+import psycopg
+
+from rota import ops
+from rota.db import Op
+
+log = logging.getLogger("rota.worker")
+
+Token = tuple[UUID, int]  # (task id, attempt): the claim's fencing token
+Item = TypeVar("Item")
+
+# The longest error text stored with a task.
+MESSAGE_MAX = 4000
+
+
+def describe(error: BaseException) -> str:
+    """An exception as one stored line; never raises, whatever its __str__ does."""
+    try:
+        text = "".join(traceback.format_exception_only(error)).strip()
+    except Exception:
+        text = f"{type(error).__name__} (its message could not be read)"
+    return text[:MESSAGE_MAX]
+
+
+@dataclass
+class Unreported:
+    """Outcomes of finished tasks not yet stored. `report` empties a kind only
+    once its statement went through, so that after a lost connection what is
+    left is reported on the next one (fencing refuses any token whose lease
+    went elsewhere meanwhile)."""
+
+    done: list[Token] = field(default_factory=list)
+    failed: list[ops.Failure] = field(default_factory=list)
+    stale: list[Token] = field(default_factory=list)  # not started: handed back
+    unknown: list[Token] = field(default_factory=list)  # names the app does not know
+
+    def __bool__(self) -> bool:
+        return bool(self.done or self.failed or self.stale or self.unknown)
+
+
+@dataclass(frozen=True)
+class UnknownTaskPolicy:
+    """ROTA_UNKNOWN_TASK_RETRY_SECONDS and _GRACE_SECONDS."""
+
+    retry_seconds: float
+    grace_seconds: float
+
+    @property
+    def reason(self) -> str:
+        return (
+            "unknown task: no worker whose app registers this name ran it within "
+            f"ROTA_UNKNOWN_TASK_GRACE_SECONDS ({self.grace_seconds:g} s)"
+        )
+
+
+def report(unreported: Unreported, unknown: UnknownTaskPolicy) -> Op[int]:
+    """Reports every kind of outcome in turn; returns how many tasks finished
+    (completed or failed, refused reports included)."""
+    finished = 0
+    if unreported.done:
+        completed = yield from send(unreported.done, ops.complete, _same)
+        refused = len(unreported.done) - len(completed)
+        if refused:
+            log.warning(
+                "%d completion(s) refused: lease lost, or reported before the connection was lost",
+                refused,
+            )
+        finished += len(unreported.done)
+        unreported.done = []
+    if unreported.failed:
+        yield from send(unreported.failed, ops.fail, _token_of_failure)
+        finished += len(unreported.failed)
+        unreported.failed = []
+    if unreported.stale:
+        yield from send(unreported.stale, ops.release, _same)
+        unreported.stale = []
+    if unreported.unknown:
+
+        def defer(tokens: list[Token]) -> Op[dict[UUID, str]]:
+            return ops.defer_unknown(
+                tokens, unknown.retry_seconds, unknown.grace_seconds, unknown.reason
+            )
+
+        yield from send(unreported.unknown, defer, _same)
+        unreported.unknown = []
+    return finished
+
+
+def send(
+    items: list[Item],
+    op: Callable[[list[Item]], Op[Collection[Any]]],
+    token_of: Callable[[Item], Token],
+) -> Op[list[Any]]:
+    """Runs `op(items)`; if the database refuses it for its data, one item at
+    a time, and an item refused alone is dead with the reason. Returns what
+    the accepted statements returned."""
+    try:
+        return list((yield from op(items)))
+    except psycopg.OperationalError:
+        raise
+    except Exception as exc:
+        if len(items) == 1:
+            yield from bury(token_of(items[0]), exc)
+            return []
+        log.warning("a report of %d tasks was refused (%s); one at a time", len(items), exc)
+    results: list[Any] = []
+    for item in items:
+        try:
+            results.extend((yield from op([item])))
+        except psycopg.OperationalError:
+            raise
+        except Exception as exc:
+            yield from bury(token_of(item), exc)
+    return results
+
+
+def bury(token: Token, error: Exception) -> Op[None]:
+    """A task whose report the database refuses: dead, with the reason."""
+    reason = f"its outcome could not be stored: {describe(error)}"
+    log.error("task %s: %s", token[0], reason)
+    try:
+        yield from ops.fail([ops.Failure(*token, reason, final=True)])
+    except psycopg.OperationalError:
+        raise
+    except Exception as exc:
+        # Left to its lease: when it expires the task is requeued, and dead
+        # once out of attempts.
+        log.error("task %s could not be marked dead either: %s", token[0], describe(exc))
+
+
+def unreadable_claim(worker: str, in_hand: Collection[UUID], error: Exception) -> Op[int]:
+    """A claim committed but its rows could not be read (a row the rules of
+    today would refuse, stored before them). The tasks it took are this
+    worker's claims not in hand: one alone is the culprit and is dead with
+    the reason; several are handed back (no attempt used). Returns how many
+    claims of one task to make next, to single the culprit out (0: none)."""
+    taken = [t for t in (yield from ops.worker_claims(worker)) if t[0] not in in_hand]
+    if len(taken) == 1:
+        reason = f"claimed, but could not be read: {describe(error)}"
+        log.error("task %s: %s", taken[0][0], reason)
+        yield from ops.fail([ops.Failure(*taken[0], reason, final=True)])
+        return 0
+    if taken:
+        log.warning(
+            "a claim of %d task(s) could not be read (%s); claiming one at a time",
+            len(taken),
+            describe(error),
+        )
+        yield from ops.release(taken)
+    return len(taken)
+
+
+def _same(token: Token) -> Token:
+    return token
+
+
+def _token_of_failure(failure: ops.Failure) -> Token:
+    return (failure.task_id, failure.attempt)

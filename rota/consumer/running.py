@@ -1,0 +1,125 @@
+"""What a worker keeps of the tasks it runs, and how their ends are told apart."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from rota import db, ops
+from rota.consumer.reports import MESSAGE_MAX, Unreported, describe
+from rota.errors import Retry, ValidationError
+from rota.outage import Outage
+from rota.rules import check_delay
+from rota.settings import Settings
+
+log = logging.getLogger("rota.worker")
+
+# How long a listener waits for a NOTIFY before checking whether to stop.
+NOTIFY_WAIT_SECONDS = 1.0
+
+current_task: contextvars.ContextVar[ops.ClaimedTask] = contextvars.ContextVar("rota_task")
+
+
+class TaskTimeout(Exception):
+    pass
+
+
+@dataclass
+class InFlight:
+    task: ops.ClaimedTask
+    timeout: float | None
+    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    claimed_at: float = 0.0
+    started_at: float | None = None  # set when it really starts (not when prefetched)
+    timed_out: bool = False
+
+    def begin(self) -> None:
+        self.started_at = time.monotonic()
+
+
+@dataclass
+class Outcome:
+    task: ops.ClaimedTask
+    error: BaseException | None  # None: success
+
+
+class StaleClaim(Exception):
+    """A prefetched task whose lease ran out while the database was out of
+    reach: not started (another worker may hold it now); handed back."""
+
+
+class TaskAborted(Exception):
+    """An async task raised SystemExit or KeyboardInterrupt: it fails like any
+    error instead of stopping the worker's event loop."""
+
+
+def retry_failure(task: ops.ClaimedTask, retry: Retry) -> ops.Failure:
+    """rota.Retry: run again after its countdown, or the task's backoff when
+    it gave none or one out of bounds (said in the stored reason)."""
+    reason = retry.reason if isinstance(retry.reason, str) else describe(retry)
+    retry_at = None
+    if retry.countdown is not None:
+        try:
+            seconds = check_delay("Retry countdown", retry.countdown)
+        except ValidationError as exc:
+            reason = f"{reason} ({exc}; retried after the task's backoff instead)"
+        else:
+            retry_at = datetime.now(UTC) + timedelta(seconds=seconds)
+    return ops.Failure(task.id, task.attempt, reason[:MESSAGE_MAX], retry_at)
+
+
+def sort_outcome(outcome: Outcome, unreported: Unreported) -> None:
+    """Files a finished task's outcome under what is to be reported."""
+    task, error = outcome.task, outcome.error
+    if isinstance(error, StaleClaim):
+        log.warning(
+            "not starting task %s: its lease ran out while the database was out of reach; "
+            "handing it back",
+            task.id,
+        )
+        unreported.stale.append(task.token)
+    elif error is None:
+        unreported.done.append(task.token)
+    elif isinstance(error, Retry):
+        unreported.failed.append(retry_failure(task, error))
+    else:
+        log.warning(
+            "task %s (%s, tenant %s) failed on attempt %d: %s",
+            task.id,
+            task.name,
+            task.tenant,
+            task.attempt,
+            describe(error),
+        )
+        unreported.failed.append(ops.Failure(task.id, task.attempt, describe(error)))
+
+
+def listen(
+    settings: Settings, queues: list[str], wake: threading.Event, stopping: threading.Event
+) -> None:
+    """Sets `wake` on each NOTIFY for one of `queues`, until `stopping`; after
+    a lost connection it listens again once reconnected (the claim loop polls
+    meanwhile)."""
+    wanted = set(queues)
+    outage = Outage("PostgreSQL (LISTEN)", log)
+    while not stopping.is_set():
+        try:
+            with db.connect(
+                settings.database_url, connect_timeout=settings.database_timeout_seconds
+            ) as conn:
+                db.run(conn, ops.listen_ready())
+                outage.recovered()
+                while not stopping.is_set():
+                    for note in conn.notifies(timeout=NOTIFY_WAIT_SECONDS):
+                        if note.payload in wanted:
+                            wake.set()
+        except psycopg.OperationalError as exc:
+            stopping.wait(outage.failed(exc))

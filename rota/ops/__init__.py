@@ -1,0 +1,102 @@
+"""The queue core's operations, each written once for sync and async use.
+
+Every function returns an operation for `rota.db.run` / `rota.db.arun`:
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        tasks = db.transact(conn, ops.claim(["pdfs"], limit=100, worker="w1"))
+        db.transact(conn, ops.complete([(t.id, t.attempt) for t in tasks]))
+
+One module per audience, each with its own file of SQL blocks (rota/sql/):
+`load` (producers and loaders), `work` (workers), `maintain` (the
+maintenance duties), `admin` (operators' actions) and `read` (the read model).
+"""
+
+from rota.ops.admin import configure_tenant
+from rota.ops.load import (
+    READY_COPY_TYPES,
+    TASK_COPY_TYPES,
+    ReadyRow,
+    count_loader_batch,
+    load,
+    make_ready,
+    record_loader_batch,
+    task_rows,
+    tenant_backlogs,
+)
+from rota.ops.maintain import (
+    PRUNE_BATCH,
+    WorkerInfo,
+    live_workers,
+    promote_due,
+    prune_dead,
+    prune_finished,
+    prune_loader_batches,
+    prune_workers,
+    queue_names,
+    reap_stopped_workers_claims,
+    reap_workers,
+    requeue_expired,
+    requeue_lost,
+    try_maintenance_lock,
+)
+from rota.ops.read import TaskState, queue_counts, task_states
+from rota.ops.work import (
+    ClaimedTask,
+    FailOutcome,
+    Failure,
+    claim,
+    complete,
+    defer_unknown,
+    extend_leases,
+    fail,
+    listen_ready,
+    register_worker,
+    release,
+    stop_worker,
+    worker_claims,
+    worker_heartbeat,
+)
+
+__all__ = [
+    "PRUNE_BATCH",
+    "READY_COPY_TYPES",
+    "TASK_COPY_TYPES",
+    "ClaimedTask",
+    "FailOutcome",
+    "Failure",
+    "ReadyRow",
+    "TaskState",
+    "WorkerInfo",
+    "claim",
+    "complete",
+    "configure_tenant",
+    "count_loader_batch",
+    "defer_unknown",
+    "extend_leases",
+    "fail",
+    "listen_ready",
+    "live_workers",
+    "load",
+    "make_ready",
+    "promote_due",
+    "prune_dead",
+    "prune_finished",
+    "prune_loader_batches",
+    "prune_workers",
+    "queue_counts",
+    "queue_names",
+    "reap_stopped_workers_claims",
+    "reap_workers",
+    "record_loader_batch",
+    "register_worker",
+    "release",
+    "requeue_expired",
+    "requeue_lost",
+    "stop_worker",
+    "task_rows",
+    "task_states",
+    "tenant_backlogs",
+    "try_maintenance_lock",
+    "worker_claims",
+    "worker_heartbeat",
+]

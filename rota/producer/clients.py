@@ -1,0 +1,210 @@
+"""The producers: carry out `ProducerCore`'s effects with redis-py and
+psycopg, sync (`Producer`) or asyncio (`AsyncProducer`). What each effect
+means is written once, here; the two classes differ only in awaiting."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from tenacity import AsyncRetrying, Retrying
+
+from rota import db, ops
+from rota.db import Op
+from rota.effects import adrive, drive
+from rota.entries import TaskBatch
+from rota.producer.core import (
+    Effect,
+    FetchBacklogs,
+    LoadDatabase,
+    ProbeBuffer,
+    ProducerCore,
+    ReadBufferBacklogs,
+    WriteBuffer,
+)
+from rota.settings import Settings
+
+RedisEffect = WriteBuffer | ProbeBuffer | ReadBufferBacklogs
+
+
+def queue_commands(pipe: Any, effect: RedisEffect) -> None:
+    """Queues a Redis effect's commands on a pipeline (read back by `result_of`)."""
+    if isinstance(effect, WriteBuffer):
+        # The XADDs, then one XLEN per stream, then the backlog counts.
+        for stream, entries in effect.entries.items():
+            for fields in entries:
+                pipe.xadd(stream, fields)
+        if effect.measure:
+            for stream in effect.entries:
+                pipe.xlen(stream)
+        for key, costs in effect.backlog.items():
+            for tenant, cost in costs.items():
+                pipe.hincrbyfloat(key, tenant, cost)
+    elif isinstance(effect, ProbeBuffer):
+        for stream in effect.streams:
+            pipe.xlen(stream)
+    else:
+        for key in effect.keys:
+            pipe.hgetall(key)
+
+
+def result_of(effect: RedisEffect, replies: list[Any]) -> Any:
+    """What the flow receives for a Redis effect, from its pipeline's replies."""
+    if isinstance(effect, WriteBuffer):
+        if not effect.measure:
+            return {}
+        start = sum(len(entries) for entries in effect.entries.values())
+        lengths = replies[start : start + len(effect.entries)]
+        return {stream: int(n) for stream, n in zip(effect.entries, lengths, strict=True)}
+    if isinstance(effect, ProbeBuffer):
+        return dict(zip(effect.streams, map(int, replies), strict=True))
+    total: dict[str, float] = {}
+    for counts in replies:
+        for tenant, cost in counts.items():
+            name = tenant.decode() if isinstance(tenant, bytes) else tenant
+            total[name] = total.get(name, 0.0) + float(cost)
+    return total
+
+
+def database_step(effect: LoadDatabase | FetchBacklogs) -> tuple[Op[Any], bool]:
+    """A database effect's operation, and whether it runs in a transaction of
+    its own: a load does, except in the caller's open transaction
+    (`connection=`), where it commits or rolls back with the caller's work."""
+    if isinstance(effect, FetchBacklogs):
+        return ops.tenant_backlogs(), False
+    own = effect.connection is None or effect.connection.autocommit
+    return ops.load(effect.envelopes), own
+
+
+def _redis_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "socket_timeout": settings.redis_timeout_seconds,
+        "socket_connect_timeout": settings.redis_timeout_seconds,
+        # Retries are ours (tenacity, then the fallback), not redis-py's.
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
+class Producer:
+    """Sync producer. Thread-safe; one per process is enough."""
+
+    def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
+        self.core = core or ProducerCore(settings)
+        self.settings = settings
+        self._redis: redis.Redis | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._conn_lock = threading.Lock()
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(
+                self.settings.redis_url, **_redis_options(self.settings)
+            )
+        return self._redis
+
+    def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
+        return drive(self.core.store(batch, connection), self._carry_out)
+
+    def _carry_out(self, effect: Effect) -> Any:
+        if isinstance(effect, RedisEffect):
+            for attempt in Retrying(**self.core.retry_policy(effect)):
+                with attempt:
+                    pipe = self.redis.pipeline(transaction=False)
+                    queue_commands(pipe, effect)
+                    replies = pipe.execute()
+            return result_of(effect, replies)
+        op, own_transaction = database_step(effect)
+        run = db.transact if own_transaction else db.run
+        if isinstance(effect, LoadDatabase) and effect.connection is not None:
+            return run(effect.connection, op)
+        with self._conn_lock:
+            try:
+                return run(self._connection(), op)
+            except psycopg.OperationalError:
+                self._drop_connection()
+                raise
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = db.connect(
+                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
+            )
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+        with self._conn_lock:
+            self._drop_connection()
+
+
+class AsyncProducer:
+    """asyncio producer (FastAPI, Starlette): the same flow, awaited."""
+
+    def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
+        self.core = core or ProducerCore(settings)
+        self.settings = settings
+        self._redis: redis.asyncio.Redis | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn_lock = asyncio.Lock()
+
+    @property
+    def redis(self) -> redis.asyncio.Redis:
+        if self._redis is None:
+            self._redis = redis.asyncio.Redis.from_url(
+                self.settings.redis_url, **_redis_options(self.settings)
+            )
+        return self._redis
+
+    async def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
+        return await adrive(self.core.store(batch, connection), self._carry_out)
+
+    async def _carry_out(self, effect: Effect) -> Any:
+        if isinstance(effect, RedisEffect):
+            async for attempt in AsyncRetrying(**self.core.retry_policy(effect)):
+                with attempt:
+                    pipe = self.redis.pipeline(transaction=False)
+                    queue_commands(pipe, effect)
+                    replies = await pipe.execute()
+            return result_of(effect, replies)
+        op, own_transaction = database_step(effect)
+        run = db.atransact if own_transaction else db.arun
+        if isinstance(effect, LoadDatabase) and effect.connection is not None:
+            return await run(effect.connection, op)
+        async with self._conn_lock:
+            try:
+                return await run(await self._connection(), op)
+            except psycopg.OperationalError:
+                await self._drop_connection()
+                raise
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await db.aconnect(
+                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
+            )
+        return self._conn
+
+    async def _drop_connection(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+        self._conn = None
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+        async with self._conn_lock:
+            await self._drop_connection()

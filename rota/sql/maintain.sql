@@ -1,0 +1,41 @@
+-- The maintenance duties (rota.consumer.maintenance).
+-- Named statements (`-- name: NAME`), found by rota.sql.query(NAME).
+-- Array parameters are sent in binary (`%(name)b`): the text form quotes each element.
+
+-- name: take_due
+-- Due scheduled tasks, back to pending; they get their fair place in line
+-- from rota.ops.make_ready.
+SELECT id, seq, queue_id, tenant_id, cost FROM rota.take_due(%(limit)s::integer)
+
+-- name: requeue_expired
+SELECT id FROM rota.requeue_expired() AS id
+
+-- name: stopped_workers_claims
+SELECT task_id FROM rota.stopped_workers_claims(make_interval(secs => %(seconds)s)) AS task_id
+
+-- name: live_workers
+SELECT id, host, pid, extract(epoch FROM now() - heartbeat_at) AS silent_seconds
+FROM rota.workers WHERE stopped_at IS NULL
+
+-- name: reap_workers
+-- Marks workers dead and returns their claimed tasks' ids, for requeueing.
+SELECT task_id FROM rota.reap_workers(%(ids)b::text[]) AS task_id
+
+-- name: queue_names
+SELECT name FROM rota.queues ORDER BY name
+
+-- name: maintenance_lock
+-- One elected runner of the maintenance duties (session lock, held while alive).
+SELECT pg_try_advisory_lock(hashtext('rota.maintenance'))
+
+-- name: prune_finished
+SELECT rota.prune_finished(make_interval(secs => %(seconds)s), %(limit)s::integer)
+
+-- name: prune_dead
+SELECT rota.prune_dead(make_interval(secs => %(seconds)s), %(limit)s::integer)
+
+-- name: prune_workers
+SELECT rota.prune_workers(make_interval(secs => %(seconds)s))
+
+-- name: prune_loader_batches
+SELECT rota.prune_loader_batches(make_interval(secs => %(seconds)s), %(keep)s::integer)

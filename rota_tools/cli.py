@@ -1,0 +1,293 @@
+"""`rota bench` and `rota demo`: registered with the `rota` command through the
+`rota.commands` entry points (pyproject.toml); nothing in rota imports this."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import psycopg
+import typer
+
+from rota.cli.app import DatabaseUrl, RedisUrl, settings_from
+from rota.process import tune_gc
+from rota.settings import Settings
+
+bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.", no_args_is_help=True)
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _report(scenario: str, figures: dict[str, Any], as_json: bool) -> None:
+    report = {
+        "scenario": scenario,
+        "at": datetime.now(UTC).isoformat(),
+        "machine": _machine(),
+        **figures,
+    }
+    if as_json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for key, value in report.items():
+            typer.echo(f"{key}: {value}")
+
+
+Local = Annotated[
+    bool | None,
+    typer.Option(
+        "--local/--no-local", help="start a throwaway PostgreSQL (default when no URL is set)"
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print the figures as JSON")]
+
+
+@contextlib.contextmanager
+def _benchsettings_from(
+    database_url: str | None, redis_url: str | None, local: bool | None
+) -> Iterator[Settings]:
+    """Settings for a benchmark, schema migrated: the given servers, or
+    throwaway local ones."""
+    from rota.migrate import migrate as run_migrations
+    from rota_tools.devservers import local_postgres, local_redis
+
+    configured = database_url or "ROTA_DATABASE_URL" in os.environ
+    with contextlib.ExitStack() as stack:
+        if local if local is not None else not configured:
+            pg = stack.enter_context(local_postgres())
+            rd = stack.enter_context(local_redis())
+            settings = settings_from(pg.url, rd.url)
+        else:
+            settings = settings_from(database_url, redis_url)
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            run_migrations(conn)
+        yield settings
+
+
+@bench_app.command("load")
+def bench_load(
+    engine: Annotated[str, typer.Option(help="core (bulk SQL vs raw COPY), python or spark")] = (
+        "core"
+    ),
+    tasks: int = 200_000,
+    loaders: Annotated[int, typer.Option(help="python engine: loader processes")] = 2,
+    tenants: int = 1000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
+    buffer -> PostgreSQL pipeline's tasks/s and enqueue -> claimable latency."""
+    from rota_tools.bench.core import bench_load as run_core
+    from rota_tools.bench.pipeline import bench_pipeline_load
+
+    tune_gc()  # as in `rota loader` (and its Python loaders' processes)
+    with _benchsettings_from(database_url, redis_url, local) as settings:
+        if engine == "core":
+            figures = run_core(settings.database_url, tasks, tenants, runs)
+        elif engine in ("python", "spark"):
+            figures = bench_pipeline_load(settings, engine, tasks, tenants, runs, loaders)
+        else:
+            raise typer.BadParameter(f"unknown engine {engine!r}")
+        _report("load", figures, as_json)
+
+
+@bench_app.command("enqueue")
+def bench_enqueue(
+    tasks: int = 200_000,
+    tenants: int = 1000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Producer: enqueue_many and single enqueue into the buffer, and the fallback."""
+    from rota_tools.bench.pipeline import bench_enqueue as run
+
+    with _benchsettings_from(database_url, redis_url, local) as settings:
+        _report("enqueue", run(settings, tasks, tenants, runs), as_json)
+
+
+@bench_app.command("work")
+def bench_work(
+    tasks: int = 50_000,
+    tenants: int = 1000,
+    concurrency: int = 8,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
+    and enqueue -> start latency with NOTIFY."""
+    from rota_tools.bench.pipeline import bench_work as run
+
+    with _benchsettings_from(database_url, redis_url, local) as settings:
+        _report("work", run(settings, tasks, tenants, concurrency), as_json)
+
+
+def _fairness_command(scenario: str) -> None:
+    def command(
+        scale: Annotated[int, typer.Option(help="workload size multiplier")] = 100,
+        database_url: DatabaseUrl = None,
+        local: Local = None,
+        as_json: AsJson = False,
+    ) -> None:
+        from rota_tools.bench.fairness import bench_fairness
+
+        with _benchsettings_from(database_url, None, local) as settings:
+            _report(scenario, bench_fairness(settings.database_url, scenario, scale), as_json)
+
+    command.__doc__ = f"Fairness: the {scenario} workload through rota, FIFO and PARTITION BY."
+    bench_app.command(scenario)(command)
+
+
+for _scenario in ("noisy-neighbour", "zipf", "weighted", "cost"):
+    _fairness_command(_scenario)
+
+
+@bench_app.command("end-to-end")
+def bench_end_to_end(
+    tasks: int = 20_000,
+    tenants: int = 100,
+    rate: float = 2000.0,
+    concurrency: int = 8,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
+    from rota_tools.bench.pipeline import bench_end_to_end as run
+
+    with _benchsettings_from(database_url, redis_url, local) as settings:
+        _report("end-to-end", run(settings, tasks, tenants, rate, concurrency), as_json)
+
+
+@bench_app.command("lock-pressure")
+def bench_lock_pressure(
+    tenants: int = 1000,
+    connections: int = 8,
+    claim_size: int = 100,
+    seconds: float = 5.0,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Racing claimers (some tenants limited) while pg_locks is sampled."""
+    from rota_tools.bench.core import lock_pressure
+
+    with _benchsettings_from(database_url, None, local) as settings:
+        _report(
+            "lock-pressure",
+            lock_pressure(settings.database_url, tenants, connections, claim_size, seconds),
+            as_json,
+        )
+
+
+@bench_app.command("backlog-scaling")
+def bench_backlog_scaling(
+    backlogs: str = "10000,100000,1000000",
+    tenants: int = 1000,
+    connections: int = 4,
+    claim_size: int = 100,
+    samples: int = 200,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Claim latency at 10k, 100k and 1M waiting, and after as many were churned."""
+    from rota_tools.bench.core import backlog_scaling
+
+    sizes = [int(b) for b in backlogs.split(",")]
+    with _benchsettings_from(database_url, None, local) as settings:
+        figures = backlog_scaling(
+            settings.database_url, sizes, tenants, connections, claim_size, samples
+        )
+        _report("backlog-scaling", figures, as_json)
+
+
+@bench_app.command("claim")
+def bench_claim(
+    backlogs: str = "10000,100000,1000000",
+    tenants: int = 1000,
+    connections: int = 4,
+    claim_size: int = 100,
+    samples: int = 200,
+    seconds: float = 5.0,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Claim + complete throughput (vs a plain FIFO baseline), and claim latency
+    by backlog and after churn."""
+    from rota_tools.bench.core import bench_claim as run
+
+    tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
+    sizes = [int(b) for b in backlogs.split(",")]
+    with _benchsettings_from(database_url, None, local) as settings:
+        figures = run(
+            settings.database_url, sizes, tenants, connections, claim_size, samples, seconds, runs
+        )
+        _report("claim", figures, as_json)
+
+
+@bench_app.command("chaos")
+def bench_chaos(
+    rate: Annotated[float, typer.Option(help="tasks per second offered")] = 150.0,
+    baseline_seconds: float = 30.0,
+    settle_seconds: Annotated[float, typer.Option(help="under load after each fault")] = 20.0,
+    pg_pause_seconds: Annotated[float, typer.Option(help="PostgreSQL down this long")] = 10.0,
+    spark: Annotated[
+        bool, typer.Option("--spark/--no-spark", help="kill -9 a Spark loader too")
+    ] = True,
+    faults: Annotated[
+        bool, typer.Option("--faults/--no-faults", help="off: the same run, no faults")
+    ] = True,
+    as_json: AsJson = False,
+) -> None:
+    """Faults under load (kill -9 of each process, Redis and PostgreSQL
+    restarts): acknowledged vs ran, duplicates by cause, limit violations,
+    recovery times, throughput held. Throwaway servers."""
+    from rota_tools.bench.chaos import run_chaos
+
+    figures = run_chaos(
+        rate=rate,
+        baseline_seconds=baseline_seconds,
+        settle_seconds=settle_seconds,
+        pg_pause_seconds=pg_pause_seconds,
+        spark=spark,
+        faults_enabled=faults,
+    )
+    _report("chaos", figures, as_json)
+
+
+def demo(
+    flood: int = 100_000,
+    small_tenants: int = 50,
+    out: Annotated[str, typer.Option(help="where the chart goes")] = "demo-out",
+    as_json: AsJson = False,
+) -> None:
+    """The whole pipeline on local servers: a flood, quiet tenants, fair waits."""
+    tune_gc()
+    from rota_tools.demo import main as run_demo
+
+    result = run_demo(flood=flood, small_tenants=small_tenants, out=out)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
