@@ -28,7 +28,8 @@ typecheck: $(STAMP)
 test: install lint typecheck
 	$(PY) -m pytest tests
 
-test-fast: install
+# The unit tier: no servers (fakeredis stands in for Redis), seconds.
+test-fast: $(STAMP)
 	$(PY) -m pytest tests/unit
 
 demo: install

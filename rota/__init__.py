@@ -1,7 +1,7 @@
 """rota: a fair, multi-tenant task queue for Python."""
 
 from rota import db, ops
-from rota.app import App, Task, TaskCall
+from rota.app import App
 from rota.errors import (
     CapacityExceeded,
     EnqueueError,
@@ -15,6 +15,7 @@ from rota.errors import (
     ValidationError,
 )
 from rota.settings import Settings
+from rota.task import Task, TaskCall
 
 __version__ = "0.1.0"
 

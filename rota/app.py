@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, overload
 from uuid import UUID
 
 from rota.entries import TaskBatch
-from rota.envelope import EnvelopeTemplate, check_run, envelope_template, task_id_for_key
+from rota.envelope import check_run, envelope_template, task_id_for_key
 from rota.errors import UnknownTask, ValidationError
 from rota.rules import (
     check_idempotency_key,
@@ -32,135 +31,10 @@ from rota.rules import (
     resolve_eta,
 )
 from rota.settings import Settings
+from rota.task import RESERVED, P, Periodic, R, Task, TaskCall, TaskOptions
 
 if TYPE_CHECKING:
     from rota.producer import AsyncProducer, Producer, ProducerCore
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-# Keyword names that are enqueue options, not task arguments.
-RESERVED = frozenset({"tenant", "eta", "countdown", "cost", "idempotency_key", "connection"})
-
-
-@dataclass(frozen=True)
-class TaskOptions:
-    queue: str
-    max_attempts: int
-    backoff: float
-    backoff_max: float
-    timeout: float | None
-    cost: float
-
-
-@dataclass(frozen=True)
-class Periodic:
-    """A task enqueued on a cron schedule; it gets the tick (ISO time) as last argument."""
-
-    schedule: str
-    task: Task[Any, Any]
-    tenant: str
-    args: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True)
-class TaskCall:
-    """One task to enqueue: what `task.call(...)` returns, for `enqueue_many`."""
-
-    name: str
-    tenant: str
-    args: Sequence[Any] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    queue: str | None = None
-    eta: datetime | None = None
-    countdown: float | None = None
-    cost: float | None = None
-    idempotency_key: str | None = None
-
-
-class ArgumentCheck:
-    """Checks a call's arguments against the task function's signature, at
-    enqueue rather than in a worker three attempts later. Calls of one shape
-    (number of arguments, keyword names) share one verdict."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.signature = inspect.signature(fn)
-        self._verdicts: dict[tuple[int, tuple[str, ...]], str | None] = {}
-
-    def check(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        try:
-            shape = (len(args), tuple(kwargs))
-        except TypeError:
-            return  # not a list and a dict: the payload check says so
-        verdict = self._verdicts.get(shape, False)
-        if verdict is False:
-            try:
-                self.signature.bind(*range(shape[0]), **dict.fromkeys(shape[1]))
-                verdict = None
-            except TypeError as exc:
-                verdict = str(exc)
-            if len(self._verdicts) < 1024:
-                self._verdicts[shape] = verdict
-        if verdict is not None:
-            raise ValidationError(f"arguments do not fit task {name!r}: {verdict}")
-
-
-class Task(Generic[P, R]):
-    """A registered task. Calling it runs the function here and now."""
-
-    def __init__(
-        self, app: App, fn: Callable[P, R], template: EnvelopeTemplate, options: TaskOptions
-    ) -> None:
-        self.app = app
-        self.fn = fn
-        self.name = template.name
-        self.template = template  # name, queue and retry policy, checked
-        self.options = options
-        self.arguments = ArgumentCheck(fn)
-        self.__doc__ = fn.__doc__
-        self.__wrapped__ = fn
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<rota.Task {self.name} queue={self.options.queue}>"
-
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
-
-    def call(
-        self,
-        *args: Any,
-        tenant: str,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        cost: float | None = None,
-        idempotency_key: str | None = None,
-        **kwargs: Any,
-    ) -> TaskCall:
-        return self.app.call(
-            self.name,
-            args,
-            kwargs,
-            tenant=tenant,
-            queue=self.options.queue,
-            eta=eta,
-            countdown=countdown,
-            cost=cost,
-            idempotency_key=idempotency_key,
-        )
-
-    def enqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
-        """Enqueues one run: arguments and options (`tenant=`, `eta=`/`countdown=`,
-        `cost=`, `idempotency_key=`) as for `call`; returns the task id once the
-        task is stored. `connection=`: in that psycopg transaction."""
-        return self.app.enqueue_many([self.call(*args, **options)], connection=connection)[0]
-
-    async def aenqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
-        calls = [self.call(*args, **options)]
-        return (await self.app.aenqueue_many(calls, connection=connection))[0]
 
 
 class App:

@@ -204,3 +204,31 @@ def subtract_backlogs(client: redis.Redis, loaded: Sequence[tuple[str, Sequence[
             args = [x for pair in per_tenant.items() for x in pair]
             subtract(keys=[backlog_key(stream)], args=args, client=pipe)
     pipe.execute()
+
+
+def buffer_stats(client: Any, streams: list[str], group: str) -> dict[str, dict[str, float | int]]:
+    """Per shard: entries waiting (read or not), entries read but not yet
+    loaded, and the age of the oldest entry not yet loaded."""
+    pipe = client.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xlen(stream)
+        pipe.xpending(stream, group)
+        pipe.xrange(stream, count=1)
+    replies: list[Any] = pipe.execute()
+    now_ms = time.time() * 1000
+    stats: dict[str, dict[str, float | int]] = {}
+    for i, stream in enumerate(streams):
+        length, pending, first = replies[3 * i : 3 * i + 3]
+        oldest_ms = int(_entry_ms(first[0][0])) if first else None
+        stats[stream] = {
+            "entries": int(length),
+            "pending": int(pending["pending"]),
+            "oldest_age_seconds": round((now_ms - oldest_ms) / 1000, 3) if oldest_ms else 0.0,
+        }
+    return stats
+
+
+def _entry_ms(entry_id: bytes | str) -> int:
+    """The time (ms since the epoch) in a stream entry's id, `<ms>-<seq>`."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.split("-")[0])

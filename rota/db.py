@@ -53,8 +53,8 @@ Op: TypeAlias = Generator[Step, list[Row], T]
 
 class UUIDArray(list[UUID]):
     """Task ids for a `uuid[]` parameter, sent in one piece: psycopg's list
-    dumper calls a Python dumper per element (about 1.7 µs), a cost a loader
-    pays on every task it loads and a worker on every task it reports."""
+    dumper calls a Python dumper per element, a cost a loader pays on every
+    task it loads and a worker on every task it reports."""
 
 
 _UUID = pg_types["uuid"]
@@ -79,8 +79,8 @@ class _UUIDArrayDumper(Dumper):
 psycopg.adapters.register_dumper(UUIDArray, _UUIDArrayDumper)
 
 
-# Results come in binary: a claim's 100 rows (uuids, timestamps) cost the
-# client about 15% less CPU to read than in text.
+# Results come in binary: uuids and timestamps cost the client less CPU to
+# read than in text.
 def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     """Drives an operation on a sync connection, inside the caller's transaction."""
 
@@ -127,16 +127,16 @@ async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
 
 
 # rota's statements are prepared (psycopg does so after a few runs) and their
-# plans do not depend on the values: a generic plan saves the claim's ~1 ms of
-# planning per call that custom plans would spend. A generic plan lives as long
-# as the session (until the next ANALYZE of its tables), so it must not depend
-# on the statistics either: planned while the queue was empty, the claim
-# sorted a sequential scan of the whole ready table on every call (32 ms at
-# 20k waiting instead of 2-3). Every statement of rota's is driven by an index.
-# JIT is off: a scan that is still sequential (a small table without an index
-# for the filter) is costed at 1e10 when disabled, which made PostgreSQL
-# JIT-compile such statements on every run (130 ms for queue_counts, whose
-# execution takes 1 ms); rota's statements are short and never gain from it.
+# plans do not depend on the values: a generic plan saves the claim the
+# planning that custom plans would spend on every call. A generic plan lives as
+# long as the session (until the next ANALYZE of its tables), so it must not
+# depend on the statistics either: planned while the queue was empty, the
+# claim would sort a sequential scan of the whole ready table on every call.
+# Every statement of rota's is driven by an index (tests/integration/
+# test_claim_plan.py). JIT is off: a scan that is still sequential (a small
+# table without an index for the filter) is costed at 1e10 when disabled,
+# which makes PostgreSQL JIT-compile such statements on every run; rota's
+# statements are short and never gain from it.
 SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
 CONNECTION_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
 

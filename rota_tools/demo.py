@@ -28,6 +28,7 @@ from rich.table import Table
 import rota
 from rota import db, ops
 from rota_tools.sql import query
+from rota_tools.stats import percentile
 
 app = rota.App.from_env()
 QUEUE = "demo"
@@ -75,11 +76,6 @@ def _progress(conn: Any) -> Table:
 def _done_of(conn: Any, tenant: str) -> int:
     row = conn.execute(query("demo_done_of_tenant"), {"tenant": tenant}).fetchone()
     return int(row[0]) if row else 0
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
@@ -182,9 +178,9 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
             "tasks": len(values),
             "share": round(len(values) / total, 4),
             "wait_p50_ms": round(statistics.median(values), 1),
-            "wait_p99_ms": round(_pct(values, 0.99), 1),
+            "wait_p99_ms": round(percentile(values, 0.99), 1),
             "fifo_wait_p50_ms": round(statistics.median(fifo[group]), 1),
-            "fifo_wait_p99_ms": round(_pct(fifo[group], 0.99), 1),
+            "fifo_wait_p99_ms": round(percentile(fifo[group], 0.99), 1),
         }
         for group, values in sorted(waits.items())
     }

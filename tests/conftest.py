@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from rota import App, Settings
-from rota_tools.devservers import Server, local_postgres, local_redis
 from rota.migrate import migrate
+from rota_tools.devservers import Server, local_postgres, local_redis
 
 _counter = itertools.count()
 

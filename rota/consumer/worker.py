@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from rota import db, ops
-from rota.app import App, Task
+from rota.app import App
 from rota.consumer.maintenance import Leadership, Maintenance
 from rota.consumer.reports import (
     UnknownTaskPolicy,
@@ -48,6 +48,7 @@ from rota.consumer.running import (
     sort_outcome,
 )
 from rota.outage import Outage, retrying
+from rota.task import Task
 
 log = logging.getLogger("rota.worker")
 

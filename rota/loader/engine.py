@@ -32,6 +32,7 @@ from rota.buffer import (
     add_dead_letters,
     all_streams,
     backlog_key,
+    buffer_stats,
     decode_entry,
     subtract_backlogs,
     trim_dead_letters,
@@ -351,26 +352,10 @@ class Loader:
     # -- observability ---------------------------------------------------------
 
     def buffer_stats(self) -> dict[str, dict[str, float | int]]:
-        """Per shard: entries waiting (read or not), entries read but not yet
-        loaded, and the age of the oldest entry not yet loaded."""
+        """Per shard: entries waiting, entries read but not yet loaded, and the
+        age of the oldest entry not yet loaded."""
         self.ensure_groups()
-        pipe = self.redis.pipeline(transaction=False)
-        for stream in self.streams:
-            pipe.xlen(stream)
-            pipe.xpending(stream, self.settings.loader_group)
-            pipe.xrange(stream, count=1)
-        replies: list[Any] = pipe.execute()
-        now_ms = time.time() * 1000
-        stats: dict[str, dict[str, float | int]] = {}
-        for i, stream in enumerate(self.streams):
-            length, pending, first = replies[3 * i : 3 * i + 3]
-            oldest_ms = int(_text(first[0][0]).split("-")[0]) if first else None
-            stats[stream] = {
-                "entries": int(length),
-                "pending": int(pending["pending"]),
-                "oldest_age_seconds": round((now_ms - oldest_ms) / 1000, 3) if oldest_ms else 0.0,
-            }
-        return stats
+        return buffer_stats(self.redis, self.streams, self.settings.loader_group)
 
     # -- drains ----------------------------------------------------------------
 

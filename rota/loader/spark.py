@@ -9,9 +9,9 @@ partition (Spark computes the next while the driver loads) and loads it in
 chunks with the core's bulk SQL (COPY + one call), all in one transaction with
 a ledger row keyed by (checkpoint, batch id): a replayed micro-batch is
 skipped, so every task is loaded exactly once. Invalid entries, and tasks
-PostgreSQL refuses, go to the dead-letter stream. Loading on the executors instead (each its own
-shards, `mapInArrow`) measured 17% slower here: loads of one queue take turns
-on its lock wherever they run, so more loaders only add per-load overhead.
+PostgreSQL refuses, go to the dead-letter stream. The driver loads rather
+than the executors: loads of one queue take turns on its lock wherever they
+run, so more loaders only add per-load overhead (docs/benchmarks.md).
 Once a batch is durable, the source's `commit` trims the shards up to it.
 
     rota loader run                          # local[*]

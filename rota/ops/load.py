@@ -16,7 +16,7 @@ from rota.sql import query
 
 # Column types of the copy_tasks block (rows from `task_rows`). The payload (a
 # json column) and the status (an enum) go as text: in binary COPY their form
-# is their text, and the text dumper skips psycopg's JSON wrapper (2 µs a task).
+# is their text, and the text dumper skips psycopg's JSON wrapper.
 TASK_COPY_TYPES = (
     "uuid", "int8", "int4", "int4", "text", "text", "float8", "int4", "float8", "float8",
     "text", "timestamptz", "timestamptz", "text",
@@ -89,7 +89,7 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
 
 def _first_of_each_id(envelopes: Iterable[TaskEnvelope]) -> list[TaskEnvelope]:
     envelopes = list(envelopes)
-    # Keyed by the ids' ints: UUID's own hash is a Python call (1.5 µs a task).
+    # Keyed by the ids' ints: UUID's own hash is a Python-level call.
     seen = {envelope.id.int for envelope in envelopes}
     if len(seen) == len(envelopes):
         return envelopes  # the usual case: no id twice

@@ -45,8 +45,7 @@ SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
 
 -- name: tenant_backlog
 -- The tenants with a capacity (backpressure) and their waiting work. The
--- filter reaches the view's scan, so the others cost nothing: with 1,000
--- tenants, two of them with a capacity, 0.65 ms against 24 ms for all.
+-- filter reaches the view's scan, so tenants without a capacity cost nothing.
 SELECT tenant, capacity, backlog FROM rota.tenant_backlog WHERE capacity IS NOT NULL
 
 -- name: record_loader_batch

@@ -126,7 +126,7 @@ CREATE TABLE rota.ready (
     autovacuum_analyze_scale_factor = 0.02,
     autovacuum_vacuum_cost_delay = 0,
     -- Truncating empty pages takes an ACCESS EXCLUSIVE lock, which pushes
-    -- every claim's locks off the fast path (migration 0010).
+    -- every claim's locks off the lock manager's fast path.
     vacuum_truncate = false
 );
 CREATE INDEX ready_fair_order ON rota.ready (queue_id, vtime, tenant_id, seq);
@@ -613,7 +613,7 @@ BEGIN
         FROM claimed
     )
     SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
-           -- Looked up only for tasks loaded before the name was copied (0011).
+           -- Looked up only for tasks stored before the name was copied to them.
            coalesce(c.tenant, (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id))
                AS tenant,
            c.attempt,

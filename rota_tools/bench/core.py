@@ -24,6 +24,7 @@ from rota.envelope import TaskEnvelope, make_envelope
 from rota.migrate import migrate
 from rota.process import tune_gc
 from rota_tools.sql import query
+from rota_tools.stats import percentile
 
 BATCH = 10_000
 QUEUE = "bench"
@@ -217,11 +218,6 @@ def _interleaved_claim_latencies(
     return times
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def _claim_worker(args: tuple[str, str, int, float]) -> int:
     """Claims and finishes in a loop for `seconds`; `kind` is rota or the fifo baseline."""
     kind, url, limit, seconds = args
@@ -324,7 +320,7 @@ def backlog_scaling(
 def _latency_figures(times: list[float]) -> dict[str, float]:
     return {
         "p50_ms": round(statistics.median(times), 3),
-        "p99_ms": round(_percentile(times, 0.99), 3),
+        "p99_ms": round(percentile(times, 0.99), 3),
     }
 
 

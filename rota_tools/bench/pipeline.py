@@ -20,14 +20,10 @@ from rota.process import tune_gc
 from rota_tools.bench.core import reset, skewed_tenant
 from rota_tools.processes import spawn_workers, stop_workers
 from rota_tools.sql import query
+from rota_tools.stats import percentile
 
 QUEUE = "bench"
 NOOP_APP = "rota_tools.bench.noop:app"
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _app(settings: Settings) -> App:
@@ -107,12 +103,12 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
         "ratio_to_plain_pipelining": round(statistics.median(many) / statistics.median(plain), 3),
         "single_enqueue_ms": {
             "p50": round(statistics.median(single), 3),
-            "p99": round(_percentile(single, 0.99), 3),
+            "p99": round(percentile(single, 0.99), 3),
         },
         "fallback_enqueue_many_tasks_per_s": round(fallback),
         "fallback_single_enqueue_ms": {
             "p50": round(statistics.median(fallback_single), 3),
-            "p99": round(_percentile(fallback_single, 0.99), 3),
+            "p99": round(percentile(fallback_single, 0.99), 3),
         },
         "runs": {"enqueue_many": [round(r) for r in many], "plain": [round(r) for r in plain]},
         "goal": {"enqueue_many_tasks_per_s_at_least": 100_000, "single_p99_ms_at_most": 1.0},
@@ -318,7 +314,7 @@ def bench_pipeline_load(
         ),
         "enqueue_to_claimable_ms": {
             "p50": round(statistics.median(latencies), 1),
-            "p99": round(_percentile(latencies, 0.99), 1),
+            "p99": round(percentile(latencies, 0.99), 1),
             "tasks": len(latencies),
         },
         "goal": {
@@ -397,7 +393,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         "tasks_per_s": {f"{k}_process": round(v) for k, v in throughput.items()},
         "enqueue_to_start_ms": {
             "p50": round(statistics.median(starts), 1),
-            "p99": round(_percentile(starts, 0.99), 1),
+            "p99": round(percentile(starts, 0.99), 1),
         },
         "goal": {"start_p50_ms_at_most": 50, "ratio_to_pgqueuer_at_least": 2.0},
     }
@@ -487,6 +483,6 @@ def bench_end_to_end(
         "tasks_per_s": round(tasks / elapsed),
         "enqueue_to_start_ms": {
             "p50": round(statistics.median(starts), 1),
-            "p99": round(_percentile(starts, 0.99), 1),
+            "p99": round(percentile(starts, 0.99), 1),
         },
     }

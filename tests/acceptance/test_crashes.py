@@ -17,8 +17,10 @@ import psycopg
 import pytest
 
 from rota import App, EnqueueError, Settings, db, ops
-from rota_tools.devservers import local_redis, restart_redis
 from rota.loader import Loader
+from rota.producer.breaker import BreakerState
+from rota_tools.devservers import local_redis, restart_redis
+from tests.helpers import pending_idle_past_reclaim, wait_for
 
 CHILD = Path(__file__).with_name("loader_child.py")
 
@@ -49,7 +51,7 @@ def test_a_loader_killed_mid_batch_loses_and_duplicates_nothing(
     with psycopg.connect(database_url, autocommit=True) as conn:
         loaded_before = conn.execute("SELECT count(*) FROM rota.tasks").fetchone()
         assert loaded_before == ((0,) if stage == "before-commit" else (1020,))
-        time.sleep(settings.loader_idle_reclaim_seconds + 0.2)
+        wait_for(lambda: pending_idle_past_reclaim(settings), what="the entries to be idle")
         loader = Loader(settings)
         summary = loader.drain()
         loader.close()
@@ -90,17 +92,22 @@ def test_redis_killed_mid_burst_every_acknowledged_task_is_stored_once(
 
         producer = threading.Thread(target=burst)
         producer.start()
-        time.sleep(0.5)
+        core = app.producer.core
+        wait_for(lambda: len(acknowledged) > 50, what="the burst")
         server.kill()  # kill -9 in the middle of the burst
         killed_at = len(acknowledged)
-        time.sleep(0.7)  # the burst goes on, into PostgreSQL
+        # The burst goes on, into PostgreSQL...
+        wait_for(lambda: core.fallbacks > 20, what="enqueues to fall back")
         restart_redis(server)
-        time.sleep(0.7)  # and back into Redis, once the breaker's probe succeeds
+        # ...and back into Redis, once the breaker's probe succeeds.
+        wait_for(lambda: core.breaker.state is BreakerState.CLOSED, what="the breaker to close")
+        back_at = len(acknowledged)
+        wait_for(lambda: len(acknowledged) > back_at + 20, what="enqueues into Redis again")
         stop.set()
         producer.join()
         app.close()
         assert killed_at > 50 and len(acknowledged) > killed_at + 20
-        assert app._core.fallbacks > 0
+        assert core.fallbacks > 0
         assert failures == []  # PostgreSQL was up: nothing refused
         loader = Loader(settings)
         assert loader.drain().drained

@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 
 from rota import App, TaskCall, db, ops
-from tests.acceptance.test_workers import enqueue, logged, start_worker, stop, wait_for
+from tests.acceptance.test_workers import enqueue, logged, start_worker, stop
+from tests.helpers import wait_for
 
 Conn = psycopg.Connection[Any]
 

@@ -15,11 +15,11 @@ import psycopg
 import pytest
 
 from rota import App, Settings, db, ops
-from rota_tools.devservers import Server, local_postgres
 from rota.migrate import migrate
+from rota_tools.devservers import Server, local_postgres
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.test_workers import wait_for
 from tests.acceptance.workapp import LOG_TABLE
+from tests.helpers import wait_for
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import psycopg
 
 from rota import App, TaskCall, db, ops
 from tests.acceptance.conftest import ROOT
-from tests.acceptance.test_workers import enqueue, stop, wait_for
+from tests.acceptance.test_workers import enqueue, stop
+from tests.helpers import wait_for
 
 Conn = psycopg.Connection[Any]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from rota import App, Settings, TaskCall, db, ops
+from tests.helpers import wait_for
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -39,13 +39,6 @@ def start_worker(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
 
 def enqueue(conn: psycopg.Connection[Any], producer: App, calls: list[Any]) -> list[Any]:
     return producer.enqueue_many(calls, connection=conn)
-
-
-def wait_for(check: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
 
 
 def logged(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:

@@ -16,7 +16,7 @@ from rota import db, ops
 from rota.db import UUIDArray
 from rota.envelope import make_envelope, new_task_id
 from rota.errors import InvalidName, ValidationError
-from tests.helpers import claim, drain_order, envelopes, load
+from tests.helpers import claim, drain_order, envelopes, load, wait_for, waiting_on_a_lock
 
 Conn = psycopg.Connection[Any]
 
@@ -47,7 +47,9 @@ def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: st
         with conn.transaction():
             assert db.run(conn, ops.load(batch)) == 20
             racer.start()
-            time.sleep(0.5)  # the racer is now waiting on our uncommitted ids
+            pid = other.info.backend_pid
+            with db.connect(database_url) as watcher:
+                wait_for(lambda: waiting_on_a_lock(watcher, pid), what="the racer to wait")
             assert outcome == []
         racer.join(timeout=30)
     assert outcome == [5]
@@ -92,8 +94,7 @@ def test_a_future_eta_waits_scheduled_then_gets_a_fresh_fair_place(conn: Conn) -
     load(conn, envelopes("later", 1, eta=soon) + envelopes("now", 3))
     assert db.run(conn, ops.queue_counts())["default"] == {"ready": 3, "running": 0, "scheduled": 1}
     assert db.transact(conn, ops.promote_due()) == 0
-    time.sleep(1.1)
-    assert db.transact(conn, ops.promote_due()) == 1
+    wait_for(lambda: db.transact(conn, ops.promote_due()), what="the eta")
     # Promoted into the current round, not behind the rest of the backlog.
     assert "later" in [t.tenant for t in claim(conn, 2)]
 
@@ -119,8 +120,7 @@ def test_failures_retry_with_backoff_then_die_keeping_the_last_error(conn: Conn)
     delay = (outcome.run_at - datetime.now(UTC)).total_seconds()
     assert 0 < delay <= 0.2  # equal jitter: between half and all of the base delay
     assert claim(conn, 1) == []
-    time.sleep(0.25)
-    db.transact(conn, ops.promote_due())
+    wait_for(lambda: db.transact(conn, ops.promote_due()), what="the backoff")
     (again,) = claim(conn, 1)
     assert again.attempt == 2
     (dead,) = db.transact(conn, ops.fail([ops.Failure(again.id, again.attempt, "second")]))
@@ -166,8 +166,7 @@ def test_an_explicit_retry_time_is_kept(conn: Conn) -> None:
 def test_expired_leases_are_requeued_and_the_old_holder_is_fenced(conn: Conn) -> None:
     load(conn, envelopes("alice", 1))
     (task,) = claim(conn, 1, lease_seconds=0.2)
-    time.sleep(0.3)
-    assert db.transact(conn, ops.requeue_expired()) == {task.id}
+    assert wait_for(lambda: db.transact(conn, ops.requeue_expired())) == {task.id}
     (again,) = claim(conn, 1, worker="other")
     assert again.id == task.id and again.attempt == task.attempt + 1
     assert db.transact(conn, ops.complete([task.token])) == set()
@@ -179,8 +178,12 @@ def test_expired_leases_are_requeued_and_the_old_holder_is_fenced(conn: Conn) ->
 def test_a_lease_expiring_on_the_last_attempt_dead_letters(conn: Conn) -> None:
     load(conn, envelopes("alice", 1, max_attempts=1))
     (task,) = claim(conn, 1, lease_seconds=0.1)
-    time.sleep(0.2)
-    assert db.transact(conn, ops.requeue_expired()) == set()
+
+    def dead() -> bool:
+        assert db.transact(conn, ops.requeue_expired()) == set()  # never requeued
+        return db.run(conn, ops.task_states([task.id]))[task.id].status == "dead"
+
+    wait_for(dead, what="the lease to expire")
     state = db.run(conn, ops.task_states([task.id]))[task.id]
     assert (state.status, state.last_error) == ("dead", "lease expired")
 
@@ -233,10 +236,15 @@ def test_concurrency_limit_holds_back_extra_tasks_without_using_attempts(conn: C
 def test_rate_limit_throttles_without_failing(conn: Conn) -> None:
     db.transact(conn, ops.configure_tenant("slow", rate_limit=5, rate_burst=2))
     load(conn, envelopes("slow", 10))
-    assert len(claim(conn, 10)) == 2
+    started = time.monotonic()
+    assert len(claim(conn, 10)) == 2  # the burst
     assert claim(conn, 10) == []
-    time.sleep(0.45)  # 5/s: two more tokens
-    assert len(claim(conn, 10)) == 2
+    got: list[ops.ClaimedTask] = []
+    wait_for(lambda: got.extend(claim(conn, 10)) or len(got) >= 2, what="two more tokens")
+    # 5 tokens a second: the next two took about 0.4 s to come, and no
+    # throttled claim used an attempt.
+    assert time.monotonic() - started >= 0.3
+    assert len(got) >= 2 and {t.attempt for t in got} == {1}
 
 
 def test_backlog_estimate_tracks_waiting_work(conn: Conn) -> None:

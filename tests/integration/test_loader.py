@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +17,7 @@ from rota.entries import TaskBatch
 from rota.envelope import envelope_template
 from rota.loader import Loader, lambda_handler
 from rota.loader.store import load_in_chunks
+from tests.helpers import pending_idle_past_reclaim, wait_for
 
 Conn = psycopg.Connection[Any]
 
@@ -71,7 +71,7 @@ def test_an_entry_loaded_twice_creates_its_tasks_once(
     envelopes = [e for entry in entries for e in _decode(entry, settings)]
     assert load_in_chunks(first.conn, envelopes, settings.loader_batch_size) == (10, [])
     first.close()
-    time.sleep(settings.loader_idle_reclaim_seconds + 0.1)
+    wait_for(lambda: pending_idle_past_reclaim(settings), what="the entry to be idle")
     second = Loader(settings, consumer="second")
     summary = second.drain()
     second.close()
@@ -108,9 +108,9 @@ def test_entries_delivered_too_often_are_dead_lettered(app: App, settings: Setti
     loaders[0].ensure_groups()
     loaders[0]._read_new(None)  # delivery 1, never loaded
     for loader in loaders[1:]:
-        time.sleep(settings.loader_idle_reclaim_seconds + 0.1)
+        wait_for(lambda: pending_idle_past_reclaim(settings), what="the entry to be idle")
         loader._reclaim()  # deliveries 2 and 3, never loaded
-    time.sleep(settings.loader_idle_reclaim_seconds + 0.1)
+    wait_for(lambda: pending_idle_past_reclaim(settings), what="the entry to be idle")
     summary = loaders[0].drain()
     for loader in loaders:
         loader.close()
@@ -193,9 +193,15 @@ def test_rota_stats_as_json_and_prometheus(app: App, settings: Settings) -> None
 
 def test_buffer_stats_show_depth_and_age(app: App, settings: Settings) -> None:
     app.tasks["parse_pdf"].enqueue("a", tenant="alice")
-    time.sleep(0.05)
     loader = Loader(settings)
-    stats = loader.buffer_stats()
+    stats = wait_for(
+        lambda: (
+            (s := loader.buffer_stats())
+            and any(shard["oldest_age_seconds"] >= 0.05 for shard in s.values())
+            and s
+        ),
+        what="the entry to age",
+    )
     loader.close()
     assert sum(s["entries"] for s in stats.values()) == 1
     assert max(s["oldest_age_seconds"] for s in stats.values()) >= 0.05

@@ -11,9 +11,9 @@ import redis
 
 from rota import App, Settings, db, ops
 from rota.buffer import dead_letter_stream
-from rota_tools.devservers import Server, local_postgres
 from rota.loader import Loader
 from rota.migrate import migrate
+from rota_tools.devservers import Server, local_postgres
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import threading
 
 import psycopg
 
-from rota_tools.devservers import postgres_bindir
 from rota.migrate import applied_versions, migrate
 from rota.sql import migrations
+from rota_tools.devservers import postgres_bindir
 
 
 def _schema_dump(url: str) -> str:

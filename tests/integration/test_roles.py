@@ -14,9 +14,9 @@ import pytest
 
 from rota import App, Settings, db, ops
 from rota.consumer import Maintenance
-from rota_tools.devservers import Server, local_postgres
 from rota.loader import Loader
 from rota.migrate import migrate
+from rota_tools.devservers import Server, local_postgres
 from tests.helpers import envelopes
 
 Conn = psycopg.Connection[Any]

@@ -12,6 +12,8 @@ import pytest
 import redis
 
 from rota import App, Settings, db, ops
+from rota.loader import Loader
+from rota.migrate import migrate
 from rota_tools.devservers import (
     Server,
     TLSFiles,
@@ -20,8 +22,6 @@ from rota_tools.devservers import (
     make_tls_files,
     postgres_tls_settings,
 )
-from rota.loader import Loader
-from rota.migrate import migrate
 
 
 @pytest.fixture(scope="module")

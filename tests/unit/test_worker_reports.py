@@ -73,7 +73,9 @@ def test_a_refused_batch_is_reported_one_at_a_time_and_the_culprit_is_dead() -> 
     final_failures: list[uuid.UUID] = []
 
     def fail(params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        final_failures.extend(i for i, final in zip(params["ids"], params["final"]) if final)
+        final_failures.extend(
+            i for i, final in zip(params["ids"], params["final"], strict=True) if final
+        )
         return [(i, "dead", None) for i in params["ids"]]
 
     def complete(params: dict[str, Any]) -> list[tuple[Any, ...]]:

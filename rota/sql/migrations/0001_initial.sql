@@ -6,7 +6,7 @@
 --   running    claimed tasks with their lease and attempt token (fencing);
 --   scheduled  tasks waiting for an ETA or a retry backoff; they get their fair
 --              position when they fall due.
--- Fairness is decided at insert time (start-time fair queueing, see design.md):
+-- Fairness is decided at insert time (start-time fair queueing, docs/architecture.md):
 -- a claim is a plain index scan of ready in (vtime, tenant slot, arrival) order.
 
 CREATE SCHEMA IF NOT EXISTS rota;

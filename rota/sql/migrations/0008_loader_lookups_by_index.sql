@@ -2,8 +2,8 @@
 -- whatever the statistics say. PL/pgSQL keeps a function's plans for the
 -- session: planned while tenant_queues looked empty (a new install, just
 -- analyzed), fair_starts joined by scanning the whole table once per pair,
--- and inside one transaction that keeps loading (a Spark micro-batch of 200k
--- tasks) that grew quadratic: 2.3 s instead of 0.09 s per micro-batch. Each
+-- and inside one transaction that keeps loading (a Spark micro-batch) that
+-- grew quadratic. Each
 -- lookup is now a scalar subquery, and sequential scans are off inside.
 
 CREATE OR REPLACE FUNCTION rota.name_ids(p_queues text[], p_tenants text[],

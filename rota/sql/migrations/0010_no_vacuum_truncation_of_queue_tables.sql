@@ -3,9 +3,7 @@
 -- does every time the fleet catches up), so it kept asking for that lock: while
 -- a strong lock is asked for, every claim's and completion's lock on the table
 -- leaves the lock manager's fast path for its shared, LWLock-guarded table
--- (`rota bench lock-pressure`, 8 claimers for 5 s: 29-93 claimer locks seen
--- off the fast path, and ACCESS EXCLUSIVE on rota.running; none with
--- truncation off). Standbys also replay that lock against their readers. The
+-- (`rota bench lock-pressure` shows it). Standbys also replay that lock against their readers. The
 -- pages are reused anyway, as the tables refill.
 ALTER TABLE rota.ready SET (vacuum_truncate = false);
 ALTER TABLE rota.running SET (vacuum_truncate = false);
