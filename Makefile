@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,demo,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,demo,bench,console]'
 	touch $(STAMP)
 
 install: $(STAMP) servers

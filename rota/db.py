@@ -162,6 +162,14 @@ def connect(
     )
 
 
+def admin_connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A connection for operators' reads and actions (the CLI, the console):
+    the server's own planner settings, not the claim path's generic plans
+    and index-only rule, so that an ad-hoc read is planned for what it reads."""
+    kwargs.setdefault("application_name", "rota-admin")
+    return psycopg.connect(url, autocommit=True, **kwargs)
+
+
 async def aconnect(
     url: str, *, autocommit: bool = True, synchronous_commit: bool = True, **kwargs: Any
 ) -> psycopg.AsyncConnection[Any]:

@@ -1,42 +1,264 @@
-"""Metrics in the Prometheus text format (`rota stats --format prometheus`), for a
-node-exporter textfile collector or any scraper that reads the format."""
+"""Metrics through prometheus_client.
+
+- Live series of a running process: `WorkerMetrics` (claimed, completed,
+  failed, retried and dead tasks per queue; enqueue-to-start wait and run
+  time) and `LoaderMetrics` (passes, tasks by outcome, lag).
+- The overview's gauges (`rota stats --format prometheus`, the console's
+  /metrics): `FiguresCollector`, from rota.figures.
+- `HealthServer`: /metrics, /healthz (alive) and /readyz (connected and
+  working) for `--metrics-port`.
+
+Per-tenant series are bounded: the first ROTA_METRICS_TENANTS tenants a
+process serves get their own label, the rest are summed under "other"; the
+overview's gauges name the top tenants by waiting tasks.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+OTHER = "other"
+# Seconds: from a few milliseconds (an idle worker woken by NOTIFY) to hours.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+RUN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class TenantLabels:
+    """A tenant's label value: its name for the first `limit` tenants seen,
+    "other" for the rest, so that series stay bounded however many tenants."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._named: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, tenant: str) -> str:
+        if tenant in self._named:
+            return tenant
+        with self._lock:
+            if len(self._named) < self.limit:
+                self._named.add(tenant)
+                return tenant
+        return OTHER
 
 
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+def process_registry() -> CollectorRegistry:
+    """A registry of its own (several workers may share a process, in tests),
+    with the process's CPU, memory and file figures."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
 
 
-def prometheus_text(
-    buffer: Mapping[str, Mapping[str, float | int]],
-    queues: Mapping[str, Mapping[str, int]],
-) -> str:
-    lines = [
-        "# HELP rota_buffer_entries Entries in a buffer shard not yet loaded.",
-        "# TYPE rota_buffer_entries gauge",
-        *(f"rota_buffer_entries{_labels(shard=s)} {v['entries']}" for s, v in buffer.items()),
-        "# HELP rota_buffer_pending Entries read by a loader but not yet acknowledged.",
-        "# TYPE rota_buffer_pending gauge",
-        *(f"rota_buffer_pending{_labels(shard=s)} {v['pending']}" for s, v in buffer.items()),
-        "# HELP rota_buffer_oldest_age_seconds Age of the oldest entry not yet loaded.",
-        "# TYPE rota_buffer_oldest_age_seconds gauge",
-        *(
-            f"rota_buffer_oldest_age_seconds{_labels(shard=s)} {v['oldest_age_seconds']}"
-            for s, v in buffer.items()
-        ),
-        "# HELP rota_queue_tasks Tasks in PostgreSQL by queue and state.",
-        "# TYPE rota_queue_tasks gauge",
-        *(
-            f"rota_queue_tasks{_labels(queue=q, state=state)} {n}"
-            for q, counts in queues.items()
-            for state, n in counts.items()
-        ),
-    ]
-    return "\n".join(lines) + "\n"
+class WorkerMetrics:
+    def __init__(self, tenant_limit: int, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry or process_registry()
+        self.tenant = TenantLabels(tenant_limit)
+        self.claimed = Counter("rota_tasks_claimed", "Tasks claimed.", ["queue"], registry=registry)
+        self.completed = Counter(
+            "rota_tasks_completed", "Tasks that succeeded.", ["queue", "tenant"], registry=registry
+        )
+        self.failed = Counter(
+            "rota_tasks_failed", "Failed attempts.", ["queue", "tenant"], registry=registry
+        )
+        self.retried = Counter(
+            "rota_tasks_retried", "Failed attempts to be retried.", ["queue"], registry=registry
+        )
+        self.dead = Counter(
+            "rota_tasks_dead", "Tasks dead (or cancelled) after failing.", ["queue"],
+            registry=registry,
+        )  # fmt: skip
+        self.wait = Histogram(
+            "rota_task_wait_seconds", "From enqueue to the start of the attempt.", ["queue"],
+            buckets=WAIT_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.run = Histogram(
+            "rota_task_run_seconds", "Run time of an attempt.", ["queue"],
+            buckets=RUN_BUCKETS, registry=registry,
+        )  # fmt: skip
+
+    def attempt(
+        self, queue: str, tenant: str, waited: float, ran: float, error: BaseException | None
+    ) -> None:
+        """An attempt that ran: its wait, run time, and how it ended."""
+        self.wait.labels(queue).observe(waited)
+        self.run.labels(queue).observe(ran)
+        counter = self.completed if error is None else self.failed
+        counter.labels(queue, self.tenant(tenant)).inc()
+
+    def failure_ended(self, queue: str, retried: bool) -> None:
+        (self.retried if retried else self.dead).labels(queue).inc()
+
+
+class LoaderMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry or process_registry()
+        self.passes = Counter("rota_loader_passes", "Loader passes.", registry=registry)
+        self.tasks = Counter(
+            "rota_loader_tasks", "Tasks by what loading did with them.", ["outcome"],
+            registry=registry,
+        )  # fmt: skip
+        self.lag = Gauge(
+            "rota_loader_lag_seconds",
+            "Age of the oldest buffer entry the last pass read (0 when it read none).",
+            registry=registry,
+        )
+        self.last_pass = float("-inf")  # monotonic time of the last pass that went through
+        self.stalled_after = 60.0
+
+    def passed(self, loaded: int, duplicates: int, dead_lettered: int, lag: float) -> None:
+        """A pass (or a Spark micro-batch) went through."""
+        self.passes.inc()
+        self.tasks.labels("loaded").inc(loaded)
+        self.tasks.labels("duplicate").inc(duplicates)
+        self.tasks.labels("dead_lettered").inc(dead_lettered)
+        self.lag.set(lag)
+        self.last_pass = time.monotonic()
+
+    def ready(self) -> bool:
+        """A pass went through lately (for /readyz)."""
+        return time.monotonic() - self.last_pass < self.stalled_after
+
+
+class FiguresCollector(Collector):
+    """The overview (rota.figures) as gauges, read when scraped."""
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        figures = self.read()
+        queue_tasks = GaugeMetricFamily(
+            "rota_queue_tasks", "Tasks by queue and state.", labels=["queue", "state"]
+        )
+        throughput = GaugeMetricFamily(
+            "rota_queue_completed_per_minute", "Completions per minute (last 5 minutes).",
+            labels=["queue"],
+        )  # fmt: skip
+        oldest = GaugeMetricFamily(
+            "rota_queue_oldest_wait_seconds", "Wait of the oldest task in line.", labels=["queue"]
+        )
+        for q in figures.queues:
+            for state in ("waiting", "running", "scheduled", "dead"):
+                queue_tasks.add_metric([q.name, state], getattr(q, state))
+            throughput.add_metric([q.name], q.per_minute)
+            if q.oldest_wait_seconds is not None:
+                oldest.add_metric([q.name], q.oldest_wait_seconds)
+        tenant_tasks = GaugeMetricFamily(
+            "rota_tenant_tasks", "Top tenants' tasks by state (the rest under 'other').",
+            labels=["tenant", "state"],
+        )  # fmt: skip
+        named = {"waiting": 0, "running": 0}
+        for t in figures.tenants:
+            for state in named:
+                tenant_tasks.add_metric([t.name, state], getattr(t, state))
+                named[state] += getattr(t, state)
+        for state in named:
+            total = sum(getattr(q, state) for q in figures.queues)
+            tenant_tasks.add_metric([OTHER, state], max(0, total - named[state]))
+        workers = GaugeMetricFamily("rota_workers", "Live workers.")
+        workers.add_metric([], len(figures.workers))
+        buffer = GaugeMetricFamily(
+            "rota_buffer_entries", "Entries in a buffer shard not yet loaded.", labels=["shard"]
+        )
+        buffer_age = GaugeMetricFamily(
+            "rota_buffer_oldest_age_seconds", "Age of a shard's oldest entry.", labels=["shard"]
+        )
+        for shard, values in figures.buffer.items():
+            buffer.add_metric([shard], values.get("entries", 0))
+            if "oldest_age_seconds" in values:
+                buffer_age.add_metric([shard], values["oldest_age_seconds"])
+        letters = GaugeMetricFamily("rota_dead_letters", "Entries in the dead-letter stream.")
+        if figures.dead_letters is not None:
+            letters.add_metric([], figures.dead_letters)
+        up = GaugeMetricFamily("rota_server_up", "Whether a server answered.", labels=["server"])
+        for server in ("postgresql", "redis"):
+            up.add_metric([server], 0 if server in figures.unavailable else 1)
+        yield from (queue_tasks, throughput, oldest, tenant_tasks, workers, buffer, buffer_age,
+                    letters, up)  # fmt: skip
+
+
+def figures_text(figures: Any) -> str:
+    """The overview in the Prometheus text format."""
+    registry = CollectorRegistry()
+    registry.register(FiguresCollector(lambda: figures))
+    return generate_latest(registry).decode()
+
+
+class HealthServer:
+    """Serves /metrics, /healthz and /readyz on a port, in a thread."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ready: Callable[[], bool],
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._send(200, b"ok\n")
+                elif path == "/readyz":
+                    ok = server.is_ready()
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                else:
+                    self._send(404, b"not found\n")
+
+            def _send(self, status: int, body: bytes, kind: str = "text/plain") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass  # scrapes every few seconds: not worth a log line each
+
+        self.registry = registry
+        self.ready = ready
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def is_ready(self) -> bool:
+        try:
+            return bool(self.ready())
+        except Exception:
+            return False
+
+    def start(self) -> HealthServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

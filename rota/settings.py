@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     reap_workers_seconds: float | None = Field(default=None, gt=0)
     cron_seconds: float | None = Field(default=None, gt=0)
     retention_seconds: float = Field(default=60.0, gt=0)  # how often the retention duties run
+    # Tenants with their own metric series in a process; the rest are "other".
+    metrics_tenants: int = Field(default=20, ge=0, le=10_000)
+    # How often the console's figures (rota.stats, rota.service) are refreshed.
+    stats_seconds: float = Field(default=5.0, gt=0)
     # What is kept, and for how long.
     finished_retention: Duration = 7 * 86_400.0  # succeeded tasks' records
     dead_retention: Duration = 30 * 86_400.0  # dead tasks

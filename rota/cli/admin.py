@@ -1,74 +1,276 @@
-"""Operators' commands: tenants and figures."""
+"""Operators' commands about tenants, queues and figures: `rota tenant`,
+`rota queue`, `rota prune` and `rota stats`."""
 
 from __future__ import annotations
 
-import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from rota.cli.app import DatabaseUrl, RedisUrl, app, settings_from
+from rota.cli.output import Actor, AsJson, actor_or_default, cell, emit, table
+from rota.errors import ValidationError
+
+TENANT_ACTIONS = ("list", "show", "pause", "resume")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 @app.command()
 def tenant(
-    name: Annotated[str, typer.Argument(help="the tenant's name")],
-    weight: Annotated[float, typer.Option(help="share of turns relative to others")] = 1.0,
+    words: Annotated[
+        list[str],
+        typer.Argument(
+            help="NAME to create or change it; or list, show NAME, pause NAME, resume NAME"
+        ),
+    ],
+    weight: Annotated[float | None, typer.Option(help="share of turns relative to others")] = None,
     concurrency_limit: Annotated[int | None, typer.Option(help="max running fleet-wide")] = None,
     rate_limit: Annotated[float | None, typer.Option(help="tasks per second")] = None,
     rate_burst: Annotated[float | None, typer.Option(help="token bucket size")] = None,
     capacity: Annotated[int | None, typer.Option(help="max waiting work (cost units)")] = None,
+    clear: Annotated[
+        list[str] | None,
+        typer.Option(help="a limit to clear: concurrency_limit, rate_limit or capacity"),
+    ] = None,
+    sort: Annotated[str, typer.Option(help="list: name, waiting, running, dead, ...")] = "waiting",
+    ascending: Annotated[bool, typer.Option(help="list: smallest first")] = False,
+    prefix: Annotated[str, typer.Option(help="list: names starting with this")] = "",
+    limit: Annotated[int, typer.Option(help="list: at most this many")] = 50,
+    offset: Annotated[int, typer.Option(help="list: skip this many")] = 0,
+    actor: Actor = None,
+    as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Create or change a tenant (options not given are cleared)."""
+    """Tenants: `rota tenant NAME --weight 3` changes only the options given
+    (--clear rate_limit removes a limit); `list`, `show NAME`, `pause NAME`,
+    `resume NAME`."""
+    from rota import db, ops
+    from rota.ops import read
+
+    action, names = (words[0], words[1:]) if words[0] in TENANT_ACTIONS else ("set", words)
+    if action == "list":
+        if names:
+            raise typer.BadParameter("`rota tenant list` takes no name")
+        listing = read.tenants(
+            sort=sort, descending=not ascending, prefix=prefix, offset=offset, limit=limit
+        )
+        with db.admin_connect(settings_from(database_url).database_url) as conn:
+            page = db.run(conn, listing)
+        emit(page, as_json, lambda: _tenant_table(page))
+        return
+    if len(names) != 1:
+        raise typer.BadParameter(f"`rota tenant {action}` takes one tenant name")
+    (name,) = names
+    if action == "show":
+        detail = read.tenant(name)
+        with db.admin_connect(settings_from(database_url).database_url) as conn:
+            shown = db.run(conn, detail)
+        if shown is None:
+            typer.echo(f"rota: no tenant named {name!r}", err=True)
+            raise typer.Exit(1)
+        emit(shown, as_json, lambda: _tenant_text(shown))
+        return
+    who = actor_or_default(actor)
+    if action in ("pause", "resume"):
+        op = ops.pause_tenant(name, action == "pause", who)
+        with db.admin_connect(settings_from(database_url).database_url) as conn:
+            found = db.run(conn, op)
+        if not found:
+            typer.echo(f"rota: no tenant named {name!r}", err=True)
+            raise typer.Exit(1)
+        emit({"tenant": name, "paused": action == "pause"}, as_json, lambda: f"{name}: {action}d")
+        return
+    given = {
+        "weight": weight,
+        "concurrency_limit": concurrency_limit,
+        "rate_limit": rate_limit,
+        "rate_burst": rate_burst,
+        "capacity": capacity,
+    }
+    changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    for setting in clear or []:
+        if setting not in ("concurrency_limit", "rate_limit", "capacity"):
+            raise ValidationError(
+                f"--clear takes concurrency_limit, rate_limit or capacity, not {setting!r}"
+            )
+        if setting in changes:
+            raise ValidationError(f"{setting} is both given and cleared")
+        changes[setting] = None
+    patch = ops.patch_tenant(name, changes, who)
+    with db.admin_connect(settings_from(database_url).database_url) as conn:
+        slot = db.run(conn, patch)
+        shown = db.run(conn, read.tenant(name))
+    emit({"tenant": name, "slot": slot, "changed": changes, "now": shown}, as_json,
+         lambda: _tenant_text(shown) if shown else name)  # fmt: skip
+
+
+def _tenant_table(page: Any) -> str:
+    rows = [
+        (t.name, t.weight, "yes" if t.paused else "", t.waiting,
+         f"{t.running}/{t.concurrency_limit}" if t.concurrency_limit is not None else t.running,
+         t.tokens, t.capacity, t.dead, t.oldest_wait_seconds, t.served, _pct(t.share),
+         _pct(t.fair_share))
+        for t in page.rows
+    ]  # fmt: skip
+    headers = ["tenant", "weight", "paused", "waiting", "running", "tokens", "capacity", "dead",
+               "oldest wait s", "served 5 min", "share", "fair share"]  # fmt: skip
+    return f"{page.total:,} tenant(s)\n" + table(headers, rows)
+
+
+def _tenant_text(t: Any) -> str:
+    limits = [
+        f"weight {t.weight:g}",
+        f"concurrency {t.running}/{t.concurrency_limit}" if t.concurrency_limit is not None else "",
+        f"rate {t.rate_limit:g}/s (burst {t.rate_burst:g}, tokens {t.tokens:.1f})"
+        if t.rate_limit is not None and t.tokens is not None
+        else "",
+        f"capacity {t.capacity:,} (waiting work ~{t.backlog or 0:,.0f})"
+        if t.capacity is not None
+        else "",
+        "PAUSED" if t.paused else "",
+    ]
+    per_queue = table(
+        ["queue", "waiting", "running", "scheduled", "dead", "oldest wait s"],
+        [(q.queue, q.waiting, q.running, q.scheduled, q.dead, q.oldest_wait_seconds)
+         for q in t.queues],
+    )  # fmt: skip
+    served = sum(n for _, n, _ in t.service)
+    return (
+        f"tenant {t.name} (slot {t.slot}): "
+        + ", ".join(x for x in limits if x)
+        + f"\n{per_queue}\nserved in the last hour: {served:,}"
+    )
+
+
+queue_app = typer.Typer(help="Queues: list, pause, resume.")
+app.add_typer(queue_app, name="queue", no_args_is_help=True)
+
+
+@queue_app.command("list")
+def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> None:
+    """Every queue with its figures (as of the last maintenance count)."""
+    from rota import db
+    from rota.ops import read
+
+    with db.admin_connect(settings_from(database_url).database_url) as conn:
+        rows = db.run(conn, read.queues())
+    emit(rows, as_json, lambda: table(
+        ["queue", "paused", "waiting", "running", "scheduled", "dead", "per min", "oldest wait s"],
+        [(q.name, "yes" if q.paused else "", q.waiting, q.running, q.scheduled, q.dead,
+          q.per_minute, q.oldest_wait_seconds) for q in rows],
+    ))  # fmt: skip
+
+
+def _pause_queue(
+    name: str, paused: bool, actor: str | None, as_json: bool, url: str | None
+) -> None:
     from rota import db, ops
 
-    # Checked here, before connecting: bad input is told as such.
-    configure = ops.configure_tenant(
-        name,
-        weight=weight,
-        concurrency_limit=concurrency_limit,
-        rate_limit=rate_limit,
-        rate_burst=rate_burst,
-        capacity=capacity,
-    )
-    with db.connect(settings_from(database_url).database_url) as conn:
-        slot = db.transact(conn, configure)
-    typer.echo(
-        json.dumps(
-            {
-                "tenant": name,
-                "slot": slot,
-                "weight": weight,
-                "concurrency_limit": concurrency_limit,
-                "rate_limit": rate_limit,
-                "rate_burst": rate_burst,
-                "capacity": capacity,
-            }
-        )
-    )
+    op = ops.pause_queue(name, paused, actor_or_default(actor))
+    with db.admin_connect(settings_from(url).database_url) as conn:
+        found = db.run(conn, op)
+    if not found:
+        typer.echo(f"rota: no queue named {name!r}", err=True)
+        raise typer.Exit(1)
+    word = "paused" if paused else "resumed"
+    emit({"queue": name, "paused": paused}, as_json, lambda: f"{name}: {word}")
+
+
+@queue_app.command("pause")
+def queue_pause(
+    name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
+) -> None:
+    """Pause a queue: its tasks stay in line, unclaimed, until resumed."""
+    _pause_queue(name, True, actor, as_json, database_url)
+
+
+@queue_app.command("resume")
+def queue_resume(
+    name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
+) -> None:
+    """Resume a paused queue."""
+    _pause_queue(name, False, actor, as_json, database_url)
+
+
+@app.command()
+def prune(
+    older_than: Annotated[str, typer.Option(help="e.g. 7d, 12h: finished and dead tasks older")],
+    actor: Actor = None,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Delete records of succeeded tasks, and dead or cancelled tasks, that
+    ended longer ago than --older-than (maintenance also does this, from
+    ROTA_FINISHED_RETENTION and ROTA_DEAD_RETENTION)."""
+    from rota import db, ops
+    from rota.rules import parse_duration
+
+    seconds = parse_duration(older_than)
+    pruned = {"finished": 0, "dead": 0}
+    with db.admin_connect(settings_from(database_url).database_url) as conn:
+        for kind, op in (("finished", ops.prune_finished), ("dead", ops.prune_dead)):
+            while batch := db.run(conn, op(seconds)):
+                pruned[kind] += batch
+        detail = {"older_than_seconds": seconds, **pruned}
+        total = pruned["finished"] + pruned["dead"]
+        db.run(conn, ops.record(actor_or_default(actor), "prune", "tasks", total, detail))
+    emit(pruned, as_json, lambda: f"pruned {pruned['finished']:,} finished and "
+         f"{pruned['dead']:,} dead or cancelled task(s)")  # fmt: skip
 
 
 @app.command()
 def stats(
-    output: Annotated[str, typer.Option("--format", help="json or prometheus")] = "json",
+    output: Annotated[str, typer.Option("--format", help="text, json or prometheus")] = "text",
+    tenants: Annotated[int, typer.Option(help="the top tenants by waiting tasks")] = 10,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """Buffer depth and oldest entry per shard, and the queues' counts."""
-    from rota import db, ops
-    from rota.loader import Loader
-    from rota.metrics import prometheus_text
+    """Queues, top tenants, workers, the buffer and its dead letters. Prints
+    what it can when one of the servers is down."""
+    from rota.figures import gather
 
-    settings = settings_from(database_url, redis_url)
-    loader = Loader(settings)
-    try:
-        buffer = loader.buffer_stats()
-    finally:
-        loader.close()
-    with db.connect(settings.database_url) as conn:
-        queues = db.run(conn, ops.queue_counts())
+    if output not in ("text", "json", "prometheus"):
+        raise typer.BadParameter("--format takes text, json or prometheus")
+    figures = gather(settings_from(database_url, redis_url), tenants)
     if output == "prometheus":
-        typer.echo(prometheus_text(buffer, queues), nl=False)
+        from rota.metrics import figures_text
+
+        typer.echo(figures_text(figures), nl=False)
     else:
-        typer.echo(json.dumps({"buffer": buffer, "queues": queues}, indent=2))
+        emit(figures, output == "json", lambda: render_text(figures))
+
+
+def render_text(f: Any) -> str:
+    parts = [f"rota at {cell(f.at)}"]
+    for server, why in f.unavailable.items():
+        parts.append(f"{server} unavailable: {why}")
+    if "postgresql" not in f.unavailable:
+        parts.append(
+            table(
+                ["queue", "paused", "waiting", "running", "scheduled", "dead", "per min",
+                 "oldest wait s"],
+                [(q.name, "yes" if q.paused else "", q.waiting, q.running, q.scheduled, q.dead,
+                  q.per_minute, q.oldest_wait_seconds) for q in f.queues],
+            )
+        )  # fmt: skip
+        parts.append(f"top tenants by waiting ({f.tenant_count:,} in all)")
+        parts.append(
+            table(
+                ["tenant", "waiting", "running", "dead", "served 5 min"],
+                [(t.name, t.waiting, t.running, t.dead, t.served) for t in f.tenants],
+            )
+        )
+        parts.append(f"{len(f.workers)} live worker(s)")
+    if "redis" not in f.unavailable:
+        parts.append(
+            table(
+                ["shard", "entries", "read, not loaded", "oldest s"],
+                [(s, v.get("entries"), v.get("pending"), v.get("oldest_age_seconds"))
+                 for s, v in f.buffer.items()],
+            )
+        )  # fmt: skip
+        parts.append(f"dead letters: {f.dead_letters:,}")
+    return "\n\n".join(parts)

@@ -64,3 +64,11 @@ def load_app(spec: str) -> Any:
 
 def split_names(names: str | None) -> list[str]:
     return [n.strip() for n in (names or "").split(",") if n.strip()]
+
+
+LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error")]
+LogFormat = Annotated[str, typer.Option(help="text, or json (one object per line)")]
+MetricsPort = Annotated[
+    int | None, typer.Option(help="serve /metrics, /healthz and /readyz on this port")
+]
+MetricsHost = Annotated[str, typer.Option(help="the address --metrics-port listens on")]

@@ -8,7 +8,17 @@ from typing import Annotated
 
 import typer
 
-from rota.cli.app import DatabaseUrl, app, load_app, settings_from, split_names
+from rota.cli.app import (
+    DatabaseUrl,
+    LogFormat,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    app,
+    load_app,
+    settings_from,
+    split_names,
+)
 from rota.process import on_stop_signals, tune_gc
 
 
@@ -22,13 +32,19 @@ def worker(
     concurrency: int = 4,
     batch_size: int = 10,
     maintenance: Annotated[bool, typer.Option(help="take part in reaper/scheduler duty")] = True,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = "127.0.0.1",
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
     tune_gc()
+    from rota import logs
     from rota.consumer import Worker
+    from rota.metrics import HealthServer
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logs.configure(log_level, log_format)
     runner = Worker(
         load_app(app_spec),
         queues=split_names(queues) or None,
@@ -38,6 +54,9 @@ def worker(
         maintenance=maintenance,
     )
     on_stop_signals(runner.stop)
+    if metrics_port is not None:
+        health = HealthServer(metrics_host, metrics_port, runner.ready, runner.metrics.registry)
+        health.start()
     if not runner.run():
         # Tasks outlived the shutdown grace and were handed back; their
         # threads cannot be stopped, and would keep the process alive.
@@ -49,15 +68,18 @@ def worker(
 def reaper(
     app_spec: Annotated[str | None, typer.Option("--app", help="for cron schedules")] = None,
     database_url: DatabaseUrl = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """The maintenance sidecar: promotes due tasks, requeues expired leases and
     dead workers' tasks, fires cron ticks. Several may run; one is active."""
     import threading
 
+    from rota import logs
     from rota.consumer import Maintenance
     from rota.consumer.maintenance import run_maintenance
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logs.configure(log_level, log_format)
     application = load_app(app_spec) if app_spec else None
     settings = application.settings if application else settings_from(database_url)
     stop = threading.Event()

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from rota.cli.app import DatabaseUrl, RedisUrl, app, settings_from
+from rota.cli.app import (
+    DatabaseUrl,
+    LogFormat,
+    LogLevel,
+    MetricsHost,
+    MetricsPort,
+    RedisUrl,
+    app,
+    settings_from,
+)
 from rota.process import on_stop_signals, tune_gc
 
 loader_app = typer.Typer(help="Drain the Redis buffer into PostgreSQL.", no_args_is_help=True)
@@ -46,18 +55,29 @@ def loader_run(
     trigger_seconds: Annotated[float, typer.Option(help="Spark micro-batch interval")] = 0.5,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
+    metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = "127.0.0.1",
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
 ) -> None:
     """Long-running loader; SIGTERM or Ctrl-C stops it after the batch in hand."""
     tune_gc()
     import threading
 
+    from rota import logs
+    from rota.metrics import HealthServer, LoaderMetrics
+
+    logs.configure(log_level, log_format)
     settings = settings_from(database_url, redis_url)
     stop = threading.Event()
+    metrics = LoaderMetrics()
+    if metrics_port is not None:
+        HealthServer(metrics_host, metrics_port, metrics.ready, metrics.registry).start()
     if engine == "python":
         from rota.loader import Loader
 
         on_stop_signals(stop.set)
-        loader = Loader(settings)
+        loader = Loader(settings, metrics=metrics)
         try:
             summary = loader.run_forever(stop.is_set)
         finally:
@@ -85,6 +105,7 @@ def loader_run(
                 trigger_seconds=trigger_seconds,
                 should_stop=stop.is_set,
                 session=session,
+                metrics=metrics,
             )
         finally:
             session.stop()

@@ -1,7 +1,8 @@
 """Housekeeping the queue needs, as a set of duties, each on its own interval:
 promote due tasks, requeue expired leases, reap dead workers, fire cron ticks,
-and the retention duties (finished and dead tasks, stopped workers' rows, the
-loader ledger). Run by `rota reaper`, or inside workers by the one that holds
+the retention duties (finished and dead tasks, stopped workers' rows, the
+loader ledger), and the console's figures (service per minute, counts per
+queue and tenant). Run by `rota reaper`, or inside workers by the one that holds
 the maintenance lock (`Leadership`)."""
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class TickResult:
     reaped_workers: int = 0
     requeued_from_dead: int = 0
     cron_enqueued: int = 0
+    service_counted: int = 0
+    stats_rows: int = 0
     pruned: dict[str, int] = field(default_factory=dict)
 
 
@@ -91,6 +94,8 @@ class Maintenance:
             Duty("prune_dead", settings.retention_seconds, self.prune_dead),
             Duty("prune_workers", settings.retention_seconds, self.prune_workers),
             Duty("prune_loader_ledger", settings.retention_seconds, self.prune_loader_ledger),
+            Duty("count_service", settings.stats_seconds, self.count_service),
+            Duty("refresh_stats", settings.stats_seconds, self.refresh_stats),
         ]
 
     def took_over(self) -> None:
@@ -119,6 +124,14 @@ class Maintenance:
                     "maintenance duty %s failed; next try in %s s", duty.name, duty.interval
                 )
         return result
+
+    # -- the console's figures -------------------------------------------------
+
+    def count_service(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        result.service_counted = db.run(conn, ops.count_service())
+
+    def refresh_stats(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        result.stats_rows = db.run(conn, ops.refresh_stats())
 
     # -- the queue's duties ----------------------------------------------------
 

@@ -27,8 +27,9 @@ log = logging.getLogger("rota.worker")
 Token = tuple[UUID, int]  # (task id, attempt): the claim's fencing token
 Item = TypeVar("Item")
 
-# The longest error text stored with a task.
+# The longest error line, and the longest traceback, stored with a task.
 MESSAGE_MAX = 4000
+TRACEBACK_MAX = 64 * 1024
 
 
 def describe(error: BaseException) -> str:
@@ -38,6 +39,15 @@ def describe(error: BaseException) -> str:
     except Exception:
         text = f"{type(error).__name__} (its message could not be read)"
     return text[:MESSAGE_MAX]
+
+
+def full_traceback(error: BaseException) -> str:
+    """An exception's whole traceback, its end kept if too long; never raises."""
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:
+        text = describe(error)
+    return text if len(text) <= TRACEBACK_MAX else "...\n" + text[-TRACEBACK_MAX:]
 
 
 @dataclass
@@ -71,9 +81,14 @@ class UnknownTaskPolicy:
         )
 
 
-def report(unreported: Unreported, unknown: UnknownTaskPolicy) -> Op[int]:
+def report(
+    unreported: Unreported,
+    unknown: UnknownTaskPolicy,
+    observe: Callable[[ops.FailOutcome], None] | None = None,
+) -> Op[int]:
     """Reports every kind of outcome in turn; returns how many tasks finished
-    (completed or failed, refused reports included)."""
+    (completed or failed, refused reports included). `observe` sees what
+    became of each failure (retried, dead or cancelled)."""
     finished = 0
     if unreported.done:
         completed = yield from send(unreported.done, ops.complete, _same)
@@ -86,7 +101,14 @@ def report(unreported: Unreported, unknown: UnknownTaskPolicy) -> Op[int]:
         finished += len(unreported.done)
         unreported.done = []
     if unreported.failed:
-        yield from send(unreported.failed, ops.fail, _token_of_failure)
+        outcomes = yield from send(unreported.failed, ops.fail, _token_of_failure)
+        for outcome in outcomes:
+            if observe is not None:
+                observe(outcome)
+            if outcome.status == "scheduled":
+                log.info("task %s will be retried at %s", outcome.id, outcome.run_at)
+            else:
+                log.warning("task %s is %s", outcome.id, outcome.status)
         finished += len(unreported.failed)
         unreported.failed = []
     if unreported.stale:

@@ -7,6 +7,7 @@ import contextvars
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 import psycopg
 
 from rota import db, ops
-from rota.consumer.reports import MESSAGE_MAX, Unreported, describe
+from rota.consumer.maintenance import Leadership
+from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
 from rota.errors import Retry, ValidationError
 from rota.outage import Outage
 from rota.rules import check_delay
@@ -24,6 +26,8 @@ log = logging.getLogger("rota.worker")
 
 # How long a listener waits for a NOTIFY before checking whether to stop.
 NOTIFY_WAIT_SECONDS = 1.0
+# PostgreSQL keeps this much of an application_name (NAMEDATALEN - 1).
+APPLICATION_NAME_MAX = 63
 
 current_task: contextvars.ContextVar[ops.ClaimedTask] = contextvars.ContextVar("rota_task")
 
@@ -40,9 +44,11 @@ class InFlight:
     claimed_at: float = 0.0
     started_at: float | None = None  # set when it really starts (not when prefetched)
     timed_out: bool = False
+    waited: float | None = None  # seconds from its enqueue to its start
 
     def begin(self) -> None:
         self.started_at = time.monotonic()
+        self.waited = max(0.0, time.time() - self.task.enqueued_at.timestamp())
 
 
 @dataclass
@@ -89,17 +95,22 @@ def sort_outcome(outcome: Outcome, unreported: Unreported) -> None:
     elif error is None:
         unreported.done.append(task.token)
     elif isinstance(error, Retry):
-        unreported.failed.append(retry_failure(task, error))
+        failure = retry_failure(task, error)
+        log.info("task %s (tenant %s) asked to be retried: %s", task.id, task.tenant, failure.error)
+        unreported.failed.append(failure)
     else:
+        trace = full_traceback(error)
         log.warning(
-            "task %s (%s, tenant %s) failed on attempt %d: %s",
+            "task %s (%s, tenant %s) failed on attempt %d of %d:\n%s",
             task.id,
             task.name,
             task.tenant,
             task.attempt,
-            describe(error),
+            task.max_attempts,
+            trace.rstrip(),
         )
-        unreported.failed.append(ops.Failure(task.id, task.attempt, describe(error)))
+        failure = ops.Failure(task.id, task.attempt, describe(error), traceback=trace)
+        unreported.failed.append(failure)
 
 
 def listen(
@@ -123,3 +134,47 @@ def listen(
                             wake.set()
         except psycopg.OperationalError as exc:
             stopping.wait(outage.failed(exc))
+
+
+def heartbeat(
+    settings: Settings,
+    worker_id: str,
+    beat: Callable[[psycopg.Connection[Any]], None],
+    leadership: Leadership | None,
+    stopping: threading.Event,
+) -> None:
+    """Calls `beat` (extend leases, keep the worker's row alive) every
+    ROTA_HEARTBEAT_SECONDS, and runs the maintenance duties while `leadership`
+    holds their lock, which lives on this thread's connection: leadership is
+    lost with it. Until `stopping`; reconnects after a lost connection."""
+    last_beat = float("-inf")
+    outage = Outage("PostgreSQL (heartbeat and maintenance)", log)
+    conn: psycopg.Connection[Any] | None = None
+    while not stopping.is_set():
+        try:
+            if conn is None:
+                conn = db.connect(
+                    settings.database_url,
+                    connect_timeout=settings.database_timeout_seconds,
+                    # Which worker holds the maintenance lock, in pg_stat_activity.
+                    application_name=f"rota-worker:{worker_id}"[-APPLICATION_NAME_MAX:],
+                )
+            if time.monotonic() - last_beat >= settings.heartbeat_seconds:
+                beat(conn)
+                last_beat = time.monotonic()
+            outage.recovered()
+            if leadership is not None:
+                leadership.tick(conn)
+        except psycopg.OperationalError as exc:
+            if conn is not None:
+                conn.close()
+            conn = None
+            if leadership is not None:
+                leadership.connection_lost()
+            stopping.wait(outage.failed(exc))
+            continue
+        except Exception:
+            log.exception("heartbeat or maintenance failed; carrying on")
+        stopping.wait(settings.maintenance_seconds)
+    if conn is not None:
+        conn.close()

@@ -44,9 +44,11 @@ from rota.consumer.running import (
     TaskAborted,
     TaskTimeout,
     current_task,
+    heartbeat,
     listen,
     sort_outcome,
 )
+from rota.metrics import WorkerMetrics
 from rota.outage import Outage, retrying
 from rota.task import Task
 
@@ -60,8 +62,6 @@ GATHER_SECONDS = 0.005
 POLL_JITTER = (0.5, 1.5)
 # Shutting down: how often finished tasks are collected within the grace.
 SHUTDOWN_CHECK_SECONDS = 0.05
-# PostgreSQL keeps this much of an application_name (NAMEDATALEN - 1).
-APPLICATION_NAME_MAX = 63
 
 # What makes a loop reconnect: the connection is lost or cannot be made.
 RECONNECT_ERRORS = (psycopg.OperationalError,)
@@ -98,6 +98,10 @@ class Worker:
         # times, to find the task that caused it.
         self.narrowing = 0
         self.claims_outage = Outage("PostgreSQL (claims and reports)", log)
+        self.metrics = WorkerMetrics(self.settings.metrics_tenants)
+        self._queue_of_failed: dict[uuid.UUID, str] = {}
+        # When the claim loop last went round (readiness: it is claiming).
+        self.last_step = time.monotonic()
         # When a heartbeat last reached the database: leases run out `lease`
         # seconds after it (or after their claim, if later).
         self.last_heartbeat = time.monotonic()
@@ -177,6 +181,7 @@ class Worker:
 
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""
+        self.last_step = time.monotonic()
         self._report(conn)
         self._expire_timeouts()
         # Up to one batch beyond the running tasks is prefetched.
@@ -198,6 +203,7 @@ class Worker:
         if self.narrowing:
             self.narrowing -= 1
         for task in claimed:
+            self.metrics.claimed.labels(task.queue).inc()
             self._start(task)
         if len(claimed) < wanted:
             # Caught up: wait for a NOTIFY, a finished task, or the poll.
@@ -336,7 +342,8 @@ class Worker:
         connection kept from being reported."""
         self._collect_outcomes()
         if self.unreported:
-            self.processed += db.run(conn, report(self.unreported, self.unknown_tasks))
+            reported = report(self.unreported, self.unknown_tasks, self._observe_failure)
+            self.processed += db.run(conn, reported)
 
     def _collect_outcomes(self) -> None:
         while True:
@@ -344,52 +351,43 @@ class Worker:
                 outcome = self.outcomes.get_nowait()
             except queue.Empty:
                 return
-            if self.in_flight.pop(outcome.task.id, None) is not None:
-                sort_outcome(outcome, self.unreported)
-            # else: already reported (a timeout, then the late result)
+            flight = self.in_flight.pop(outcome.task.id, None)
+            if flight is None:
+                continue  # already reported (a timeout, then the late result)
+            sort_outcome(outcome, self.unreported)
+            self._count(flight, outcome)
+
+    def _count(self, flight: InFlight, outcome: Outcome) -> None:
+        task = outcome.task
+        if flight.started_at is None:
+            return  # never started (a stale claim)
+        ran = time.monotonic() - flight.started_at
+        self.metrics.attempt(task.queue, task.tenant, flight.waited or 0.0, ran, outcome.error)
+        if outcome.error is not None:
+            self._queue_of_failed[task.id] = task.queue
+
+    def _observe_failure(self, outcome: ops.FailOutcome) -> None:
+        queue = self._queue_of_failed.pop(outcome.id, "unknown")
+        self.metrics.failure_ended(queue, retried=outcome.status == "scheduled")
+
+    def ready(self) -> bool:
+        """Connected, and the claim loop going round (for /readyz)."""
+        stalled_after = max(10.0, 3 * self.settings.poll_seconds)
+        return (
+            not self.claims_outage.down
+            and not self.stopping.is_set()
+            and time.monotonic() - self.last_step < stalled_after
+        )
 
     # -- helpers -----------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        """Extends leases and keeps the worker's row alive; runs the
-        maintenance duties while this worker holds their lock, which lives on
-        this thread's connection: leadership is lost with it."""
         leadership = (
             Leadership(Maintenance(self.settings, self.app), f"worker {self.id}")
             if self.run_maintenance
             else None
         )
-        last_beat = float("-inf")
-        outage = Outage("PostgreSQL (heartbeat and maintenance)", log)
-        conn: psycopg.Connection[Any] | None = None
-        while not self.stopping.is_set():
-            try:
-                if conn is None:
-                    conn = db.connect(
-                        self.settings.database_url,
-                        connect_timeout=self.settings.database_timeout_seconds,
-                        # Which worker holds the maintenance lock, in pg_stat_activity.
-                        application_name=f"rota-worker:{self.id}"[-APPLICATION_NAME_MAX:],
-                    )
-                if time.monotonic() - last_beat >= self.settings.heartbeat_seconds:
-                    self._beat(conn)
-                    last_beat = time.monotonic()
-                outage.recovered()
-                if leadership is not None:
-                    leadership.tick(conn)
-            except RECONNECT_ERRORS as exc:
-                if conn is not None:
-                    conn.close()
-                conn = None
-                if leadership is not None:
-                    leadership.connection_lost()
-                self.stopping.wait(outage.failed(exc))
-                continue
-            except Exception:
-                log.exception("heartbeat or maintenance failed; carrying on")
-            self.stopping.wait(self.settings.maintenance_seconds)
-        if conn is not None:
-            conn.close()
+        heartbeat(self.settings, self.id, self._beat, leadership, self.stopping)
 
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         beat_started = time.monotonic()

@@ -38,7 +38,9 @@ from rota.buffer import (
     trim_dead_letters,
 )
 from rota.envelope import TaskEnvelope
+from rota.loader.reading import BufferReader, Entry
 from rota.loader.store import load_entries
+from rota.metrics import LoaderMetrics
 from rota.outage import Outage
 from rota.settings import Settings
 
@@ -50,12 +52,7 @@ log = logging.getLogger("rota.loader")
 # ensure_groups repairs on the next pass.
 LOADER_OUTAGES = (redis.RedisError, psycopg.OperationalError)
 
-Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
 
-# Until the first entries are seen, a loader assumes packed ones: a first pass
-# that reads too little costs one round trip; one that reads too much leaves
-# the other loaders idle.
-FIRST_GUESS_TASKS_PER_ENTRY = 64.0
 # A long-running loader's blocking read; a stop is noticed between reads.
 BLOCK_MS = 1000
 # How often a loader waiting out an outage checks whether it should stop.
@@ -104,8 +101,11 @@ class Loader:
         settings: Settings,
         consumer: str | None = None,
         redis_client: redis.Redis | None = None,
+        metrics: LoaderMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
+        self.last_lag = 0.0  # age of the oldest entry the last pass read
         self.consumer = consumer or default_consumer_name()
         self.redis = redis_client or redis.Redis.from_url(
             settings.redis_url,
@@ -116,10 +116,10 @@ class Loader:
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
         self._reset = self.redis.register_script(RESET_BACKLOG_IF_EMPTY)
+        self.reader = BufferReader(self.redis, settings, self.consumer, self.streams)
         self._trimmed_at = float("-inf")  # the dead-letter stream's retention
         # (entries, exhausted entries) read by a pass that did not finish.
         self._held: tuple[list[Entry], list[Entry]] | None = None
-        self._tasks_per_entry = FIRST_GUESS_TASKS_PER_ENTRY
 
     # -- plumbing --------------------------------------------------------------
 
@@ -166,73 +166,6 @@ class Loader:
                     raise
         self._groups_ready = True
 
-    # -- reading ---------------------------------------------------------------
-
-    def _reclaim(self) -> tuple[list[Entry], list[Entry]]:
-        """Entries idle in another (dead) loader's hands: (to load, delivered too often)."""
-        idle_ms = int(self.settings.loader_idle_reclaim_seconds * 1000)
-        usable: list[Entry] = []
-        exhausted: list[Entry] = []
-        for stream in self.streams:
-            # redis-py's response types are loose; these shapes are Redis 7's.
-            reply: Any = self.redis.xautoclaim(
-                stream,
-                self.settings.loader_group,
-                self.consumer,
-                idle_ms,
-                "0-0",
-                count=self.settings.loader_read_count,
-            )
-            claimed = reply[1]
-            if not claimed:
-                continue
-            ids = [entry_id for entry_id, _ in claimed]
-            pending: Any = self.redis.xpending_range(
-                stream,
-                self.settings.loader_group,
-                min=ids[0],
-                max=ids[-1],
-                count=len(ids),
-                consumername=self.consumer,
-            )
-            deliveries = {p["message_id"]: p["times_delivered"] for p in pending}
-            for entry_id, fields in claimed:
-                entry = (stream, _text(entry_id), fields)
-                if deliveries.get(entry_id, 1) > self.settings.loader_max_deliveries:
-                    exhausted.append(entry)
-                else:
-                    usable.append(entry)
-        return usable, exhausted
-
-    def _keep_pending(self, entries: list[Entry]) -> None:
-        by_stream: dict[str, list[Any]] = {}
-        for stream, entry_id, _ in entries:
-            by_stream.setdefault(stream, []).append(entry_id)
-        for stream, ids in by_stream.items():
-            self.redis.xclaim(
-                stream, self.settings.loader_group, self.consumer, 0, ids, justid=True
-            )
-
-    def _read_count(self) -> int:
-        """Entries to read per shard: about one batch of tasks in all, whether
-        entries carry one task (single enqueues) or hundreds (enqueue_many), so
-        that several loaders share a backlog instead of one taking it all."""
-        per_pass = 2 * self.settings.loader_batch_size / (self._tasks_per_entry * len(self.streams))
-        return max(1, min(self.settings.loader_read_count, int(per_pass)))
-
-    def _read_new(self, block_ms: int | None) -> list[Entry]:
-        response: Any = self.redis.xreadgroup(
-            self.settings.loader_group,
-            self.consumer,
-            dict.fromkeys(self.streams, ">"),
-            count=self._read_count(),
-            block=block_ms,
-        )
-        entries: list[Entry] = []
-        for stream, items in response or []:
-            entries.extend((_text(stream), _text(entry_id), fields) for entry_id, fields in items)
-        return entries
-
     # -- one pass --------------------------------------------------------------
 
     def pass_once(self, block_ms: int | None = None) -> PassResult:
@@ -245,14 +178,17 @@ class Loader:
             # idle time without counting a delivery, so that no outage, however
             # long, uses up the entries' deliveries (ROTA_LOADER_MAX_DELIVERIES).
             entries, exhausted = self._held
-            self._keep_pending([*entries, *exhausted])
+            self.reader.keep_pending([*entries, *exhausted])
         else:
-            reclaimed, exhausted = self._reclaim()
+            reclaimed, exhausted = self.reader.reclaim()
             result.reclaimed = len(reclaimed) + len(exhausted)
-            fresh = self._read_new(block_ms if not reclaimed and not exhausted else None)
+            fresh = self.reader.read_new(block_ms if not reclaimed and not exhausted else None)
             entries = reclaimed + fresh
             self._held = (entries, exhausted)
         result.entries = len(entries) + len(exhausted)
+        read = [entry_id for _, entry_id, _ in entries + exhausted]
+        oldest_ms = min((int(i.split("-")[0]) for i in read), default=None)
+        self.last_lag = 0.0 if oldest_ms is None else max(0.0, time.time() - oldest_ms / 1000)
 
         dead: list[tuple[Entry, Rejected]] = [
             (
@@ -275,7 +211,7 @@ class Loader:
 
         tasks = sum(len(envelopes) for _, envelopes in decoded)
         if entries:
-            self._tasks_per_entry = max(1.0, tasks / len(entries))
+            self.reader.tasks_per_entry = max(1.0, tasks / len(entries))
         stored, refused = load_entries(self.conn, decoded, self.settings.loader_batch_size)
         result.loaded = stored
         result.duplicates = tasks - stored - len(refused)
@@ -383,6 +319,7 @@ class Loader:
                 time.sleep(delay)
                 continue
             outage.recovered()
+            self._passed(result)
             summary.add(result)
             if result.entries == 0:
                 summary.drained = True
@@ -398,9 +335,16 @@ class Loader:
         summary = DrainSummary()
         started = time.monotonic()
         outage = Outage("the buffer or PostgreSQL (loader)", log)
+        log.info(
+            "loader %s reading %d shard(s) of %s (group %s)",
+            self.consumer,
+            len(self.streams),
+            self.settings.stream_prefix,
+            self.settings.loader_group,
+        )
         while not should_stop():
             try:
-                summary.add(self.pass_once(block_ms=block_ms))
+                result = self.pass_once(block_ms=block_ms)
             except LOADER_OUTAGES as exc:
                 self._after_failure(exc)
                 delay = outage.failed(exc)
@@ -409,8 +353,27 @@ class Loader:
                     time.sleep(min(STOP_CHECK_SECONDS, delay))
                 continue
             outage.recovered()
+            self._passed(result)
+            summary.add(result)
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
+
+    def _passed(self, result: PassResult) -> None:
+        if result.entries:
+            log.info(
+                "loaded %d task(s) from %d entries (%d already stored, %d dead-lettered, "
+                "%d reclaimed); lag %.3f s",
+                result.loaded,
+                result.entries,
+                result.duplicates,
+                result.dead_lettered,
+                result.reclaimed,
+                self.last_lag,
+            )
+        if self.metrics is not None:
+            self.metrics.passed(
+                result.loaded, result.duplicates, result.dead_lettered, self.last_lag
+            )
 
 
 def _text(value: bytes | str) -> str:

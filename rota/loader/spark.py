@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,154 +32,24 @@ import psycopg
 import redis
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from rota import db, ops
 from rota.buffer import (
     Rejected,
     add_dead_letters,
     all_streams,
-    decode_entry,
     subtract_backlogs,
     trim_dead_letters,
 )
 from rota.entries import TaskBatch
 from rota.envelope import TaskEnvelope
+from rota.loader.spark_source import SOURCE_NAME, BufferSource, entry_key, next_entry_id
 from rota.loader.store import load_entries
+from rota.metrics import LoaderMetrics
 from rota.outage import Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader.spark")
-
-SOURCE_NAME = "rota_buffer"
-# One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
-# tasks (a TaskBatch's JSON); a rejected part gets a row of its own, with its
-# raw data and the reason in `error`. Rows, not tasks, are what Spark pays for.
-SCHEMA = "stream string, entry_id string, data string, error string"
-PAGE = 1000
-
-
-def _id_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _after(entry_id: str) -> str:
-    """The smallest stream id greater than `entry_id` (for XTRIM MINID)."""
-    ms, seq = _id_key(entry_id)
-    return f"{ms}-{seq + 1}"
-
-
-class BufferSource(DataSource):
-    """`spark.readStream.format("rota_buffer")`; options: redis_url, streams,
-    max_payload_bytes, max_entries (per micro-batch, 0 for all available)."""
-
-    @classmethod
-    def name(cls) -> str:
-        return SOURCE_NAME
-
-    def schema(self) -> str:
-        return SCHEMA
-
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return BufferStreamReader(dict(self.options))
-
-
-class BufferStreamReader(DataSourceStreamReader):
-    # Pickled to the executors: only plain options here; clients are made where used.
-    def __init__(self, options: dict[str, str]) -> None:
-        self.redis_url = options["redis_url"]
-        self.streams = options["streams"].split(",")
-        self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
-        self.max_entries = int(options.get("max_entries", "0"))
-        queues = options.get("queues")
-        self.allowed_queues = frozenset(queues.split(",")) if queues else None
-
-    def _client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url)
-
-    def initialOffset(self) -> dict[str, str]:
-        return dict.fromkeys(self.streams, "0-0")
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
-
-    def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
-        client = self._client()
-        try:
-            end = dict(start)
-            per_stream = (
-                max(1, limit.max_rows // len(self.streams))
-                if isinstance(limit, ReadMaxRows)
-                else None
-            )
-            for stream in self.streams:
-                begin = start.get(stream, "0-0")
-                if per_stream is None:
-                    last: Any = client.xrevrange(stream, count=1)
-                else:
-                    page: Any = client.xrange(stream, min=f"({begin}", count=per_stream)
-                    last = page[-1:]
-                if last:
-                    entry_id = last[0][0].decode()
-                    if _id_key(entry_id) > _id_key(begin):
-                        end[stream] = entry_id
-            return end
-        finally:
-            client.close()
-
-    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
-        streams = [s for s in self.streams if end.get(s, "0-0") != start.get(s, "0-0")]
-        # Longest shards first: one tenant's backlog makes its shard the batch's
-        # longest task, and started last it would finish alone.
-        client = self._client()
-        try:
-            pipe = client.pipeline(transaction=False)
-            for stream in streams:
-                pipe.xlen(stream)
-            lengths = dict(zip(streams, pipe.execute(), strict=True))
-        finally:
-            client.close()
-        streams.sort(key=lambda s: -lengths[s])
-        return [InputPartition((s, start.get(s, "0-0"), end[s])) for s in streams]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        stream, first, last = partition.value
-        client = self._client()
-        try:
-            cursor = f"({first}"
-            while True:
-                page: Any = client.xrange(stream, min=cursor, max=last, count=PAGE)
-                for raw_id, fields in page:
-                    entry_id = raw_id.decode()
-                    batch, bad = decode_entry(fields, self.max_payload_bytes, self.allowed_queues)
-                    if batch:
-                        # A valid entry goes to the driver as it is; else its valid part.
-                        data = batch.to_json() if bad else fields[b"tasks"]
-                        yield (stream, entry_id, data.decode(), None)
-                    for rejected in bad:
-                        yield (
-                            stream,
-                            entry_id,
-                            rejected.raw.decode(errors="replace"),
-                            rejected.reason,
-                        )
-                if len(page) < PAGE:
-                    return
-                cursor = f"({page[-1][0].decode()}"
-        finally:
-            client.close()
-
-    def commit(self, end: dict[str, str]) -> None:
-        """The batch up to `end` is durable in PostgreSQL: trim it off the shards."""
-        client = self._client()
-        try:
-            for stream, entry_id in end.items():
-                if entry_id != "0-0":
-                    client.xtrim(stream, minid=_after(entry_id), approximate=False)
-        finally:
-            client.close()
 
 
 class BatchSink:
@@ -190,8 +60,10 @@ class BatchSink:
         settings: Settings,
         query_key: str,
         should_stop: Callable[[], bool] = lambda: False,
+        metrics: LoaderMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.query_key = query_key
         self.should_stop = should_stop
         self._conn: psycopg.Connection[Any] | None = None
@@ -243,9 +115,12 @@ class BatchSink:
             loaded: list[tuple[str, list[TaskEnvelope]]] = []
             waiting = 0
             last: dict[str, str] = {}  # each shard's last entry in this batch
+            first: dict[str, str] = {}  # and its first
             for stream, entry_id, data, error in frame.toLocalIterator(prefetchPartitions=True):
-                if stream not in last or _id_key(entry_id) > _id_key(last[stream]):
+                if stream not in last or entry_key(entry_id) > entry_key(last[stream]):
                     last[stream] = entry_id
+                if stream not in first or entry_key(entry_id) < entry_key(first[stream]):
+                    first[stream] = entry_id
                 if error is not None:
                     dead.append((stream, entry_id, Rejected(data.encode(), error)))
                     continue
@@ -266,7 +141,7 @@ class BatchSink:
         # Spark calls when the next batch starts (with an idle buffer, never).
         pipe = self._buffer().pipeline(transaction=False)
         for stream, entry_id in last.items():
-            pipe.xtrim(stream, minid=_after(entry_id), approximate=False)
+            pipe.xtrim(stream, minid=next_entry_id(entry_id), approximate=False)
         pipe.execute()
         subtract_backlogs(self._buffer(), loaded)
         if time.monotonic() - self._trimmed_at >= self.settings.retention_seconds:
@@ -277,6 +152,16 @@ class BatchSink:
         self.loaded += stored
         self.dead_lettered += len(dead)
         self.batches += 1
+        oldest_ms = min((int(i.split("-")[0]) for i in first.values()), default=None)
+        lag = 0.0 if oldest_ms is None else max(0.0, time.time() - oldest_ms / 1000)
+        if last:
+            log.info(
+                "micro-batch %d: loaded %d task(s), %d dead-lettered; lag %.3f s",
+                batch_id, stored, len(dead), lag,
+            )  # fmt: skip
+        if self.metrics is not None:
+            tasks = sum(len(envelopes) for _, envelopes in loaded)
+            self.metrics.passed(stored, tasks - stored, len(dead), lag)
 
     def _buffer(self) -> redis.Redis:
         if self._redis is None:
@@ -374,12 +259,14 @@ def run_streaming(
     available_now: bool = False,
     max_entries: int = 0,
     session: SparkSession | None = None,
+    metrics: LoaderMetrics | None = None,
 ) -> BatchSink:
     """Runs the streaming loader until `should_stop()` (or, with `available_now`,
     until what is in the buffer now is loaded). Returns the sink's counters."""
     spark = session or spark_session(master)
     checkpoint_path = checkpoint_location(checkpoint)
-    sink = BatchSink(settings, query_key=checkpoint_path, should_stop=should_stop)
+    sink = BatchSink(settings, query_key=checkpoint_path, should_stop=should_stop, metrics=metrics)
+    log.info("Spark loader on %s, checkpoint %s", spark.sparkContext.master, checkpoint_path)
     writer = (
         buffer_stream(spark, settings, max_entries)
         .writeStream.foreachBatch(sink)

@@ -11,7 +11,16 @@ One module per audience, each with its own file of SQL blocks (rota/sql/):
 maintenance duties), `admin` (operators' actions) and `read` (the read model).
 """
 
-from rota.ops.admin import configure_tenant
+from rota.ops.admin import (
+    cancel,
+    configure_tenant,
+    patch_tenant,
+    pause_queue,
+    pause_tenant,
+    record,
+    retry,
+    retry_dead,
+)
 from rota.ops.load import (
     READY_COPY_TYPES,
     TASK_COPY_TYPES,
@@ -26,6 +35,7 @@ from rota.ops.load import (
 from rota.ops.maintain import (
     PRUNE_BATCH,
     WorkerInfo,
+    count_service,
     live_workers,
     promote_due,
     prune_dead,
@@ -35,6 +45,7 @@ from rota.ops.maintain import (
     queue_names,
     reap_stopped_workers_claims,
     reap_workers,
+    refresh_stats,
     requeue_expired,
     requeue_lost,
     try_maintenance_lock,
@@ -67,10 +78,12 @@ __all__ = [
     "ReadyRow",
     "TaskState",
     "WorkerInfo",
+    "cancel",
     "claim",
     "complete",
     "configure_tenant",
     "count_loader_batch",
+    "count_service",
     "defer_unknown",
     "extend_leases",
     "fail",
@@ -78,6 +91,9 @@ __all__ = [
     "live_workers",
     "load",
     "make_ready",
+    "patch_tenant",
+    "pause_queue",
+    "pause_tenant",
     "promote_due",
     "prune_dead",
     "prune_finished",
@@ -87,11 +103,15 @@ __all__ = [
     "queue_names",
     "reap_stopped_workers_claims",
     "reap_workers",
+    "record",
     "record_loader_batch",
+    "refresh_stats",
     "register_worker",
     "release",
     "requeue_expired",
     "requeue_lost",
+    "retry",
+    "retry_dead",
     "stop_worker",
     "task_rows",
     "task_states",

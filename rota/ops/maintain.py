@@ -107,3 +107,16 @@ def queue_names() -> Op[list[str]]:
 def try_maintenance_lock() -> Op[bool]:
     rows = yield Execute(query("maintenance_lock"))
     return bool(rows[0][0])
+
+
+def count_service() -> Op[int]:
+    """Counts what finished since the last count into rota.service (per
+    minute, queue and tenant); returns the completions counted."""
+    rows = yield Execute(query("count_service"))
+    return int(rows[0][0])
+
+
+def refresh_stats() -> Op[int]:
+    """Recounts rota.stats, the console's figures per queue and tenant."""
+    rows = yield Execute(query("refresh_stats"))
+    return int(rows[0][0])

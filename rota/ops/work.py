@@ -45,14 +45,16 @@ class ClaimedTask(NamedTuple):
 
 @dataclass(frozen=True)
 class Failure:
-    """A failed attempt: `retry_at` forces the next attempt's time (rota.Retry);
-    `final` dead-letters at once (no retry can help, e.g. an unknown task)."""
+    """A failed attempt: `error` is its one line, `traceback` the whole of it;
+    `retry_at` forces the next attempt's time (rota.Retry); `final` ends the
+    task at once (no retry can help, e.g. an unknown task)."""
 
     task_id: UUID
     attempt: int
     error: str
     retry_at: datetime | None = None
     final: bool = False
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,19 +97,25 @@ def complete(tokens: Iterable[tuple[UUID, int]]) -> Op[set[UUID]]:
 
 def fail(failures: Sequence[Failure]) -> Op[list[FailOutcome]]:
     """Fails claimed tasks: retry after backoff (or `retry_at`), or dead after the
-    last attempt. Stale tokens are refused (absent from the result)."""
+    last attempt (cancelled, if cancelled meanwhile). Stale tokens are refused
+    (absent from the result)."""
     rows = yield Execute(
         query("fail"),
         {
             "ids": UUIDArray(f.task_id for f in failures),
             "attempts": [f.attempt for f in failures],
-            # A text column cannot hold NUL, which an exception's message can.
-            "errors": [f.error.replace("\x00", "\\x00") for f in failures],
+            "errors": [_text(f.error) for f in failures],
             "retry_at": [f.retry_at for f in failures],
             "final": [f.final for f in failures],
+            "tracebacks": [None if f.traceback is None else _text(f.traceback) for f in failures],
         },
     )
     return [FailOutcome(*row) for row in rows]
+
+
+def _text(text: str) -> str:
+    """A text column cannot hold NUL, which an exception's message can."""
+    return text.replace("\x00", "\\x00")
 
 
 def defer_unknown(

@@ -39,3 +39,9 @@ SELECT rota.prune_workers(make_interval(secs => %(seconds)s))
 
 -- name: prune_loader_batches
 SELECT rota.prune_loader_batches(make_interval(secs => %(seconds)s), %(keep)s::integer)
+
+-- name: count_service
+SELECT rota.count_service()
+
+-- name: refresh_stats
+SELECT rota.refresh_stats()

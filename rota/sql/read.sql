@@ -26,3 +26,229 @@ SELECT q.name AS queue,
         WHERE t.queue_id = q.id) AS scheduled
 FROM rota.queues q
 ORDER BY q.name
+
+-- name: overview_queues
+-- Per queue: the figures of rota.stats (refreshed by maintenance; `at` says
+-- when), and completions per minute over the last five minutes.
+SELECT q.name, q.paused,
+       coalesce(s.waiting, 0), coalesce(s.running, 0), coalesce(s.scheduled, 0),
+       coalesce(s.dead, 0),
+       coalesce(v.completed, 0) / 5.0 AS per_minute,
+       extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
+       s.at
+FROM rota.queues q
+LEFT JOIN (
+    SELECT queue_id, sum(waiting) AS waiting, sum(running) AS running,
+           sum(scheduled) AS scheduled, sum(dead) AS dead,
+           min(oldest_enqueued_at) AS oldest, max(at) AS at
+    FROM rota.stats GROUP BY queue_id
+) s ON s.queue_id = q.id
+LEFT JOIN (
+    SELECT queue_id, sum(completed) AS completed
+    FROM rota.service WHERE minute >= now() - interval '5 minutes' GROUP BY queue_id
+) v ON v.queue_id = q.id
+ORDER BY q.name
+
+-- name: tenant_rows
+-- Every tenant with its figures (rota.stats, rota.service over the last
+-- five minutes), filtered by a name prefix; sorted and paged by the caller's
+-- choice among fixed keys.
+WITH s AS (
+    SELECT tenant_id, sum(waiting) AS waiting, sum(running) AS running,
+           sum(scheduled) AS scheduled, sum(dead) AS dead,
+           min(oldest_enqueued_at) AS oldest
+    FROM rota.stats GROUP BY tenant_id
+), served AS (
+    SELECT tenant_id, sum(completed) AS completed
+    FROM rota.service WHERE minute >= now() - interval '5 minutes' GROUP BY tenant_id
+), totals AS (
+    -- Fair shares are among the tenants that had work: waiting, or served.
+    SELECT (SELECT coalesce(sum(completed), 0) FROM served) AS completed,
+           (SELECT coalesce(sum(t.weight), 0) FROM rota.tenants t
+            WHERE t.id IN (SELECT tenant_id FROM s WHERE waiting + running > 0
+                           UNION SELECT tenant_id FROM served)) AS weight
+), rows AS (
+    SELECT t.name, t.weight, t.paused, coalesce(s.waiting, 0) AS waiting,
+           coalesce(s.running, 0) AS running, t.concurrency_limit, t.rate_limit,
+           CASE WHEN t.rate_limit IS NOT NULL
+                THEN least(t.rate_burst,
+                           t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
+           END AS tokens,
+           t.capacity, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.dead, 0) AS dead,
+           extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
+           coalesce(v.completed, 0) AS served,
+           CASE WHEN x.completed > 0 THEN coalesce(v.completed, 0) / x.completed END AS share,
+           CASE WHEN x.weight > 0
+                     AND (coalesce(s.waiting, 0) + coalesce(s.running, 0) > 0 OR v.completed > 0)
+                THEN t.weight / x.weight END AS fair_share
+    FROM rota.tenants t
+    LEFT JOIN s ON s.tenant_id = t.id
+    LEFT JOIN served v ON v.tenant_id = t.id
+    CROSS JOIN totals x
+    WHERE t.name LIKE %(prefix)s || '%%'
+)
+SELECT *, count(*) OVER () AS total
+FROM rows
+ORDER BY
+    CASE WHEN %(sort)s = 'name' AND %(descending)s THEN name END DESC,
+    CASE WHEN %(sort)s = 'name' THEN name END,
+    CASE %(sort)s
+        WHEN 'waiting' THEN waiting::float8
+        WHEN 'running' THEN running::float8
+        WHEN 'dead' THEN dead::float8
+        WHEN 'oldest_wait' THEN oldest_wait_seconds::float8
+        WHEN 'served' THEN served::float8
+        WHEN 'weight' THEN weight
+    END * CASE WHEN %(descending)s THEN -1 ELSE 1 END NULLS LAST,
+    name
+LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: tenant_detail
+SELECT t.name, t.id, t.weight, t.paused, t.concurrency_limit, t.running, t.rate_limit,
+       t.rate_burst,
+       CASE WHEN t.rate_limit IS NOT NULL
+            THEN least(t.rate_burst,
+                       t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
+       END AS tokens,
+       t.capacity, b.backlog, t.created_at
+FROM rota.tenants t
+LEFT JOIN rota.tenant_backlog b ON b.tenant = t.name
+WHERE t.name = %(name)s
+
+-- name: tenant_queues_stats
+SELECT q.name, q.paused, s.waiting, s.running, s.scheduled, s.dead,
+       extract(epoch FROM now() - s.oldest_enqueued_at), s.at
+FROM rota.stats s JOIN rota.queues q ON q.id = s.queue_id
+WHERE s.tenant_id = %(tenant_id)s
+ORDER BY q.name
+
+-- name: tenant_service
+-- Completions per minute and their mean wait, over the last hour.
+SELECT v.minute, sum(v.completed), sum(v.wait_seconds) / nullif(sum(v.completed), 0)
+FROM rota.service v
+WHERE v.tenant_id = %(tenant_id)s AND v.minute >= now() - interval '1 hour'
+GROUP BY v.minute ORDER BY v.minute
+
+-- name: task_story
+-- A task in PostgreSQL, whatever its state, with what decides its wait.
+SELECT t.id, q.name AS queue, tn.name AS tenant, t.name, t.payload::text, t.status::text,
+       t.attempts, t.max_attempts, t.cost, t.eta, t.enqueued_at, t.loaded_at, t.finished_at,
+       t.last_error, t.traceback, t.cancel_requested,
+       r.worker, r.attempt, r.claimed_at, r.lease_expires_at,
+       s.run_at,
+       q.paused AS queue_paused, tn.paused AS tenant_paused, tn.concurrency_limit,
+       tn.running AS tenant_running, tn.rate_limit,
+       CASE WHEN tn.rate_limit IS NOT NULL
+            THEN least(tn.rate_burst,
+                       tn.tokens + tn.rate_limit * extract(epoch FROM now() - tn.refilled_at))
+       END AS tokens,
+       tn.capacity, t.seq, t.queue_id, t.tenant_id
+FROM rota.tasks t
+JOIN rota.queues q ON q.id = t.queue_id
+JOIN rota.tenants tn ON tn.id = t.tenant_id
+LEFT JOIN rota.running r ON r.task_id = t.id
+LEFT JOIN rota.scheduled s ON s.task_id = t.id
+WHERE t.id = %(id)s
+
+-- name: finished_story
+SELECT f.task_id, q.name, tn.name, f.attempts, f.enqueued_at, f.started_at, f.finished_at
+FROM rota.finished f
+JOIN rota.queues q ON q.id = f.queue_id
+JOIN rota.tenants tn ON tn.id = f.tenant_id
+WHERE f.task_id = %(id)s
+
+-- name: place_in_line
+-- A ready task's place: its row (found among its tenant's in its queue),
+-- then the claimable rows ahead of it in fair order, counted up to a cap.
+WITH mine AS (
+    SELECT r.vtime, r.tenant_id, r.seq FROM rota.ready r
+    WHERE r.queue_id = %(queue_id)s AND r.tenant_id = %(tenant_id)s AND r.seq = %(seq)s
+)
+SELECT m.vtime,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM rota.ready a
+            WHERE a.queue_id = %(queue_id)s
+              AND (a.vtime, a.tenant_id, a.seq) < (m.vtime, m.tenant_id, m.seq)
+            LIMIT %(cap)s) x) AS ahead
+FROM mine m
+
+-- name: queue_workers
+-- Live workers that claim a queue.
+SELECT count(*) FROM rota.workers w
+WHERE w.stopped_at IS NULL AND %(queue)s = ANY (w.queues)
+
+-- name: task_audit
+SELECT a.at, a.actor, a.action FROM rota.audit a
+WHERE a.detail -> 'ids' ? %(id)s
+ORDER BY a.at
+
+-- name: ready_ids
+-- Ready tasks in line order, per queue as the claim reads them, filtered.
+SELECT c.task_id
+FROM rota.queues q
+CROSS JOIN LATERAL (
+    SELECT r.task_id, r.vtime, r.tenant_id, r.seq FROM rota.ready r
+    WHERE r.queue_id = q.id
+      AND (%(tenant)s::text IS NULL
+           OR r.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
+    ORDER BY r.vtime, r.tenant_id, r.seq
+    LIMIT %(limit)s
+) c
+WHERE %(queue)s::text IS NULL OR q.name = %(queue)s
+ORDER BY c.vtime, c.tenant_id, c.seq
+LIMIT %(limit)s
+
+-- name: running_ids
+SELECT r.task_id FROM rota.running r
+WHERE (%(tenant)s::text IS NULL
+       OR r.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
+  AND (%(queue)s::text IS NULL
+       OR r.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
+ORDER BY r.claimed_at
+LIMIT %(limit)s
+
+-- name: scheduled_ids
+SELECT s.task_id FROM rota.scheduled s JOIN rota.tasks t ON t.id = s.task_id
+WHERE (%(tenant)s::text IS NULL
+       OR t.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
+  AND (%(queue)s::text IS NULL
+       OR t.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
+ORDER BY s.run_at
+LIMIT %(limit)s
+
+-- name: ended_ids
+-- Dead or cancelled tasks, the most recent first.
+SELECT t.id FROM rota.tasks t
+WHERE t.status::text = %(state)s
+  AND (%(tenant)s::text IS NULL
+       OR t.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
+  AND (%(queue)s::text IS NULL
+       OR t.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
+ORDER BY t.finished_at DESC
+LIMIT %(limit)s
+
+-- name: task_rows
+-- The tasks with these ids, in the order given.
+SELECT t.id, q.name, tn.name, t.name,
+       CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END,
+       t.attempts, t.max_attempts, t.enqueued_at, coalesce(s.run_at, t.finished_at),
+       t.last_error
+FROM unnest(%(ids)b::uuid[]) WITH ORDINALITY AS x(id, n)
+JOIN rota.tasks t ON t.id = x.id
+JOIN rota.queues q ON q.id = t.queue_id
+JOIN rota.tenants tn ON tn.id = t.tenant_id
+LEFT JOIN rota.running r ON r.task_id = t.id
+LEFT JOIN rota.scheduled s ON s.task_id = t.id
+ORDER BY x.n
+
+-- name: workers_view
+SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at,
+       extract(epoch FROM now() - w.heartbeat_at),
+       (SELECT count(*) FROM rota.running r WHERE r.worker = w.id)
+FROM rota.workers w
+WHERE w.stopped_at IS NULL
+ORDER BY w.started_at
+
+-- name: recent_audit
+SELECT a.at, a.actor, a.action, a.target, a.count, a.detail::text
+FROM rota.audit a ORDER BY a.id DESC LIMIT %(limit)s

@@ -4,7 +4,7 @@
 --   rota_producer  enqueues (the PostgreSQL fallback and `connection=`);
 --   rota_loader    loads the buffer, and imports;
 --   rota_worker    claims, reports, heartbeats, and runs maintenance;
---   rota_admin     `rota tenant`, `rota stats` and the operations to come.
+--   rota_admin     the operations: the console, `rota task`, `rota tenant`, ...
 -- Producers, loaders and workers change the queue only through SECURITY
 -- DEFINER functions with a fixed search_path: none holds UPDATE or DELETE on
 -- the queue's tables. Idempotent: `rota migrate` applies it again after
@@ -99,7 +99,7 @@ BEGIN
     GRANT EXECUTE ON FUNCTION
         rota.claim(text[], integer, text, double precision),
         rota.complete(uuid[], integer[]),
-        rota.fail(uuid[], integer[], text[], timestamptz[], boolean[]),
+        rota.fail(uuid[], integer[], text[], timestamptz[], boolean[], text[]),
         rota.requeue(uuid[], integer[], boolean, text),
         rota.requeue_expired(),
         rota.extend_leases(uuid[], integer[], double precision),
@@ -112,7 +112,9 @@ BEGIN
         rota.prune_finished(interval, integer),
         rota.prune_dead(interval, integer),
         rota.prune_workers(interval),
-        rota.prune_loader_batches(interval, integer)
+        rota.prune_loader_batches(interval, integer),
+        rota.count_service(),
+        rota.refresh_stats()
         TO rota_worker;
     GRANT SELECT, INSERT ON rota.workers TO rota_worker;
     GRANT SELECT (task_id, attempt, worker) ON rota.running TO rota_worker;

@@ -23,7 +23,9 @@ CREATE TABLE rota.queues (
     name text NOT NULL UNIQUE CONSTRAINT queue_name_rule CHECK (name ~ '^[a-z][a-z0-9_.-]{0,62}$'),
     -- The largest start tag given so far: the virtual clock when nothing waits.
     max_start double precision NOT NULL DEFAULT 0,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- Paused: its tasks wait, loaded and in line, until it is resumed.
+    paused boolean NOT NULL DEFAULT false
 );
 
 CREATE TABLE rota.tenants (
@@ -43,8 +45,12 @@ CREATE TABLE rota.tenants (
     -- Token bucket of the rate limit.
     tokens double precision NOT NULL DEFAULT 0,
     refilled_at timestamptz NOT NULL DEFAULT now(),
-    limited boolean GENERATED ALWAYS AS (concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL) STORED,
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- Paused: its tasks wait, in line, until it is resumed (the claim skips it).
+    paused boolean NOT NULL DEFAULT false,
+    -- The claim checks these tenants' limits; the others it takes as they come.
+    limited boolean GENERATED ALWAYS AS
+        (concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL OR paused) STORED
 );
 CREATE INDEX tenants_limited ON rota.tenants (id) WHERE limited;
 
@@ -56,8 +62,9 @@ CREATE TABLE rota.tenant_queues (
     PRIMARY KEY (queue_id, tenant_id)
 );
 
--- Succeeded tasks are not here but in rota.finished.
-CREATE TYPE rota.task_status AS ENUM ('pending', 'scheduled', 'dead');
+-- Succeeded tasks are not here but in rota.finished; 'cancelled' is an
+-- operator's doing (rota.cancel).
+CREATE TYPE rota.task_status AS ENUM ('pending', 'scheduled', 'dead', 'cancelled');
 
 CREATE SEQUENCE rota.task_seq AS bigint CACHE 1000;
 
@@ -87,7 +94,11 @@ CREATE TABLE rota.tasks (
     -- up (NULL for tasks loaded before it was copied).
     tenant text,
     -- When a worker that did not know the task's name first handed it back.
-    unknown_since timestamptz
+    unknown_since timestamptz,
+    -- The last failure's whole traceback (last_error is its one line).
+    traceback text,
+    -- Cancelled while running: the attempt ends as 'cancelled', not retried.
+    cancel_requested boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 90);
 
 -- The bounds of rota/rules.py, the last line after every entrance's checks
@@ -385,22 +396,25 @@ $$;
 -- Fails claimed tasks: each is retried after its backoff (exponential, with
 -- jitter), or at p_retry_at when given (an explicit retry), until its last
 -- attempt; then, or at once when p_final (an unknown task, say), it is dead,
--- with its last error kept. Stale tokens are refused.
+-- with its last error and traceback kept. A task cancelled while it ran ends
+-- as 'cancelled' instead. Stale tokens are refused.
 CREATE FUNCTION rota.fail(
     p_ids uuid[], p_attempts integer[], p_errors text[], p_retry_at timestamptz[],
-    p_final boolean[]
+    p_final boolean[], p_tracebacks text[] DEFAULT NULL
 ) RETURNS TABLE (id uuid, status rota.task_status, run_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RETURN QUERY
     WITH failed AS MATERIALIZED (
-        SELECT r.task_id, r.attempt, x.error, x.retry_at, x.final
+        SELECT r.task_id, r.attempt, x.error, x.retry_at, x.final, x.traceback
         FROM rota.take_running(p_ids, p_attempts) r
-        JOIN unnest(p_ids, p_errors, p_retry_at, p_final) AS x(id, error, retry_at, final)
+        -- A NULL p_tracebacks unnests as NULLs beside the other arrays.
+        JOIN unnest(p_ids, p_errors, p_retry_at, p_final, p_tracebacks)
+             AS x(id, error, retry_at, final, traceback)
           ON x.id = r.task_id
     ), decided AS (
-        SELECT f.task_id, f.attempt, f.error,
-               CASE WHEN f.final OR f.attempt >= t.max_attempts THEN NULL
+        SELECT f.task_id, f.attempt, f.error, f.traceback, t.cancel_requested,
+               CASE WHEN f.final OR t.cancel_requested OR f.attempt >= t.max_attempts THEN NULL
                     ELSE coalesce(f.retry_at, now() + make_interval(secs =>
                         rota.backoff_seconds(f.attempt, t.backoff_base, t.backoff_max)))
                END AS run_at
@@ -411,8 +425,10 @@ BEGIN
         SELECT d.run_at, d.task_id FROM decided d WHERE d.run_at IS NOT NULL
     )
     UPDATE rota.tasks t
-    SET status = CASE WHEN d.run_at IS NULL THEN 'dead' ELSE 'scheduled' END::rota.task_status,
-        attempts = d.attempt, last_error = d.error,
+    SET status = CASE WHEN d.cancel_requested THEN 'cancelled'
+                      WHEN d.run_at IS NULL THEN 'dead'
+                      ELSE 'scheduled' END::rota.task_status,
+        attempts = d.attempt, last_error = d.error, traceback = d.traceback,
         finished_at = CASE WHEN d.run_at IS NULL THEN now() END
     FROM decided d
     WHERE t.id = ANY (ARRAY(SELECT task_id FROM failed)) AND t.id = d.task_id
@@ -432,10 +448,11 @@ $$;
 -- Puts claimed tasks back in line at the place they had. p_consume says
 -- whether the attempt counts: it does for an expired lease or a dead worker
 -- (the task may have run), not for a task handed back unstarted at shutdown.
--- A task out of attempts is dead instead. Returns the ids put back in line.
+-- A task out of attempts is dead instead, and one cancelled while it ran is
+-- cancelled. Returns the ids put back in line.
 CREATE FUNCTION rota.requeue(p_ids uuid[], p_attempts integer[], p_consume boolean, p_reason text)
 RETURNS SETOF uuid
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_rows rota.running[];
 BEGIN
@@ -451,6 +468,9 @@ BEGIN
         FROM unnest(v_rows) r
         WHERE t.id = ANY (ARRAY(SELECT (x).task_id FROM unnest(v_rows) x)) AND t.id = r.task_id;
     END IF;
+    UPDATE rota.tasks t SET status = 'cancelled', finished_at = now()
+    WHERE t.id = ANY (ARRAY(SELECT (x).task_id FROM unnest(v_rows) x))
+      AND t.cancel_requested AND t.status = 'pending';
 
     RETURN QUERY
     INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
@@ -512,9 +532,10 @@ LEFT JOIN (SELECT q.id, rota.vclock(q.id) AS clock FROM rota.queues q) c ON c.id
 GROUP BY t.id;
 
 -- Claims up to `limit` ready tasks of the given queues in fair order, in one
--- statement. Tenants at their concurrency limit or out of rate tokens are
--- skipped by the scan; the admission below is the race-proof check. Tenants
--- without limits (most) skip the admission's locking, counting and ranking.
+-- statement. Paused queues are not read; paused tenants, and tenants at their
+-- concurrency limit or out of rate tokens, are skipped by the scan; the
+-- admission below is the race-proof check. Tenants without limits (most)
+-- skip the admission's locking, counting and ranking.
 -- SECURITY DEFINER: a worker's role claims through it, holding no direct
 -- UPDATE or DELETE on the tables.
 CREATE FUNCTION rota.claim(p_queues text[], p_limit integer, p_worker text,
@@ -530,7 +551,8 @@ BEGIN
         -- that cannot take a task now.
         SELECT coalesce(array_agg(t.id), '{}') AS limited,
                coalesce(array_agg(t.id) FILTER (
-                   WHERE t.running >= t.concurrency_limit
+                   WHERE t.paused
+                      OR t.running >= t.concurrency_limit
                       OR t.rate_limit IS NOT NULL
                          AND least(t.rate_burst,
                                    t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1),
@@ -551,7 +573,7 @@ BEGIN
             LIMIT p_limit
             FOR UPDATE SKIP LOCKED
         ) c
-        WHERE q.name = ANY (p_queues)
+        WHERE q.name = ANY (p_queues) AND NOT q.paused
         ORDER BY c.vtime, c.tenant_id, c.seq
         LIMIT p_limit
     ), limited AS MATERIALIZED (
@@ -701,10 +723,6 @@ ALTER FUNCTION rota.save_fair_tags(integer[], integer[], double precision[], int
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION rota.complete(uuid[], integer[])
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION rota.fail(uuid[], integer[], text[], timestamptz[], boolean[])
-    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION rota.requeue(uuid[], integer[], boolean, text)
-    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION rota.requeue_expired()
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION rota.defer_unknown(uuid[], integer[], double precision, double precision, text)
@@ -736,14 +754,18 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*) FROM pruned
 $$;
 
--- Drops up to p_limit dead tasks that died before p_older_than ago.
+-- Drops up to p_limit dead or cancelled tasks that ended before p_older_than ago.
 CREATE FUNCTION rota.prune_dead(p_older_than interval, p_limit integer) RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH pruned AS (
         DELETE FROM rota.tasks WHERE id = ANY (ARRAY(
             SELECT t.id FROM rota.tasks t
-            WHERE t.status = 'dead' AND t.finished_at < now() - p_older_than LIMIT p_limit))
-        AND status = 'dead'
+            WHERE t.status = 'dead' AND t.finished_at < now() - p_older_than
+            UNION ALL
+            SELECT t.id FROM rota.tasks t
+            WHERE t.status = 'cancelled' AND t.finished_at < now() - p_older_than
+            LIMIT p_limit))
+        AND status IN ('dead', 'cancelled')
         RETURNING 1
     )
     SELECT count(*) FROM pruned
@@ -789,6 +811,271 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.task_id FROM rota.running r
     JOIN rota.workers w ON w.id = r.worker
     WHERE w.stopped_at < now() - p_after
+$$;
+
+-- Operations (rota/ops/admin.py): every action is recorded here, with who
+-- did it, to what, and to how many tasks.
+CREATE TABLE rota.audit (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    actor text NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,  -- 'task', 'queue:NAME', 'tenant:NAME', 'dead', ...
+    detail jsonb NOT NULL DEFAULT '{}',
+    count bigint NOT NULL
+);
+CREATE INDEX audit_at ON rota.audit (at);
+-- A task's actions, for its history.
+CREATE INDEX audit_task_ids ON rota.audit USING gin ((detail -> 'ids'));
+
+CREATE INDEX tasks_cancelled ON rota.tasks (finished_at) WHERE status = 'cancelled';
+
+-- Cancels tasks. A waiting one (ready or scheduled) is cancelled at once; a
+-- running one when its attempt ends (it is not retried; a success still
+-- counts); an ended one not at all. The scheduled rows are taken first, then
+-- the ready ones in a statement of their own: a promotion in flight is
+-- waited for, and the task it put in line is then taken from there. Returns
+-- each known id with 'cancelled', 'cancelling' (running) or its end state.
+CREATE FUNCTION rota.cancel(p_ids uuid[], p_actor text)
+RETURNS TABLE (id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now uuid[];
+BEGIN
+    WITH unscheduled AS (
+        DELETE FROM rota.scheduled s WHERE s.task_id = ANY (p_ids) RETURNING s.task_id
+    )
+    SELECT coalesce(array_agg(task_id), '{}') INTO v_now FROM unscheduled;
+    WITH unready AS (
+        DELETE FROM rota.ready r WHERE r.task_id = ANY (p_ids) RETURNING r.task_id
+    )
+    SELECT v_now || coalesce(array_agg(task_id), '{}') INTO v_now FROM unready;
+    UPDATE rota.tasks t
+    SET status = 'cancelled', cancel_requested = true, finished_at = now(),
+        last_error = 'cancelled by ' || p_actor
+    WHERE t.id = ANY (v_now);
+    -- Claimed: it ends with its attempt.
+    UPDATE rota.tasks t SET cancel_requested = true
+    WHERE t.id = ANY (p_ids) AND t.status = 'pending' AND NOT t.id = ANY (v_now);
+    RETURN QUERY
+    WITH outcomes AS (
+        SELECT t.id,
+               CASE WHEN t.id = ANY (v_now) THEN 'cancelled'
+                    WHEN t.status = 'pending' THEN 'cancelling'
+                    ELSE t.status::text END AS outcome
+        FROM rota.tasks t WHERE t.id = ANY (p_ids)
+        UNION ALL
+        SELECT f.task_id, 'succeeded' FROM rota.finished f WHERE f.task_id = ANY (p_ids)
+    ), logged AS (
+        INSERT INTO rota.audit (actor, action, target, detail, count)
+        SELECT p_actor, 'cancel', 'task', jsonb_build_object('ids', to_jsonb(p_ids)),
+               count(*) FILTER (WHERE o.outcome IN ('cancelled', 'cancelling'))
+        FROM outcomes o
+    )
+    SELECT o.id, o.outcome FROM outcomes o;
+END
+$$;
+
+-- Runs dead or cancelled tasks again: same ids, a fresh attempt budget, a
+-- fair place in line as soon as maintenance promotes them (within a second).
+-- Returns the ids retried.
+CREATE FUNCTION rota.retry(p_ids uuid[], p_actor text, p_target text DEFAULT 'task')
+RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids uuid[];
+BEGIN
+    WITH revived AS (
+        UPDATE rota.tasks t
+        SET status = 'scheduled', attempts = 0, cancel_requested = false, finished_at = NULL,
+            unknown_since = NULL
+        WHERE t.id = ANY (p_ids) AND t.status IN ('dead', 'cancelled')
+        RETURNING t.id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO v_ids FROM revived;
+    INSERT INTO rota.scheduled (run_at, task_id) SELECT now(), x FROM unnest(v_ids) x;
+    INSERT INTO rota.audit (actor, action, target, detail, count)
+    VALUES (p_actor, 'retry', p_target, jsonb_build_object('ids', to_jsonb(v_ids)),
+            cardinality(v_ids));
+    RETURN QUERY SELECT unnest(v_ids);
+END
+$$;
+
+-- Pauses or resumes a queue; false if there is no such queue.
+CREATE FUNCTION rota.pause_queue(p_name text, p_paused boolean, p_actor text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE rota.queues SET paused = p_paused WHERE name = p_name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO rota.audit (actor, action, target, count)
+    VALUES (p_actor, CASE WHEN p_paused THEN 'pause' ELSE 'resume' END, 'queue:' || p_name, 1);
+    IF NOT p_paused THEN
+        PERFORM pg_notify('rota_ready', p_name);
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Pauses or resumes a tenant in every queue; false if there is no such tenant.
+CREATE FUNCTION rota.pause_tenant(p_name text, p_paused boolean, p_actor text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE rota.tenants SET paused = p_paused WHERE name = p_name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO rota.audit (actor, action, target, count)
+    VALUES (p_actor, CASE WHEN p_paused THEN 'pause' ELSE 'resume' END, 'tenant:' || p_name, 1);
+    IF NOT p_paused THEN
+        PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Creates a tenant or changes the settings named in p_changes (weight,
+-- concurrency_limit, rate_limit, rate_burst, capacity; a JSON null clears a
+-- limit), keeping the others. Returns its slot.
+CREATE FUNCTION rota.patch_tenant(p_name text, p_changes jsonb, p_actor text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v rota.tenants;
+    v_id integer;
+BEGIN
+    INSERT INTO rota.tenants (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
+    SELECT * INTO v FROM rota.tenants WHERE name = p_name FOR UPDATE;
+    v_id := rota.configure_tenant(
+        p_name,
+        CASE WHEN p_changes ? 'weight' THEN (p_changes ->> 'weight')::float8 ELSE v.weight END,
+        CASE WHEN p_changes ? 'concurrency_limit' THEN (p_changes ->> 'concurrency_limit')::integer
+             ELSE v.concurrency_limit END,
+        CASE WHEN p_changes ? 'rate_limit' THEN (p_changes ->> 'rate_limit')::float8
+             ELSE v.rate_limit END,
+        CASE WHEN p_changes ? 'rate_burst' THEN (p_changes ->> 'rate_burst')::float8
+             WHEN p_changes ? 'rate_limit' THEN NULL
+             ELSE v.rate_burst END,
+        CASE WHEN p_changes ? 'capacity' THEN (p_changes ->> 'capacity')::bigint
+             ELSE v.capacity END);
+    INSERT INTO rota.audit (actor, action, target, detail, count)
+    VALUES (p_actor, 'configure', 'tenant:' || p_name, p_changes, 1);
+    RETURN v_id;
+END
+$$;
+
+-- Service per minute, queue and tenant, counted from rota.finished by a
+-- maintenance duty (rota.count_service): what the console's throughput and
+-- fair-share figures read, without touching the claim's path.
+CREATE TABLE rota.service (
+    minute timestamptz NOT NULL,
+    queue_id integer NOT NULL,
+    tenant_id integer NOT NULL,
+    completed integer NOT NULL,
+    wait_seconds double precision NOT NULL,  -- summed enqueue -> start waits
+    PRIMARY KEY (minute, queue_id, tenant_id)
+);
+CREATE TABLE rota.service_counted (
+    only_row boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (only_row),
+    up_to timestamptz NOT NULL
+);
+
+-- Counts what finished since the last count, up to a second ago (a
+-- completion's row carries its transaction's start time, and commits
+-- shortly after); keeps a day. Returns the completions counted.
+CREATE FUNCTION rota.count_service() RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_from timestamptz;
+    v_to timestamptz := now() - interval '1 second';
+    v_counted bigint;
+BEGIN
+    SELECT up_to INTO v_from FROM rota.service_counted FOR UPDATE;
+    IF v_from IS NULL THEN
+        v_from := v_to - interval '1 hour';
+        INSERT INTO rota.service_counted (up_to) VALUES (v_from);
+    END IF;
+    IF v_to <= v_from THEN
+        RETURN 0;
+    END IF;
+    WITH counted AS (
+        INSERT INTO rota.service AS s (minute, queue_id, tenant_id, completed, wait_seconds)
+        SELECT date_trunc('minute', f.finished_at), f.queue_id, f.tenant_id, count(*),
+               sum(greatest(0, extract(epoch FROM f.started_at - f.enqueued_at)))
+        FROM rota.finished f
+        WHERE f.finished_at > v_from AND f.finished_at <= v_to
+        GROUP BY 1, 2, 3
+        ON CONFLICT (minute, queue_id, tenant_id) DO UPDATE
+        SET completed = s.completed + excluded.completed,
+            wait_seconds = s.wait_seconds + excluded.wait_seconds
+        RETURNING excluded.completed
+    )
+    SELECT coalesce(sum(completed), 0) INTO v_counted FROM counted;
+    UPDATE rota.service_counted SET up_to = v_to;
+    DELETE FROM rota.service WHERE minute < now() - interval '1 day';
+    RETURN v_counted;
+END
+$$;
+
+-- The figures the console shows, per queue and tenant, refreshed by a
+-- maintenance duty (rota.refresh_stats) rather than counted on every page
+-- view: however many consoles are open, the queue tables are read once per
+-- interval. `at` says how fresh they are.
+CREATE TABLE rota.stats (
+    queue_id integer NOT NULL,
+    tenant_id integer NOT NULL,
+    waiting bigint NOT NULL,
+    running bigint NOT NULL,
+    scheduled bigint NOT NULL,
+    dead bigint NOT NULL,
+    -- When the tenant's first task in line in this queue was enqueued.
+    oldest_enqueued_at timestamptz,
+    at timestamptz NOT NULL,
+    PRIMARY KEY (queue_id, tenant_id)
+);
+
+-- Recounts rota.stats from the queue tables; returns the rows written.
+CREATE FUNCTION rota.refresh_stats() RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_rows bigint;
+BEGIN
+    -- One refresh at a time; a second caller leaves it to the first.
+    IF NOT pg_try_advisory_xact_lock(hashtext('rota.refresh_stats')) THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM rota.stats;
+    WITH counts (queue_id, tenant_id, waiting, running, scheduled, dead, first_vtime) AS (
+        SELECT queue_id, tenant_id, count(*), 0, 0, 0, min(vtime)
+        FROM rota.ready GROUP BY 1, 2
+        UNION ALL
+        SELECT queue_id, tenant_id, 0, count(*), 0, 0, NULL FROM rota.running GROUP BY 1, 2
+        UNION ALL
+        SELECT t.queue_id, t.tenant_id, 0, 0, count(*), 0, NULL
+        FROM rota.scheduled s JOIN rota.tasks t ON t.id = s.task_id GROUP BY 1, 2
+        UNION ALL
+        SELECT queue_id, tenant_id, 0, 0, 0, count(*), NULL
+        FROM rota.tasks WHERE status = 'dead' GROUP BY 1, 2
+    ), grouped AS (
+        SELECT queue_id, tenant_id, sum(waiting) AS waiting, sum(running) AS running,
+               sum(scheduled) AS scheduled, sum(dead) AS dead, min(first_vtime) AS first_vtime
+        FROM counts GROUP BY 1, 2
+    )
+    INSERT INTO rota.stats
+    SELECT g.queue_id, g.tenant_id, g.waiting, g.running, g.scheduled, g.dead,
+           -- Within a tenant and queue, line order is arrival order: its
+           -- first task in line is its oldest waiting (an index probe).
+           (SELECT t.enqueued_at
+            FROM rota.ready r JOIN rota.tasks t ON t.id = r.task_id
+            WHERE r.queue_id = g.queue_id AND r.vtime = g.first_vtime
+              AND r.tenant_id = g.tenant_id
+            ORDER BY r.seq LIMIT 1),
+           now()
+    FROM grouped g;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows;
+END
 $$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;

@@ -19,7 +19,7 @@ SELECT id FROM rota.complete(%(ids)b::uuid[], %(attempts)b::integer[]) AS id
 -- name: fail
 SELECT id, status::text, run_at
 FROM rota.fail(%(ids)b::uuid[], %(attempts)b::integer[], %(errors)b::text[],
-               %(retry_at)b::timestamptz[], %(final)b::boolean[])
+               %(retry_at)b::timestamptz[], %(final)b::boolean[], %(tracebacks)b::text[])
 
 -- name: defer_unknown
 SELECT id, status::text

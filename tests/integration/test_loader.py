@@ -67,7 +67,7 @@ def test_an_entry_loaded_twice_creates_its_tasks_once(
     first = Loader(settings, consumer="first")
     first.ensure_groups()
     # Loaded and committed, but the loader "dies" before acknowledging.
-    entries = first._read_new(None)
+    entries = first.reader.read_new(None)
     envelopes = [e for entry in entries for e in _decode(entry, settings)]
     assert load_in_chunks(first.conn, envelopes, settings.loader_batch_size) == (10, [])
     first.close()
@@ -106,10 +106,10 @@ def test_entries_delivered_too_often_are_dead_lettered(app: App, settings: Setti
     app.tasks["parse_pdf"].enqueue("a", tenant="alice")
     loaders = [Loader(settings, consumer=f"c{i}") for i in range(3)]
     loaders[0].ensure_groups()
-    loaders[0]._read_new(None)  # delivery 1, never loaded
+    loaders[0].reader.read_new(None)  # delivery 1, never loaded
     for loader in loaders[1:]:
         wait_for(lambda: pending_idle_past_reclaim(settings), what="the entry to be idle")
-        loader._reclaim()  # deliveries 2 and 3, never loaded
+        loader.reader.reclaim()  # deliveries 2 and 3, never loaded
     wait_for(lambda: pending_idle_past_reclaim(settings), what="the entry to be idle")
     summary = loaders[0].drain()
     for loader in loaders:

@@ -62,7 +62,8 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
 def test_a_replayed_micro_batch_is_skipped_by_the_ledger(
     spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    from rota.loader.spark import SCHEMA, BatchSink
+    from rota.loader.spark import BatchSink
+    from rota.loader.spark_source import SCHEMA
 
     ids = app.enqueue_many([app.tasks["parse_pdf"].call("x", tenant="a") for _ in range(10)])
     rows = [(s, "1-0", data, None) for s, data in _entries(settings, ids)]
@@ -80,7 +81,8 @@ def test_a_replayed_micro_batch_is_skipped_by_the_ledger(
 def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
     spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    from rota.loader.spark import SCHEMA, BatchSink
+    from rota.loader.spark import BatchSink
+    from rota.loader.spark_source import SCHEMA
 
     parse_pdf = app.tasks["parse_pdf"]
     ids = []
@@ -103,7 +105,8 @@ def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
 def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
     spark: Any, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    from rota.loader.spark import SCHEMA, BatchSink
+    from rota.loader.spark import BatchSink
+    from rota.loader.spark_source import SCHEMA
 
     batch = TaskBatch(datetime.now(UTC))
     for i in range(3):

@@ -1,0 +1,72 @@
+"""How the operators' commands print: text for people, `--json` for scripts."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import json
+import socket
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+import typer
+
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+Actor = Annotated[
+    str | None, typer.Option(help="who to record in the audit log (default: user@host)")
+]
+
+
+def actor_or_default(actor: str | None) -> str:
+    if actor:
+        return actor
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready: dataclasses as objects, times as ISO text, ids as text."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(plain(k)): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    return value
+
+
+def emit(data: Any, as_json: bool, text: Callable[[], str]) -> None:
+    if as_json:
+        typer.echo(json.dumps(plain(data), indent=2))
+    else:
+        typer.echo(text())
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.2f}".rstrip("0").rstrip(".") if value % 1 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Rows as aligned columns under their headers."""
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines) if rows else lines[0] + "\n(none)"

@@ -1,0 +1,84 @@
+"""The operators' overview: queues, top tenants, workers, the buffer and its
+dead letters, gathered from both servers, with what could not be read said
+rather than raised. `rota stats`, the console's overview and the metrics
+read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import redis
+
+from rota import db, deadletters
+from rota.buffer import all_streams, buffer_stats
+from rota.ops import maintain, read
+from rota.redact import redact
+from rota.settings import Settings
+
+
+@dataclass
+class Figures:
+    at: datetime
+    queues: list[read.QueueRow] = field(default_factory=list)
+    tenants: list[read.TenantRow] = field(default_factory=list)
+    tenant_count: int = 0
+    workers: list[read.WorkerRow] = field(default_factory=list)
+    buffer: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    dead_letters: int | None = None
+    unavailable: dict[str, str] = field(default_factory=dict)  # server: why
+
+
+def _stale(queues: list[read.QueueRow], settings: Settings, now: datetime) -> bool:
+    """Whether maintenance has not counted lately (none running, say)."""
+    times = [q.counted_at for q in queues if q.counted_at is not None]
+    if not times:
+        return bool(queues)
+    return (now - min(times)).total_seconds() > 3 * settings.stats_seconds
+
+
+def postgres_figures(
+    conn: psycopg.Connection[Any], settings: Settings, top: int, figures: Figures
+) -> None:
+    queues = db.run(conn, read.queues())
+    if _stale(queues, settings, figures.at):
+        db.run(conn, maintain.refresh_stats())
+        queues = db.run(conn, read.queues())
+    figures.queues = queues
+    page = db.run(conn, read.tenants(sort="waiting", limit=max(1, top)))
+    figures.tenants, figures.tenant_count = page.rows[:top], page.total
+    figures.workers = db.run(conn, read.workers())
+
+
+def redis_figures(client: redis.Redis, settings: Settings, figures: Figures) -> None:
+    streams = all_streams(settings.stream_prefix, settings.shards)
+    try:
+        figures.buffer = buffer_stats(client, streams, settings.loader_group)
+    except redis.ResponseError:  # no consumer group yet: no loader ever ran
+        figures.buffer = {s: {"entries": int(client.xlen(s))} for s in streams}
+    figures.dead_letters = deadletters.count(client, settings.stream_prefix)
+
+
+def gather(settings: Settings, top: int = 10) -> Figures:
+    figures = Figures(datetime.now(UTC))
+    try:
+        with db.admin_connect(
+            settings.database_url, connect_timeout=settings.database_timeout_seconds
+        ) as conn:
+            postgres_figures(conn, settings, top, figures)
+    except psycopg.Error as exc:
+        figures.unavailable["postgresql"] = redact(f"{type(exc).__name__}: {exc}".strip())
+    client = redis.Redis.from_url(
+        settings.redis_url,
+        socket_timeout=settings.database_timeout_seconds,
+        socket_connect_timeout=settings.database_timeout_seconds,
+    )
+    try:
+        redis_figures(client, settings, figures)
+    except (redis.RedisError, OSError) as exc:
+        figures.unavailable["redis"] = redact(f"{type(exc).__name__}: {exc}".strip())
+    finally:
+        client.close()
+    return figures

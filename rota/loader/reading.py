@@ -1,0 +1,98 @@
+"""Reading the buffer for a Python loader: new entries (XREADGROUP), entries
+a dead loader left pending (XAUTOCLAIM), and entries kept across an outage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from rota.settings import Settings
+
+Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
+
+# Until the first entries are seen, a loader assumes packed ones: a first pass
+# that reads too little costs one round trip; one that reads too much leaves
+# the other loaders idle.
+FIRST_GUESS_TASKS_PER_ENTRY = 64.0
+
+
+class BufferReader:
+    def __init__(
+        self, client: redis.Redis, settings: Settings, consumer: str, streams: list[str]
+    ) -> None:
+        self.redis = client
+        self.settings = settings
+        self.consumer = consumer
+        self.streams = streams
+        # Tasks per entry seen last: sizes the next read.
+        self.tasks_per_entry = FIRST_GUESS_TASKS_PER_ENTRY
+
+    def reclaim(self) -> tuple[list[Entry], list[Entry]]:
+        """Entries idle in another (dead) loader's hands: (to load, delivered too often)."""
+        idle_ms = int(self.settings.loader_idle_reclaim_seconds * 1000)
+        usable: list[Entry] = []
+        exhausted: list[Entry] = []
+        for stream in self.streams:
+            # redis-py's response types are loose; these shapes are Redis 7's.
+            reply: Any = self.redis.xautoclaim(
+                stream,
+                self.settings.loader_group,
+                self.consumer,
+                idle_ms,
+                "0-0",
+                count=self.settings.loader_read_count,
+            )
+            claimed = reply[1]
+            if not claimed:
+                continue
+            ids = [entry_id for entry_id, _ in claimed]
+            pending: Any = self.redis.xpending_range(
+                stream,
+                self.settings.loader_group,
+                min=ids[0],
+                max=ids[-1],
+                count=len(ids),
+                consumername=self.consumer,
+            )
+            deliveries = {p["message_id"]: p["times_delivered"] for p in pending}
+            for entry_id, fields in claimed:
+                entry = (stream, _text(entry_id), fields)
+                if deliveries.get(entry_id, 1) > self.settings.loader_max_deliveries:
+                    exhausted.append(entry)
+                else:
+                    usable.append(entry)
+        return usable, exhausted
+
+    def keep_pending(self, entries: list[Entry]) -> None:
+        by_stream: dict[str, list[Any]] = {}
+        for stream, entry_id, _ in entries:
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            self.redis.xclaim(
+                stream, self.settings.loader_group, self.consumer, 0, ids, justid=True
+            )
+
+    def read_count(self) -> int:
+        """Entries to read per shard: about one batch of tasks in all, whether
+        entries carry one task (single enqueues) or hundreds (enqueue_many), so
+        that several loaders share a backlog instead of one taking it all."""
+        per_pass = 2 * self.settings.loader_batch_size / (self.tasks_per_entry * len(self.streams))
+        return max(1, min(self.settings.loader_read_count, int(per_pass)))
+
+    def read_new(self, block_ms: int | None) -> list[Entry]:
+        response: Any = self.redis.xreadgroup(
+            self.settings.loader_group,
+            self.consumer,
+            dict.fromkeys(self.streams, ">"),
+            count=self.read_count(),
+            block=block_ms,
+        )
+        entries: list[Entry] = []
+        for stream, items in response or []:
+            entries.extend((_text(stream), _text(entry_id), fields) for entry_id, fields in items)
+        return entries
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,144 @@
+"""The buffer as a Spark Structured Streaming source (a Python data source):
+one partition per shard, offsets being each shard's last stream entry id,
+kept in Spark's checkpoint. Entries are decoded and validated on the
+executors; rota.loader.spark loads what they yield."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from rota.buffer import decode_entry
+
+SOURCE_NAME = "rota_buffer"
+# One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
+# tasks (a TaskBatch's JSON); a rejected part gets a row of its own, with its
+# raw data and the reason in `error`. Rows, not tasks, are what Spark pays for.
+SCHEMA = "stream string, entry_id string, data string, error string"
+PAGE = 1000
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def next_entry_id(entry_id: str) -> str:
+    """The smallest stream id greater than `entry_id` (for XTRIM MINID)."""
+    ms, seq = entry_key(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
+class BufferSource(DataSource):
+    """`spark.readStream.format("rota_buffer")`; options: redis_url, streams,
+    max_payload_bytes, max_entries (per micro-batch, 0 for all available)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return BufferStreamReader(dict(self.options))
+
+
+class BufferStreamReader(DataSourceStreamReader):
+    # Pickled to the executors: only plain options here; clients are made where used.
+    def __init__(self, options: dict[str, str]) -> None:
+        self.redis_url = options["redis_url"]
+        self.streams = options["streams"].split(",")
+        self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
+        self.max_entries = int(options.get("max_entries", "0"))
+        queues = options.get("queues")
+        self.allowed_queues = frozenset(queues.split(",")) if queues else None
+
+    def _client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+    def initialOffset(self) -> dict[str, str]:
+        return dict.fromkeys(self.streams, "0-0")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+        client = self._client()
+        try:
+            end = dict(start)
+            per_stream = (
+                max(1, limit.max_rows // len(self.streams))
+                if isinstance(limit, ReadMaxRows)
+                else None
+            )
+            for stream in self.streams:
+                begin = start.get(stream, "0-0")
+                if per_stream is None:
+                    last: Any = client.xrevrange(stream, count=1)
+                else:
+                    page: Any = client.xrange(stream, min=f"({begin}", count=per_stream)
+                    last = page[-1:]
+                if last:
+                    entry_id = last[0][0].decode()
+                    if entry_key(entry_id) > entry_key(begin):
+                        end[stream] = entry_id
+            return end
+        finally:
+            client.close()
+
+    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
+        streams = [s for s in self.streams if end.get(s, "0-0") != start.get(s, "0-0")]
+        # Longest shards first: one tenant's backlog makes its shard the batch's
+        # longest task, and started last it would finish alone.
+        client = self._client()
+        try:
+            pipe = client.pipeline(transaction=False)
+            for stream in streams:
+                pipe.xlen(stream)
+            lengths = dict(zip(streams, pipe.execute(), strict=True))
+        finally:
+            client.close()
+        streams.sort(key=lambda s: -lengths[s])
+        return [InputPartition((s, start.get(s, "0-0"), end[s])) for s in streams]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        stream, first, last = partition.value
+        client = self._client()
+        try:
+            cursor = f"({first}"
+            while True:
+                page: Any = client.xrange(stream, min=cursor, max=last, count=PAGE)
+                for raw_id, fields in page:
+                    entry_id = raw_id.decode()
+                    batch, bad = decode_entry(fields, self.max_payload_bytes, self.allowed_queues)
+                    if batch:
+                        # A valid entry goes to the driver as it is; else its valid part.
+                        data = batch.to_json() if bad else fields[b"tasks"]
+                        yield (stream, entry_id, data.decode(), None)
+                    for rejected in bad:
+                        yield (
+                            stream,
+                            entry_id,
+                            rejected.raw.decode(errors="replace"),
+                            rejected.reason,
+                        )
+                if len(page) < PAGE:
+                    return
+                cursor = f"({page[-1][0].decode()}"
+        finally:
+            client.close()
+
+    def commit(self, end: dict[str, str]) -> None:
+        """The batch up to `end` is durable in PostgreSQL: trim it off the shards."""
+        client = self._client()
+        try:
+            for stream, entry_id in end.items():
+                if entry_id != "0-0":
+                    client.xtrim(stream, minid=next_entry_id(entry_id), approximate=False)
+        finally:
+            client.close()
