@@ -26,6 +26,7 @@ class Figures:
     tenants: list[read.TenantRow] = field(default_factory=list)
     tenant_count: int = 0
     workers: list[read.WorkerRow] = field(default_factory=list)
+    loaders: list[read.LoaderBatch] = field(default_factory=list)
     buffer: dict[str, dict[str, float | int]] = field(default_factory=dict)
     dead_letters: int | None = None
     unavailable: dict[str, str] = field(default_factory=dict)  # server: why
@@ -50,6 +51,7 @@ def postgres_figures(
     page = db.run(conn, read.tenants(sort="waiting", limit=max(1, top)))
     figures.tenants, figures.tenant_count = page.rows[:top], page.total
     figures.workers = db.run(conn, read.workers())
+    figures.loaders = db.run(conn, read.loader_batches())
 
 
 def redis_figures(client: redis.Redis, settings: Settings, figures: Figures) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rota.redact import redact_url
@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     # database crash can then forget the last moments of them, and those tasks
     # run again, which at-least-once delivery allows. Loads always wait.
     worker_synchronous_commit: bool = False
+
+    # The console (`rota dashboard`): required for any bind but loopback,
+    # and for every action; at least 16 characters.
+    dashboard_token: SecretStr | None = Field(default=None, min_length=16)
 
     @field_validator("queues")
     @classmethod

@@ -12,11 +12,11 @@ from importlib.metadata import entry_points
 
 import typer
 
-from rota.cli import admin, consumer, loader, schema
+from rota.cli import admin, console, consumer, loader, schema, tasks
 from rota.cli.app import Options, app
 from rota.cli.errors import explain
 
-__all__ = ["admin", "app", "consumer", "loader", "main", "schema"]
+__all__ = ["admin", "app", "console", "consumer", "loader", "main", "schema", "tasks"]
 
 
 def add_plugins(argv: list[str]) -> None:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 import json
 import socket
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
-from uuid import UUID
 
 import typer
+
+from rota.jsondata import plain
 
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 Actor = Annotated[
@@ -27,21 +27,6 @@ def actor_or_default(actor: str | None) -> str:
     except Exception:
         user = "unknown"
     return f"cli:{user}@{socket.gethostname()}"
-
-
-def plain(value: Any) -> Any:
-    """JSON-ready: dataclasses as objects, times as ISO text, ids as text."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(plain(k)): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [plain(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID):
-        return str(value)
-    return value
 
 
 def emit(data: Any, as_json: bool, text: Callable[[], str]) -> None:

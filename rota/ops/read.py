@@ -192,6 +192,7 @@ class TaskRow:
     enqueued_at: datetime
     at: datetime | None  # scheduled: when it runs; ended: when it ended
     last_error: str | None
+    traceback: str | None
 
 
 def tasks(
@@ -322,6 +323,20 @@ def workers() -> Op[list[WorkerRow]]:
     return [
         WorkerRow(r[0], r[1], r[2], list(r[3]), r[4], r[5], float(r[6]), int(r[7])) for r in rows
     ]
+
+
+@dataclass(frozen=True)
+class LoaderBatch:
+    checkpoint: str
+    batch_id: int
+    tasks: int
+    loaded_at: datetime
+
+
+def loader_batches() -> Op[list[LoaderBatch]]:
+    """The Spark loaders' last micro-batch, per checkpoint."""
+    rows = yield Execute(query("loader_batches"))
+    return [LoaderBatch(*row) for row in rows]
 
 
 @dataclass(frozen=True)

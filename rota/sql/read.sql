@@ -232,7 +232,7 @@ LIMIT %(limit)s
 SELECT t.id, q.name, tn.name, t.name,
        CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END,
        t.attempts, t.max_attempts, t.enqueued_at, coalesce(s.run_at, t.finished_at),
-       t.last_error
+       t.last_error, t.traceback
 FROM unnest(%(ids)b::uuid[]) WITH ORDINALITY AS x(id, n)
 JOIN rota.tasks t ON t.id = x.id
 JOIN rota.queues q ON q.id = t.queue_id
@@ -252,3 +252,9 @@ ORDER BY w.started_at
 -- name: recent_audit
 SELECT a.at, a.actor, a.action, a.target, a.count, a.detail::text
 FROM rota.audit a ORDER BY a.id DESC LIMIT %(limit)s
+
+-- name: loader_batches
+-- The Spark loaders' last micro-batch, per checkpoint.
+SELECT DISTINCT ON (b.query) b.query, b.batch_id, b.tasks, b.loaded_at
+FROM rota.loader_batches b
+ORDER BY b.query, b.batch_id DESC

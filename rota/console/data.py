@@ -1,0 +1,287 @@
+"""What the console's pages and its HTTP API show and do, written once: each
+function returns plain JSON-ready data (the API sends it as it is; a page
+renders it) from the read model (rota.ops.read, rota.story, rota.figures),
+and each action goes through rota.ops.admin, audited with its actor."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import redis
+
+from rota import db, deadletters, ops
+from rota.app import App
+from rota.errors import ValidationError
+from rota.figures import Figures, postgres_figures, redis_figures
+from rota.jsondata import plain
+from rota.ops import read
+from rota.redact import redact
+from rota.settings import Settings
+from rota.story import task_story
+
+POOL_SIZE = 4
+MAX_ENQUEUE = 1000  # tasks per POST /api/tasks
+
+
+class Connections:
+    """A few admin connections to PostgreSQL (the console's threads share
+    them) and a Redis client; a connection that fails is dropped, not reused."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._idle: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(POOL_SIZE)
+        self.redis = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.database_timeout_seconds,
+            socket_connect_timeout=settings.database_timeout_seconds,
+        )
+        self._producer: App | None = None
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def postgres(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._slots:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = db.admin_connect(
+                    self.settings.database_url,
+                    connect_timeout=self.settings.database_timeout_seconds,
+                    application_name="rota-console",
+                )
+            try:
+                yield conn
+            except psycopg.OperationalError:
+                conn.close()
+                raise
+            if conn.closed or conn.broken:
+                conn.close()
+            else:
+                self._idle.put(conn)
+
+    def producer(self) -> App:
+        """An App for POST /api/tasks: the SDK's checks, buffer and fallback."""
+        with self._lock:
+            if self._producer is None:
+                self._producer = App(self.settings)
+            return self._producer
+
+    def close(self) -> None:
+        while not self._idle.empty():
+            self._idle.get_nowait().close()
+        self.redis.close()
+        if self._producer is not None:
+            self._producer.close()
+
+
+def figures(c: Connections, top_tenants: int = 10) -> Figures:
+    """The overview (what a server down keeps from it is said, not raised)."""
+    found = Figures(datetime.now(UTC))
+    try:
+        with c.postgres() as conn:
+            postgres_figures(conn, c.settings, top_tenants, found)
+    except psycopg.Error as exc:
+        found.unavailable["postgresql"] = redact(f"{type(exc).__name__}: {exc}".strip())
+    try:
+        redis_figures(c.redis, c.settings, found)
+    except (redis.RedisError, OSError) as exc:
+        found.unavailable["redis"] = redact(f"{type(exc).__name__}: {exc}".strip())
+    return found
+
+
+def overview(c: Connections, top_tenants: int = 10) -> dict[str, Any]:
+    data: dict[str, Any] = plain(figures(c, top_tenants))
+    return data
+
+
+def tenants(
+    c: Connections, sort: str, descending: bool, prefix: str, page: int, per_page: int
+) -> dict[str, Any]:
+    if type(page) is not int or page < 1:
+        raise ValidationError("page must be a whole number from 1")
+    listing = read.tenants(
+        sort=sort,
+        descending=descending,
+        prefix=prefix,
+        offset=(page - 1) * per_page,
+        limit=per_page,
+    )
+    with c.postgres() as conn:
+        found = db.run(conn, listing)
+    pages = max(1, -(-found.total // per_page))
+    return {
+        "total": found.total,
+        "page": page,
+        "pages": pages,
+        "per_page": per_page,
+        "sort": sort,
+        "descending": descending,
+        "prefix": prefix,
+        "tenants": plain(found.rows),
+    }
+
+
+def tenant(c: Connections, name: str) -> dict[str, Any] | None:
+    detail = read.tenant(name)
+    with c.postgres() as conn:
+        found = db.run(conn, detail)
+        if found is None:
+            return None
+        dead = db.run(conn, read.tasks("dead", tenant=name, limit=10))
+    return {"tenant": plain(found), "dead": plain(dead)}
+
+
+def tasks(
+    c: Connections, state: str, tenant: str | None, queue_name: str | None, limit: int
+) -> dict[str, Any]:
+    listing = read.tasks(state, tenant=tenant, queue=queue_name, limit=limit)
+    with c.postgres() as conn:
+        rows = db.run(conn, listing)
+    return {"state": state, "tenant": tenant, "queue": queue_name, "tasks": plain(rows)}
+
+
+def task_id(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise ValidationError(f"{value[:60]!r} is not a task id (a UUID)") from None
+
+
+def story(c: Connections, task: UUID) -> dict[str, Any]:
+    client: redis.Redis | None = c.redis
+    try:
+        c.redis.ping()
+    except (redis.RedisError, OSError):
+        client = None
+    with c.postgres() as conn:
+        found = task_story(conn, client, c.settings, task)
+    data: dict[str, Any] = plain(found)
+    return data
+
+
+def workers(c: Connections) -> dict[str, Any]:
+    with c.postgres() as conn:
+        rows = db.run(conn, read.workers())
+    return {"workers": plain(rows)}
+
+
+def audit(c: Connections, limit: int = 50) -> dict[str, Any]:
+    listing = read.audit(limit)
+    with c.postgres() as conn:
+        rows = db.run(conn, listing)
+    return {"audit": plain(rows)}
+
+
+def dead_letters(c: Connections, before: str | None, limit: int = 50) -> dict[str, Any]:
+    prefix = c.settings.stream_prefix
+    letters = deadletters.newest(c.redis, prefix, limit, before)
+    return {"total": deadletters.count(c.redis, prefix), "letters": plain(letters)}
+
+
+# -- actions -----------------------------------------------------------------
+
+
+def cancel(c: Connections, ids: list[UUID], actor: str) -> dict[str, Any]:
+    op = ops.cancel(ids, actor)
+    with c.postgres() as conn:
+        outcomes = db.run(conn, op)
+    return {"outcomes": {str(i): outcomes.get(i, "unknown") for i in ids}}
+
+
+def retry(c: Connections, ids: list[UUID], actor: str) -> dict[str, Any]:
+    op = ops.retry(ids, actor)
+    with c.postgres() as conn:
+        retried = db.run(conn, op)
+    return {"retried": sorted(str(i) for i in retried)}
+
+
+def retry_dead(
+    c: Connections, actor: str, tenant: str | None, queue_name: str | None
+) -> dict[str, Any]:
+    op = ops.retry_dead(actor, tenant=tenant, queue=queue_name)
+    with c.postgres() as conn:
+        return {"retried": db.run(conn, op)}
+
+
+def pause(c: Connections, kind: str, name: str, paused: bool, actor: str) -> dict[str, Any]:
+    op = (ops.pause_queue if kind == "queue" else ops.pause_tenant)(name, paused, actor)
+    with c.postgres() as conn:
+        found = db.run(conn, op)
+    return {"found": found, kind: name, "paused": paused}
+
+
+def patch_tenant(c: Connections, name: str, changes: dict[str, Any], actor: str) -> dict[str, Any]:
+    op = ops.patch_tenant(name, changes, actor)
+    with c.postgres() as conn:
+        slot = db.run(conn, op)
+    return {"tenant": name, "slot": slot, "changed": changes}
+
+
+def replay(c: Connections, letter_ids: list[str], actor: str) -> dict[str, Any]:
+    with c.postgres() as conn:
+        result = deadletters.replay(c.redis, conn, c.settings, letter_ids, actor)
+    data: dict[str, Any] = plain(result)
+    return data
+
+
+def purge(c: Connections, letter_ids: list[str], everything: bool, actor: str) -> dict[str, Any]:
+    with c.postgres() as conn:
+        removed = deadletters.purge(
+            c.redis, conn, c.settings.stream_prefix, actor, letter_ids, everything
+        )
+    return {"purged": removed}
+
+
+ENQUEUE_FIELDS = {"name", "tenant", "queue", "args", "kwargs", "eta", "countdown", "cost",
+                  "idempotency_key"}  # fmt: skip
+
+
+def enqueue(c: Connections, body: Any) -> dict[str, Any]:
+    """POST /api/tasks: one task (an object) or many (a list), checked and
+    stored as the SDK does (buffer, or PostgreSQL when Redis cannot)."""
+    items = body if isinstance(body, list) else [body]
+    if not items or len(items) > MAX_ENQUEUE:
+        raise ValidationError(f"send 1 to {MAX_ENQUEUE} tasks")
+    producer = c.producer()
+    calls = []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValidationError(f"task {n}: a JSON object is expected")
+        unknown = set(item) - ENQUEUE_FIELDS
+        if unknown:
+            raise ValidationError(f"task {n}: unknown fields {sorted(unknown)}")
+        for needed in ("name", "tenant", "queue"):
+            if needed not in item:
+                raise ValidationError(f"task {n}: {needed!r} is required")
+        eta_text, eta = item.get("eta"), None
+        if eta_text is not None:
+            if not isinstance(eta_text, str):
+                raise ValidationError(f"task {n}: eta is an ISO 8601 time with its zone")
+            try:
+                eta = datetime.fromisoformat(eta_text)
+            except ValueError:
+                bad = eta_text[:40]
+                raise ValidationError(f"task {n}: eta {bad!r} is not an ISO 8601 time") from None
+        calls.append(
+            producer.call(
+                item["name"],
+                item.get("args", []),
+                item.get("kwargs") or {},
+                tenant=item["tenant"],
+                queue=item["queue"],
+                eta=eta,
+                countdown=item.get("countdown"),
+                cost=item.get("cost"),
+                idempotency_key=item.get("idempotency_key"),
+            )
+        )
+    ids = producer.enqueue_many(calls)
+    return {"ids": [str(i) for i in ids]}

@@ -1,0 +1,345 @@
+"""Operators' actions and the read model against real servers: cancel,
+retry, pause, tenant changes, the audit log, figures, and why a task waits
+in each situation."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from rota import App, Settings, db, ops
+from rota.errors import ValidationError
+from rota.ops import read
+from rota.story import task_story
+from tests.helpers import claim, envelopes, load, wait_for
+
+Conn = psycopg.Connection[Any]
+ME = "test:operator"
+
+
+def audit_rows(conn: Conn) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT actor, action, target, count FROM rota.audit ORDER BY id"
+    ).fetchall()
+
+
+def status(conn: Conn, task_id: Any) -> str:
+    return db.run(conn, ops.task_states([task_id]))[task_id].status
+
+
+def test_cancel_takes_waiting_tasks_at_once_and_running_ones_at_their_end(conn: Conn) -> None:
+    (ready,) = envelopes("alice", 1)
+    (later,) = envelopes("alice", 1, eta=datetime.now(UTC) + timedelta(hours=1))
+    (busy,) = envelopes("bob", 1, max_attempts=5)
+    load(conn, [ready, later, busy])
+    got = db.transact(conn, ops.claim(["default"], 10, "w1"))
+    claimed = next(t for t in got if t.id == busy.id)
+    # The claim took the ready ones; put alice's back to have one waiting in line.
+    db.transact(conn, ops.release([t.token for t in got if t.id != busy.id]))
+
+    outcomes = db.run(conn, ops.cancel([ready.id, later.id, busy.id], ME))
+    assert outcomes == {ready.id: "cancelled", later.id: "cancelled", busy.id: "cancelling"}
+    assert status(conn, ready.id) == status(conn, later.id) == "cancelled"
+    assert claim(conn, 10) == []  # nothing left in line
+    # The running one fails: not retried, although it has attempts left.
+    (failed,) = db.transact(conn, ops.fail([ops.Failure(claimed.id, claimed.attempt, "boom")]))
+    assert failed.status == "cancelled"
+    assert audit_rows(conn) == [(ME, "cancel", "task", 3)]
+    # Cancelling what ended changes nothing.
+    assert db.run(conn, ops.cancel([ready.id], ME)) == {ready.id: "cancelled"}
+
+
+def test_a_cancelled_running_task_that_succeeds_counts_as_succeeded(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1))
+    (task,) = claim(conn, 1)
+    assert db.run(conn, ops.cancel([task.id], ME)) == {task.id: "cancelling"}
+    assert db.transact(conn, ops.complete([task.token])) == {task.id}
+    assert status(conn, task.id) == "succeeded"
+    assert db.run(conn, ops.cancel([task.id], ME)) == {task.id: "succeeded"}
+
+
+def test_a_cancelled_task_whose_lease_expires_is_not_requeued(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1))
+    (task,) = claim(conn, 1, lease_seconds=0.1)
+    db.run(conn, ops.cancel([task.id], ME))
+
+    def expired() -> bool:
+        assert db.transact(conn, ops.requeue_expired()) == set()  # never back in line
+        return status(conn, task.id) == "cancelled"
+
+    wait_for(expired, what="the lease to expire")
+    assert claim(conn, 1) == []
+
+
+def test_retry_runs_dead_tasks_again_with_a_fresh_attempt_budget(conn: Conn) -> None:
+    load(conn, envelopes("alice", 2, max_attempts=1) + envelopes("bob", 1, max_attempts=1))
+    for task in claim(conn, 10):
+        db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "broken", final=True)]))
+    dead = db.run(conn, read.tasks("dead", tenant="alice"))
+    assert len(dead) == 2 and all(t.last_error == "broken" for t in dead)
+
+    assert db.run(conn, ops.retry([dead[0].id], ME)) == {dead[0].id}
+    assert db.run(conn, ops.retry([dead[0].id], ME)) == set()  # not dead any more
+    assert db.transact(conn, ops.promote_due()) == 1
+    (again,) = claim(conn, 10)
+    assert again.id == dead[0].id and again.attempt == 1  # same id, attempts from 1
+
+    assert db.run(conn, ops.retry_dead(ME, tenant="bob")) == 1
+    assert db.run(conn, ops.retry_dead(ME, queue="default")) == 1  # alice's other one
+    assert db.run(conn, ops.retry_dead(ME)) == 0
+    since = datetime.now(UTC) + timedelta(minutes=1)
+    assert db.run(conn, ops.retry_dead(ME, since=since)) == 0
+    actions = [(row[1], row[3]) for row in audit_rows(conn)]
+    assert actions == [("retry", 1), ("retry", 0), ("retry", 1), ("retry", 1)]
+
+
+def test_bad_input_to_actions_is_refused_before_anything_is_written(conn: Conn) -> None:
+    with pytest.raises(ValidationError):
+        ops.retry_dead(ME, tenant="bad tenant\n")
+    with pytest.raises(ValidationError):
+        ops.retry_dead(ME, limit=10**9)
+    with pytest.raises(ValidationError):
+        ops.cancel(["not-a-uuid"], ME)  # type: ignore[list-item]
+    with pytest.raises(ValidationError):
+        ops.patch_tenant("gold", {"weight": -1}, ME)
+    with pytest.raises(ValidationError):
+        ops.patch_tenant("gold", {"colour": "red"}, ME)
+    with pytest.raises(ValidationError):
+        read.tenants(sort="name; DROP TABLE rota.tasks")
+    assert audit_rows(conn) == []
+
+
+def test_a_paused_queue_and_a_paused_tenant_wait_in_line(conn: Conn) -> None:
+    load(conn, envelopes("alice", 2, queue="pdfs") + envelopes("bob", 2, queue="pdfs"))
+    load(conn, envelopes("carol", 2, queue="mail"))
+    assert db.run(conn, ops.pause_queue("mail", True, ME)) is True
+    assert db.run(conn, ops.pause_tenant("alice", True, ME)) is True
+    assert db.run(conn, ops.pause_tenant("nobody", True, ME)) is False
+    got = claim(conn, 10, queues=("pdfs", "mail"))
+    assert sorted(t.tenant for t in got) == ["bob", "bob"]
+    db.run(conn, ops.pause_queue("mail", False, ME))
+    db.run(conn, ops.pause_tenant("alice", False, ME))
+    again = claim(conn, 10, queues=("pdfs", "mail"))
+    assert sorted(t.tenant for t in again) == ["alice", "alice", "carol", "carol"]
+    assert [r[1] for r in audit_rows(conn)] == ["pause", "pause", "resume", "resume"]
+
+
+def test_patching_a_tenant_changes_only_what_is_given(conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("gold", weight=2, concurrency_limit=5, capacity=100))
+    db.run(conn, ops.patch_tenant("gold", {"weight": 3}, ME))
+    gold = db.run(conn, read.tenant("gold"))
+    assert gold is not None
+    assert (gold.weight, gold.concurrency_limit, gold.capacity) == (3.0, 5, 100)
+    db.run(conn, ops.patch_tenant("gold", {"concurrency_limit": None, "rate_limit": 5}, ME))
+    gold = db.run(conn, read.tenant("gold"))
+    assert gold is not None
+    assert (gold.concurrency_limit, gold.rate_limit, gold.capacity) == (None, 5.0, 100)
+    db.run(conn, ops.patch_tenant("newcomer", {"capacity": 10}, ME))
+    assert db.run(conn, read.tenant("newcomer")) is not None
+
+
+def test_figures_per_queue_and_tenant_come_from_the_maintenance_counts(conn: Conn) -> None:
+    db.transact(conn, ops.configure_tenant("big", weight=2, concurrency_limit=3))
+    load(conn, envelopes("big", 30, queue="pdfs") + envelopes("small", 5, queue="pdfs"))
+    got = claim(conn, 6, queues=("pdfs",))
+    for task in got[:4]:
+        db.transact(conn, ops.complete([task.token]))
+    conn.execute("UPDATE rota.finished SET finished_at = now() - interval '2 seconds'")
+    assert db.run(conn, ops.count_service()) == 4
+    assert db.run(conn, ops.refresh_stats()) > 0
+    (pdfs,) = db.run(conn, read.queues())
+    assert (pdfs.name, pdfs.waiting, pdfs.running) == ("pdfs", 29, 2)
+    assert pdfs.per_minute == pytest.approx(4 / 5)
+    assert pdfs.oldest_wait_seconds is not None and pdfs.oldest_wait_seconds >= 0
+
+    page = db.run(conn, read.tenants(sort="waiting"))
+    assert [t.name for t in page.rows] == ["big", "small"] and page.total == 2
+    big = page.rows[0]
+    claimed_big = sum(1 for t in got if t.tenant == "big")
+    assert (big.waiting, big.concurrency_limit, big.weight) == (30 - claimed_big, 3, 2.0)
+    assert big.running == sum(1 for t in got[4:] if t.tenant == "big")
+    assert sum(t.served for t in page.rows) == 4
+    assert big.fair_share == pytest.approx(2 / 3)
+    by_name = db.run(conn, read.tenants(sort="name", descending=False, limit=1, offset=1))
+    assert [t.name for t in by_name.rows] == ["small"] and by_name.total == 2
+    assert db.run(conn, read.tenants(prefix="sm")).total == 1
+    assert db.run(conn, read.tenants(prefix="%")).total == 0  # a prefix, not a pattern
+
+    detail = db.run(conn, read.tenant("big"))
+    assert detail is not None and detail.queues[0].queue == "pdfs"
+    assert (
+        sum(n for _, n, _ in detail.service)
+        + sum(
+            n
+            for _, n, _ in db.run(conn, read.tenant("small")).service  # type: ignore[union-attr]
+        )
+        == 4
+    )
+
+
+def test_tenants_page_at_ten_thousand_tenants(conn: Conn) -> None:
+    load(conn, [e for i in range(10_000) for e in envelopes(f"t{i:05d}", 1)])
+    db.run(conn, ops.refresh_stats())
+    page = db.run(conn, read.tenants(sort="name", descending=False, offset=9_990, limit=50))
+    assert page.total == 10_000 and [t.name for t in page.rows][:2] == ["t09990", "t09991"]
+    assert len(page.rows) == 10
+
+
+def test_lists_of_tasks_by_state(conn: Conn) -> None:
+    load(conn, envelopes("a", 3, queue="q1") + envelopes("b", 2, queue="q2"))
+    load(conn, envelopes("c", 1, eta=datetime.now(UTC) + timedelta(hours=1)))
+    assert [t.tenant for t in db.run(conn, read.tasks("ready"))] == ["a", "b", "a", "b", "a"]
+    assert len(db.run(conn, read.tasks("ready", queue="q1", limit=2))) == 2
+    assert [t.tenant for t in db.run(conn, read.tasks("scheduled"))] == ["c"]
+    claim(conn, 1, queues=("q2",))
+    assert [t.state for t in db.run(conn, read.tasks("running"))] == ["running"]
+    with pytest.raises(ValidationError):
+        read.tasks("lost")
+
+
+# -- why is it waiting ---------------------------------------------------------
+
+
+def why(conn: Conn, settings: Settings, task_id: Any, client: Any = None) -> Any:
+    return task_story(conn, client, settings, task_id)
+
+
+def test_why_ready_counts_the_claimable_tasks_ahead(conn: Conn, settings: Settings) -> None:
+    first = envelopes("flood", 50)
+    late = envelopes("quiet", 1)
+    load(conn, first + late)
+    story = why(conn, settings, late[0].id)
+    assert story.where == "ready"
+    # Fair order: the quiet tenant's task is second in line.
+    assert story.task.ahead == 1
+    assert "1 claimable tasks ahead of it in queue default" in story.why
+    assert "no live worker claims queue default" in story.why
+    last = why(conn, settings, first[-1].id)
+    assert last.task.ahead == 50
+
+
+def test_why_held_back_by_its_tenant(conn: Conn, settings: Settings) -> None:
+    db.transact(conn, ops.configure_tenant("capped", concurrency_limit=1))
+    db.transact(conn, ops.configure_tenant("slow", rate_limit=0.5, rate_burst=1))
+    capped = envelopes("capped", 2)
+    slow = envelopes("slow", 2)
+    load(conn, capped + slow)
+    claim(conn, 10)  # one of each: the limit and the token are used up
+    waiting_capped = why(conn, settings, capped[1].id)
+    assert "at its concurrency limit: 1 running of 1" in waiting_capped.why
+    waiting_slow = why(conn, settings, slow[1].id)
+    assert "out of rate tokens (0.5/s): the next comes in" in waiting_slow.why
+    db.run(conn, ops.pause_queue("default", True, ME))
+    db.run(conn, ops.pause_tenant("capped", True, ME))
+    paused = why(conn, settings, capped[1].id)
+    assert "its queue default is paused" in paused.why
+    assert "its tenant capped is paused" in paused.why
+
+
+def test_why_scheduled_running_and_ended(conn: Conn, settings: Settings) -> None:
+    eta = datetime.now(UTC) + timedelta(minutes=10)
+    (later,) = envelopes("a", 1, eta=eta)
+    (flaky,) = envelopes("b", 1, max_attempts=3, backoff_base=600)
+    (doomed,) = envelopes("c", 1, max_attempts=1)
+    load(conn, [later, flaky, doomed])
+    scheduled = why(conn, settings, later.id)
+    assert scheduled.where == "scheduled"
+    assert "waits for its ETA; it is due in 9." in scheduled.why or "in 10.0 min" in scheduled.why
+    running = {t.id: t for t in claim(conn, 10)}
+    story = why(conn, settings, flaky.id)
+    assert story.where == "running" and "on worker test-worker" in story.why
+    assert "(attempt 1 of 3)" in story.why
+    db.transact(conn, ops.fail([ops.Failure(flaky.id, 1, "ValueError: bad page")]))
+    backoff = why(conn, settings, flaky.id)
+    assert backoff.where == "scheduled"
+    assert "retry backoff after attempt 1 of 3 failed (ValueError: bad page)" in backoff.why
+    trace = "Traceback (most recent call last):\n  ...\nValueError: no"
+    db.transact(
+        conn, ops.fail([ops.Failure(doomed.id, running[doomed.id].attempt, "ValueError: no",
+                                    traceback=trace)])
+    )  # fmt: skip
+    dead = why(conn, settings, doomed.id)
+    assert dead.where == "dead" and dead.why == "dead after attempt 1 of 1: ValueError: no"
+    assert dead.task.traceback == trace
+    db.run(conn, ops.cancel([later.id], ME))
+    cancelled = why(conn, settings, later.id)
+    assert cancelled.where == "cancelled" and f"cancelled by {ME}" in cancelled.why
+    assert [h[2] for h in cancelled.task.history] == ["cancel"]
+
+
+def test_why_succeeded(conn: Conn, settings: Settings) -> None:
+    load(conn, envelopes("a", 1))
+    (task,) = claim(conn, 1)
+    db.transact(conn, ops.complete([task.token]))
+    story = why(conn, settings, task.id)
+    assert story.where == "succeeded" and story.why.startswith("succeeded ")
+
+
+def test_why_still_in_the_buffer_or_its_dead_letters(
+    app: App, conn: Conn, settings: Settings
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    ahead = app.enqueue_many([parse_pdf.call(str(i), tenant="alice") for i in range(3)])
+    wanted = parse_pdf.enqueue("x", tenant="alice")
+    keyed = parse_pdf.enqueue("y", tenant="alice", idempotency_key="upload-7")
+    client = redis.Redis.from_url(settings.redis_url)
+    story = why(conn, settings, wanted, client)
+    assert story.where == "buffer"
+    assert "1 entries ahead of it in its shard" in story.why  # enqueue_many packs one entry
+    assert "is a loader running?" not in story.why  # fresh
+    assert why(conn, settings, keyed, client).where == "buffer"  # no time in its id: scanned
+    assert ahead
+
+    from rota.loader import Loader
+
+    strict = settings.model_copy(update={"queues": "mail"})
+    loader = Loader(strict)
+    loader.drain()
+    loader.close()
+    letter = why(conn, settings, wanted, client)
+    assert letter.where == "dead-letter"
+    assert "queue 'pdfs' is not in ROTA_QUEUES" in letter.why
+    import uuid
+
+    nowhere = why(conn, settings, uuid.uuid4(), client)
+    assert nowhere.where == "unknown"
+    assert "PostgreSQL, the buffer or its dead letters" in nowhere.why
+    client.close()
+
+
+def test_dead_letters_replay_and_purge(app: App, conn: Conn, settings: Settings) -> None:
+    from rota import deadletters
+    from rota.loader import Loader
+
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = app.enqueue_many([parse_pdf.call(str(i), tenant="alice") for i in range(3)])
+    loader = Loader(settings.model_copy(update={"queues": "mail"}))
+    loader.drain()
+    loader.close()
+    client = redis.Redis.from_url(settings.redis_url)
+    letters = deadletters.newest(client, settings.stream_prefix)
+    assert len(letters) == 3 and deadletters.count(client, settings.stream_prefix) == 3
+    assert all("ROTA_QUEUES" in x.reason for x in letters)
+    assert sorted(i for x in letters for i in x.task_ids) == sorted(str(i) for i in ids)
+    assert deadletters.get(client, settings.stream_prefix, letters[0].id) == letters[0]
+
+    # Still refused under the same rules: it stays, with why.
+    refused = deadletters.replay(
+        client, conn, settings.model_copy(update={"queues": "mail"}), [letters[0].id], ME
+    )
+    assert refused.loaded == {} and "ROTA_QUEUES" in refused.refused[letters[0].id]
+    # With the queue allowed, it loads; the letter is gone.
+    done = deadletters.replay(client, conn, settings, [letters[0].id, "1-1"], ME)
+    assert done.loaded == {letters[0].id: 1} and done.missing == ["1-1"]
+    assert deadletters.count(client, settings.stream_prefix) == 2
+    assert len(claim(conn, 10, queues=("pdfs",))) == 1
+
+    assert deadletters.purge(client, conn, settings.stream_prefix, ME, [letters[1].id]) == 1
+    assert deadletters.purge(client, conn, settings.stream_prefix, ME, everything=True) == 1
+    assert deadletters.count(client, settings.stream_prefix) == 0
+    assert [(r[1], r[3]) for r in audit_rows(conn)] == [("replay", 1), ("purge", 1), ("purge", 1)]
+    client.close()
