@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the PostgreSQL (15+) and Redis (6.2+) server packages when missing,
-# and PgBouncer (the tests check that rota runs behind it).
+# PgBouncer (the tests check that rota runs behind it), and Chromium with its
+# driver (the console's browser tests drive it headless through Selenium).
 # The servers themselves are started per test session / demo by rota/devservers.py,
 # on free loopback ports in a temporary directory; nothing runs as a system service.
 set -euo pipefail
@@ -10,11 +11,13 @@ have_postgres() {
 }
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
+have_chromium() { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }
 
 missing=()
 have_postgres || missing+=(postgresql)
 have_redis || missing+=(redis-server)
 have_pgbouncer || missing+=(pgbouncer)
+have_chromium || missing+=(chromium chromium-driver)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "installing server packages: ${missing[*]}" >&2

@@ -1,0 +1,160 @@
+"""The console in a real browser (Debian's Chromium, headless, driven by
+Selenium): an operator logs in while a flood waits, finds a task by id and
+reads why it waits, retries a dead task and sees it complete; the tenants
+page holds 10,000 tenants. Screenshots go to build/screenshots/."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from rota import App, db, ops
+from rota_tools.devservers import free_port
+from tests.acceptance.test_workers import start_worker, stop
+from tests.helpers import envelopes, load, wait_for
+
+ROOT = Path(__file__).parent.parent.parent
+SHOTS = ROOT / "build" / "screenshots"
+TOKEN = "browser-test-token-0123"
+
+
+@pytest.fixture
+def dashboard(env: dict[str, str]) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rota", "dashboard", "--port", str(port)],
+        env={**env, "ROTA_DASHBOARD_TOKEN": TOKEN, "ROTA_STATS_SECONDS": "0.5"},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(up, what="the console to listen")
+        yield url
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "Debian's chromium and chromium-driver (infra/install-servers.sh)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000"):  # fmt: skip
+        options.add_argument(flag)
+    session = webdriver.Chrome(service=Service(driver), options=options)
+    session.implicitly_wait(5)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield session
+    finally:
+        session.quit()
+
+
+def text_of(browser: WebDriver, css: str) -> str:
+    return str(browser.find_element(By.CSS_SELECTOR, css).text)
+
+
+def test_an_operator_finds_a_task_reads_why_and_retries_a_dead_one(
+    env: dict[str, str],
+    producer: App,
+    conn: psycopg.Connection[Any],
+    dashboard: str,
+    browser: WebDriver,
+) -> None:
+    # A flood in a queue no worker serves, and one quiet tenant's task behind it.
+    load(conn, envelopes("flood", 5_000, queue="reports") + envelopes("quiet", 1, queue="reports"))
+    (quiet,) = [row[0] for row in conn.execute("SELECT id FROM rota.tasks WHERE tenant = 'quiet'")]
+    # A task that died of a bug since fixed (its worker's app runs it fine now).
+    sleep_task = producer.tasks["sleep"]
+    (dead,) = producer.enqueue_many([sleep_task.call(0.01, tenant="acme")], connection=conn)
+    (claimed,) = db.transact(conn, ops.claim(["work"], 1, "old-worker"))
+    trace = "Traceback ...\nValueError: bug"
+    failure = ops.Failure(dead, claimed.attempt, "ValueError: bug", final=True, traceback=trace)
+    db.transact(conn, ops.fail([failure]))
+    worker = start_worker(env)
+    try:
+        browser.get(dashboard + "/")
+        assert "Log in" in browser.title
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.ID, "login").click()
+        wait_for(lambda: "Overview" in browser.title, what="the overview")
+        wait_for(lambda: text_of(browser, "#total-waiting") not in ("", "0"), what="figures")
+        browser.save_screenshot(str(SHOTS / "overview.png"))
+
+        box = browser.find_element(By.ID, "find-task")
+        box.send_keys(str(quiet))
+        box.submit()
+        wait_for(lambda: str(quiet) in text_of(browser, "#task-id"), what="the task page")
+        why = text_of(browser, "#why")
+        assert why.startswith("ready: in line, with 1 claimable tasks ahead of it in queue reports")
+        assert "no live worker claims queue reports" in why
+        browser.save_screenshot(str(SHOTS / "task-why.png"))
+
+        browser.get(dashboard + "/tasks?state=dead")
+        assert "ValueError: bug" in text_of(browser, "#tasks")
+        browser.save_screenshot(str(SHOTS / "dead.png"))
+        browser.find_element(
+            By.CSS_SELECTOR, f"form[action='/actions/tasks/{dead}/retry'] button"
+        ).click()
+        wait_for(lambda: "Done" in text_of(browser, "#done"), what="the retry to be done")
+        browser.get(f"{dashboard}/tasks/{dead}")
+
+        def succeeded() -> bool:
+            browser.refresh()
+            return text_of(browser, "#where") == "succeeded"
+
+        wait_for(succeeded, timeout=60, what="the retried task to run")
+        assert text_of(browser, "#why").startswith("succeeded")
+        browser.save_screenshot(str(SHOTS / "retried.png"))
+    finally:
+        stop(worker)
+    actions = [row[0] for row in conn.execute("SELECT action FROM rota.audit")]
+    assert actions == ["retry"]
+
+
+def test_the_tenants_page_with_ten_thousand_tenants(
+    conn: psycopg.Connection[Any], dashboard: str, browser: WebDriver
+) -> None:
+    load(conn, [e for i in range(10_000) for e in envelopes(f"tenant-{i:05d}", 1 + i % 3)])
+    db.run(conn, ops.refresh_stats())
+    browser.get(dashboard + "/login")
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    browser.find_element(By.ID, "login").click()
+    started = time.monotonic()
+    browser.get(dashboard + "/tenants")
+    loaded = time.monotonic() - started
+    assert "(10,000)" in browser.find_element(By.TAG_NAME, "h1").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#tenants tr")
+    assert len(rows) == 51  # the header and one page
+    assert rows[1].text.split()[0].startswith("tenant-") and " 3 " in f" {rows[1].text} "
+    browser.find_element(By.ID, "next").click()
+    wait_for(lambda: "page 2 of 200" in browser.page_source, what="the second page")
+    browser.get(dashboard + "/tenants?sort=name&order=asc&prefix=tenant-0999")
+    names = [r.text.split()[0] for r in browser.find_elements(By.CSS_SELECTOR, "#tenants tr")[1:]]
+    assert names == [f"tenant-0999{i}" for i in range(10)]
+    browser.save_screenshot(str(SHOTS / "tenants.png"))
+    print(f"tenants page with 10,000 tenants: {loaded * 1000:.0f} ms")

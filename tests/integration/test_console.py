@@ -1,0 +1,220 @@
+"""The console over real servers: pages, the JSON API, enqueue over HTTP,
+metrics, and the requests its token and cross-site checks must refuse."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from rota import Settings, db, ops
+from rota.console.app import create_app
+from rota_tools.devservers import free_port
+from tests.helpers import claim, envelopes, load, wait_for
+
+TOKEN = "s3cret-token-for-tests"
+Conn = psycopg.Connection[Any]
+
+
+class Console:
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port,
+                           log_level="warning")
+        )  # fmt: skip
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Console:
+        self.thread.start()
+        wait_for(lambda: self.server.started, what="the console to start")
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def console(settings: Settings) -> Iterator[Console]:
+    with Console(settings.model_copy(update={"dashboard_token": TOKEN})) as running:
+        yield running
+
+
+@pytest.fixture
+def http(console: Console) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=console.url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        yield c
+
+
+@pytest.fixture
+def browser(console: Console) -> Iterator[httpx.Client]:
+    """A logged-in browser: the session cookie, and the CSRF token of its forms."""
+    with httpx.Client(base_url=console.url, follow_redirects=False) as c:
+        assert c.post("/login", data={"token": TOKEN, "next": "/"}).status_code == 303
+        yield c
+
+
+def csrf_of(client: httpx.Client, path: str) -> str:
+    page = client.get(path).text
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, "no form with a CSRF token on " + path
+    return found.group(1)
+
+
+def test_every_page_answers(http: httpx.Client, conn: Conn) -> None:
+    load(conn, envelopes("alice", 3, queue="pdfs", max_attempts=1))
+    (task,) = claim(conn, 1, queues=("pdfs",))
+    db.transact(conn, ops.fail([ops.Failure(task.id, 1, "ValueError: bad", traceback="Tb")]))
+    db.run(conn, ops.refresh_stats())
+    for path in ["/", "/tenants", "/tenants/alice", "/tasks?state=dead", "/tasks?state=ready",
+                 f"/tasks/{task.id}", "/workers", "/dead-letters"]:  # fmt: skip
+        response = http.get(path)
+        assert response.status_code == 200, path
+        assert "rota" in response.text
+    assert "ValueError: bad" in http.get("/tasks?state=dead").text
+    assert http.get("/tenants/nobody").status_code == 404
+    assert http.get("/tasks/not-a-uuid").status_code == 400
+
+
+def test_the_api_tells_a_tasks_story(http: httpx.Client, conn: Conn) -> None:
+    load(conn, envelopes("flood", 20) + envelopes("quiet", 1))
+    quiet = conn.execute("SELECT id FROM rota.tasks WHERE tenant = 'quiet'").fetchone()[0]  # type: ignore[index]
+    story = http.get(f"/api/tasks/{quiet}").json()
+    assert story["where"] == "ready" and story["task"]["ahead"] == 1
+    assert "1 claimable tasks ahead of it" in story["why"]
+    overview = http.get("/api/overview").json()
+    assert overview["queues"][0]["name"] == "default"
+    tenants = http.get("/api/tenants", params={"sort": "name", "order": "asc"}).json()
+    assert [t["name"] for t in tenants["tenants"]] == ["flood", "quiet"]
+    assert http.get("/api/tenants", params={"sort": "bogus"}).status_code == 400
+    assert http.get("/api/tasks", params={"state": "ready"}).json()["tasks"][0]["tenant"] == "flood"
+
+
+def test_enqueue_over_http_checks_like_the_sdk(http: httpx.Client, settings: Settings) -> None:
+    created = http.post(
+        "/api/tasks",
+        json={"name": "mail.send", "queue": "mail", "tenant": "acme", "args": ["a@b.c"]},
+    )
+    assert created.status_code == 201
+    (task_id,) = created.json()["ids"]
+    assert http.get(f"/api/tasks/{task_id}").json()["where"] == "buffer"
+    many = http.post("/api/tasks", json=[{"name": "x.y", "queue": "q", "tenant": f"t{i}"}
+                                         for i in range(5)])  # fmt: skip
+    assert many.status_code == 201 and len(many.json()["ids"]) == 5
+    for bad in [
+        {"name": "x.y", "queue": "q"},  # no tenant
+        {"name": "x.y", "queue": "q", "tenant": "bad tenant"},
+        {"name": "x.y", "queue": "q", "tenant": "t", "countdown": "soon"},
+        {"name": "x.y", "queue": "q", "tenant": "t", "eta": "tomorrow"},
+        {"name": "x.y", "queue": "q", "tenant": "t", "args": [float("inf")]},
+        {"name": "x.y", "queue": "q", "tenant": "t", "colour": "red"},
+        [],
+    ]:
+        response = http.post("/api/tasks", json=bad)
+        assert response.status_code == 400, bad
+        assert response.json()["error"]
+    assert http.post("/api/tasks", content=b"{not json").status_code == 400
+
+
+def test_actions_through_the_api_are_audited(http: httpx.Client, conn: Conn) -> None:
+    load(conn, envelopes("alice", 2, queue="pdfs"))
+    ids = [row[0] for row in conn.execute("SELECT id FROM rota.tasks ORDER BY seq")]
+    assert http.post(f"/api/tasks/{ids[0]}/cancel").json() == {
+        "outcomes": {str(ids[0]): "cancelled"}
+    }
+    assert http.post("/api/tasks/retry", json={"ids": [str(ids[0])]}).json() == {
+        "retried": [str(ids[0])]
+    }
+    assert http.post("/api/queues/pdfs/pause").json()["found"] is True
+    assert http.post("/api/tenants/alice", json={"weight": 4}).json()["changed"] == {"weight": 4}
+    actors = {row[0] for row in conn.execute("SELECT actor FROM rota.audit")}
+    assert actors == {"console:127.0.0.1"}
+    actions = [row[0] for row in conn.execute("SELECT action FROM rota.audit ORDER BY id")]
+    assert actions == ["cancel", "retry", "pause", "configure"]
+
+
+def test_requests_without_the_token_are_refused(console: Console, conn: Conn) -> None:
+    load(conn, envelopes("alice", 1))
+    (task_id,) = conn.execute("SELECT id FROM rota.tasks").fetchone()  # type: ignore[misc]
+    with httpx.Client(base_url=console.url) as anonymous:
+        assert anonymous.get("/api/overview").status_code == 401
+        assert anonymous.get("/").status_code == 303  # to the login page
+        assert anonymous.get("/metrics").status_code == 401
+        assert anonymous.post(f"/api/tasks/{task_id}/cancel").status_code == 401
+        assert anonymous.post("/api/tasks", json={}).status_code == 401
+        wrong = {"Authorization": "Bearer not-the-token"}
+        assert anonymous.get("/api/overview", headers=wrong).status_code == 401
+        assert anonymous.post("/login", data={"token": "guess"}).status_code == 401
+        assert anonymous.get("/healthz").status_code == 200
+    assert db.run(conn, ops.task_states([task_id]))[task_id].status == "pending"
+
+
+def test_cross_site_posts_are_refused(browser: httpx.Client, console: Console, conn: Conn) -> None:
+    load(conn, envelopes("alice", 2))
+    ids = [row[0] for row in conn.execute("SELECT id FROM rota.tasks ORDER BY seq")]
+    csrf = csrf_of(browser, f"/tasks/{ids[0]}")
+    # The session cookie alone (what a page elsewhere could make a browser send).
+    assert browser.post(f"/actions/tasks/{ids[0]}/cancel", data={"back": "/"}).status_code == 403
+    assert browser.post(f"/api/tasks/{ids[0]}/cancel").status_code == 403
+    # A right token from another origin.
+    evil = {"Origin": "http://evil.example"}
+    refused = browser.post(f"/actions/tasks/{ids[0]}/cancel", data={"csrf": csrf}, headers=evil)
+    assert refused.status_code == 403
+    assert db.run(conn, ops.task_states(ids))[ids[0]].status == "pending"
+    # The console's own form.
+    own = {"Origin": console.url}
+    done = browser.post(f"/actions/tasks/{ids[0]}/cancel", data={"csrf": csrf, "back": "/"},
+                        headers=own)  # fmt: skip
+    assert done.status_code == 303
+    assert db.run(conn, ops.task_states(ids))[ids[0]].status == "cancelled"
+    api = browser.post(f"/api/tasks/{ids[1]}/cancel", headers={"X-CSRF-Token": csrf})
+    assert api.status_code == 200
+
+
+def test_without_a_token_the_console_reads_but_never_acts(settings: Settings, conn: Conn) -> None:
+    load(conn, envelopes("alice", 1))
+    (task_id,) = conn.execute("SELECT id FROM rota.tasks").fetchone()  # type: ignore[misc]
+    with Console(settings) as running, httpx.Client(base_url=running.url) as client:
+        assert client.get("/api/overview").status_code == 200
+        refused = client.post(f"/api/tasks/{task_id}/cancel")
+        assert refused.status_code == 403 and "ROTA_DASHBOARD_TOKEN" in refused.json()["error"]
+        assert 'name="csrf"' not in client.get(f"/tasks/{task_id}").text  # no action buttons
+
+
+def test_metrics_and_health(http: httpx.Client, conn: Conn) -> None:
+    load(conn, envelopes("alice", 3, queue="pdfs"))
+    db.run(conn, ops.refresh_stats())
+    text = http.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in families.values() for s in f.samples}  # fmt: skip
+    assert samples[("rota_queue_tasks", (("queue", "pdfs"), ("state", "waiting")))] == 3
+    assert samples[("rota_tenant_tasks", (("state", "waiting"), ("tenant", "alice")))] == 3
+    assert samples[("rota_server_up", (("server", "redis"),))] == 1
+    assert http.get("/readyz").status_code == 200
+
+
+def test_the_console_says_when_redis_is_down(settings: Settings, conn: Conn) -> None:
+    broken = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0",
+                                         "dashboard_token": TOKEN})  # fmt: skip
+    load(conn, envelopes("alice", 1))
+    with (
+        Console(broken) as running,
+        httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {TOKEN}"}) as client,
+    ):
+        overview = client.get("/api/overview").json()
+        assert "redis" in overview["unavailable"] and overview["queues"]
+        assert client.get("/").status_code == 200
+        assert client.get("/dead-letters").status_code == 503
