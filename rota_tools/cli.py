@@ -55,7 +55,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="print the figures as JSON"
 
 
 @contextlib.contextmanager
-def _benchsettings_from(
+def bench_settings(
     database_url: str | None, redis_url: str | None, local: bool | None
 ) -> Iterator[Settings]:
     """Settings for a benchmark, schema migrated: the given servers, or
@@ -96,7 +96,7 @@ def bench_load(
     from rota_tools.bench.pipeline import bench_pipeline_load
 
     tune_gc()  # as in `rota loader` (and its Python loaders' processes)
-    with _benchsettings_from(database_url, redis_url, local) as settings:
+    with bench_settings(database_url, redis_url, local) as settings:
         if engine == "core":
             figures = run_core(settings.database_url, tasks, tenants, runs)
         elif engine in ("python", "spark"):
@@ -119,7 +119,7 @@ def bench_enqueue(
     """Producer: enqueue_many and single enqueue into the buffer, and the fallback."""
     from rota_tools.bench.pipeline import bench_enqueue as run
 
-    with _benchsettings_from(database_url, redis_url, local) as settings:
+    with bench_settings(database_url, redis_url, local) as settings:
         _report("enqueue", run(settings, tasks, tenants, runs), as_json)
 
 
@@ -137,7 +137,7 @@ def bench_work(
     and enqueue -> start latency with NOTIFY."""
     from rota_tools.bench.pipeline import bench_work as run
 
-    with _benchsettings_from(database_url, redis_url, local) as settings:
+    with bench_settings(database_url, redis_url, local) as settings:
         _report("work", run(settings, tasks, tenants, concurrency), as_json)
 
 
@@ -150,7 +150,7 @@ def _fairness_command(scenario: str) -> None:
     ) -> None:
         from rota_tools.bench.fairness import bench_fairness
 
-        with _benchsettings_from(database_url, None, local) as settings:
+        with bench_settings(database_url, None, local) as settings:
             _report(scenario, bench_fairness(settings.database_url, scenario, scale), as_json)
 
     command.__doc__ = f"Fairness: the {scenario} workload through rota, FIFO and PARTITION BY."
@@ -175,7 +175,7 @@ def bench_end_to_end(
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.pipeline import bench_end_to_end as run
 
-    with _benchsettings_from(database_url, redis_url, local) as settings:
+    with bench_settings(database_url, redis_url, local) as settings:
         _report("end-to-end", run(settings, tasks, tenants, rate, concurrency), as_json)
 
 
@@ -192,7 +192,7 @@ def bench_lock_pressure(
     """Racing claimers (some tenants limited) while pg_locks is sampled."""
     from rota_tools.bench.core import lock_pressure
 
-    with _benchsettings_from(database_url, None, local) as settings:
+    with bench_settings(database_url, None, local) as settings:
         _report(
             "lock-pressure",
             lock_pressure(settings.database_url, tenants, connections, claim_size, seconds),
@@ -215,7 +215,7 @@ def bench_backlog_scaling(
     from rota_tools.bench.core import backlog_scaling
 
     sizes = [int(b) for b in backlogs.split(",")]
-    with _benchsettings_from(database_url, None, local) as settings:
+    with bench_settings(database_url, None, local) as settings:
         figures = backlog_scaling(
             settings.database_url, sizes, tenants, connections, claim_size, samples
         )
@@ -241,11 +241,32 @@ def bench_claim(
 
     tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
     sizes = [int(b) for b in backlogs.split(",")]
-    with _benchsettings_from(database_url, None, local) as settings:
+    with bench_settings(database_url, None, local) as settings:
         figures = run(
             settings.database_url, sizes, tenants, connections, claim_size, samples, seconds, runs
         )
         _report("claim", figures, as_json)
+
+
+@bench_app.command("console")
+def bench_console(
+    tasks: Annotated[int, typer.Option(help="tasks waiting")] = 1_000_000,
+    tenants: Annotated[int, typer.Option(help="tenants they belong to")] = 10_000,
+    connections: Annotated[int, typer.Option(help="claiming processes")] = 4,
+    seconds: Annotated[float, typer.Option(help="each throughput run")] = 5.0,
+    runs: Annotated[int, typer.Option(help="alternating runs of each arm")] = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """The console over a big queue: each page's and API read's time, and
+    claim + complete with a console refreshing every 2 s against without."""
+    from rota_tools.bench.console import bench_console as run
+
+    tune_gc()
+    with bench_settings(database_url, redis_url, local) as settings:
+        _report("console", run(settings, tasks, tenants, connections, seconds, runs), as_json)
 
 
 @bench_app.command("chaos")
