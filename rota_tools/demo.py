@@ -10,9 +10,13 @@ throughput, and a PNG chart of wait over time.
 
 from __future__ import annotations
 
+import os
 import random
+import secrets
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -78,6 +82,37 @@ def _done_of(conn: Any, tenant: str) -> int:
     return int(row[0]) if row else 0
 
 
+@dataclass
+class DemoConsole:
+    process: subprocess.Popen[bytes]
+    url: str
+    token: str
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def _start_console(settings: rota.Settings) -> DemoConsole:
+    """`rota dashboard` beside the demo, with a token of the run's own."""
+    from rota_tools.devservers import free_port
+
+    port, token = free_port(), secrets.token_urlsafe(12)
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_DASHBOARD_TOKEN": token,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rota", "dashboard", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return DemoConsole(process, f"http://127.0.0.1:{port}", token)
+
+
 def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
     from rota.loader.spark import run_streaming, spark_session
     from rota.migrate import migrate
@@ -90,6 +125,11 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
         producer.tasks["work"] = work
         conn = db.connect(pg.url)
         migrate(conn)
+        dashboard = _start_console(settings)
+        console.print(
+            f"[bold]console: {dashboard.url}/  (log in with the token {dashboard.token}; "
+            "it stays up while the flood runs)"
+        )
 
         console.print("[bold]starting the Spark loader (local mode) ...")
         spark = spark_session("local[2]", "rota-demo")
@@ -152,6 +192,7 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
             elapsed = time.monotonic() - started
         finally:
             stop.set()
+            dashboard.stop()
             stop_workers(workers)
             loader.join(timeout=60)
             spark.stop()

@@ -15,6 +15,7 @@ from uuid import UUID
 
 import psycopg
 import redis
+from psycopg.pq import TransactionStatus
 
 from rota import db, deadletters, ops
 from rota.app import App
@@ -27,6 +28,7 @@ from rota.settings import Settings
 from rota.story import task_story
 
 POOL_SIZE = 4
+IDLE = TransactionStatus.IDLE
 MAX_ENQUEUE = 1000  # tasks per POST /api/tasks
 
 
@@ -59,13 +61,11 @@ class Connections:
                 )
             try:
                 yield conn
-            except psycopg.OperationalError:
-                conn.close()
-                raise
-            if conn.closed or conn.broken:
-                conn.close()
-            else:
-                self._idle.put(conn)
+            finally:
+                if conn.closed or conn.broken or conn.info.transaction_status != IDLE:
+                    conn.close()
+                else:
+                    self._idle.put(conn)
 
     def producer(self) -> App:
         """An App for POST /api/tasks: the SDK's checks, buffer and fallback."""
