@@ -1,0 +1,144 @@
+"""The operations' pure logic: why a task waits, in words; who may act in
+the console; bounded metric labels; JSON logs; the CLI's tables."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+
+from rota.cli.output import table
+from rota.console.auth import COOKIE, Guard
+from rota.jsondata import plain
+from rota.logs import JsonFormatter
+from rota.metrics import OTHER, TenantLabels
+from rota.ops.read import StoredTask
+from rota.story import InBuffer, why, why_in_buffer
+
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+
+
+def stored(**fields: Any) -> StoredTask:
+    base: dict[str, Any] = dict(
+        id=uuid.uuid4(), queue="pdfs", tenant="acme", name="app.parse", payload="{}",
+        status="pending", attempts=0, max_attempts=3, cost=1.0, eta=None,
+        enqueued_at=NOW - timedelta(minutes=1), loaded_at=None, finished_at=None,
+        last_error=None, traceback=None, cancel_requested=False, worker=None, attempt=None,
+        claimed_at=None, lease_expires_at=None, run_at=None, queue_workers=2, ahead=7,
+    )  # fmt: skip
+    return StoredTask(**{**base, **fields})
+
+
+def test_why_a_ready_task_waits() -> None:
+    assert why(stored(), NOW) == (
+        "ready: in line, with 7 claimable tasks ahead of it in queue pdfs (fair order); "
+        "2 live worker(s) claim this queue"
+    )
+    held = why(stored(concurrency_limit=5, tenant_running=5, queue_workers=0), NOW)
+    assert "tenant acme is at its concurrency limit: 5 running of 5" in held
+    assert "no live worker claims queue pdfs" in held
+    rate = why(stored(rate_limit=2.0, tokens=0.5), NOW)
+    assert "out of rate tokens (2/s): the next comes in 0.2 s" in rate
+    assert "over 100,000 claimable tasks" in why(stored(ahead=100_001), NOW)
+    paused = why(stored(queue_paused=True, tenant_paused=True), NOW)
+    assert "its queue pdfs is paused" in paused and "its tenant acme is paused" in paused
+
+
+def test_why_other_states() -> None:
+    soon = stored(status="scheduled", run_at=NOW + timedelta(seconds=30), eta=NOW)
+    assert why(soon, NOW) == "scheduled: waits for its ETA; it is due in 30.0 s"
+    retry = stored(status="scheduled", attempts=1, last_error="KeyError: 'x'",
+                   run_at=NOW + timedelta(minutes=5))  # fmt: skip
+    assert why(retry, NOW) == (
+        "scheduled: waits for its retry backoff after attempt 1 of 3 failed (KeyError: 'x'); "
+        "it is due in 5.0 min"
+    )
+    running = stored(worker="w1", attempt=2, claimed_at=NOW - timedelta(seconds=3),
+                     lease_expires_at=NOW + timedelta(seconds=57))  # fmt: skip
+    assert why(running, NOW).startswith("running on worker w1 for 3.0 s (attempt 2 of 3)")
+    dead = stored(status="dead", attempts=3, last_error="ValueError: no")
+    assert why(dead, NOW) == "dead after attempt 3 of 3: ValueError: no"
+
+
+def test_why_in_the_buffer() -> None:
+    place = InBuffer("rota:buffer:{1}", "1-0", 12, 3.5, 0)
+    assert why_in_buffer(place) == (
+        "still in the Redis buffer (rota:buffer:{1}), not yet loaded into PostgreSQL: "
+        "12 entries ahead of it in its shard; the shard's oldest entry is 3.5 s old"
+    )
+    stuck = why_in_buffer(InBuffer("s", "1-0", 0, 600, 0))
+    assert stuck.endswith("10.0 min old (is a loader running?)")
+    assert "read it 2 time(s)" in why_in_buffer(InBuffer("s", "1-0", 0, 1, 2))
+
+
+def request(headers: dict[str, str] | None = None, cookie: str | None = None) -> Request:
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    if cookie is not None:
+        raw.append((b"cookie", f"{COOKIE}={cookie}".encode()))
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": raw,
+             "scheme": "http", "server": ("127.0.0.1", 8377), "query_string": b""}  # fmt: skip
+    return Request(scope)
+
+
+def test_the_guard() -> None:
+    open_console = Guard(None)
+    assert open_console.may_read(request()) and not open_console.can_act
+    assert "ROTA_DASHBOARD_TOKEN" in (open_console.may_act(request()) or "")
+
+    guard = Guard("a-token-of-sixteen+")
+    assert not guard.may_read(request())
+    assert guard.may_read(request({"Authorization": "Bearer a-token-of-sixteen+"}))
+    assert not guard.may_read(request({"Authorization": "Bearer wrong"}))
+    assert guard.may_act(request({"Authorization": "bearer a-token-of-sixteen+"})) is None
+    session = guard.session_value()
+    assert session != "a-token-of-sixteen+"  # the cookie is not the token
+    assert guard.may_read(request(cookie=session))
+    assert guard.may_act(request(cookie=session)) == "a missing or wrong CSRF token"
+    assert guard.may_act(request(cookie=session), guard.csrf_value()) is None
+    evil = request({"Origin": "http://evil.example"}, cookie=session)
+    assert guard.may_act(evil, guard.csrf_value()) == "a request from another site"
+    own = request({"Origin": "http://127.0.0.1:8377"}, cookie=session)
+    assert guard.may_act(own, guard.csrf_value()) is None
+    assert guard.may_act(request(), guard.csrf_value()) == "log in first"
+    assert guard.login("a-token-of-sixteen+") and not guard.login("a-token-of-sixteen")
+
+
+def test_metric_labels_stay_bounded() -> None:
+    label = TenantLabels(limit=2)
+    assert [label(t) for t in ["a", "b", "c", "a", "d"]] == ["a", "b", OTHER, "a", OTHER]
+
+
+def test_json_logs_hide_passwords() -> None:
+    record = logging.LogRecord("rota.x", logging.WARNING, __file__, 1,
+                               "cannot reach postgresql://u:pw@host/db", None, None)  # fmt: skip
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["level"] == "warning" and entry["logger"] == "rota.x"
+    assert "pw" not in entry["message"] and "u:***@host" in entry["message"]
+
+
+def test_plain_and_tables() -> None:
+    task_id = uuid.uuid4()
+    assert plain({"id": task_id, "at": NOW, "rows": (1, 2)}) == {
+        "id": str(task_id), "at": NOW.isoformat(), "rows": [1, 2]
+    }  # fmt: skip
+    assert table(["a", "bb"], [(1, None), (1234, 2.5)]).splitlines() == [
+        "a      bb", "1      -", "1,234  2.5"
+    ]  # fmt: skip
+    assert table(["a"], []) == "a\n(none)"
+
+
+def test_patching_a_tenant_is_checked_before_anything_runs() -> None:
+    from rota import ops
+    from rota.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="unknown tenant settings"):
+        ops.patch_tenant("gold", {"speed": 3}, "me")
+    with pytest.raises(ValidationError, match="weight cannot be cleared"):
+        ops.patch_tenant("gold", {"weight": None}, "me")
+    with pytest.raises(ValidationError):
+        ops.patch_tenant("gold", {"rate_limit": 0}, "me")
