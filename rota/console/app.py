@@ -23,10 +23,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from rota import db
 from rota.console import data
 from rota.console.auth import COOKIE, CSRF_FIELD, Guard
 from rota.errors import EnqueueError, RotaError
 from rota.metrics import FiguresCollector, process_registry
+from rota.ops import read
 from rota.ops.read import TASK_STATES, TENANT_SORTS
 from rota.settings import Settings
 
@@ -266,14 +268,14 @@ def create_app(settings: Settings) -> Starlette:
 
     async def find(request: Request) -> Response:
         wanted = (request.query_params.get("id") or "").strip()
-        return RedirectResponse(f"/tasks/{quote(wanted)}", status_code=303)
+        return RedirectResponse(f"/tasks/{quote(wanted)}" if wanted else "/", status_code=303)
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
 
     def ready() -> bool:
         with conns.postgres() as conn:
-            conn.execute("SELECT 1")
+            db.run(conn, read.ping())
         return True
 
     async def readyz(request: Request) -> Response:
@@ -289,7 +291,7 @@ def create_app(settings: Settings) -> Starlette:
 
     routes: list[Route] = []
 
-    def read(path: str, fetch: Callable[..., Any], template: str, api_path: str) -> None:
+    def page_and_api(path: str, fetch: Callable[..., Any], template: str, api_path: str) -> None:
         api, html = reading(fetch, template)
         assert html is not None
         routes.append(Route(path, guarded(html, api=False)))
@@ -300,13 +302,13 @@ def create_app(settings: Settings) -> Starlette:
         routes.append(Route("/api" + path, guarded(api, api=True), methods=["POST"]))
         routes.append(Route("/actions" + path, guarded(form, api=False), methods=["POST"]))
 
-    read("/", overview, "overview.html", "/api/overview")
-    read("/tenants", tenants, "tenants.html", "/api/tenants")
-    read("/tenants/{name}", tenant, "tenant.html", "/api/tenants/{name}")
-    read("/tasks", tasks, "tasks.html", "/api/tasks")
-    read("/tasks/{id}", story, "task.html", "/api/tasks/{id}")
-    read("/workers", workers, "workers.html", "/api/workers")
-    read("/dead-letters", dead_letters, "dead_letters.html", "/api/dead-letters")
+    page_and_api("/", overview, "overview.html", "/api/overview")
+    page_and_api("/tenants", tenants, "tenants.html", "/api/tenants")
+    page_and_api("/tenants/{name}", tenant, "tenant.html", "/api/tenants/{name}")
+    page_and_api("/tasks", tasks, "tasks.html", "/api/tasks")
+    page_and_api("/tasks/{id}", story, "task.html", "/api/tasks/{id}")
+    page_and_api("/workers", workers, "workers.html", "/api/workers")
+    page_and_api("/dead-letters", dead_letters, "dead_letters.html", "/api/dead-letters")
     routes.append(Route("/api/tasks", guarded(enqueue, api=True), methods=["POST"]))
     act("/tasks/{id}/cancel", cancel)
     act("/tasks/{id}/retry", retry)

@@ -40,7 +40,7 @@ def configure_tenant(
         capacity=capacity,
     )
     return _one_value(
-        "configure_tenant",
+        query("configure_tenant"),
         {
             "name": name,
             "weight": weight,
@@ -63,7 +63,7 @@ def patch_tenant(name: str, changes: dict[str, Any], actor: str) -> Op[int]:
         raise ValidationError("weight cannot be cleared; give a number")
     check_tenant_settings(**changes)
     params = {"name": name, "changes": orjson.dumps(changes).decode(), "actor": actor}
-    return _one_value("patch_tenant", params)
+    return _one_value(query("patch_tenant"), params)
 
 
 def cancel(task_ids: Sequence[UUID], actor: str) -> Op[dict[UUID, str]]:
@@ -121,13 +121,13 @@ def pause_queue(name: str, paused: bool, actor: str) -> Op[bool]:
     """Pauses (or resumes) a queue: its tasks stay in line, unclaimed; False
     if there is no such queue."""
     check_queue(name)
-    return _one_value("pause_queue", {"name": name, "paused": paused, "actor": actor})
+    return _one_value(query("pause_queue"), {"name": name, "paused": paused, "actor": actor})
 
 
 def pause_tenant(name: str, paused: bool, actor: str) -> Op[bool]:
     """Pauses (or resumes) a tenant in every queue; False if there is none."""
     check_tenant(name)
-    return _one_value("pause_tenant", {"name": name, "paused": paused, "actor": actor})
+    return _one_value(query("pause_tenant"), {"name": name, "paused": paused, "actor": actor})
 
 
 def record(actor: str, action: str, target: str, count: int, detail: dict[str, Any]) -> Op[None]:
@@ -151,6 +151,6 @@ def _check_ids(task_ids: Sequence[UUID]) -> None:
         raise ValidationError(f"at most {MAX_BULK} task ids at once")
 
 
-def _one_value(name: str, params: dict[str, Any]) -> Op[Any]:
-    rows = yield Execute(query(name), params)
+def _one_value(statement: str, params: dict[str, Any]) -> Op[Any]:
+    rows = yield Execute(statement, params)
     return rows[0][0]

@@ -211,15 +211,19 @@ def tasks(
     if queue is not None:
         check_queue(queue)
     _check_page(0, limit)
-    block = {"ready": "ready_ids", "running": "running_ids", "scheduled": "scheduled_ids"}
+    ids_of = {
+        "ready": query("ready_ids"),
+        "running": query("running_ids"),
+        "scheduled": query("scheduled_ids"),
+    }
     return _tasks(
-        block.get(state, "ended_ids"),
+        ids_of.get(state) or query("ended_ids"),
         {"state": state, "tenant": tenant, "queue": queue, "limit": limit},
     )
 
 
-def _tasks(block: str, params: dict[str, Any]) -> Op[list[TaskRow]]:
-    ids = yield Execute(query(block), params)
+def _tasks(ids_statement: str, params: dict[str, Any]) -> Op[list[TaskRow]]:
+    ids = yield Execute(ids_statement, params)
     if not ids:
         return []
     rows = yield Execute(query("task_rows"), {"ids": UUIDArray(row[0] for row in ids)})
@@ -357,6 +361,11 @@ def audit(limit: int = 50) -> Op[list[AuditRow]]:
 def _audit(limit: int) -> Op[list[AuditRow]]:
     rows = yield Execute(query("recent_audit"), {"limit": limit})
     return [AuditRow(*row) for row in rows]
+
+
+def ping() -> Op[None]:
+    """A round trip (readiness)."""
+    yield Execute(query("ping"))
 
 
 def _check_page(offset: Any, limit: Any) -> None:

@@ -258,3 +258,6 @@ FROM rota.audit a ORDER BY a.id DESC LIMIT %(limit)s
 SELECT DISTINCT ON (b.query) b.query, b.batch_id, b.tasks, b.loaded_at
 FROM rota.loader_batches b
 ORDER BY b.query, b.batch_id DESC
+
+-- name: ping
+SELECT 1

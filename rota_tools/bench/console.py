@@ -20,6 +20,7 @@ from rota import db, ops
 from rota.settings import Settings
 from rota_tools.bench.core import QUEUE, Filler, claim_throughput, reset
 from rota_tools.devservers import free_port
+from rota_tools.sql import query
 from rota_tools.stats import percentile
 
 TOKEN = "bench-console-token-0123"
@@ -101,12 +102,10 @@ def bench_console(
         filler.add(tasks)
         load_seconds = time.perf_counter() - started
         with db.admin_connect(url) as admin:
-            admin.execute("ANALYZE")
+            admin.execute(query("bench_analyze"))
             db.run(admin, ops.refresh_stats())
-            deep = admin.execute(
-                "SELECT task_id FROM rota.ready ORDER BY vtime DESC LIMIT 1"
-            ).fetchone()
-            tenant = admin.execute("SELECT name FROM rota.tenants ORDER BY id LIMIT 1").fetchone()
+            deep = admin.execute(query("bench_deepest_ready")).fetchone()
+            tenant = admin.execute(query("bench_first_tenant")).fetchone()
     assert deep is not None and tenant is not None
     console = Console(settings)
     try:

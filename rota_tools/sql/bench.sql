@@ -141,3 +141,13 @@ SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 FROM rota.finishe
 
 -- name: bench_finished_count
 SELECT count(*) FROM rota.finished
+
+-- name: bench_deepest_ready
+-- The task last in line: the one whose place takes longest to count.
+SELECT task_id FROM rota.ready ORDER BY vtime DESC LIMIT 1
+
+-- name: bench_first_tenant
+SELECT name FROM rota.tenants ORDER BY id LIMIT 1
+
+-- name: bench_analyze
+ANALYZE

@@ -1,17 +1,52 @@
-from rota.metrics import prometheus_text
+"""The overview's gauges in the Prometheus text format, as a scraper reads them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from rota.figures import Figures
+from rota.metrics import figures_text
+from rota.ops.read import QueueRow, TenantRow
 
 
-def test_prometheus_text_has_a_series_per_shard_and_queue_state() -> None:
-    text = prometheus_text(
-        {"rota:buffer:{0}": {"entries": 3, "pending": 1, "oldest_age_seconds": 2.5}},
-        {"pdfs": {"ready": 7, "running": 2, "scheduled": 0}},
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def tenant(name: str, waiting: int, running: int) -> TenantRow:
+    return TenantRow(name, 1.0, False, waiting, running, None, None, None, None, 0, 0, None,
+                     0, None, None)  # fmt: skip
+
+
+def test_the_overview_as_gauges() -> None:
+    figures = Figures(
+        datetime.now(UTC),
+        queues=[QueueRow("pdfs", False, 10, 2, 1, 3, 4.5, 12.0, None)],
+        tenants=[tenant('a"b\\c', 7, 1)],
+        buffer={"rota:buffer:{0}": {"entries": 5, "pending": 1, "oldest_age_seconds": 2.5}},
+        dead_letters=4,
+        unavailable={},
     )
-    assert 'rota_buffer_entries{shard="rota:buffer:{0}"} 3' in text
-    assert 'rota_buffer_oldest_age_seconds{shard="rota:buffer:{0}"} 2.5' in text
-    assert 'rota_queue_tasks{queue="pdfs",state="ready"} 7' in text
-    assert text.count("# TYPE") == 4 and text.endswith("\n")
+    got = samples(figures_text(figures))
+    assert got[("rota_queue_tasks", (("queue", "pdfs"), ("state", "waiting")))] == 10
+    assert got[("rota_queue_tasks", (("queue", "pdfs"), ("state", "dead")))] == 3
+    assert got[("rota_queue_completed_per_minute", (("queue", "pdfs"),))] == 4.5
+    assert got[("rota_tenant_tasks", (("state", "waiting"), ("tenant", 'a"b\\c')))] == 7
+    # The tenants not named, summed: 10 waiting in all, 7 named.
+    assert got[("rota_tenant_tasks", (("state", "waiting"), ("tenant", "other")))] == 3
+    assert got[("rota_buffer_entries", (("shard", "rota:buffer:{0}"),))] == 5
+    assert got[("rota_dead_letters", ())] == 4
+    assert got[("rota_server_up", (("server", "redis"),))] == 1
 
 
-def test_label_values_are_escaped() -> None:
-    text = prometheus_text({'a"b\\c': {"entries": 0, "pending": 0, "oldest_age_seconds": 0}}, {})
-    assert 'shard="a\\"b\\\\c"' in text
+def test_a_server_down_shows_as_down() -> None:
+    figures = Figures(datetime.now(UTC), unavailable={"postgresql": "OperationalError"})
+    got = samples(figures_text(figures))
+    assert got[("rota_server_up", (("server", "postgresql"),))] == 0
+    assert ("rota_dead_letters", ()) not in got

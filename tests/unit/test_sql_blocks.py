@@ -8,27 +8,39 @@ from pathlib import Path
 import pytest
 
 import rota
-from rota.sql import migrations, parse_named_blocks, queries
+import rota_tools
+from rota.sql import Blocks, migrations, parse_named_blocks, queries
+from rota_tools.sql import BLOCKS as TOOL_BLOCKS
 
-PACKAGE = Path(rota.__file__).parent
 USE = re.compile(r"""\bquery\(\s*["'](\w+)["']\s*\)""")
+PACKAGES = [
+    (Path(rota.__file__).parent, queries()),
+    (Path(rota_tools.__file__).parent, TOOL_BLOCKS.by_name),
+]
 
 
-def _names_used() -> set[str]:
+def _names_used(package: Path) -> set[str]:
     used: set[str] = set()
-    for source in PACKAGE.rglob("*.py"):
+    for source in package.rglob("*.py"):
         used.update(USE.findall(source.read_text()))
     return used
 
 
-def test_every_block_used_in_code_exists() -> None:
-    missing = _names_used() - set(queries())
-    assert not missing, f"query() names without a block in queries.sql: {missing}"
+@pytest.mark.parametrize(("package", "blocks"), PACKAGES, ids=["rota", "rota_tools"])
+def test_every_block_used_in_code_exists(package: Path, blocks: dict[str, str]) -> None:
+    missing = _names_used(package) - set(blocks)
+    assert not missing, f"query() names without a block in {package.name}/sql: {missing}"
 
 
-def test_every_block_is_used() -> None:
-    unused = set(queries()) - _names_used()
-    assert not unused, f"blocks in queries.sql that no code uses: {unused}"
+@pytest.mark.parametrize(("package", "blocks"), PACKAGES, ids=["rota", "rota_tools"])
+def test_every_block_is_used(package: Path, blocks: dict[str, str]) -> None:
+    unused = set(blocks) - _names_used(package)
+    assert not unused, f"blocks in {package.name}/sql that no code uses: {unused}"
+
+
+def test_a_name_is_defined_once_across_files() -> None:
+    assert isinstance(TOOL_BLOCKS, Blocks)
+    assert not set(queries()) & set(TOOL_BLOCKS.by_name)
 
 
 def test_blocks_parse_and_refuse_duplicates() -> None:
