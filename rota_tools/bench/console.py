@@ -95,17 +95,33 @@ def bench_console(
     settings: Settings, tasks: int, tenants: int, connections: int, seconds: float, runs: int
 ) -> dict[str, Any]:
     url = settings.database_url
-    with db.connect(url) as conn:
-        reset(conn)
-        started = time.perf_counter()
-        filler = Filler(conn, tenants, QUEUE)
-        filler.add(tasks)
-        load_seconds = time.perf_counter() - started
-        with db.admin_connect(url) as admin:
-            admin.execute(query("bench_analyze"))
-            db.run(admin, ops.refresh_stats())
-            deep = admin.execute(query("bench_deepest_ready")).fetchone()
-            tenant = admin.execute(query("bench_first_tenant")).fetchone()
+    conn = db.connect(url)
+    try:
+        return _bench(conn, settings, tasks, tenants, connections, seconds, runs)
+    finally:
+        conn.close()
+
+
+def _bench(
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    tasks: int,
+    tenants: int,
+    connections: int,
+    seconds: float,
+    runs: int,
+) -> dict[str, Any]:
+    url = settings.database_url
+    reset(conn)
+    started = time.perf_counter()
+    filler = Filler(conn, tenants, QUEUE)
+    filler.add(tasks)
+    load_seconds = time.perf_counter() - started
+    with db.admin_connect(url) as admin:
+        admin.execute(query("bench_analyze"))
+        db.run(admin, ops.refresh_stats())
+        deep = admin.execute(query("bench_deepest_ready")).fetchone()
+        tenant = admin.execute(query("bench_first_tenant")).fetchone()
     assert deep is not None and tenant is not None
     console = Console(settings)
     try:
@@ -127,7 +143,10 @@ def bench_console(
         )
         stats.start()
         for _ in range(runs):
+            # Each run starts with the whole backlog waiting.
+            filler.fill(tasks)
             without.append(claim_throughput("rota", url, connections, 100, seconds))
+            filler.fill(tasks)
             stop = threading.Event()
             refresher = threading.Thread(
                 target=_refresher, args=(console, stop, ["/", "/tenants", "/metrics"])

@@ -135,3 +135,16 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
     assert locks["samples"] > 0 and locks["max_relations_locked_by_one_backend"] > 0
     e2e = bench(settings, "end-to-end", "--tasks", "300", "--tenants", "10", "--rate", "300")
     assert e2e["tasks_per_s"] > 0 and e2e["enqueue_to_start_ms"]["p50"] > 0
+
+
+def test_bench_console(settings: Settings) -> None:
+    report = bench(
+        settings, "console", "--tasks", "2000", "--tenants", "100", "--seconds", "0.5",
+        "--runs", "1",
+    )  # fmt: skip
+    assert report["scenario"] == "console"
+    assert set(report["reads"]) >= {"/", "/api/overview", "/tenants", "/metrics"}
+    assert all(r["p50_ms"] > 0 for r in report["reads"].values())
+    runs = report["claim_complete_tasks_per_s"]["runs"]
+    assert len(runs["with_console"]) == len(runs["without_console"]) == 1
+    assert report["ratio_with_to_without"] > 0
