@@ -225,6 +225,7 @@ def prune(
 def stats(
     output: Annotated[str, typer.Option("--format", help="text, json or prometheus")] = "text",
     tenants: Annotated[int, typer.Option(help="the top tenants by waiting tasks")] = 10,
+    as_json: AsJson = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
@@ -240,7 +241,7 @@ def stats(
 
         typer.echo(figures_text(figures), nl=False)
     else:
-        emit(figures, output == "json", lambda: render_text(figures))
+        emit(figures, as_json or output == "json", lambda: render_text(figures))
 
 
 def render_text(f: Any) -> str:

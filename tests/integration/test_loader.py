@@ -177,7 +177,11 @@ def test_rota_stats_as_json_and_prometheus(app: App, settings: Settings) -> None
         "PATH": "/usr/bin:/bin",
     }
     as_json = subprocess.run(
-        [sys.executable, "-m", "rota", "stats"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "rota", "stats", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     stats = json.loads(as_json.stdout)
     assert sum(s["entries"] for s in stats["buffer"].values()) == 1
