@@ -416,19 +416,21 @@ BEGIN
     IF v_to <= v_from THEN
         RETURN 0;
     END IF;
-    WITH counted AS (
-        INSERT INTO rota.service AS s (minute, queue_id, tenant_id, completed, wait_seconds)
-        SELECT date_trunc('minute', f.finished_at), f.queue_id, f.tenant_id, count(*),
-               sum(greatest(0, extract(epoch FROM f.started_at - f.enqueued_at)))
+    WITH counts AS MATERIALIZED (
+        SELECT date_trunc('minute', f.finished_at) AS minute, f.queue_id, f.tenant_id,
+               count(*) AS completed,
+               sum(greatest(0, extract(epoch FROM f.started_at - f.enqueued_at))) AS waits
         FROM rota.finished f
         WHERE f.finished_at > v_from AND f.finished_at <= v_to
         GROUP BY 1, 2, 3
+    ), saved AS (
+        INSERT INTO rota.service AS s (minute, queue_id, tenant_id, completed, wait_seconds)
+        SELECT minute, queue_id, tenant_id, completed, waits FROM counts
         ON CONFLICT (minute, queue_id, tenant_id) DO UPDATE
         SET completed = s.completed + excluded.completed,
             wait_seconds = s.wait_seconds + excluded.wait_seconds
-        RETURNING excluded.completed
     )
-    SELECT coalesce(sum(completed), 0) INTO v_counted FROM counted;
+    SELECT coalesce(sum(completed), 0) INTO v_counted FROM counts;
     UPDATE rota.service_counted SET up_to = v_to;
     DELETE FROM rota.service WHERE minute < now() - interval '1 day';
     RETURN v_counted;
