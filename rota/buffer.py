@@ -214,11 +214,19 @@ def buffer_stats(client: Any, streams: list[str], group: str) -> dict[str, dict[
         pipe.xlen(stream)
         pipe.xpending(stream, group)
         pipe.xrange(stream, count=1)
-    replies: list[Any] = pipe.execute()
+    # Before any loader ran there is no consumer group: nothing is pending.
+    replies: list[Any] = pipe.execute(raise_on_error=False)
     now_ms = time.time() * 1000
     stats: dict[str, dict[str, float | int]] = {}
     for i, stream in enumerate(streams):
         length, pending, first = replies[3 * i : 3 * i + 3]
+        for reply in (length, first):
+            if isinstance(reply, Exception):
+                raise reply
+        if isinstance(pending, redis.ResponseError) and "NOGROUP" in str(pending):
+            pending = {"pending": 0}
+        elif isinstance(pending, Exception):
+            raise pending
         oldest_ms = int(_entry_ms(first[0][0])) if first else None
         stats[stream] = {
             "entries": int(length),

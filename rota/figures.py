@@ -56,10 +56,7 @@ def postgres_figures(
 
 def redis_figures(client: redis.Redis, settings: Settings, figures: Figures) -> None:
     streams = all_streams(settings.stream_prefix, settings.shards)
-    try:
-        figures.buffer = buffer_stats(client, streams, settings.loader_group)
-    except redis.ResponseError:  # no consumer group yet: no loader ever ran
-        figures.buffer = {s: {"entries": int(client.xlen(s))} for s in streams}
+    figures.buffer = buffer_stats(client, streams, settings.loader_group)
     figures.dead_letters = deadletters.count(client, settings.stream_prefix)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
-from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, SecretStr, field_validator
@@ -111,14 +111,20 @@ class Settings(BaseSettings):
                 check_queue(name)
         return value
 
-    @cached_property
+    @property
     def allowed_queues(self) -> frozenset[str] | None:
-        return None if self.queues is None else frozenset(_names(self.queues))
+        # Not a cached_property: model_copy(update=...) would carry a stale one.
+        return _allowed(self.queues)
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # Passwords never reach a log line or a traceback's repr.
         for name, value in super().__repr_args__():
             yield name, redact_url(value) if name in ("database_url", "redis_url") else value
+
+
+@functools.lru_cache(maxsize=64)
+def _allowed(queues: str | None) -> frozenset[str] | None:
+    return None if queues is None else frozenset(_names(queues))
 
 
 def _names(value: str) -> list[str]:

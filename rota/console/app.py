@@ -16,6 +16,7 @@ from urllib.parse import quote, urlencode
 import psycopg
 import redis
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -56,7 +57,8 @@ def _text(request: Request, name: str) -> str | None:
 
 
 def create_app(settings: Settings) -> Starlette:
-    token = settings.dashboard_token.get_secret_value() if settings.dashboard_token else None
+    secret = settings.dashboard_token
+    token = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
     guard = Guard(token)
     conns = data.Connections(settings)
     registry = process_registry()
@@ -211,9 +213,13 @@ def create_app(settings: Settings) -> Starlette:
         changes = {k: v for k, v in body.items() if k not in (CSRF_FIELD, "back")}
         for key, value in list(changes.items()):
             if isinstance(value, str):  # from a form: numbers as text, "" clears
-                changes[key] = None if value.strip() == "" else float(value)
-                if key in ("concurrency_limit", "capacity") and changes[key] is not None:
-                    changes[key] = int(changes[key])
+                try:
+                    number = None if value.strip() == "" else float(value)
+                    if key in ("concurrency_limit", "capacity") and number is not None:
+                        number = int(number)
+                except (ValueError, OverflowError):
+                    raise RotaError(f"{key} must be a number, got {value[:40]!r}") from None
+                changes[key] = number
         return data.patch_tenant(conns, request.path_params["name"], changes, actor(request))
 
     def replay(request: Request, body: dict[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,11 @@ def cancel(task_ids: Sequence[UUID], actor: str) -> Op[dict[UUID, str]]:
     """Cancels tasks; returns {id: 'cancelled' | 'cancelling' (running: not
     retried once its attempt ends) | its end state}; unknown ids are absent."""
     _check_ids(task_ids)
-    rows = yield Execute(query("cancel"), {"ids": UUIDArray(task_ids), "actor": actor})
+    return _cancel({"ids": UUIDArray(task_ids), "actor": actor})
+
+
+def _cancel(params: dict[str, Any]) -> Op[dict[UUID, str]]:
+    rows = yield Execute(query("cancel"), params)
     return {row[0]: row[1] for row in rows}
 
 
@@ -78,9 +82,11 @@ def retry(task_ids: Sequence[UUID], actor: str) -> Op[set[UUID]]:
     """Runs dead or cancelled tasks again (same ids, a fresh attempt budget);
     returns the ids retried."""
     _check_ids(task_ids)
-    rows = yield Execute(
-        query("retry"), {"ids": UUIDArray(task_ids), "actor": actor, "target": "task"}
-    )
+    return _retry({"ids": UUIDArray(task_ids), "actor": actor, "target": "task"})
+
+
+def _retry(params: dict[str, Any]) -> Op[set[UUID]]:
+    rows = yield Execute(query("retry"), params)
     return {row[0] for row in rows}
 
 

@@ -77,6 +77,7 @@ def test_a_worker_counts_what_it_runs_and_says_when_it_is_ready(
 
 
 def test_a_loader_counts_its_passes(env: dict[str, str], producer: App) -> None:
+    env = {**env, "ROTA_SHARDS": str(producer.settings.shards)}
     port = free_port()
     loader = subprocess.Popen(
         [sys.executable, "-m", "rota", "loader", "run", "--engine", "python",

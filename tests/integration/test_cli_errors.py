@@ -52,7 +52,7 @@ def test_server_down(redis_url: str) -> None:
     down = f"postgresql://rota:{PASSWORD}@127.0.0.1:{_free_port()}/rota"
     _one_line(rota("tenant", "alice", ROTA_DATABASE_URL=down), "cannot reach PostgreSQL")
     redis_down = f"redis://:{PASSWORD}@127.0.0.1:{_free_port()}/0"
-    result = rota("stats", ROTA_DATABASE_URL=down, ROTA_REDIS_URL=redis_down)
+    result = rota("dead-letters", "list", ROTA_DATABASE_URL=down, ROTA_REDIS_URL=redis_down)
     _one_line(result, "cannot reach Redis")
 
 
