@@ -23,7 +23,7 @@ from rota.settings import Settings
 class Figures:
     at: datetime
     queues: list[read.QueueRow] = field(default_factory=list)
-    tenants: list[read.TenantRow] = field(default_factory=list)
+    tenants: list[read.TopTenant] = field(default_factory=list)
     tenant_count: int = 0
     workers: list[read.WorkerRow] = field(default_factory=list)
     loaders: list[read.LoaderBatch] = field(default_factory=list)
@@ -48,8 +48,7 @@ def postgres_figures(
         db.run(conn, maintain.refresh_stats())
         queues = db.run(conn, read.queues())
     figures.queues = queues
-    page = db.run(conn, read.tenants(sort="waiting", limit=max(1, top)))
-    figures.tenants, figures.tenant_count = page.rows[:top], page.total
+    figures.tenants, figures.tenant_count = db.run(conn, read.top_tenants(max(1, top)))
     figures.workers = db.run(conn, read.workers())
     figures.loaders = db.run(conn, read.loader_batches())
 

@@ -260,8 +260,8 @@ def render_text(f: Any) -> str:
         parts.append(f"top tenants by waiting ({f.tenant_count:,} in all)")
         parts.append(
             table(
-                ["tenant", "waiting", "running", "dead", "served 5 min"],
-                [(t.name, t.waiting, t.running, t.dead, t.served) for t in f.tenants],
+                ["tenant", "waiting", "running", "dead"],
+                [(t.name, t.waiting, t.running, t.dead) for t in f.tenants],
             )
         )
         parts.append(f"{len(f.workers)} live worker(s)")

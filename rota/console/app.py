@@ -136,7 +136,9 @@ def create_app(settings: Settings) -> Starlette:
             why = guard.may_act(request)
             if why is not None:
                 return JSONResponse({"error": f"refused: {why}"}, status_code=403)
-            return JSONResponse(await run_in_threadpool(do, request, body))
+            result = await run_in_threadpool(do, request, body)
+            conns.recent.clear()
+            return JSONResponse(result)
 
         async def form(request: Request) -> Response:
             fields = await request.form()
@@ -145,6 +147,7 @@ def create_app(settings: Settings) -> Starlette:
                 return page(request, "error.html", {"message": f"refused: {why}"}, 403)
             body = {k: fields.getlist(k) if k == "ids" else fields.get(k) for k in fields}
             result = await run_in_threadpool(do, request, body)
+            conns.recent.clear()
             back = str(fields.get("back") or "/")
             if not back.startswith("/") or back.startswith("//"):
                 back = "/"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -28,6 +29,9 @@ from rota.settings import Settings
 from rota.story import task_story
 
 POOL_SIZE = 4
+# How long the overview and tenant pages are kept (at most half of
+# ROTA_STATS_SECONDS, how often what they show is counted).
+RECENT_SECONDS = 2.0
 IDLE = TransactionStatus.IDLE
 MAX_ENQUEUE = 1000  # tasks per POST /api/tasks
 
@@ -47,6 +51,7 @@ class Connections:
         )
         self._producer: App | None = None
         self._lock = threading.Lock()
+        self.recent = Recent(min(RECENT_SECONDS, settings.stats_seconds / 2))
 
     @contextlib.contextmanager
     def postgres(self) -> Iterator[psycopg.Connection[Any]]:
@@ -82,7 +87,43 @@ class Connections:
             self._producer.close()
 
 
+class Recent:
+    """Answers kept for a moment, so that many browsers refreshing the same
+    pages (and Prometheus scraping) cost the database one read per moment:
+    the figures they show are counted by maintenance every ROTA_STATS_SECONDS
+    anyway."""
+
+    def __init__(self, seconds: float, size: int = 64) -> None:
+        self.seconds, self.size = seconds, size
+        self._kept: dict[Any, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        """After an action: what it changed shows at once."""
+        with self._lock:
+            self._kept.clear()
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        now = time.monotonic()
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None and now - kept[0] < self.seconds:
+                return kept[1]
+        value = make()
+        with self._lock:
+            if len(self._kept) >= self.size:
+                self._kept.clear()
+            self._kept[key] = (time.monotonic(), value)
+        return value
+
+
 def figures(c: Connections, top_tenants: int = 10) -> Figures:
+    """The overview, kept for a moment (`Recent`)."""
+    found: Figures = c.recent.get(("figures", top_tenants), lambda: _figures(c, top_tenants))
+    return found
+
+
+def _figures(c: Connections, top_tenants: int) -> Figures:
     """The overview (what a server down keeps from it is said, not raised)."""
     found = Figures(datetime.now(UTC))
     try:
@@ -114,8 +155,14 @@ def tenants(
         offset=(page - 1) * per_page,
         limit=per_page,
     )
-    with c.postgres() as conn:
-        found = db.run(conn, listing)
+
+    def fetch() -> read.TenantPage:
+        with c.postgres() as conn:
+            return db.run(conn, listing)
+
+    found: read.TenantPage = c.recent.get(
+        ("tenants", sort, descending, prefix, page, per_page), fetch
+    )
     pages = max(1, -(-found.total // per_page))
     return {
         "total": found.total,

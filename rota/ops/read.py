@@ -130,6 +130,28 @@ def _tenants(params: dict[str, Any]) -> Op[TenantPage]:
 
 
 @dataclass(frozen=True)
+class TopTenant:
+    name: str
+    paused: bool
+    waiting: int
+    running: int
+    dead: int
+
+
+def top_tenants(limit: int = 10) -> Op[tuple[list[TopTenant], int]]:
+    """The tenants with the most tasks waiting, and how many tenants there are."""
+    _check_page(0, limit)
+    return _top_tenants(limit)
+
+
+def _top_tenants(limit: int) -> Op[tuple[list[TopTenant], int]]:
+    rows = yield Execute(query("top_tenants"), {"limit": limit})
+    ((count,),) = yield Execute(query("tenant_count"))
+    top = [TopTenant(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in rows]
+    return top, int(count)
+
+
+@dataclass(frozen=True)
 class TenantQueue:
     queue: str
     queue_paused: bool
@@ -215,10 +237,12 @@ def tasks(
         "ready": query("ready_ids"),
         "running": query("running_ids"),
         "scheduled": query("scheduled_ids"),
+        "dead": query("dead_ids"),  # by the partial index of dead tasks
+        "cancelled": query("cancelled_ids"),
     }
     return _tasks(
-        ids_of.get(state) or query("ended_ids"),
-        {"state": state, "tenant": tenant, "queue": queue, "limit": limit},
+        ids_of[state],
+        {"state": state, "tenant": tenant, "queue": queue, "limit": limit, "since": None},
     )
 
 

@@ -216,17 +216,6 @@ WHERE (%(tenant)s::text IS NULL
 ORDER BY s.run_at
 LIMIT %(limit)s
 
--- name: ended_ids
--- Dead or cancelled tasks, the most recent first.
-SELECT t.id FROM rota.tasks t
-WHERE t.status::text = %(state)s
-  AND (%(tenant)s::text IS NULL
-       OR t.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
-  AND (%(queue)s::text IS NULL
-       OR t.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
-ORDER BY t.finished_at DESC
-LIMIT %(limit)s
-
 -- name: task_rows
 -- The tasks with these ids, in the order given.
 SELECT t.id, q.name, tn.name, t.name,
@@ -261,3 +250,30 @@ ORDER BY b.query, b.batch_id DESC
 
 -- name: ping
 SELECT 1
+
+
+-- name: top_tenants
+-- The tenants with the most tasks waiting (the overview and the metrics):
+-- rota.stats alone, not the tenants page's whole figures.
+SELECT t.name, t.paused, s.waiting, s.running, s.dead
+FROM (
+    SELECT tenant_id, sum(waiting) AS waiting, sum(running) AS running, sum(dead) AS dead
+    FROM rota.stats GROUP BY tenant_id
+    ORDER BY sum(waiting) DESC, tenant_id LIMIT %(limit)s
+) s
+JOIN rota.tenants t ON t.id = s.tenant_id
+ORDER BY s.waiting DESC, t.name
+
+-- name: tenant_count
+SELECT count(*) FROM rota.tenants
+
+-- name: cancelled_ids
+-- Cancelled tasks, the most recent first.
+SELECT t.id FROM rota.tasks t
+WHERE t.status = 'cancelled'
+  AND (%(tenant)s::text IS NULL
+       OR t.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
+  AND (%(queue)s::text IS NULL
+       OR t.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
+ORDER BY t.finished_at DESC
+LIMIT %(limit)s

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rota.figures import Figures
 from rota.metrics import figures_text
-from rota.ops.read import QueueRow, TenantRow
+from rota.ops.read import QueueRow, TopTenant
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -19,9 +19,8 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def tenant(name: str, waiting: int, running: int) -> TenantRow:
-    return TenantRow(name, 1.0, False, waiting, running, None, None, None, None, 0, 0, None,
-                     0, None, None)  # fmt: skip
+def tenant(name: str, waiting: int, running: int) -> TopTenant:
+    return TopTenant(name, False, waiting, running, 0)
 
 
 def test_the_overview_as_gauges() -> None:
