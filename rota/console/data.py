@@ -29,9 +29,7 @@ from rota.settings import Settings
 from rota.story import task_story
 
 POOL_SIZE = 4
-# How long the overview and tenant pages are kept (at most half of
-# ROTA_STATS_SECONDS, how often what they show is counted).
-RECENT_SECONDS = 2.0
+
 IDLE = TransactionStatus.IDLE
 MAX_ENQUEUE = 1000  # tasks per POST /api/tasks
 
@@ -51,7 +49,8 @@ class Connections:
         )
         self._producer: App | None = None
         self._lock = threading.Lock()
-        self.recent = Recent(min(RECENT_SECONDS, settings.stats_seconds / 2))
+        # Half of ROTA_STATS_SECONDS, how often what the pages show is counted.
+        self.recent = Recent(settings.stats_seconds / 2)
 
     @contextlib.contextmanager
     def postgres(self) -> Iterator[psycopg.Connection[Any]]:
