@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -83,6 +84,15 @@ def _read_times(console: Console, paths: list[str], rounds: int) -> dict[str, di
     }  # fmt: skip
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _refresher(console: Console, stop: threading.Event, pages: list[str]) -> None:
     """A browser left open on the console: every page it shows, every 2 s."""
     while not stop.is_set():
@@ -142,11 +152,13 @@ def _bench(
             target=_stats_duty, args=(url, settings.stats_seconds, stats_stop), daemon=True
         )
         stats.start()
+        console_cpu = 0.0
         for _ in range(runs):
             # Each run starts with the whole backlog waiting.
             filler.fill(tasks)
             without.append(claim_throughput("rota", url, connections, 100, seconds))
             filler.fill(tasks)
+            cpu_before = _cpu_seconds(console.process.pid)
             stop = threading.Event()
             refresher = threading.Thread(
                 target=_refresher, args=(console, stop, ["/", "/tenants", "/metrics"])
@@ -157,6 +169,7 @@ def _bench(
             finally:
                 stop.set()
                 refresher.join()
+            console_cpu += _cpu_seconds(console.process.pid) - cpu_before
         stats_stop.set()
         stats.join()
     finally:
@@ -176,6 +189,8 @@ def _bench(
                      "with_console": [round(x) for x in with_console]},
         },
         "ratio_with_to_without": round(ratio, 3),
+        # The console process's own CPU while the refresher ran, per second.
+        "console_cpu_share": round(console_cpu / (runs * seconds), 3),
         "goal": {"read_p50_ms_at_most": READ_GOAL_MS, "ratio_at_least": RATIO_GOAL},
         "met": {"reads": slowest <= READ_GOAL_MS, "ratio": ratio >= RATIO_GOAL},
     }  # fmt: skip
