@@ -32,12 +32,18 @@ class Figures:
     unavailable: dict[str, str] = field(default_factory=dict)  # server: why
 
 
+# A reader counts the figures itself only when maintenance has not for this
+# many intervals (no worker or reaper running, say): a count reads every
+# waiting task, and under load it would compete with the claims.
+STALE_INTERVALS = 12
+
+
 def _stale(queues: list[read.QueueRow], settings: Settings, now: datetime) -> bool:
-    """Whether maintenance has not counted lately (none running, say)."""
+    """Whether maintenance has not counted lately."""
     times = [q.counted_at for q in queues if q.counted_at is not None]
     if not times:
         return bool(queues)
-    return (now - min(times)).total_seconds() > 3 * settings.stats_seconds
+    return (now - min(times)).total_seconds() > STALE_INTERVALS * settings.stats_seconds
 
 
 def postgres_figures(
