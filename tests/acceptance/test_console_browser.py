@@ -144,6 +144,7 @@ def test_the_tenants_page_with_ten_thousand_tenants(
     browser.get(dashboard + "/login")
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.ID, "login").click()
+    wait_for(lambda: "Overview" in browser.title, what="the login to land")
     started = time.monotonic()
     browser.get(dashboard + "/tenants")
     loaded = time.monotonic() - started
