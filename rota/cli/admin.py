@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rota.cli.app import DatabaseUrl, RedisUrl, app, settings_from
+from rota.cli.app import DatabaseUrl, RedisUrl, app, run_admin, settings_from
 from rota.cli.output import Actor, AsJson, actor_or_default, cell, emit, table
 from rota.errors import ValidationError
 
@@ -57,8 +57,7 @@ def tenant(
         listing = read.tenants(
             sort=sort, descending=not ascending, prefix=prefix, offset=offset, limit=limit
         )
-        with db.admin_connect(settings_from(database_url).database_url) as conn:
-            page = db.run(conn, listing)
+        page = run_admin(database_url, listing)
         emit(page, as_json, lambda: _tenant_table(page))
         return
     if len(names) != 1:
@@ -66,8 +65,7 @@ def tenant(
     (name,) = names
     if action == "show":
         detail = read.tenant(name)
-        with db.admin_connect(settings_from(database_url).database_url) as conn:
-            shown = db.run(conn, detail)
+        shown = run_admin(database_url, detail)
         if shown is None:
             typer.echo(f"rota: no tenant named {name!r}", err=True)
             raise typer.Exit(1)
@@ -76,8 +74,7 @@ def tenant(
     who = actor_or_default(actor)
     if action in ("pause", "resume"):
         op = ops.pause_tenant(name, action == "pause", who)
-        with db.admin_connect(settings_from(database_url).database_url) as conn:
-            found = db.run(conn, op)
+        found = run_admin(database_url, op)
         if not found:
             typer.echo(f"rota: no tenant named {name!r}", err=True)
             raise typer.Exit(1)
@@ -152,11 +149,9 @@ app.add_typer(queue_app, name="queue", no_args_is_help=True)
 @queue_app.command("list")
 def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> None:
     """Every queue with its figures (as of the last maintenance count)."""
-    from rota import db
     from rota.ops import read
 
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
-        rows = db.run(conn, read.queues())
+    rows = run_admin(database_url, read.queues())
     emit(rows, as_json, lambda: table(
         ["queue", "paused", "waiting", "running", "scheduled", "dead", "per min", "oldest wait s"],
         [(q.name, "yes" if q.paused else "", q.waiting, q.running, q.scheduled, q.dead,
@@ -167,11 +162,10 @@ def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> Non
 def _pause_queue(
     name: str, paused: bool, actor: str | None, as_json: bool, url: str | None
 ) -> None:
-    from rota import db, ops
+    from rota import ops
 
     op = ops.pause_queue(name, paused, actor_or_default(actor))
-    with db.admin_connect(settings_from(url).database_url) as conn:
-        found = db.run(conn, op)
+    found = run_admin(url, op)
     if not found:
         typer.echo(f"rota: no queue named {name!r}", err=True)
         raise typer.Exit(1)

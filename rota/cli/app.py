@@ -5,11 +5,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from rota.db import Op
 from rota.settings import Settings
+
+T = TypeVar("T")
 
 app = typer.Typer(
     help="rota: a fair, multi-tenant task queue.",
@@ -72,3 +75,11 @@ MetricsPort = Annotated[
     int | None, typer.Option(help="serve /metrics, /healthz and /readyz on this port")
 ]
 MetricsHost = Annotated[str, typer.Option(help="the address --metrics-port listens on")]
+
+
+def run_admin(database_url: str | None, op: Op[T]) -> T:
+    """Runs one operator's operation on an admin connection (rota.db.admin_connect)."""
+    from rota import db
+
+    with db.admin_connect(settings_from(database_url).database_url) as conn:
+        return db.run(conn, op)

@@ -12,7 +12,7 @@ from uuid import UUID
 import redis
 import typer
 
-from rota.cli.app import DatabaseUrl, RedisUrl, app, settings_from
+from rota.cli.app import DatabaseUrl, RedisUrl, app, run_admin, settings_from
 from rota.cli.output import Actor, AsJson, actor_or_default, cell, emit, table
 from rota.errors import ValidationError
 from rota.rules import parse_duration
@@ -129,12 +129,11 @@ def task_cancel(
 ) -> None:
     """Cancel tasks: waiting ones at once, running ones when their attempt
     ends (no retry). Exit 1 if an id is unknown."""
-    from rota import db, ops
+    from rota import ops
 
     wanted = task_ids(ids)
     cancel = ops.cancel(wanted, actor_or_default(actor))
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
-        outcomes = db.run(conn, cancel)
+    outcomes = run_admin(database_url, cancel)
     result = {str(i): outcomes.get(i, "unknown") for i in wanted}
     emit(result, as_json, lambda: table(["task", "outcome"], list(result.items())))
     if len(outcomes) < len(set(wanted)):
@@ -150,12 +149,11 @@ def task_retry(
 ) -> None:
     """Run dead or cancelled tasks again: same ids, a fresh attempt budget.
     Exit 1 if one was not dead or cancelled."""
-    from rota import db, ops
+    from rota import ops
 
     wanted = task_ids(ids)
     retry = ops.retry(wanted, actor_or_default(actor))
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
-        retried = db.run(conn, retry)
+    retried = run_admin(database_url, retry)
     result = {str(i): "retried" if i in retried else "not dead or cancelled" for i in wanted}
     emit(result, as_json, lambda: table(["task", "outcome"], list(result.items())))
     if len(retried) < len(set(wanted)):
@@ -173,12 +171,10 @@ def tasks_list(
 ) -> None:
     """Tasks in one state: ready in line order, running by claim time,
     scheduled by run time, dead and cancelled the most recent first."""
-    from rota import db
     from rota.ops import read
 
     listing = read.tasks(state, tenant=tenant, queue=queue, limit=limit)
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
-        rows = db.run(conn, listing)
+    rows = run_admin(database_url, listing)
     emit(
         rows,
         as_json,
@@ -215,13 +211,12 @@ def dead_retry(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Run dead tasks again, in bulk: same ids, a fresh attempt budget."""
-    from rota import db, ops
+    from rota import ops
 
     retry = ops.retry_dead(
         actor_or_default(actor), tenant=tenant, queue=queue, since=since_time(since), limit=limit
     )
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
-        retried = db.run(conn, retry)
+    retried = run_admin(database_url, retry)
     emit({"retried": retried}, as_json, lambda: f"retried {retried:,} dead task(s)")
 
 
