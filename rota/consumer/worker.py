@@ -13,6 +13,7 @@ Threads, each with its own connection:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import logging
@@ -202,8 +203,9 @@ class Worker:
             return
         if self.narrowing:
             self.narrowing -= 1
+        for name, n in collections.Counter(task.queue for task in claimed).items():
+            self.metrics.claimed.labels(name).inc(n)
         for task in claimed:
-            self.metrics.claimed.labels(task.queue).inc()
             self._start(task)
         if len(claimed) < wanted:
             # Caught up: wait for a NOTIFY, a finished task, or the poll.
