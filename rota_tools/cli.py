@@ -253,8 +253,9 @@ def bench_console(
     tasks: Annotated[int, typer.Option(help="tasks waiting")] = 1_000_000,
     tenants: Annotated[int, typer.Option(help="tenants they belong to")] = 10_000,
     connections: Annotated[int, typer.Option(help="claiming processes")] = 4,
-    seconds: Annotated[float, typer.Option(help="each throughput run")] = 5.0,
-    runs: Annotated[int, typer.Option(help="alternating runs of each arm")] = 3,
+    seconds: Annotated[float, typer.Option(help="each claim run, cut into windows")] = 32.0,
+    runs: Annotated[int, typer.Option(help="claim runs, each from a full backlog")] = 4,
+    window: Annotated[float, typer.Option(help="seconds with, then without, a console")] = 4.0,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
@@ -266,7 +267,8 @@ def bench_console(
 
     tune_gc()
     with bench_settings(database_url, redis_url, local) as settings:
-        _report("console", run(settings, tasks, tenants, connections, seconds, runs), as_json)
+        figures = run(settings, tasks, tenants, connections, seconds, runs, window)
+        _report("console", figures, as_json)
 
 
 @bench_app.command("chaos")

@@ -29,6 +29,7 @@ from rota.settings import Settings
 from rota.story import task_story
 
 POOL_SIZE = 4
+APPLICATION_NAME = "rota-console"  # its connections, as pg_stat_activity shows them
 
 IDLE = TransactionStatus.IDLE
 MAX_ENQUEUE = 1000  # tasks per POST /api/tasks
@@ -61,7 +62,7 @@ class Connections:
                 conn = db.admin_connect(
                     self.settings.database_url,
                     connect_timeout=self.settings.database_timeout_seconds,
-                    application_name="rota-console",
+                    application_name=APPLICATION_NAME,
                 )
             try:
                 yield conn

@@ -18,6 +18,7 @@ import httpx
 import psycopg
 
 from rota import db, ops
+from rota.console.data import APPLICATION_NAME
 from rota.settings import Settings
 from rota_tools.bench.core import QUEUE, Filler, claim_throughput, reset
 from rota_tools.devservers import free_port
@@ -26,6 +27,11 @@ from rota_tools.stats import percentile
 
 TOKEN = "bench-console-token-0123"
 REFRESH_SECONDS = 2.0
+# An open console's pages, as a browser left on them refreshes them.
+REFRESHED = ["/", "/tenants", "/metrics"]
+# Two refreshes per window; the console's cache (half of ROTA_STATS_SECONDS)
+# serves every other one, as it does a browser refreshing every 2 s.
+WINDOW_SECONDS = 4.0
 READ_GOAL_MS = 300
 RATIO_GOAL = 0.9
 
@@ -93,21 +99,31 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _refresher(console: Console, stop: threading.Event, pages: list[str]) -> None:
-    """A browser left open on the console: every page it shows, every 2 s."""
-    while not stop.is_set():
-        for path in pages:
-            console.http.get(path)
-        stop.wait(REFRESH_SECONDS)
+def _console_cpu(console: Console, url: str) -> dict[int, float]:
+    """CPU seconds used so far by the console's process and by the server
+    processes of its database connections, by pid."""
+    with db.admin_connect(url) as conn:
+        pids = [row[0] for row in conn.execute(
+            query("bench_backends_of"), {"application": APPLICATION_NAME}
+        )]  # fmt: skip
+    return {pid: _cpu_seconds(pid) for pid in [console.process.pid, *pids]}
 
 
 def bench_console(
-    settings: Settings, tasks: int, tenants: int, connections: int, seconds: float, runs: int
+    settings: Settings,
+    tasks: int,
+    tenants: int,
+    connections: int,
+    seconds: float,
+    runs: int,
+    window: float = WINDOW_SECONDS,
 ) -> dict[str, Any]:
+    if seconds < 2 * window:
+        raise ValueError("--seconds must hold at least two windows (one pair)")
     url = settings.database_url
     conn = db.connect(url)
     try:
-        return _bench(conn, settings, tasks, tenants, connections, seconds, runs)
+        return _bench(conn, settings, tasks, tenants, connections, seconds, runs, window)
     finally:
         conn.close()
 
@@ -120,6 +136,7 @@ def _bench(
     connections: int,
     seconds: float,
     runs: int,
+    window: float,
 ) -> dict[str, Any]:
     url = settings.database_url
     reset(conn)
@@ -143,8 +160,6 @@ def _bench(
         ]  # fmt: skip
         _read_times(console, paths[:3], 1)  # warm up: plans, templates
         reads = _read_times(console, paths, 5)
-        with_console: list[float] = []
-        without: list[float] = []
         stats_stop = threading.Event()
         # Maintenance recounts the console's figures whether a console is open
         # or not: both arms pay for it.
@@ -152,48 +167,111 @@ def _bench(
             target=_stats_duty, args=(url, settings.stats_seconds, stats_stop), daemon=True
         )
         stats.start()
-        console_cpu = 0.0
-        for _ in range(runs):
-            # Each run starts with the whole backlog waiting.
-            filler.fill(tasks)
-            without.append(claim_throughput("rota", url, connections, 100, seconds))
-            filler.fill(tasks)
-            cpu_before = _cpu_seconds(console.process.pid)
-            stop = threading.Event()
-            refresher = threading.Thread(
-                target=_refresher, args=(console, stop, ["/", "/tenants", "/metrics"])
+        try:
+            pairs, console_cpu, console_seconds = _side_by_side(
+                console, filler, url, tasks, connections, seconds, runs, window
             )
-            refresher.start()
-            try:
-                with_console.append(claim_throughput("rota", url, connections, 100, seconds))
-            finally:
-                stop.set()
-                refresher.join()
-            console_cpu += _cpu_seconds(console.process.pid) - cpu_before
-        stats_stop.set()
-        stats.join()
+        finally:
+            stats_stop.set()
+            stats.join()
     finally:
         console.close()
     slowest = max(r["p50_ms"] for r in reads.values())
-    ratio = statistics.median(with_console) / statistics.median(without)
+    ratios = [on / off for off, on in pairs if off > 0]
+    ratio = statistics.median(ratios)
+    without = sum(off for off, _ in pairs) / (len(pairs) * window)
+    with_console = sum(on for _, on in pairs) / (len(pairs) * window)
     return {
         "params": {"tasks": tasks, "tenants": tenants, "connections": connections,
-                   "seconds": seconds, "runs": runs, "refresh_seconds": REFRESH_SECONDS},
+                   "seconds": seconds, "runs": runs, "refresh_seconds": REFRESH_SECONDS,
+                   "window_seconds": window},
         "load_seconds": round(load_seconds, 1),
         "reads": reads,
         "slowest_read_p50_ms": slowest,
         "claim_complete_tasks_per_s": {
-            "without_console": round(statistics.median(without)),
-            "with_console": round(statistics.median(with_console)),
-            "runs": {"without_console": [round(x) for x in without],
-                     "with_console": [round(x) for x in with_console]},
+            "without_console": round(without), "with_console": round(with_console),
         },
+        # Each pair is two neighbouring windows of one claim run, one with the
+        # console refreshing and one without: the median of their ratios.
         "ratio_with_to_without": round(ratio, 3),
-        # The console process's own CPU while the refresher ran, per second.
-        "console_cpu_share": round(console_cpu / (runs * seconds), 3),
+        "pairs": len(ratios),
+        "pair_ratios": sorted(round(r, 3) for r in ratios),
+        "ratio_of_totals": round(with_console / without, 3),
+        # CPU used by the console and by its connections' server processes
+        # while it refreshed, as a share of all the machine's cores.
+        "console_cpu_share": round(console_cpu / (console_seconds * (os.cpu_count() or 1)), 4),
         "goal": {"read_p50_ms_at_most": READ_GOAL_MS, "ratio_at_least": RATIO_GOAL},
         "met": {"reads": slowest <= READ_GOAL_MS, "ratio": ratio >= RATIO_GOAL},
     }  # fmt: skip
+
+
+def _side_by_side(
+    console: Console,
+    filler: Filler,
+    url: str,
+    tasks: int,
+    connections: int,
+    seconds: float,
+    runs: int,
+    window: float,
+) -> tuple[list[tuple[int, int]], float, float]:
+    """Claim + complete runs of `seconds` each, cut into windows of `window`
+    seconds with the console refreshing in every other one. Both
+    windows of a pair share the machine's state of the moment, which on a
+    shared machine drifts by more than the console's cost between runs.
+    Returns the pairs' completions (without, with), the console's CPU
+    seconds and the seconds it refreshed."""
+    pairs: list[tuple[int, int]] = []
+    console_cpu = console_seconds = 0.0
+    for _ in range(runs):
+        _prepare(filler, url, tasks)
+        windows = int(seconds // window)
+        # Pairs alternate their order (off, on), (on, off): a trend within the
+        # run falls on both arms alike.
+        plan = [(k % 4) in (1, 2) for k in range(windows - windows % 2)]
+        cpu_before = _console_cpu(console, url)
+        schedule: dict[str, float] = {}
+        toggler = threading.Thread(target=_toggle, args=(console, plan, window, schedule))
+        # The windows start once every claiming process is up.
+        claim_throughput("rota", url, connections, 100, seconds + window,
+                         on_start=toggler.start)  # fmt: skip
+        toggler.join()
+        if not filler.waiting():
+            raise RuntimeError("the backlog ran out in a run: give more --tasks or fewer --seconds")
+        cpu_after = _console_cpu(console, url)
+        console_cpu += sum(v - cpu_before.get(k, 0.0) for k, v in cpu_after.items())
+        console_seconds += sum(plan) * window
+        with db.admin_connect(url) as admin:
+            done = dict(admin.execute(query("bench_finished_per_window"), {
+                "start": schedule["start"], "window": window, "windows": len(plan)
+            }).fetchall())  # fmt: skip
+        counts = [done.get(k, 0) for k in range(len(plan))]
+        for k in range(0, len(plan), 2):
+            first, second = counts[k], counts[k + 1]
+            pairs.append((second, first) if plan[k] else (first, second))
+    return pairs, console_cpu, console_seconds
+
+
+def _toggle(console: Console, plan: list[bool], window: float, schedule: dict[str, float]) -> None:
+    """Runs the refresher in the windows the plan marks, on a fixed clock
+    (wall-clock seconds, as the database stamps completions)."""
+    start = time.time() + window  # the first window is warm-up, not counted
+    schedule["start"] = start
+    for k, on in enumerate(plan):
+        begin, end = start + k * window, start + (k + 1) * window
+        time.sleep(max(0.0, begin - time.time()))
+        while on and time.time() < end:
+            for path in REFRESHED:
+                console.http.get(path)
+            time.sleep(max(0.0, min(REFRESH_SECONDS, end - time.time())))
+    time.sleep(max(0.0, start + len(plan) * window - time.time()))
+
+
+def _prepare(filler: Filler, url: str, tasks: int) -> None:
+    """The whole backlog waiting again, and the tables vacuumed."""
+    filler.fill(tasks)
+    with db.admin_connect(url) as admin:
+        admin.execute(query("bench_vacuum_queue"))
 
 
 def _stats_duty(url: str, every: float, stop: threading.Event) -> None:

@@ -12,7 +12,7 @@ import multiprocessing
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -142,9 +142,12 @@ class Filler:
     def __init__(self, conn: psycopg.Connection[Any], tenants: int, queue: str = QUEUE) -> None:
         self.conn, self.tenants, self.queue, self.next_number = conn, tenants, queue, 0
 
+    def waiting(self) -> int:
+        counts: int = db.run(self.conn, ops.queue_counts()).get(self.queue, {}).get("ready", 0)
+        return counts
+
     def fill(self, target: int) -> None:
-        waiting = db.run(self.conn, ops.queue_counts()).get(self.queue, {}).get("ready", 0)
-        self.add(max(0, target - waiting))
+        self.add(max(0, target - self.waiting()))
         self.conn.execute(query("bench_analyze_ready"))
 
     def add(self, count: int) -> None:
@@ -234,10 +237,21 @@ def _claim_worker(args: tuple[str, str, int, float]) -> int:
     return done
 
 
-def claim_throughput(kind: str, url: str, connections: int, limit: int, seconds: float) -> float:
+def claim_throughput(
+    kind: str,
+    url: str,
+    connections: int,
+    limit: int,
+    seconds: float,
+    on_start: Callable[[], None] | None = None,
+) -> float:
+    """Tasks/s claimed and completed by `connections` processes in `seconds`;
+    `on_start` is called once they are up, as the clock starts."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(connections, initializer=tune_gc) as pool:
         pool.map(time.sleep, [0.0] * connections)  # workers up before the clock starts
+        if on_start is not None:
+            on_start()
         started = time.perf_counter()
         done = sum(pool.map(_claim_worker, [(kind, url, limit, seconds)] * connections))
         elapsed = time.perf_counter() - started

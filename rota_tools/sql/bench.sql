@@ -151,3 +151,22 @@ SELECT name FROM rota.tenants ORDER BY id LIMIT 1
 
 -- name: bench_analyze
 ANALYZE
+
+-- name: bench_vacuum_queue
+-- Between the arms of a side-by-side run: each arm starts from the same
+-- table state, not from whatever autovacuum happens to be doing.
+VACUUM (ANALYZE) rota.tasks, rota.ready, rota.running, rota.finished, rota.tenants,
+    rota.tenant_queues
+
+-- name: bench_backends_of
+-- The server processes serving one application's connections.
+SELECT pid FROM pg_stat_activity WHERE application_name = %(application)s
+
+-- name: bench_finished_per_window
+-- Completions per window of a run: window k starts at start + k * window
+-- (epoch seconds).
+SELECT floor((extract(epoch FROM finished_at) - %(start)s) / %(window)s)::int AS k, count(*)
+FROM rota.finished
+WHERE finished_at >= to_timestamp(%(start)s)
+  AND finished_at < to_timestamp(%(start)s + %(window)s * %(windows)s)
+GROUP BY 1
