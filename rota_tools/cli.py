@@ -253,7 +253,7 @@ def bench_console(
     tasks: Annotated[int, typer.Option(help="tasks waiting")] = 1_000_000,
     tenants: Annotated[int, typer.Option(help="tenants they belong to")] = 10_000,
     connections: Annotated[int, typer.Option(help="claiming processes")] = 4,
-    seconds: Annotated[float, typer.Option(help="each claim run, cut into windows")] = 32.0,
+    seconds: Annotated[float, typer.Option(help="each claim run, cut into windows")] = 24.0,
     runs: Annotated[int, typer.Option(help="claim runs, each from a full backlog")] = 4,
     window: Annotated[float, typer.Option(help="seconds with, then without, a console")] = 4.0,
     database_url: DatabaseUrl = None,

@@ -19,6 +19,7 @@ import psycopg
 
 from rota import db, ops
 from rota.console.data import APPLICATION_NAME
+from rota.errors import RotaError
 from rota.settings import Settings
 from rota_tools.bench.core import QUEUE, Filler, claim_throughput, reset
 from rota_tools.devservers import free_port
@@ -119,7 +120,7 @@ def bench_console(
     window: float = WINDOW_SECONDS,
 ) -> dict[str, Any]:
     if seconds < 2 * window:
-        raise ValueError("--seconds must hold at least two windows (one pair)")
+        raise RotaError("--seconds must hold at least two windows (one pair)")
     url = settings.database_url
     conn = db.connect(url)
     try:
@@ -237,7 +238,7 @@ def _side_by_side(
                          on_start=toggler.start)  # fmt: skip
         toggler.join()
         if not filler.waiting():
-            raise RuntimeError("the backlog ran out in a run: give more --tasks or fewer --seconds")
+            raise RotaError("the backlog ran out in a run: give more --tasks or fewer --seconds")
         cpu_after = _console_cpu(console, url)
         console_cpu += sum(v - cpu_before.get(k, 0.0) for k, v in cpu_after.items())
         console_seconds += sum(plan) * window
