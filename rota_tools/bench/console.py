@@ -1,7 +1,7 @@
 """The console against a big queue: how fast each page and API read answers
 with (by default) 1M tasks waiting across 10,000 tenants, and claim +
 complete throughput with a console refreshing every 2 s beside the same
-without one, in alternating runs."""
+without one, in neighbouring windows of the same claim runs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -232,11 +233,15 @@ def _side_by_side(
         plan = [(k % 4) in (1, 2) for k in range(windows - windows % 2)]
         cpu_before = _console_cpu(console, url)
         schedule: dict[str, float] = {}
-        toggler = threading.Thread(target=_toggle, args=(console, plan, window, schedule))
-        # The windows start once every claiming process is up.
-        claim_throughput("rota", url, connections, 100, seconds + window,
-                         on_start=toggler.start)  # fmt: skip
-        toggler.join()
+        go = threading.Event()
+        with ThreadPoolExecutor(1) as pool:
+            toggler = pool.submit(_toggle, console, plan, window, schedule, go)
+            try:
+                # The windows start once every claiming process is up.
+                claim_throughput("rota", url, connections, 100, seconds + window, go.set)
+            finally:
+                go.set()
+            toggler.result()  # a failed refresh fails the benchmark
         if not filler.waiting():
             raise RotaError("the backlog ran out in a run: give more --tasks or fewer --seconds")
         cpu_after = _console_cpu(console, url)
@@ -253,9 +258,16 @@ def _side_by_side(
     return pairs, console_cpu, console_seconds
 
 
-def _toggle(console: Console, plan: list[bool], window: float, schedule: dict[str, float]) -> None:
-    """Runs the refresher in the windows the plan marks, on a fixed clock
-    (wall-clock seconds, as the database stamps completions)."""
+def _toggle(
+    console: Console,
+    plan: list[bool],
+    window: float,
+    schedule: dict[str, float],
+    go: threading.Event,
+) -> None:
+    """Once `go` is set, runs the refresher in the windows the plan marks, on
+    a fixed clock (wall-clock seconds, as the database stamps completions)."""
+    go.wait()
     start = time.time() + window  # the first window is warm-up, not counted
     schedule["start"] = start
     for k, on in enumerate(plan):

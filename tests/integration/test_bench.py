@@ -139,7 +139,7 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
 
 def test_bench_console(settings: Settings) -> None:
     report = bench(
-        settings, "console", "--tasks", "60000", "--tenants", "100", "--seconds", "1",
+        settings, "console", "--tasks", "100000", "--tenants", "100", "--seconds", "1",
         "--window", "0.25", "--runs", "1",
     )  # fmt: skip
     assert report["scenario"] == "console"
