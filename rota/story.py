@@ -124,6 +124,11 @@ def _seconds(value: float) -> str:
     return f"{value / 3600:.1f} h"
 
 
+def _about(value: int) -> str:
+    """An estimate to two significant figures: 643,211 -> 640,000."""
+    return f"{round(value, 2 - len(str(value))):,}"
+
+
 def _since(at: datetime, now: datetime) -> str:
     return _seconds(max(0.0, (now - at).total_seconds()))
 
@@ -204,8 +209,11 @@ def _why_ready(task: StoredTask) -> str:
         held.append(f"no live worker claims queue {task.queue}")
     if task.ahead is None:
         place = "in line"
-    elif task.ahead > AHEAD_CAP:
-        place = f"in line, with over {AHEAD_CAP:,} claimable tasks ahead of it"
+    elif task.ahead_estimated:
+        place = (
+            f"in line, with about {_about(task.ahead)} claimable tasks ahead of it "
+            f"(over {AHEAD_CAP:,} counted; the rest estimated from a sample)"
+        )
     else:
         place = f"in line, with {task.ahead:,} claimable tasks ahead of it"
     text = f"ready: {place} in queue {task.queue} (fair order)"

@@ -17,9 +17,11 @@ from rota.errors import ValidationError
 from rota.rules import check_queue, check_tenant
 from rota.sql import query
 
-# Tasks counted ahead of a ready task at most (the count is an index range
-# scan; past this it says "more than").
-AHEAD_CAP = 100_000
+# Tasks counted one by one ahead of a ready task at most (an index range
+# scan); past this the number is estimated from a sample of about
+# AHEAD_SAMPLE_ROWS rows, so a task's story costs the same at any depth.
+AHEAD_CAP = 10_000
+AHEAD_SAMPLE_ROWS = 20_000
 TASK_STATES = ("ready", "running", "scheduled", "dead", "cancelled")
 TENANT_SORTS = ("name", "waiting", "running", "dead", "oldest_wait", "served", "weight")
 MAX_PAGE = 1000
@@ -287,6 +289,7 @@ class StoredTask:
     tokens: float | None = None
     capacity: int | None = None
     ahead: int | None = None  # ready: claimable tasks ahead of it in its queue
+    ahead_estimated: bool = False  # past AHEAD_CAP: `ahead` is from a sample
     queue_workers: int = 0  # live workers that claim its queue
     history: tuple[tuple[datetime, str, str], ...] = ()  # (when, who, what) from the audit
     started_at: datetime | None = None  # succeeded: when its last attempt started
@@ -323,15 +326,23 @@ def _stored_task(task_id: UUID) -> Op[StoredTask | None]:
     task = StoredTask(**dict(zip(_STORED_COLUMNS, r, strict=False)), history=history)
     seq, queue_id, tenant_id = r[28], r[29], r[30]
     (workers,) = (yield Execute(query("queue_workers"), {"queue": task.queue}))[0]
-    ahead = None
+    ahead, estimated = None, False
     if task.status == "pending" and task.worker is None:
-        place = yield Execute(
-            query("place_in_line"),
-            {"queue_id": queue_id, "tenant_id": tenant_id, "seq": seq, "cap": AHEAD_CAP + 1},
-        )
+        mine = {"queue_id": queue_id, "tenant_id": tenant_id, "seq": seq}
+        place = yield Execute(query("place_in_line"), {**mine, "cap": AHEAD_CAP + 1})
         if place:
-            ahead = int(place[0][1])
-    return dataclasses.replace(task, ahead=ahead, queue_workers=int(workers))
+            vtime, ahead = place[0][0], int(place[0][1])
+        if ahead is not None and ahead > AHEAD_CAP:
+            ((rows,),) = yield Execute(query("ready_rows"))
+            percent = min(100.0, 100.0 * AHEAD_SAMPLE_ROWS / max(float(rows), 1.0))
+            ((scaled,),) = yield Execute(
+                query("place_estimate"), {**mine, "vtime": vtime, "percent": percent}
+            )
+            # At least what was counted: a small sample can undercount.
+            ahead, estimated = max(AHEAD_CAP + 1, round(float(scaled))), True
+    return dataclasses.replace(
+        task, ahead=ahead, ahead_estimated=estimated, queue_workers=int(workers)
+    )
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,19 @@ SELECT m.vtime,
             LIMIT %(cap)s) x) AS ahead
 FROM mine m
 
+-- name: ready_rows
+-- The planner's estimate of rota.ready's rows (as of the last ANALYZE).
+SELECT greatest(reltuples, 0)::float8 FROM pg_class WHERE oid = 'rota.ready'::regclass
+
+-- name: place_estimate
+-- Past the exact count's cap: the rows ahead in a sample of the queue's
+-- ready rows, scaled up. SYSTEM sampling reads whole pages, so it costs
+-- the sampled share of the table, not a walk of everything ahead.
+SELECT count(*) * 100.0 / %(percent)s
+FROM rota.ready a TABLESAMPLE SYSTEM (%(percent)s)
+WHERE a.queue_id = %(queue_id)s
+  AND (a.vtime, a.tenant_id, a.seq) < (%(vtime)s, %(tenant_id)s, %(seq)s)
+
 -- name: queue_workers
 -- Live workers that claim a queue.
 SELECT count(*) FROM rota.workers w

@@ -222,6 +222,24 @@ def test_why_ready_counts_the_claimable_tasks_ahead(conn: Conn, settings: Settin
     assert last.task.ahead == 50
 
 
+def test_why_ready_estimates_a_place_deep_in_line(
+    conn: Conn, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past the exact count's cap the place comes from a sample: a quarter of
+    # the table's pages here, so the estimate is a real one, not a full count.
+    monkeypatch.setattr(read, "AHEAD_SAMPLE_ROWS", (read.AHEAD_CAP + 2_000) // 4)
+    flood = envelopes("flood", read.AHEAD_CAP + 2_000)
+    load(conn, flood)
+    conn.execute("ANALYZE rota.ready")
+    counted = why(conn, settings, flood[read.AHEAD_CAP // 2].id)
+    assert counted.task.ahead == read.AHEAD_CAP // 2 and not counted.task.ahead_estimated
+    last = why(conn, settings, flood[-1].id)
+    truth = len(flood) - 1
+    assert last.task.ahead_estimated
+    assert truth * 0.6 <= last.task.ahead <= truth * 1.4, last.task.ahead
+    assert "the rest estimated from a sample" in last.why
+
+
 def test_why_held_back_by_its_tenant(conn: Conn, settings: Settings) -> None:
     db.transact(conn, ops.configure_tenant("capped", concurrency_limit=1))
     db.transact(conn, ops.configure_tenant("slow", rate_limit=0.5, rate_burst=1))

@@ -44,7 +44,11 @@ def test_why_a_ready_task_waits() -> None:
     assert "no live worker claims queue pdfs" in held
     rate = why(stored(rate_limit=2.0, tokens=0.5), NOW)
     assert "out of rate tokens (2/s): the next comes in 0.2 s" in rate
-    assert "over 100,000 claimable tasks" in why(stored(ahead=100_001), NOW)
+    deep = why(stored(ahead=643_211, ahead_estimated=True), NOW)
+    assert deep.startswith(
+        "ready: in line, with about 640,000 claimable tasks ahead of it "
+        "(over 10,000 counted; the rest estimated from a sample) in queue pdfs"
+    )
     paused = why(stored(queue_paused=True, tenant_paused=True), NOW)
     assert "its queue pdfs is paused" in paused and "its tenant acme is paused" in paused
 
