@@ -19,7 +19,7 @@ from rota.sql import query
 
 # Tasks counted one by one ahead of a ready task at most (an index range
 # scan); past this the number is estimated from a sample of about
-# AHEAD_SAMPLE_ROWS rows, so a task's story costs the same at any depth.
+# AHEAD_SAMPLE_ROWS rows, so the count costs the same at any depth.
 AHEAD_CAP = 10_000
 AHEAD_SAMPLE_ROWS = 20_000
 TASK_STATES = ("ready", "running", "scheduled", "dead", "cancelled")
