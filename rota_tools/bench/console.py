@@ -123,88 +123,71 @@ def bench_console(
     if seconds < 2 * window:
         raise RotaError("--seconds must hold at least two windows (one pair)")
     url = settings.database_url
-    conn = db.connect(url)
-    try:
-        return _bench(conn, settings, tasks, tenants, connections, seconds, runs, window)
-    finally:
-        conn.close()
-
-
-def _bench(
-    conn: psycopg.Connection[Any],
-    settings: Settings,
-    tasks: int,
-    tenants: int,
-    connections: int,
-    seconds: float,
-    runs: int,
-    window: float,
-) -> dict[str, Any]:
-    url = settings.database_url
-    reset(conn)
-    started = time.perf_counter()
-    filler = Filler(conn, tenants, QUEUE)
-    filler.add(tasks)
-    load_seconds = time.perf_counter() - started
-    with db.admin_connect(url) as admin:
-        admin.execute(query("bench_analyze"))
-        db.run(admin, ops.refresh_stats())
-        deep = admin.execute(query("bench_deepest_ready")).fetchone()
-        tenant = admin.execute(query("bench_first_tenant")).fetchone()
-    assert deep is not None and tenant is not None
-    console = Console(settings)
-    try:
-        paths = [
-            "/", "/api/overview", "/tenants", "/api/tenants", "/tenants?sort=name&page=100",
-            "/api/tenants?sort=served&page=50", f"/tenants/{tenant[0]}",
-            "/tasks?state=ready", f"/tasks/{deep[0]}", f"/api/tasks/{deep[0]}", "/workers",
-            "/dead-letters", "/tasks?state=dead", "/metrics",
-        ]  # fmt: skip
-        _read_times(console, paths[:3], 1)  # warm up: plans, templates
-        reads = _read_times(console, paths, 5)
-        stats_stop = threading.Event()
-        # Maintenance recounts the console's figures whether a console is open
-        # or not: both arms pay for it.
-        stats = threading.Thread(
-            target=_stats_duty, args=(url, settings.stats_seconds, stats_stop), daemon=True
-        )
-        stats.start()
+    with db.connect(url) as conn:
+        reset(conn)
+        started = time.perf_counter()
+        filler = Filler(conn, tenants, QUEUE)
+        filler.add(tasks)
+        load_seconds = time.perf_counter() - started
+        with db.admin_connect(url) as admin:
+            admin.execute(query("bench_analyze"))
+            db.run(admin, ops.refresh_stats())
+            deep = admin.execute(query("bench_deepest_ready")).fetchone()
+            tenant = admin.execute(query("bench_first_tenant")).fetchone()
+        assert deep is not None and tenant is not None
+        console = Console(settings)
         try:
-            pairs, console_cpu, console_seconds = _side_by_side(
-                console, filler, url, tasks, connections, seconds, runs, window
+            paths = [
+                "/", "/api/overview", "/tenants", "/api/tenants", "/tenants?sort=name&page=100",
+                "/api/tenants?sort=served&page=50", f"/tenants/{tenant[0]}",
+                "/tasks?state=ready", f"/tasks/{deep[0]}", f"/api/tasks/{deep[0]}", "/workers",
+                "/dead-letters", "/tasks?state=dead", "/metrics",
+            ]  # fmt: skip
+            _read_times(console, paths[:3], 1)  # warm up: plans, templates
+            reads = _read_times(console, paths, 5)
+            stats_stop = threading.Event()
+            # Maintenance recounts the console's figures whether a console is open
+            # or not: both arms pay for it.
+            stats = threading.Thread(
+                target=_stats_duty, args=(url, settings.stats_seconds, stats_stop), daemon=True
             )
+            stats.start()
+            try:
+                pairs, console_cpu, console_seconds = _side_by_side(
+                    console, filler, url, tasks, connections, seconds, runs, window
+                )
+            finally:
+                stats_stop.set()
+                stats.join()
         finally:
-            stats_stop.set()
-            stats.join()
-    finally:
-        console.close()
-    slowest = max(r["p50_ms"] for r in reads.values())
-    ratios = [on / off for off, on in pairs if off > 0]
-    ratio = statistics.median(ratios)
-    without = sum(off for off, _ in pairs) / (len(pairs) * window)
-    with_console = sum(on for _, on in pairs) / (len(pairs) * window)
-    return {
-        "params": {"tasks": tasks, "tenants": tenants, "connections": connections,
-                   "seconds": seconds, "runs": runs, "refresh_seconds": REFRESH_SECONDS,
-                   "window_seconds": window},
-        "load_seconds": round(load_seconds, 1),
-        "reads": reads,
-        "slowest_read_p50_ms": slowest,
-        "claim_complete_tasks_per_s": {
-            "without_console": round(without), "with_console": round(with_console),
-        },
-        # Each pair is two neighbouring windows of one claim run, one with the
-        # console refreshing and one without: the median of their ratios.
-        "ratio_with_to_without": round(ratio, 3),
-        "pairs": len(ratios),
-        "pair_ratios": sorted(round(r, 3) for r in ratios),
-        "ratio_of_totals": round(with_console / without, 3),
-        # CPU used by the console and by its connections' server processes
-        # while it refreshed, as a share of all the machine's cores.
-        "console_cpu_share": round(console_cpu / (console_seconds * (os.cpu_count() or 1)), 4),
-        "goal": {"read_p50_ms_at_most": READ_GOAL_MS, "ratio_at_least": RATIO_GOAL},
-        "met": {"reads": slowest <= READ_GOAL_MS, "ratio": ratio >= RATIO_GOAL},
-    }  # fmt: skip
+            console.close()
+        slowest = max(r["p50_ms"] for r in reads.values())
+        ratios = [on / off for off, on in pairs if off > 0]
+        ratio = statistics.median(ratios)
+        without = sum(off for off, _ in pairs) / (len(pairs) * window)
+        with_console = sum(on for _, on in pairs) / (len(pairs) * window)
+        return {
+            "params": {"tasks": tasks, "tenants": tenants, "connections": connections,
+                       "seconds": seconds, "runs": runs, "refresh_seconds": REFRESH_SECONDS,
+                       "window_seconds": window},
+            "load_seconds": round(load_seconds, 1),
+            "reads": reads,
+            "slowest_read_p50_ms": slowest,
+            "claim_complete_tasks_per_s": {
+                "without_console": round(without), "with_console": round(with_console),
+            },
+            # Each pair is two neighbouring windows of one claim run, one with the
+            # console refreshing and one without: the median of their ratios.
+            "ratio_with_to_without": round(ratio, 3),
+            "pairs": len(ratios),
+            "pair_ratios": sorted(round(r, 3) for r in ratios),
+            "ratio_of_totals": round(with_console / without, 3),
+            # CPU used by the console and by its connections' server processes
+            # while it refreshed, as a share of all the machine's cores.
+            "console_cpu_share": round(console_cpu / (console_seconds * (os.cpu_count() or 1)), 4),
+            "goal": {"read_p50_ms_at_most": READ_GOAL_MS, "ratio_at_least": RATIO_GOAL},
+            "met": {"reads": slowest <= READ_GOAL_MS, "ratio": ratio >= RATIO_GOAL},
+        }  # fmt: skip
 
 
 def _side_by_side(
@@ -232,16 +215,15 @@ def _side_by_side(
         # run falls on both arms alike.
         plan = [(k % 4) in (1, 2) for k in range(windows - windows % 2)]
         cpu_before = _console_cpu(console, url)
-        schedule: dict[str, float] = {}
         go = threading.Event()
         with ThreadPoolExecutor(1) as pool:
-            toggler = pool.submit(_toggle, console, plan, window, schedule, go)
+            toggler = pool.submit(_toggle, console, plan, window, go)
             try:
                 # The windows start once every claiming process is up.
                 claim_throughput("rota", url, connections, 100, seconds + window, go.set)
             finally:
                 go.set()
-            toggler.result()  # a failed refresh fails the benchmark
+            start = toggler.result()  # a failed refresh fails the benchmark
         if not filler.waiting():
             raise RotaError("the backlog ran out in a run: give more --tasks or fewer --seconds")
         cpu_after = _console_cpu(console, url)
@@ -249,7 +231,7 @@ def _side_by_side(
         console_seconds += sum(plan) * window
         with db.admin_connect(url) as admin:
             done = dict(admin.execute(query("bench_finished_per_window"), {
-                "start": schedule["start"], "window": window, "windows": len(plan)
+                "start": start, "window": window, "windows": len(plan)
             }).fetchall())  # fmt: skip
         counts = [done.get(k, 0) for k in range(len(plan))]
         for k in range(0, len(plan), 2):
@@ -262,14 +244,13 @@ def _toggle(
     console: Console,
     plan: list[bool],
     window: float,
-    schedule: dict[str, float],
     go: threading.Event,
-) -> None:
+) -> float:
     """Once `go` is set, runs the refresher in the windows the plan marks, on
-    a fixed clock (wall-clock seconds, as the database stamps completions)."""
+    a fixed clock (wall-clock seconds, as the database stamps completions);
+    returns when the first window began."""
     go.wait()
     start = time.time() + window  # the first window is warm-up, not counted
-    schedule["start"] = start
     for k, on in enumerate(plan):
         begin, end = start + k * window, start + (k + 1) * window
         time.sleep(max(0.0, begin - time.time()))
@@ -278,6 +259,7 @@ def _toggle(
                 console.http.get(path)
             time.sleep(max(0.0, min(REFRESH_SECONDS, end - time.time())))
     time.sleep(max(0.0, start + len(plan) * window - time.time()))
+    return start
 
 
 def _prepare(filler: Filler, url: str, tasks: int) -> None:

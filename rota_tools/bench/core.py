@@ -143,8 +143,7 @@ class Filler:
         self.conn, self.tenants, self.queue, self.next_number = conn, tenants, queue, 0
 
     def waiting(self) -> int:
-        counts: int = db.run(self.conn, ops.queue_counts()).get(self.queue, {}).get("ready", 0)
-        return counts
+        return int(db.run(self.conn, ops.queue_counts()).get(self.queue, {}).get("ready", 0))
 
     def fill(self, target: int) -> None:
         self.add(max(0, target - self.waiting()))
