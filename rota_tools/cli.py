@@ -301,6 +301,92 @@ def bench_chaos(
     _report("chaos", figures, as_json)
 
 
+@bench_app.command("compare")
+def bench_compare(
+    baseline: Annotated[str, typer.Option(help="the commit to compare against (any git revision)")],
+    candidate: Annotated[
+        str | None,
+        typer.Option(help="a commit to compare instead of the working tree"),
+    ] = None,
+    stages: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated, of: enqueue, load, load-core, load-spark, claim, work, "
+            "end-to-end (20k/s offered), start (250/s offered)"
+        ),
+    ] = "enqueue,load,claim,work,end-to-end,start",
+    rounds: Annotated[int, typer.Option(help="runs of each side per stage, alternating")] = 3,
+    set_args: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="STAGE=ARGS: extra arguments for a stage's runs"),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds one run may take")] = 1200.0,
+    keep: Annotated[bool, typer.Option(help="keep the baseline's worktree")] = False,
+    database_url: Annotated[
+        str | None,
+        typer.Option(help="a PostgreSQL URL whose role may create databases (default: throwaway)"),
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="a Redis URL it may flush (default: throwaway)")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="also write the JSON report here")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """A/B: the baseline commit against the working tree (or --candidate),
+    alternating on the same servers; one table per stage with medians,
+    spreads, change, and whether the change is outside the spread."""
+    from rota_tools.bench import compare as ab
+    from rota_tools.devservers import local_postgres, local_redis
+
+    try:
+        chosen = ab.parse_stages(stages)
+        extra = ab.parse_extra_args(set_args or [])
+        if rounds < 1:
+            raise ab.CompareError("--rounds must be at least 1")
+        repo = ab.repository_root()
+    except ab.CompareError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if (database_url is None) != (redis_url is None):
+        raise typer.BadParameter("give both --database-url and --redis-url, or neither")
+
+    def log(line: str) -> None:
+        typer.echo(line, err=True)
+
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(ab.checkout(repo, baseline, "baseline", keep))
+        if candidate is None:
+            new = ab.working_tree(repo)
+        else:
+            new = stack.enter_context(ab.checkout(repo, candidate, "candidate", keep))
+        if database_url is None or redis_url is None:
+            database_url = stack.enter_context(local_postgres()).url
+            redis_url = stack.enter_context(local_redis()).url
+        log(f"baseline {base.revision[:10]} ({base.tree}); candidate {new.revision} ({new.tree})")
+        results = ab.compare((base, new), chosen, rounds, database_url, redis_url, extra, timeout, log)
+    names = (f"baseline {base.revision[:7]}", new.revision[:7] if candidate else "working tree")
+    report = {
+        "scenario": "compare",
+        "baseline": base.revision,
+        "candidate": new.revision,
+        "rounds": rounds,
+        "machine": _machine(),
+        "stages": results,
+    }
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2)
+    if as_json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    for stage in chosen:
+        stage_report = results[stage]
+        typer.echo(ab.stage_table(stage, ab.STAGES[stage].metrics, stage_report["figures"], names))
+        for side, failures in stage_report["failures"].items():
+            typer.echo(f"  {side}: {len(failures)} failed run(s): {failures[-1]}")
+        typer.echo("")
+
+
 def demo(
     flood: int = 100_000,
     small_tenants: int = 50,

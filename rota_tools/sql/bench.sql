@@ -170,3 +170,14 @@ FROM rota.finished
 WHERE finished_at >= to_timestamp(%(start)s)
   AND finished_at < to_timestamp(%(start)s + %(window)s * %(windows)s)
 GROUP BY 1
+
+-- name: bench_compare_drop_database
+-- `rota bench compare` gives every run a fresh database ({database} is
+-- composed as an identifier).
+DROP DATABASE IF EXISTS {database} WITH (FORCE)
+
+-- name: bench_compare_create_database
+CREATE DATABASE {database}
+
+-- name: bench_compare_checkpoint
+CHECKPOINT
