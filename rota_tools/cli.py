@@ -355,14 +355,17 @@ def bench_compare(
     with contextlib.ExitStack() as stack:
         base = stack.enter_context(ab.checkout(repo, baseline, "baseline", keep))
         if candidate is None:
-            new = ab.working_tree(repo)
+            commit, label = ab.snapshot(repo)
+            new = stack.enter_context(ab.checkout(repo, commit, "candidate", keep, label))
         else:
             new = stack.enter_context(ab.checkout(repo, candidate, "candidate", keep))
         if database_url is None or redis_url is None:
             database_url = stack.enter_context(local_postgres()).url
             redis_url = stack.enter_context(local_redis()).url
         log(f"baseline {base.revision[:10]} ({base.tree}); candidate {new.revision} ({new.tree})")
-        results = ab.compare((base, new), chosen, rounds, database_url, redis_url, extra, timeout, log)
+        results = ab.compare(
+            (base, new), chosen, rounds, database_url, redis_url, extra, timeout, log
+        )
     names = (f"baseline {base.revision[:7]}", new.revision[:7] if candidate else "working tree")
     report = {
         "scenario": "compare",

@@ -172,11 +172,13 @@ def repository_root() -> Path:
     return Path(_git(Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
 
 
-def working_tree(repo: Path) -> Side:
-    """The checkout as it is, uncommitted changes included."""
+def snapshot(repo: Path) -> tuple[str, str]:
+    """A commit of the working tree as it is now (tracked files, uncommitted
+    changes included; nothing is stashed or changed), so that edits made
+    while a comparison runs do not leak into it; and its name."""
     head = _git(repo, "rev-parse", "HEAD")
-    dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no"))
-    return Side("candidate", head[:10] + ("+changes" if dirty else ""), repo)
+    changes = _git(repo, "stash", "create")  # empty when the tree is clean
+    return (changes or head), head[:10] + ("+changes" if changes else "")
 
 
 def missing_requirements(pyproject: Path) -> list[str]:
@@ -194,15 +196,15 @@ def missing_requirements(pyproject: Path) -> list[str]:
         except importlib.metadata.PackageNotFoundError:
             missing.append(spec)
             continue
-        if requirement.specifier and not requirement.specifier.contains(
-            version, prereleases=True
-        ):
+        if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
             missing.append(spec)
     return missing
 
 
 @contextlib.contextmanager
-def checkout(repo: Path, revision: str, name: str, keep: bool = False) -> Iterator[Side]:
+def checkout(
+    repo: Path, revision: str, name: str, keep: bool = False, label: str | None = None
+) -> Iterator[Side]:
     """A throw-away worktree of `revision` and the dependencies it lacks."""
     commit = _git(repo, "rev-parse", "--verify", f"{revision}^{{commit}}")
     place = Path(tempfile.mkdtemp(prefix=f"rota-ab-{commit[:10]}-"))
@@ -214,11 +216,19 @@ def checkout(repo: Path, revision: str, name: str, keep: bool = False) -> Iterat
         if missing:
             extra = place / "site"
             subprocess.run(
-                [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(extra)]
-                + missing,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--target",
+                    str(extra),
+                    *missing,
+                ],
                 check=True,
             )
-        yield Side(name, commit, tree, extra)
+        yield Side(name, label or commit, tree, extra)
     finally:
         if not keep:
             _git(repo, "worktree", "remove", "--force", str(tree))
@@ -315,7 +325,7 @@ def stage_table(
     """A Markdown table of one stage's figures."""
 
     def cell(s: dict[str, Any]) -> str:
-        return f"{_fmt(s['median'])} ({_fmt(s['min'])}–{_fmt(s['max'])})"
+        return f"{_fmt(s['median'])} ({_fmt(s['min'])}-{_fmt(s['max'])})"
 
     lines = [
         f"### {stage}",
@@ -326,9 +336,9 @@ def stage_table(
     for metric in metrics:
         row = figures.get(metric.label)
         if row is None:
-            lines.append(f"| {metric.label} | – | – | – | not reported |")
+            lines.append(f"| {metric.label} | - | - | - | not reported |")
             continue
-        change = "–" if row["change"] is None else f"{row['change']:+.1%}"
+        change = "-" if row["change"] is None else f"{row['change']:+.1%}"
         lines.append(
             f"| {metric.label} | {cell(row['baseline'])} | {cell(row['candidate'])} "
             f"| {change} | {row['outcome']} |"
