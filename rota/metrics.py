@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import accumulate
 from typing import Any
 
 from prometheus_client import (
@@ -27,12 +29,11 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 OTHER = "other"
@@ -69,6 +70,42 @@ def process_registry() -> CollectorRegistry:
     return registry
 
 
+class LoopHistogram(Collector):
+    """A histogram by one label, observed by one thread (a worker's claim
+    loop, once per task): a bucket found by bisection and two additions,
+    where prometheus_client's Histogram takes a label lookup and a lock per
+    observation. A scrape may see a sum one observation ahead of the counts."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        label: str,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self.bounds = tuple(buckets)
+        self._edges = [str(float(b)) for b in self.bounds] + ["+Inf"]  # as Histogram writes them
+        # label value -> [count per bucket (the last: above every bound), sum]
+        self._series: dict[str, tuple[list[int], list[float]]] = {}
+        registry.register(self)
+
+    def observe(self, value: str, amount: float) -> None:
+        series = self._series.get(value)
+        if series is None:
+            series = self._series[value] = ([0] * (len(self.bounds) + 1), [0.0])
+        series[0][bisect_left(self.bounds, amount)] += 1
+        series[1][0] += amount
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, (counts, total) in list(self._series.items()):
+            cumulative = accumulate(list(counts))
+            family.add_metric([value], list(zip(self._edges, cumulative, strict=True)), total[0])
+        yield family
+
+
 class WorkerMetrics:
     def __init__(self, tenant_limit: int, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry = registry or process_registry()
@@ -87,23 +124,29 @@ class WorkerMetrics:
             "rota_tasks_dead", "Tasks dead (or cancelled) after failing.", ["queue"],
             registry=registry,
         )  # fmt: skip
-        self.wait = Histogram(
-            "rota_task_wait_seconds", "From enqueue to the start of the attempt.", ["queue"],
-            buckets=WAIT_BUCKETS, registry=registry,
+        self.wait = LoopHistogram(
+            "rota_task_wait_seconds", "From enqueue to the start of the attempt.", "queue",
+            WAIT_BUCKETS, registry,
         )  # fmt: skip
-        self.run = Histogram(
-            "rota_task_run_seconds", "Run time of an attempt.", ["queue"],
-            buckets=RUN_BUCKETS, registry=registry,
-        )  # fmt: skip
+        self.run = LoopHistogram(
+            "rota_task_run_seconds", "Run time of an attempt.", "queue", RUN_BUCKETS, registry
+        )
+        # Each series' child, looked up once: labels() validates and locks.
+        self._ended: dict[tuple[bool, str, str], Any] = {}
 
     def attempt(
         self, queue: str, tenant: str, waited: float, ran: float, error: BaseException | None
     ) -> None:
-        """An attempt that ran: its wait, run time, and how it ended."""
-        self.wait.labels(queue).observe(waited)
-        self.run.labels(queue).observe(ran)
-        counter = self.completed if error is None else self.failed
-        counter.labels(queue, self.tenant(tenant)).inc()
+        """An attempt that ran: its wait, run time, and how it ended (called
+        by the claim loop alone, once per task)."""
+        self.wait.observe(queue, waited)
+        self.run.observe(queue, ran)
+        key = (error is None, queue, self.tenant(tenant))
+        child = self._ended.get(key)
+        if child is None:
+            counter = self.completed if error is None else self.failed
+            child = self._ended[key] = counter.labels(queue, key[2])
+        child.inc()
 
     def failure_ended(self, queue: str, retried: bool) -> None:
         (self.retried if retried else self.dead).labels(queue).inc()

@@ -97,6 +97,8 @@ class Task(Generic[P, R]):
     ) -> None:
         self.app = app
         self.fn = fn
+        # Asked for every task a worker starts: inspected once.
+        self.is_async = inspect.iscoroutinefunction(fn)
         self.name = template.name
         self.template = template  # name, queue and retry policy, checked
         self.options = options
@@ -109,10 +111,6 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<rota.Task {self.name} queue={self.options.queue}>"
-
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
 
     def call(
         self,

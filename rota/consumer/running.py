@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,7 +40,8 @@ class TaskTimeout(Exception):
 class InFlight:
     task: ops.ClaimedTask
     timeout: float | None
-    future: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+    # The pool's or the event loop's, once the task is handed over.
+    future: concurrent.futures.Future[Any] | None = None
     claimed_at: float = 0.0
     started_at: float | None = None  # set when it really starts (not when prefetched)
     timed_out: bool = False

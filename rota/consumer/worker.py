@@ -236,7 +236,7 @@ class Worker:
         unstarted = [
             f.task.token
             for f in list(self.in_flight.values())
-            if f.started_at is None and f.future.cancel()
+            if f.started_at is None and (f.future is None or f.future.cancel())
         ]
         for task_id, _ in unstarted:
             self.in_flight.pop(task_id, None)
@@ -279,16 +279,18 @@ class Worker:
             self.unreported.unknown.append(task.token)
             return
         flight = InFlight(task, timeout=registered.options.timeout, claimed_at=time.monotonic())
+        future: concurrent.futures.Future[Any]
         if registered.is_async:
-            flight.future = asyncio.run_coroutine_threadsafe(
+            future = asyncio.run_coroutine_threadsafe(
                 self._run_async(registered, flight), self._loop
             )
         else:
             # The pool runs `concurrency` at a time; a prefetched task waits in
             # its queue, unstarted (and is handed back at shutdown).
-            flight.future = self._pool.submit(self._run_sync, registered, flight)
+            future = self._pool.submit(self._run_sync, registered, flight)
+        flight.future = future
         self.in_flight[task.id] = flight
-        flight.future.add_done_callback(functools.partial(self._done, task))
+        future.add_done_callback(functools.partial(self._done, task))
 
     def _lease_ran_out(self, flight: InFlight) -> bool:
         """Whether the task's lease has surely expired: no heartbeat reached

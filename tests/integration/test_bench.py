@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rota import Settings
+from rota_tools.devservers import Server
 
 
 def bench(settings: Settings, *args: str) -> dict[str, Any]:
@@ -150,3 +151,40 @@ def test_bench_console(settings: Settings) -> None:
     figures = report["claim_complete_tasks_per_s"]
     assert figures["with_console"] > 0 and figures["without_console"] > 0
     assert report["ratio_with_to_without"] > 0 and report["console_cpu_share"] > 0
+
+
+def test_bench_compare_runs_both_sides_alternately(
+    postgres_server: Server, redis_server: Server
+) -> None:
+    """HEAD against the working tree, two rounds of a small stage, on the
+    given servers: each side runs in its own worktree, A B then B A."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "rota", "bench", "compare", "--baseline", "HEAD",
+            "--stages", "enqueue", "--rounds", "2",
+            "--set", "enqueue=--tasks 2000 --tenants 20",
+            "--database-url", postgres_server.url, "--redis-url", redis_server.url, "--json",
+        ],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert report["baseline"] == head
+    assert report["candidate"].startswith(head[:10])
+    stage = report["stages"]["enqueue"]
+    assert stage["failures"] == {}
+    assert [len(stage["reports"][side]) for side in ("baseline", "candidate")] == [2, 2]
+    assert all(r["params"]["tasks"] == 2000 for r in stage["reports"]["baseline"])
+    rate = stage["figures"]["enqueue_many tasks/s"]
+    assert len(rate["baseline"]["runs"]) == 2 and rate["baseline"]["median"] > 0
+    assert rate["outcome"] in {"better", "worse", "within noise"}
+    order = [line.split()[3] for line in done.stderr.splitlines() if line.startswith("round")]
+    assert order == ["baseline:", "candidate:", "candidate:", "baseline:"]
+    # The worktrees are gone.
+    worktrees = subprocess.run(
+        ["git", "worktree", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "rota-ab-" not in worktrees

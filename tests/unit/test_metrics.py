@@ -49,3 +49,41 @@ def test_a_server_down_shows_as_down() -> None:
     got = samples(figures_text(figures))
     assert got[("rota_server_up", (("server", "postgresql"),))] == 0
     assert ("rota_dead_letters", ()) not in got
+
+
+def test_the_claim_loops_histogram_reads_as_prometheus_clients_own() -> None:
+    """LoopHistogram (no lock or label lookup per task) exposes exactly what a
+    prometheus_client Histogram fed the same observations does."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from rota.metrics import WAIT_BUCKETS, LoopHistogram
+
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    reference = Histogram("w_seconds", "Wait.", ["queue"], buckets=WAIT_BUCKETS, registry=theirs)
+    loop = LoopHistogram("w_seconds", "Wait.", "queue", WAIT_BUCKETS, ours)
+    rng = random.Random(7)
+    values = [0.0, 0.005, 0.0050001, 3600.0, 4000.0] + [rng.expovariate(2.0) for _ in range(500)]
+    for i, value in enumerate(values):
+        queue = ("pdfs", "mail")[i % 2]
+        reference.labels(queue).observe(value)
+        loop.observe(queue, value)
+
+    def histogram_lines(registry: CollectorRegistry) -> set[str]:
+        text = generate_latest(registry).decode()
+        return {line for line in text.splitlines() if line.startswith("w_seconds_")
+                and not line.startswith("w_seconds_created")}  # fmt: skip
+
+    assert histogram_lines(ours) == histogram_lines(theirs)
+
+
+def test_tenants_past_the_limit_share_one_series_and_one_cached_child() -> None:
+    from rota.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(tenant_limit=2)
+    for i in range(50):
+        metrics.attempt("q", f"tenant-{i}", 0.01, 0.001, None)
+    assert len(metrics._ended) == 3  # two named tenants and "other"
+    other = metrics.completed.labels("q", "other")._value.get()
+    assert other == 48

@@ -1,0 +1,76 @@
+"""`rota bench compare`'s judgement of two sets of runs, and its argument
+checks (no servers: the runs themselves are tested in tests/integration)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rota_tools.bench.compare import (
+    STAGES,
+    CompareError,
+    Metric,
+    figure,
+    parse_extra_args,
+    parse_stages,
+    stage_table,
+    verdict,
+)
+
+RATE = Metric("tasks/s", ("tasks_per_s",), higher_is_better=True)
+LATENCY = Metric("p50 ms", ("ms", "p50"), higher_is_better=False)
+
+
+def test_a_change_counts_only_when_the_ranges_do_not_overlap() -> None:
+    worse = verdict(RATE, [100.0, 104.0, 98.0], [80.0, 85.0, 83.0])
+    assert worse["outcome"] == "worse" and worse["outside_spread"]
+    assert worse["change"] == pytest.approx((83 - 100) / 100)
+    assert worse["baseline"]["median"] == 100.0 and worse["candidate"]["max"] == 85.0
+    # A 10% lower median, but one run of each side lands in the other's range.
+    noisy = verdict(RATE, [100.0, 120.0, 90.0], [90.0, 95.0, 80.0])
+    assert noisy["outcome"] == "within noise" and not noisy["outside_spread"]
+    assert verdict(RATE, [100.0, 101.0], [120.0, 125.0])["outcome"] == "better"
+
+
+def test_lower_is_better_for_latencies() -> None:
+    assert verdict(LATENCY, [6.0, 6.2], [3.0, 3.1])["outcome"] == "better"
+    assert verdict(LATENCY, [3.0, 3.1], [6.0, 6.2])["outcome"] == "worse"
+
+
+def test_one_run_a_side_is_not_judged() -> None:
+    single = verdict(RATE, [100.0], [50.0])
+    assert single["outcome"] == "one run: no spread" and not single["outside_spread"]
+
+
+def test_figures_are_read_by_path_and_missing_ones_are_none() -> None:
+    report = {"ms": {"p50": 4}, "tasks_per_s": 12.5, "text": "n/a"}
+    assert figure(report, LATENCY.path) == 4.0
+    assert figure(report, RATE.path) == 12.5
+    assert figure(report, ("text",)) is None
+    assert figure(report, ("ms", "p99")) is None
+    assert figure(report, ("tasks_per_s", "deeper")) is None
+
+
+def test_stage_table_shows_medians_spreads_change_and_outcome() -> None:
+    figures = {"tasks/s": verdict(RATE, [10_000.0, 10_400.0], [8_000.0, 8_300.0])}
+    table = stage_table("work", [RATE, LATENCY], figures, ("baseline abc", "working tree"))
+    assert "| tasks/s | 10.2k (10.0k-10.4k) | 8.2k (8.0k-8.3k) | -20.1% | worse |" in table
+    assert "| p50 ms | - | - | - | not reported |" in table
+
+
+def test_stages_and_extra_arguments_are_checked() -> None:
+    assert parse_stages("claim, work") == ["claim", "work"]
+    with pytest.raises(CompareError, match="unknown stage"):
+        parse_stages("claim,warp")
+    with pytest.raises(CompareError):
+        parse_stages(" , ")
+    assert parse_extra_args(["claim=--seconds 10", "claim=--runs 2"]) == {
+        "claim": ["--seconds", "10", "--runs", "2"]
+    }
+    with pytest.raises(CompareError, match="STAGE=ARGS"):
+        parse_extra_args(["--seconds 10"])
+
+
+def test_every_stage_reads_figures_its_scenario_reports() -> None:
+    for name, stage in STAGES.items():
+        assert stage.args[0] in {"enqueue", "load", "claim", "work", "end-to-end"}, name
+        assert stage.metrics, name
