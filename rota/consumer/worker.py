@@ -18,7 +18,6 @@ import concurrent.futures
 import functools
 import logging
 import os
-import queue
 import random
 import socket
 import threading
@@ -89,7 +88,10 @@ class Worker:
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self.in_flight: dict[uuid.UUID, InFlight] = {}
-        self.outcomes: queue.Queue[Outcome] = queue.Queue()
+        # Finished tasks, appended by the task threads and the event loop and
+        # popped by the claim loop: a deque's append and popleft are atomic,
+        # with no lock and condition per task as queue.Queue takes.
+        self.outcomes: collections.deque[Outcome] = collections.deque()
         self.processed = 0
         self.unreported = Unreported()  # taken off `outcomes`, not yet stored
         self.unknown_tasks = UnknownTaskPolicy(
@@ -323,7 +325,7 @@ class Worker:
     def _done(self, task: ops.ClaimedTask, future: concurrent.futures.Future[Any]) -> None:
         if future.cancelled():
             return
-        self.outcomes.put(Outcome(task, future.exception()))
+        self.outcomes.append(Outcome(task, future.exception()))
         self.wake.set()
 
     def _expire_timeouts(self) -> None:
@@ -339,7 +341,7 @@ class Worker:
             ):
                 flight.timed_out = True
                 timeout = TaskTimeout(f"timed out after {flight.timeout} s")
-                self.outcomes.put(Outcome(flight.task, timeout))
+                self.outcomes.append(Outcome(flight.task, timeout))
 
     def _report(self, conn: psycopg.Connection[Any]) -> None:
         """Reports what finished since the last call, and what a lost
@@ -352,8 +354,8 @@ class Worker:
     def _collect_outcomes(self) -> None:
         while True:
             try:
-                outcome = self.outcomes.get_nowait()
-            except queue.Empty:
+                outcome = self.outcomes.popleft()
+            except IndexError:
                 return
             flight = self.in_flight.pop(outcome.task.id, None)
             if flight is None:

@@ -21,7 +21,7 @@ def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
     assert [t.id for t in claimed] == ids
     for task, error in zip(claimed, [None, None, ValueError("bad page")], strict=True):
         worker.in_flight[task.id] = InFlight(task, timeout=None)
-        worker.outcomes.put(Outcome(task, error))
+        worker.outcomes.append(Outcome(task, error))
 
     lost = db.connect(settings.database_url)
     conn.execute("SELECT pg_terminate_backend(%s)", [lost.info.backend_pid])

@@ -124,3 +124,22 @@ def test_task_ids_sort_by_creation_and_keys_name_one_task() -> None:
     assert all(type(i) is UUID and i.version == 7 and UUID(str(i)) == i for i in ids)
     assert task_id_for_key("k1", "alice") == task_id_for_key("k1", "alice")
     assert task_id_for_key("k1", "alice") != task_id_for_key("k1", "bob")
+
+
+def test_fast_ids_are_stdlib_uuids_in_every_way() -> None:
+    """new_task_id sets UUID's slots itself: the result must be
+    indistinguishable from UUID(int=...), on this Python and the next."""
+    import copy
+    import pickle
+    import uuid
+
+    from rota.envelope import new_task_id, uuid_of_int
+
+    minted = new_task_id()
+    for value in (minted.int, 0, 2**128 - 1, uuid.uuid4().int):
+        fast, slow = uuid_of_int(value), uuid.UUID(int=value)
+        assert type(fast) is uuid.UUID
+        assert fast == slow and hash(fast) == hash(slow) and str(fast) == str(slow)
+        assert fast.bytes == slow.bytes and fast.is_safe == slow.is_safe
+        assert pickle.loads(pickle.dumps(fast)) == slow and copy.copy(fast) == slow
+    assert minted.version == 7
