@@ -18,6 +18,7 @@ import typer
 from rota.cli.app import DatabaseUrl, RedisUrl, settings_from
 from rota.process import tune_gc
 from rota.settings import Settings
+from rota_tools.bench.compare import DEFAULT_STAGES, STAGES
 
 bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.", no_args_is_help=True)
 
@@ -30,13 +31,18 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def _report(scenario: str, figures: dict[str, Any], as_json: bool) -> None:
-    report = {
+def _stamped(scenario: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's figures with when and where they were measured."""
+    return {
         "scenario": scenario,
         "at": datetime.now(UTC).isoformat(),
         "machine": _machine(),
         **figures,
     }
+
+
+def _report(scenario: str, figures: dict[str, Any], as_json: bool) -> None:
+    report = _stamped(scenario, figures)
     if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -309,12 +315,8 @@ def bench_compare(
         typer.Option(help="a commit to compare instead of the working tree"),
     ] = None,
     stages: Annotated[
-        str,
-        typer.Option(
-            help="comma-separated, of: enqueue, load, load-core, load-spark, claim, work, "
-            "end-to-end (20k/s offered), start (250/s offered)"
-        ),
-    ] = "enqueue,load,claim,work,end-to-end,start",
+        str, typer.Option(help="comma-separated, of: " + ", ".join(STAGES))
+    ] = ",".join(DEFAULT_STAGES),
     rounds: Annotated[int, typer.Option(help="runs of each side per stage, alternating")] = 3,
     set_args: Annotated[
         list[str] | None,
@@ -367,20 +369,17 @@ def bench_compare(
             (base, new), chosen, rounds, database_url, redis_url, extra, timeout, log
         )
     names = (f"baseline {base.revision[:7]}", new.revision[:7] if candidate else "working tree")
-    report = {
-        "scenario": "compare",
+    figures = {
         "baseline": base.revision,
         "candidate": new.revision,
         "rounds": rounds,
-        "machine": _machine(),
         "stages": results,
     }
     if out:
         with open(out, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=2)
+            json.dump(_stamped("compare", figures), handle, indent=2)
     if as_json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _report("compare", figures, as_json)
         return
     for stage in chosen:
         stage_report = results[stage]

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from packaging.requirements import Requirement
 from psycopg import sql
 
 from rota_tools.sql import query
@@ -62,6 +61,17 @@ def _m(label: str, path: str, higher: bool = True) -> Metric:
     return Metric(label, tuple(path.split(".")), higher)
 
 
+def _pipeline_load(engine: str, tasks: int, rate_label: str) -> Stage:
+    """`rota bench load --engine python|spark`: the same figures either way."""
+    return Stage(
+        ("load", "--engine", engine, "--tasks", str(tasks), "--runs", "1"),
+        (
+            _m(rate_label, "sustained_tasks_per_s"),
+            _m("enqueue → claimable p50 ms", "enqueue_to_claimable_ms.p50", higher=False),
+        ),
+    )
+
+
 # Sized to take a minute or two a run: rounds, not run length, buy precision.
 STAGES: dict[str, Stage] = {
     "enqueue": Stage(
@@ -73,13 +83,7 @@ STAGES: dict[str, Stage] = {
             _m("fallback enqueue_many tasks/s", "fallback_enqueue_many_tasks_per_s"),
         ),
     ),
-    "load": Stage(
-        ("load", "--engine", "python", "--tasks", "100000", "--runs", "1"),
-        (
-            _m("Python loader, 2 processes, tasks/s", "sustained_tasks_per_s"),
-            _m("enqueue → claimable p50 ms", "enqueue_to_claimable_ms.p50", higher=False),
-        ),
-    ),
+    "load": _pipeline_load("python", 100_000, "Python loader, 2 processes, tasks/s"),
     "load-core": Stage(
         ("load", "--engine", "core", "--tasks", "100000", "--runs", "1"),
         (
@@ -88,13 +92,7 @@ STAGES: dict[str, Stage] = {
         ),
         redis=False,
     ),
-    "load-spark": Stage(
-        ("load", "--engine", "spark", "--tasks", "200000", "--runs", "1"),
-        (
-            _m("Spark loader tasks/s", "sustained_tasks_per_s"),
-            _m("enqueue → claimable p50 ms", "enqueue_to_claimable_ms.p50", higher=False),
-        ),
-    ),
+    "load-spark": _pipeline_load("spark", 200_000, "Spark loader tasks/s"),
     "claim": Stage(
         ("claim", "--backlogs", "10000,1000000", "--runs", "1", "--samples", "100"),
         (
@@ -184,6 +182,8 @@ def snapshot(repo: Path) -> tuple[str, str]:
 def missing_requirements(pyproject: Path) -> list[str]:
     """The tree's declared dependencies (with the extras benchmarks use) that
     this interpreter does not satisfy."""
+    from packaging.requirements import Requirement  # rota[bench]
+
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     wanted = list(project.get("dependencies", []))
     for extra in ("bench", "spark"):
