@@ -1,5 +1,5 @@
-"""Worker processes for the demo and the benchmarks (in production, run
-`rota worker` under your supervisor)."""
+"""Worker and loader processes for the demo and the benchmarks (in
+production, run `rota worker` and `rota loader run` under your supervisor)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,24 @@ import sys
 from collections.abc import Sequence
 
 from rota.settings import Settings
+
+
+def _env(settings: Settings, poll_seconds: float = 1.0) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_POLL_SECONDS": str(poll_seconds),
+    }
+
+
+def _start(arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rota", *arguments],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def spawn_workers(
@@ -22,16 +40,7 @@ def spawn_workers(
     poll_seconds: float = 1.0,
 ) -> list[subprocess.Popen[bytes]]:
     """Starts `count` `rota worker` processes against `settings`' servers."""
-    env = {
-        **os.environ,
-        "ROTA_DATABASE_URL": settings.database_url,
-        "ROTA_REDIS_URL": settings.redis_url,
-        "ROTA_POLL_SECONDS": str(poll_seconds),
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "rota",
+    arguments = [
         "worker",
         "--app",
         app_spec,
@@ -42,14 +51,17 @@ def spawn_workers(
         "--batch-size",
         str(batch_size),
     ]
-    return [
-        subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(count)
-    ]
+    env = _env(settings, poll_seconds)
+    return [_start(arguments, env) for _ in range(count)]
+
+
+def spawn_loader(settings: Settings, engine: str = "python") -> subprocess.Popen[bytes]:
+    """Starts a long-running `rota loader run` against `settings`' servers."""
+    return _start(["loader", "run", "--engine", engine], _env(settings))
 
 
 def stop_workers(workers: Sequence[subprocess.Popen[bytes]], timeout: float = 60) -> None:
-    """SIGTERM (graceful), then wait for each."""
+    """SIGTERM (graceful), then wait for each (workers or loaders)."""
     for process in workers:
         process.terminate()
     for process in workers:

@@ -3,6 +3,7 @@ a dead loader left pending (XAUTOCLAIM), and entries kept across an outage."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis
@@ -15,6 +16,11 @@ Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
 # that reads too little costs one round trip; one that reads too much leaves
 # the other loaders idle.
 FIRST_GUESS_TASKS_PER_ENTRY = 64.0
+# Entries become reclaimable only once idle for ROTA_LOADER_IDLE_RECLAIM_SECONDS:
+# looking more often than a fraction of that finds nothing, and costs a round
+# trip per shard on every pass (most of a pass when the buffer is quiet).
+RECLAIM_LOOKS_PER_IDLE = 4
+RECLAIM_LOOK_MAX_SECONDS = 5.0
 
 
 class BufferReader:
@@ -27,10 +33,17 @@ class BufferReader:
         self.streams = streams
         # Tasks per entry seen last: sizes the next read.
         self.tasks_per_entry = FIRST_GUESS_TASKS_PER_ENTRY
+        self._next_reclaim = 0.0  # the first pass looks at once
 
     def reclaim(self) -> tuple[list[Entry], list[Entry]]:
-        """Entries idle in another (dead) loader's hands: (to load, delivered too often)."""
-        idle_ms = int(self.settings.loader_idle_reclaim_seconds * 1000)
+        """Entries idle in another (dead) loader's hands: (to load, delivered
+        too often); looked for a few times per idle period, not every pass."""
+        now = time.monotonic()
+        if now < self._next_reclaim:
+            return [], []
+        idle = self.settings.loader_idle_reclaim_seconds
+        self._next_reclaim = now + min(idle / RECLAIM_LOOKS_PER_IDLE, RECLAIM_LOOK_MAX_SECONDS)
+        idle_ms = int(idle * 1000)
         usable: list[Entry] = []
         exhausted: list[Entry] = []
         for stream in self.streams:

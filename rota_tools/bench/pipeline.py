@@ -8,6 +8,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -18,7 +19,8 @@ from rota.buffer import all_streams
 from rota.loader import Loader
 from rota.process import tune_gc
 from rota_tools.bench.core import reset, skewed_tenant
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe, redis_probe
+from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
 from rota_tools.sql import query
 from rota_tools.stats import percentile
 
@@ -334,6 +336,10 @@ def _finished(conn: psycopg.Connection[Any]) -> int:
     return int(conn.execute(query("bench_finished_count")).fetchone()[0])  # type: ignore[index]
 
 
+def _live_workers(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute(query("bench_live_workers")).fetchone()[0])  # type: ignore[index]
+
+
 def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -> dict[str, Any]:
     from rota.envelope import make_envelope
 
@@ -429,25 +435,54 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
     return figures
 
 
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"benchmark: {what} within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def _loader_reading(client: redis.Redis, settings: Settings) -> bool:
+    """Whether a loader has joined the group on every shard (it has read once)."""
+    try:
+        return all(
+            client.xinfo_consumers(stream, settings.loader_group)
+            for stream in all_streams(settings.stream_prefix, settings.shards)
+        )
+    except redis.ResponseError:  # no group yet
+        return False
+
+
 def bench_end_to_end(
     settings: Settings, tasks: int, tenants: int, rate: float, concurrency: int
 ) -> dict[str, Any]:
-    """The whole pipeline: a producer at a steady rate -> Redis -> the Python
-    loader -> 2 worker processes. Enqueue -> start latency and throughput."""
+    """The whole pipeline as deployed, each part its own process: a producer
+    at a steady rate (this process) -> Redis -> a Python loader -> 2 worker
+    processes. Enqueue -> start latency, throughput, and the CPU each used."""
     app = _app(settings)
     noop = app.tasks["noop"]
+    client = redis.Redis.from_url(settings.redis_url)
     with db.connect(settings.database_url) as conn:
         reset(conn)
         _flush_buffer(settings)
-        stop = threading.Event()
-        loader = Loader(settings, consumer="bench-e2e")
-        loading = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
-        loading.start()
+        loader = spawn_loader(settings)
         workers = spawn_workers(
             NOOP_APP, [QUEUE], 2, settings, concurrency=concurrency, batch_size=100
         )
         try:
-            time.sleep(2)
+            _wait_until(lambda: _loader_reading(client, settings), "the loader reads the buffer")
+            _wait_until(lambda: _live_workers(conn) == len(workers), "the workers register")
+            meter = CpuMeter(
+                {
+                    "producer": pid_probe(os.getpid()),
+                    "loader": pid_probe(loader.pid),
+                    **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(workers, 1)},
+                    "postgresql": postgres_probe(conn),
+                    "redis": redis_probe(client),
+                }
+            )
+            meter.start()
             started = time.perf_counter()
             sent = 0
             per_tick = max(1, int(rate / 50))
@@ -464,13 +499,12 @@ def bench_end_to_end(
             while _finished(conn) < tasks:
                 time.sleep(0.05)
             elapsed = time.perf_counter() - started
+            cpu = meter.report(elapsed)
         finally:
-            stop.set()
-            loading.join()
-            loader.close()
-            stop_workers(workers)
+            stop_workers([loader, *workers])
         starts = _start_latencies(conn)
     app.close()
+    client.close()
     return {
         "params": {
             "tasks": tasks,
@@ -485,4 +519,5 @@ def bench_end_to_end(
             "p50": round(statistics.median(starts), 1),
             "p99": round(percentile(starts, 0.99), 1),
         },
+        "cpu": cpu,
     }

@@ -1,0 +1,132 @@
+"""Where a benchmark's CPU went: seconds per process over a measured window.
+
+Linux's /proc for local processes (PostgreSQL as its postmaster and every
+child, exited ones included); Redis reports its own (INFO cpu), so it is
+measured wherever it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+from psycopg.conninfo import conninfo_to_dict
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
+
+Probe = Callable[[], float | None]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third (state) on; None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | None:
+    """CPU seconds (user + system) a process has used; with its children that
+    have exited and been waited for, when asked. None if it is gone."""
+    fields = _stat(pid)
+    if fields is None:
+        return None
+    # From the state (field 3): utime is field 14, stime 15, cutime 16, cstime 17.
+    ticks = int(fields[11]) + int(fields[12])
+    if with_exited_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / CLOCK_TICKS
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and int(fields[1]) == parent:
+                found.append(int(entry.name))
+    return found
+
+
+def process_tree_seconds(pid: int) -> float | None:
+    """A server's CPU seconds: its own, its live children's, and those of the
+    children that have exited (PostgreSQL's backends come and go)."""
+    own = process_seconds(pid, with_exited_children=True)
+    if own is None:
+        return None
+    return own + sum(process_seconds(child) or 0.0 for child in _children(pid))
+
+
+def postgres_probe(conn: psycopg.Connection[Any]) -> Probe | None:
+    """A probe of the PostgreSQL server's CPU (every process of it), or None
+    when the server is not on this machine (its pids mean nothing here)."""
+    host = str(conninfo_to_dict(conn.info.dsn).get("host", ""))
+    if host.split(",")[0] not in LOCAL_HOSTS and not host.startswith("/"):
+        return None
+    backend = conn.info.backend_pid
+    fields = _stat(backend)
+    if fields is None or Path(f"/proc/{backend}/comm").read_text().strip() != "postgres":
+        return None
+    postmaster = int(fields[1])
+    return lambda: process_tree_seconds(postmaster)
+
+
+def redis_probe(client: redis.Redis) -> Probe:
+    """Redis's CPU seconds, as it reports them (its forks' included)."""
+
+    def seconds() -> float | None:
+        info: Any = client.info("cpu")
+        return float(
+            sum(
+                info.get(key, 0.0)
+                for key in (
+                    "used_cpu_sys",
+                    "used_cpu_user",
+                    "used_cpu_sys_children",
+                    "used_cpu_user_children",
+                )
+            )
+        )
+
+    return seconds
+
+
+def pid_probe(pid: int) -> Probe:
+    return lambda: process_seconds(pid)
+
+
+class CpuMeter:
+    """Samples named probes at the start and end of a window."""
+
+    def __init__(self, probes: Mapping[str, Probe | None]) -> None:
+        self.probes = {name: probe for name, probe in probes.items() if probe is not None}
+        self.absent = sorted(name for name, probe in probes.items() if probe is None)
+        self.before: dict[str, float | None] = {}
+
+    def start(self) -> None:
+        self.before = {name: probe() for name, probe in self.probes.items()}
+
+    def report(self, elapsed: float) -> dict[str, Any]:
+        """Per process: CPU seconds in the window, and cores (seconds per
+        second of the window); the machine's cores beside them."""
+        used: dict[str, dict[str, float]] = {}
+        for name, probe in self.probes.items():
+            start, end = self.before.get(name), probe()
+            if start is None or end is None:
+                continue
+            seconds = end - start
+            used[name] = {"seconds": round(seconds, 2), "cores": round(seconds / elapsed, 2)}
+        total = sum(figures["seconds"] for figures in used.values())
+        return {
+            "per_process": used,
+            "all_cores": round(total / elapsed, 2),
+            "machine_cores": os.cpu_count(),
+            "busiest": max(used, key=lambda name: used[name]["seconds"], default=None),
+            "not_measured": self.absent,
+        }

@@ -1,0 +1,71 @@
+"""The benchmarks' CPU accounting: per process from /proc, children included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from rota_tools.bench.cpu import CpuMeter, pid_probe, process_seconds, process_tree_seconds
+
+
+def _spin(seconds: float) -> None:
+    deadline = time.process_time() + seconds
+    while time.process_time() < deadline:
+        pass
+
+
+def test_a_process_cpu_seconds_follow_the_work_it_does() -> None:
+    before = process_seconds(os.getpid())
+    _spin(0.3)
+    after = process_seconds(os.getpid())
+    assert before is not None and after is not None
+    assert 0.2 <= after - before <= 5, (before, after)
+
+
+def test_a_process_tree_counts_children_that_have_exited() -> None:
+    # A server's backends come and go: what an exited child used still counts.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time;"
+            "subprocess.run([sys.executable, '-c', "
+            "'import time\\nt = time.process_time() + 0.5\\nwhile time.process_time() < t: pass']);"
+            "print('done', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"done\n"
+        own = process_seconds(parent.pid)
+        tree = process_tree_seconds(parent.pid)
+        assert own is not None and tree is not None
+        assert tree - own >= 0.4, (own, tree)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_process_that_is_gone_is_not_measured() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert process_seconds(gone.pid) is None
+
+
+def test_the_meter_reports_seconds_and_cores_per_process_and_names_the_busiest() -> None:
+    clock = {"a": 1.0, "b": 10.0}
+    meter = CpuMeter(
+        {"a": lambda: clock["a"], "b": lambda: clock["b"], "remote": None, "self": pid_probe(0)}
+    )
+    meter.start()
+    clock["a"], clock["b"] = 3.0, 10.5
+    report = meter.report(elapsed=2.0)
+    assert report["per_process"] == {
+        "a": {"seconds": 2.0, "cores": 1.0},
+        "b": {"seconds": 0.5, "cores": 0.25},
+    }
+    assert report["all_cores"] == 1.25
+    assert report["busiest"] == "a"
+    assert report["not_measured"] == ["remote"]
