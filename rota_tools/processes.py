@@ -17,6 +17,7 @@ def _env(settings: Settings, poll_seconds: float = 1.0) -> dict[str, str]:
         "ROTA_DATABASE_URL": settings.database_url,
         "ROTA_REDIS_URL": settings.redis_url,
         "ROTA_POLL_SECONDS": str(poll_seconds),
+        "ROTA_WORKER_SYNCHRONOUS_COMMIT": str(settings.worker_synchronous_commit).lower(),
     }
 
 

@@ -109,6 +109,13 @@ STAGES: dict[str, Stage] = {
             _m("2 processes tasks/s", "tasks_per_s.2_process"),
             _m("1 process ÷ pgqueuer", "ratio_to_pgqueuer.1_process"),
             _m("2 processes ÷ pgqueuer", "ratio_to_pgqueuer.2_process"),
+            _m(
+                "1 process, synchronous commit, tasks/s", "synchronous_commit_tasks_per_s.1_process"
+            ),
+            _m(
+                "… ÷ pgqueuer (synchronous commit)",
+                "synchronous_commit_ratio_to_pgqueuer.1_process",
+            ),
             _m("enqueue → start p50 ms (NOTIFY)", "enqueue_to_start_ms.p50", higher=False),
         ),
     ),
@@ -118,6 +125,8 @@ STAGES: dict[str, Stage] = {
             _m("achieved tasks/s", "tasks_per_s"),
             _m("enqueue → start p50 ms", "enqueue_to_start_ms.p50", higher=False),
             _m("enqueue → start p99 ms", "enqueue_to_start_ms.p99", higher=False),
+            _m("PostgreSQL, cores", "cpu.per_process.postgresql.cores", higher=False),
+            _m("all processes, cores", "cpu.all_cores", higher=False),
         ),
     ),
     "start": Stage(

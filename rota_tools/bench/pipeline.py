@@ -344,8 +344,18 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
     from rota.envelope import make_envelope
 
     throughput: dict[str, float] = {}
+    # The default (reports need no WAL flush), then reports waiting for it, as
+    # the peers' do (ROTA_WORKER_SYNCHRONOUS_COMMIT=true).
+    runs = [(str(n), n, settings) for n in (1, 2)] + [
+        (
+            f"{n}_synchronous_commit",
+            n,
+            settings.model_copy(update={"worker_synchronous_commit": True}),
+        )
+        for n in (1, 2)
+    ]
     with db.connect(settings.database_url) as conn:
-        for processes in (1, 2):
+        for key, processes, run_settings in runs:
             reset(conn)
             for i in range(0, tasks, 10_000):
                 db.transact(
@@ -360,7 +370,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                     ),
                 )
             workers = spawn_workers(
-                NOOP_APP, [QUEUE], processes, settings, concurrency=concurrency, batch_size=100
+                NOOP_APP, [QUEUE], processes, run_settings, concurrency=concurrency, batch_size=100
             )
             try:
                 while _finished(conn) < 100:  # workers up and running
@@ -368,7 +378,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                 begin_count, started = _finished(conn), time.perf_counter()
                 while _finished(conn) < tasks:
                     time.sleep(0.05)
-                throughput[str(processes)] = (tasks - begin_count) / (time.perf_counter() - started)
+                throughput[key] = (tasks - begin_count) / (time.perf_counter() - started)
             finally:
                 stop_workers(workers)
 
@@ -396,7 +406,10 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
             "concurrency": concurrency,
             "claim_batch": 100,
         },
-        "tasks_per_s": {f"{k}_process": round(v) for k, v in throughput.items()},
+        "tasks_per_s": {f"{n}_process": round(throughput[str(n)]) for n in (1, 2)},
+        "synchronous_commit_tasks_per_s": {
+            f"{n}_process": round(throughput[f"{n}_synchronous_commit"]) for n in (1, 2)
+        },
         "enqueue_to_start_ms": {
             "p50": round(statistics.median(starts), 1),
             "p99": round(percentile(starts, 0.99), 1),
@@ -413,6 +426,10 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         figures["pgqueuer_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
         figures["ratio_to_pgqueuer"] = {
             k: round(throughput[k.split("_")[0]] / v, 2) for k, v in peer.items()
+        }
+        figures["synchronous_commit_ratio_to_pgqueuer"] = {
+            k: round(throughput[k.split("_")[0] + "_synchronous_commit"] / v, 2)
+            for k, v in peer.items()
         }
     else:
         figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
@@ -443,17 +460,6 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0)
         time.sleep(0.05)
 
 
-def _loader_reading(client: redis.Redis, settings: Settings) -> bool:
-    """Whether a loader has joined the group on every shard (it has read once)."""
-    try:
-        return all(
-            client.xinfo_consumers(stream, settings.loader_group)
-            for stream in all_streams(settings.stream_prefix, settings.shards)
-        )
-    except redis.ResponseError:  # no group yet
-        return False
-
-
 def bench_end_to_end(
     settings: Settings, tasks: int, tenants: int, rate: float, concurrency: int
 ) -> dict[str, Any]:
@@ -471,8 +477,13 @@ def bench_end_to_end(
             NOOP_APP, [QUEUE], 2, settings, concurrency=concurrency, batch_size=100
         )
         try:
-            _wait_until(lambda: _loader_reading(client, settings), "the loader reads the buffer")
+            # One task through the whole pipeline: every process is up. It is
+            # then forgotten, as the first task of a cold pipeline says nothing
+            # of the steady state.
             _wait_until(lambda: _live_workers(conn) == len(workers), "the workers register")
+            probe = noop.enqueue(-1, "warm-up", tenant="bench-warm-up")
+            _wait_until(lambda: _finished(conn) == 1, "a first task runs")
+            conn.execute(query("bench_forget_finished"), {"id": probe})
             meter = CpuMeter(
                 {
                     "producer": pid_probe(os.getpid()),

@@ -139,6 +139,9 @@ SELECT tasks FROM rota.loader_batches WHERE query = %(query)s ORDER BY batch_id
 -- Enqueue -> start of every finished task, in milliseconds.
 SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 FROM rota.finished f
 
+-- name: bench_forget_finished
+DELETE FROM rota.finished WHERE task_id = %(id)s
+
 -- name: bench_live_workers
 SELECT count(*) FROM rota.workers WHERE stopped_at IS NULL
 
