@@ -282,13 +282,13 @@ def parse_envelope(raw: bytes | str | dict[str, Any], max_payload_bytes: int) ->
 
 def check_payload(payload: str, max_payload_bytes: int) -> None:
     """A stored payload is a JSON object of exactly `args` and `kwargs`, within the cap."""
+    raw = payload.encode()
     try:
-        decoded = orjson.loads(payload)
+        decoded = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
     if not isinstance(decoded, dict) or set(decoded) != {"args", "kwargs"}:
         raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
-    size = len(payload.encode())
-    if size > max_payload_bytes:
-        raise PayloadTooLarge(f"payload is {size} bytes, over the cap of {max_payload_bytes}")
-    check_json_integers(payload)
+    if len(raw) > max_payload_bytes:
+        raise PayloadTooLarge(f"payload is {len(raw)} bytes, over the cap of {max_payload_bytes}")
+    check_json_integers(raw)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from datetime import UTC, date, datetime, timedelta, timezone
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rota
 from rota import rules
@@ -258,3 +261,29 @@ def test_an_allow_list_of_queues(app: rota.App) -> None:
         limited.task(queue="other")(noop)
     with pytest.raises(ValueError):
         Settings(queues="Bad Name")
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(min_value=-(10**6), max_value=10**6),
+            st.integers(min_value=-(2**70), max_value=2**70),
+            st.integers(min_value=2**64 - 3, max_value=2**64 + 3),  # the edges
+            st.integers(min_value=-(2**63) - 3, max_value=-(2**63) + 3),
+            st.integers(min_value=10**18 - 3, max_value=10**20 + 3),  # 19-21 digits
+            st.from_regex(r"[0-9 ]{0,40}", fullmatch=True),
+        ),
+        max_size=30,
+    )
+)
+def test_integers_are_refused_exactly_when_one_is_past_64_bits(args: list[Any]) -> None:
+    # The filters that spare most payloads the slow parse (few digits, no 19
+    # in a row) never let an integer past 64 bits through, and strings of
+    # digits never count.
+    low, high = rules.INT_RANGE
+    text = json.dumps({"args": args, "kwargs": {}})
+    if any(type(a) is int and not low <= a <= high for a in args):
+        with pytest.raises(ValidationError, match="64 bits"):
+            rules.check_json_integers(text)
+    else:
+        rules.check_json_integers(text)
