@@ -101,8 +101,13 @@ def encode_entries(
 ) -> dict[str, list[dict[bytes, bytes]]]:
     """Splits a batch by shard into stream entries, keeping each tenant's order."""
     by_stream: dict[str, list[int]] = {}
+    stream_of: dict[str, list[int]] = {}  # per tenant: its stream's list (a batch has few)
     for index, tenant in enumerate(batch.tenants):
-        by_stream.setdefault(stream_name(prefix, shard_for(tenant, shards)), []).append(index)
+        indices = stream_of.get(tenant)
+        if indices is None:
+            stream = stream_name(prefix, shard_for(tenant, shards))
+            indices = stream_of[tenant] = by_stream.setdefault(stream, [])
+        indices.append(index)
     if len(by_stream) == 1 and len(batch) <= ENTRY_MAX_TASKS:  # a single enqueue, say
         return {stream: [{b"v": ENTRY_VERSION, b"tasks": batch.to_json()}] for stream in by_stream}
     return {

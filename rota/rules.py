@@ -51,27 +51,32 @@ MAX_RATE_LIMIT = 1e6  # tasks per second
 MAX_RATE_BURST = 1e9
 MAX_CAPACITY = 10**12  # cost units waiting
 
-_QUEUE_RE = re.compile(QUEUE_PATTERN)
-_TENANT_RE = re.compile(TENANT_PATTERN)
-_TASK_RE = re.compile(TASK_PATTERN)
-_valid_names: dict[tuple[int, str], bool] = {}
 _VALID_NAMES_MAX = 65_536
 
 
-def _is_valid_name(kind: int, pattern: re.Pattern[str], name: str, max_length: int) -> bool:
-    """Valid names are remembered (a process sees few); the length is checked
-    before anything else, and rejected names are never kept."""
-    if len(name) > max_length:
-        return False
-    key = (kind, name)
-    if key in _valid_names:
-        return True
-    if pattern.fullmatch(name) is None:
-        return False
-    if len(_valid_names) >= _VALID_NAMES_MAX:
-        _valid_names.clear()
-    _valid_names[key] = True
-    return True
+class _NameRule:
+    """One kind of name: its pattern, its cap and the rule said when refused.
+    Valid names are remembered (a process sees few, and checks them once per
+    task it enqueues or loads); rejected names are never kept."""
+
+    def __init__(self, what: str, pattern: str, max_length: int, rule: str) -> None:
+        self.what, self.pattern, self.max_length = what, re.compile(pattern), max_length
+        self.rule = rule
+        self.valid: set[str] = set()
+
+    def check(self, name: object) -> str:
+        if type(name) is str and name in self.valid:
+            return name
+        if (
+            type(name) is not str
+            or len(name) > self.max_length  # before the pattern: names may be megabytes
+            or self.pattern.fullmatch(name) is None
+        ):
+            raise InvalidName(f"{self.what} name {_shown(name)} is invalid: {self.rule}")
+        if len(self.valid) >= _VALID_NAMES_MAX:
+            self.valid.clear()
+        self.valid.add(name)
+        return name
 
 
 def _shown(value: object) -> str:
@@ -80,29 +85,28 @@ def _shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _check_name(name: object, kind: int, pattern: re.Pattern[str], max_length: int,
-                what: str, rule: str) -> str:  # fmt: skip
-    if type(name) is not str or not _is_valid_name(kind, pattern, name, max_length):
-        raise InvalidName(f"{what} name {_shown(name)} is invalid: {rule}")
-    return name
-
-
-def check_queue(name: object) -> str:
-    rule = f"1-{QUEUE_NAME_MAX} characters of a-z, 0-9, '_', '.', '-', starting with a letter"
-    return _check_name(name, 0, _QUEUE_RE, QUEUE_NAME_MAX, "queue", rule)
-
-
-def check_tenant(name: object) -> str:
-    rule = (
-        f"1-{TENANT_NAME_MAX} characters of letters, digits, '_', '.', ':', '@', '-', "
-        "starting with a letter or digit"
-    )
-    return _check_name(name, 1, _TENANT_RE, TENANT_NAME_MAX, "tenant", rule)
-
-
-def check_task_name(name: object) -> str:
-    rule = f"a dotted Python-style name of at most {TASK_NAME_MAX} characters"
-    return _check_name(name, 2, _TASK_RE, TASK_NAME_MAX, "task", rule)
+_QUEUE_NAMES = _NameRule(
+    "queue",
+    QUEUE_PATTERN,
+    QUEUE_NAME_MAX,
+    f"1-{QUEUE_NAME_MAX} characters of a-z, 0-9, '_', '.', '-', starting with a letter",
+)
+_TENANT_NAMES = _NameRule(
+    "tenant",
+    TENANT_PATTERN,
+    TENANT_NAME_MAX,
+    f"1-{TENANT_NAME_MAX} characters of letters, digits, '_', '.', ':', '@', '-', "
+    "starting with a letter or digit",
+)
+_TASK_NAMES = _NameRule(
+    "task",
+    TASK_PATTERN,
+    TASK_NAME_MAX,
+    f"a dotted Python-style name of at most {TASK_NAME_MAX} characters",
+)
+check_queue = _QUEUE_NAMES.check
+check_tenant = _TENANT_NAMES.check
+check_task_name = _TASK_NAMES.check
 
 
 def check_idempotency_key(key: object) -> str:

@@ -69,17 +69,21 @@ class ArgumentCheck:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.signature = inspect.signature(fn)
-        self._verdicts: dict[tuple[int, tuple[str, ...]], str | None] = {}
+        self._verdicts: dict[int | tuple[int, tuple[str, ...]], str | None] = {}
 
     def check(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         try:
-            shape = (len(args), tuple(kwargs))
+            # Positional calls (most) are known by their length alone.
+            shape: int | tuple[int, tuple[str, ...]] = (
+                (len(args), tuple(kwargs)) if kwargs else len(args)
+            )
         except TypeError:
             return  # not a list and a dict: the payload check says so
         verdict = self._verdicts.get(shape, False)
         if verdict is False:
+            count, names = shape if isinstance(shape, tuple) else (shape, ())
             try:
-                self.signature.bind(*range(shape[0]), **dict.fromkeys(shape[1]))
+                self.signature.bind(*range(count), **dict.fromkeys(names))
                 verdict = None
             except TypeError as exc:
                 verdict = str(exc)

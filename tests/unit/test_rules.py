@@ -155,12 +155,12 @@ def test_names_match_whole(check: Any, name: str) -> None:
 
 
 def test_rejected_names_are_not_remembered() -> None:
-    before = len(rules._valid_names)
+    before = len(rules._TENANT_NAMES.valid)
     for i in range(300):
         with pytest.raises(InvalidName) as caught:
             rules.check_tenant(f"{i}" + "!" * 1_000_000)
         assert len(str(caught.value)) < 400  # the message does not echo a megabyte
-    assert len(rules._valid_names) == before
+    assert len(rules._TENANT_NAMES.valid) == before
 
 
 @pytest.mark.parametrize(
