@@ -41,14 +41,17 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
         return 0
     queues = sorted({t.queue for t in tasks})
     tenants = sorted({t.tenant for t in tasks})
-    ((queue_ids, tenant_ids),) = yield Execute(
-        query("load_name_ids"), {"queues": queues, "tenants": tenants}
+    ((queue_ids, tenant_ids, now, seqs, already_ran),) = yield Execute(
+        query("load_prepare"),
+        {
+            "queues": queues,
+            "tenants": tenants,
+            "count": len(tasks),
+            "ids": UUIDArray(t.id for t in tasks),
+        },
     )
     queue_id = dict(zip(queues, queue_ids, strict=True))
     tenant_id = dict(zip(tenants, tenant_ids, strict=True))
-    ((now, seqs, already_ran),) = yield Execute(
-        query("load_prepare"), {"count": len(tasks), "ids": UUIDArray(t.id for t in tasks)}
-    )
     numbered = _without(list(zip(seqs, tasks, strict=True)), already_ran)
 
     def copy_tasks(numbered: list[tuple[int, TaskEnvelope]]) -> Copy:

@@ -2,16 +2,15 @@
 -- Named statements (`-- name: NAME`), found by rota.sql.query(NAME).
 -- Array parameters are sent in binary (`%(name)b`): the text form quotes each element.
 
--- name: load_name_ids
-SELECT queue_ids, tenant_ids FROM rota.name_ids(%(queues)b::text[], %(tenants)b::text[])
-
 -- name: load_prepare
--- The transaction's time (a task whose ETA is later waits scheduled), one
--- sequence number per task in arrival order, and the tasks that already ran
--- (a batch loaded again must not bring them back).
-SELECT now(),
+-- One round trip before the rows go in: the queues' and tenants' ids (made on
+-- first sight), the transaction's time (a task whose ETA is later waits
+-- scheduled), one sequence number per task in arrival order, and the tasks
+-- that already ran (a batch loaded again must not bring them back).
+SELECT n.queue_ids, n.tenant_ids, now(),
        ARRAY(SELECT nextval('rota.task_seq') FROM generate_series(1, %(count)s) ORDER BY 1),
        ARRAY(SELECT task_id FROM rota.finished WHERE task_id = ANY (%(ids)b::uuid[]))
+FROM rota.name_ids(%(queues)b::text[], %(tenants)b::text[]) n
 
 -- name: load_savepoint
 SAVEPOINT rota_load
