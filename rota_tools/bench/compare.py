@@ -304,7 +304,17 @@ def summarise(values: Sequence[float]) -> dict[str, Any]:
 
 def verdict(metric: Metric, base: Sequence[float], new: Sequence[float]) -> dict[str, Any]:
     """Medians, spreads and the change of one figure. The change is outside
-    the spread only when the two sides' ranges do not overlap."""
+    the spread only when the two sides' ranges do not overlap. A figure one
+    side does not report (one a later commit added) is shown alone."""
+    if not base or not new:
+        return {
+            "baseline": summarise(base) if base else None,
+            "candidate": summarise(new) if new else None,
+            "change": None,
+            "outside_spread": False,
+            "outcome": "baseline does not report it" if new else "candidate does not report it",
+            "higher_is_better": metric.higher_is_better,
+        }
     a, b = summarise(base), summarise(new)
     change = (b["median"] - a["median"]) / a["median"] if a["median"] else None
     # One run each has no spread to judge a change by.
@@ -333,7 +343,9 @@ def stage_table(
 ) -> str:
     """A Markdown table of one stage's figures."""
 
-    def cell(s: dict[str, Any]) -> str:
+    def cell(s: dict[str, Any] | None) -> str:
+        if s is None:
+            return "-"
         return f"{_fmt(s['median'])} ({_fmt(s['min'])}-{_fmt(s['max'])})"
 
     lines = [
@@ -405,7 +417,7 @@ def compare(
         for metric in spec.metrics:
             base = _values(results[(stage, sides[0].name)].reports, metric)
             new = _values(results[(stage, sides[1].name)].reports, metric)
-            if base and new:
+            if base or new:
                 figures[metric.label] = verdict(metric, base, new)
         out[stage] = {
             "args": [*spec.args, *extra_args.get(stage, [])],

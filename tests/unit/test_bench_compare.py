@@ -57,6 +57,15 @@ def test_stage_table_shows_medians_spreads_change_and_outcome() -> None:
     assert "| p50 ms | - | - | - | not reported |" in table
 
 
+def test_a_figure_only_one_side_reports_is_shown_alone() -> None:
+    # A figure a later commit added: the candidate's runs, no judgement.
+    added = verdict(RATE, [], [900.0, 1_100.0, 1_000.0])
+    assert added["outcome"] == "baseline does not report it" and added["change"] is None
+    table = stage_table("work", [RATE], {"tasks/s": added}, ("baseline abc", "working tree"))
+    assert "| tasks/s | - | 1.0k (900-1.1k) | - | baseline does not report it |" in table
+    assert verdict(RATE, [5.0], [])["outcome"] == "candidate does not report it"
+
+
 def test_stages_and_extra_arguments_are_checked() -> None:
     assert parse_stages("claim, work") == ["claim", "work"]
     with pytest.raises(CompareError, match="unknown stage"):
