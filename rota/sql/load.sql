@@ -42,6 +42,19 @@ SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
                            %(finish_tags)b::float8[], %(clock_queue_ids)b::integer[],
                            %(max_starts)b::float8[])
 
+-- name: insert_ready_save_fair_tags
+-- A few tasks' places in line and their tenants' tags in one statement
+-- (save_fair_tags's block, with the rows copy_ready would send).
+WITH ready AS (
+    INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
+    SELECT * FROM unnest(%(ready_queue_ids)b::integer[], %(vtimes)b::float8[],
+                         %(ready_tenant_ids)b::integer[], %(seqs)b::int8[],
+                         %(task_ids)b::uuid[])
+)
+SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
+                           %(finish_tags)b::float8[], %(clock_queue_ids)b::integer[],
+                           %(max_starts)b::float8[])
+
 -- name: tenant_backlog
 -- The tenants with a capacity (backpressure) and their waiting work. The
 -- filter reaches the view's scan, so tenants without a capacity cost nothing.
