@@ -28,6 +28,7 @@ import redis
 
 from rota.entries import TaskBatch, parse_batch
 from rota.errors import ValidationError
+from rota.redis_client import Client
 
 ENTRY_VERSION = b"2"
 ENTRY_MAX_TASKS = 256
@@ -45,7 +46,7 @@ def dead_letter_stream(prefix: str) -> str:
     return f"{prefix}:dead"
 
 
-def trim_dead_letters(client: redis.Redis, prefix: str, retention_seconds: float) -> int:
+def trim_dead_letters(client: Client, prefix: str, retention_seconds: float) -> int:
     """Drops dead letters older than the retention (stream ids are times)."""
     oldest_kept_ms = int((time.time() - retention_seconds) * 1000)
     return int(client.xtrim(dead_letter_stream(prefix), minid=f"{oldest_kept_ms}-0"))
@@ -162,9 +163,7 @@ def decode_entry(
     return batch, rejected
 
 
-def add_dead_letters(
-    pipe: redis.client.Pipeline, prefix: str, dead: Iterable[tuple[str, str, Rejected]]
-) -> None:
+def add_dead_letters(pipe: Any, prefix: str, dead: Iterable[tuple[str, str, Rejected]]) -> None:
     """Queues on `pipe` one dead-letter entry per (stream, entry id, rejected):
     the raw data, the reason, and where it came from."""
     for stream, entry_id, rejected in dead:
@@ -174,10 +173,10 @@ def add_dead_letters(
             b"stream": stream.encode(),
             b"entry": entry_id.encode(),
         }
-        pipe.xadd(dead_letter_stream(prefix), fields)  # type: ignore[arg-type]
+        pipe.xadd(dead_letter_stream(prefix), fields)
 
 
-def subtract_backlogs(client: redis.Redis, loaded: Sequence[tuple[str, Sequence[Any]]]) -> None:
+def subtract_backlogs(client: Client, loaded: Sequence[tuple[str, Sequence[Any]]]) -> None:
     """Takes loaded work (stream, tasks with .tenant and .cost) of
     capacity-limited tenants off the shards' backlog hashes, which the
     producer's capacity check reads."""
@@ -202,12 +201,14 @@ def subtract_backlogs(client: redis.Redis, loaded: Sequence[tuple[str, Sequence[
             for task in tasks:
                 if task.tenant in tenants:
                     per_tenant[task.tenant] = per_tenant.get(task.tenant, 0.0) + task.cost
-    subtract = client.register_script(SUBTRACT_BACKLOG)
     pipe = client.pipeline(transaction=False)
     for stream, per_tenant in costs.items():
         if per_tenant:
             args = [x for pair in per_tenant.items() for x in pair]
-            subtract(keys=[backlog_key(stream)], args=args, client=pipe)
+            # EVAL, not EVALSHA: a cluster pipeline cannot load a script a
+            # node lacks, and the body is a few hundred bytes. (Its `eval`
+            # method is refused; the command itself is not.)
+            pipe.execute_command("EVAL", SUBTRACT_BACKLOG, 1, backlog_key(stream), *args)
     pipe.execute()
 
 

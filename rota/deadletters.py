@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 import psycopg
-import redis
 
 from rota import db, ops
 from rota.buffer import dead_letter_stream
@@ -24,6 +23,7 @@ from rota.entries import parse_batch
 from rota.envelope import TaskEnvelope, parse_envelope
 from rota.errors import ValidationError
 from rota.loader.store import load_in_chunks
+from rota.redis_client import Client
 from rota.settings import Settings
 
 # Dead letters searched for a task id at most (newest first).
@@ -75,12 +75,12 @@ def _letter(entry_id: bytes | str, fields: dict[bytes, bytes]) -> DeadLetter:
     )
 
 
-def count(client: redis.Redis, prefix: str) -> int:
+def count(client: Client, prefix: str) -> int:
     return int(client.xlen(dead_letter_stream(prefix)))
 
 
 def newest(
-    client: redis.Redis, prefix: str, limit: int = 50, before: str | None = None
+    client: Client, prefix: str, limit: int = 50, before: str | None = None
 ) -> list[DeadLetter]:
     """Dead letters, newest first (`before`: an id, for the next page)."""
     if not 1 <= limit <= MAX_LIST:
@@ -90,12 +90,12 @@ def newest(
     return [_letter(entry_id, fields) for entry_id, fields in entries]
 
 
-def get(client: redis.Redis, prefix: str, letter_id: str) -> DeadLetter | None:
+def get(client: Client, prefix: str, letter_id: str) -> DeadLetter | None:
     entries: Any = client.xrange(dead_letter_stream(prefix), min=letter_id, max=letter_id)
     return _letter(*entries[0]) if entries else None
 
 
-def find_task(client: redis.Redis, prefix: str, task_id: str) -> DeadLetter | None:
+def find_task(client: Client, prefix: str, task_id: str) -> DeadLetter | None:
     """The newest dead letter that holds the task, among the last SEARCH_MAX."""
     needle = task_id.encode()
     last: str | None = None
@@ -145,7 +145,7 @@ class Replayed:
 
 
 def replay(
-    client: redis.Redis,
+    client: Client,
     conn: psycopg.Connection[Any],
     settings: Settings,
     letter_ids: Sequence[str],
@@ -177,7 +177,7 @@ def replay(
 
 
 def purge(
-    client: redis.Redis,
+    client: Client,
     conn: psycopg.Connection[Any],
     prefix: str,
     actor: str,

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import redis
 
-from rota import db, deadletters
+from rota import db, deadletters, redis_client
 from rota.buffer import all_streams, buffer_stats
 from rota.ops import maintain, read
 from rota.redact import redact
@@ -59,7 +59,7 @@ def postgres_figures(
     figures.loaders = db.run(conn, read.loader_batches())
 
 
-def redis_figures(client: redis.Redis, settings: Settings, figures: Figures) -> None:
+def redis_figures(client: redis_client.Client, settings: Settings, figures: Figures) -> None:
     streams = all_streams(settings.stream_prefix, settings.shards)
     figures.buffer = buffer_stats(client, streams, settings.loader_group)
     figures.dead_letters = deadletters.count(client, settings.stream_prefix)
@@ -74,15 +74,13 @@ def gather(settings: Settings, top: int = 10) -> Figures:
             postgres_figures(conn, settings, top, figures)
     except psycopg.Error as exc:
         figures.unavailable["postgresql"] = redact(f"{type(exc).__name__}: {exc}".strip())
-    client = redis.Redis.from_url(
-        settings.redis_url,
-        socket_timeout=settings.database_timeout_seconds,
-        socket_connect_timeout=settings.database_timeout_seconds,
-    )
+    client: redis_client.Client | None = None
     try:
+        client = redis_client.connect(settings)
         redis_figures(client, settings, figures)
     except (redis.RedisError, OSError) as exc:
         figures.unavailable["redis"] = redact(f"{type(exc).__name__}: {exc}".strip())
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     return figures

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rota.redact import redact_url
@@ -17,7 +17,9 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ROTA_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="ROTA_", env_file=".env", extra="ignore", populate_by_name=True
+    )
 
     database_url: str = "postgresql://localhost/postgres"
     redis_url: str = "redis://localhost:6379/0"
@@ -34,10 +36,19 @@ class Settings(BaseSettings):
     # Entries a shard may hold; past it, enqueues go to the PostgreSQL
     # fallback, so that one tenant cannot fill Redis for everyone.
     buffer_max_entries: int = Field(default=1_000_000, ge=1)
-    # The producer's Redis socket timeout: short, so that an outage falls
-    # back to PostgreSQL quickly.
-    redis_timeout_seconds: float = Field(default=0.5, gt=0)
+    # Seconds every Redis command may take (ROTA_REDIS_TIMEOUT; a loader's
+    # blocking reads have their own, below): short, so that a producer falls
+    # back to PostgreSQL quickly when Redis is out.
+    redis_timeout: float = Field(
+        default=0.5,
+        gt=0,
+        validation_alias=AliasChoices("ROTA_REDIS_TIMEOUT", "ROTA_REDIS_TIMEOUT_SECONDS"),
+    )
     redis_retries: int = Field(default=2, ge=0)
+    # Replicas that must have a buffer write before it is acknowledged (WAIT,
+    # up to ROTA_REDIS_TIMEOUT). 0: the master's word is enough, and a master
+    # lost before its replicas copied a write loses that write.
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
     breaker_failures: int = Field(default=3, ge=1)
     breaker_reset_seconds: float = Field(default=5.0, gt=0)
     capacity_cache_seconds: float = Field(default=2.0, ge=0)

@@ -19,6 +19,7 @@ import redis
 from rota import db, deadletters
 from rota.buffer import all_streams
 from rota.ops.read import AHEAD_CAP, StoredTask, stored_task
+from rota.redis_client import Client
 from rota.settings import Settings
 
 # Around the time in a UUIDv7 id, the window of stream entries searched: a
@@ -53,7 +54,7 @@ def _uuid7_ms(task_id: UUID) -> int | None:
     return task_id.int >> 80 if task_id.version == 7 else None
 
 
-def find_in_buffer(client: redis.Redis, settings: Settings, task_id: UUID) -> InBuffer | None:
+def find_in_buffer(client: Client, settings: Settings, task_id: UUID) -> InBuffer | None:
     needle = str(task_id).encode()
     minted = _uuid7_ms(task_id)
     for stream in all_streams(settings.stream_prefix, settings.shards):
@@ -69,7 +70,7 @@ def find_in_buffer(client: redis.Redis, settings: Settings, task_id: UUID) -> In
     return None
 
 
-def _place(client: redis.Redis, settings: Settings, stream: str, entry: str) -> InBuffer:
+def _place(client: Client, settings: Settings, stream: str, entry: str) -> InBuffer:
     ahead: Any = client.xrange(stream, min="-", max=f"({entry}", count=AHEAD_CAP + 1)
     first: Any = client.xrange(stream, count=1)
     oldest_ms = int(first[0][0].decode().split("-")[0]) if first else None
@@ -85,7 +86,7 @@ def _place(client: redis.Redis, settings: Settings, stream: str, entry: str) -> 
 
 
 def task_story(
-    conn: psycopg.Connection[Any], client: redis.Redis | None, settings: Settings, task_id: UUID
+    conn: psycopg.Connection[Any], client: Client | None, settings: Settings, task_id: UUID
 ) -> Story:
     """The task's story; `client` None skips the buffer (Redis unreachable)."""
     stored = db.run(conn, stored_task(task_id))

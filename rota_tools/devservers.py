@@ -193,9 +193,13 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
 
 
 def start_redis(
-    port: int | None = None, appendonly: bool = True, tls: TLSFiles | None = None
+    port: int | None = None,
+    appendonly: bool = True,
+    tls: TLSFiles | None = None,
+    cluster: bool = False,
 ) -> Server:
-    """A Redis on `port`; with `tls`, that port speaks TLS only (rediss://)."""
+    """A Redis on `port`; with `tls`, that port speaks TLS only (rediss://);
+    with `cluster`, a cluster node not yet part of any cluster."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServerError("redis-server not found: run `bash infra/install-servers.sh`")
@@ -221,6 +225,11 @@ def start_redis(
         "--appendonly",
         "yes" if appendonly else "no",
     ]
+    if cluster:
+        # The bus port is named: the default (port + 10000) may be taken or
+        # past 65535. A short node timeout makes failovers quick in tests.
+        args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        args += ["--cluster-port", str(free_port()), "--cluster-node-timeout", "1000"]
     if tls is not None:
         args += ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
         args += ["--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key)]
@@ -338,6 +347,87 @@ def local_redis(appendonly: bool = True, tls: TLSFiles | None = None) -> Iterato
         yield server
     finally:
         _remove(server)
+
+
+@dataclass
+class RedisCluster:
+    """A Redis Cluster on loopback: `masters` nodes owning the slots, each
+    with `replicas` replicas; `url` names the first master."""
+
+    nodes: list[Server]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            _remove(node)
+
+
+def start_redis_cluster(masters: int = 3, replicas: int = 0) -> RedisCluster:
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise ServerError("redis-cli not found: run `bash infra/install-servers.sh`")
+    nodes: list[Server] = []
+    try:
+        for _ in range(masters * (1 + replicas)):
+            nodes.append(start_redis(cluster=True))
+        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+        created = subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas)]
+            + ["--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if created.returncode != 0:
+            raise ServerError(f"redis-cli --cluster create failed: {created.stdout[-2000:]}")
+        cluster = RedisCluster(nodes)
+        wait_for_cluster(cluster)
+        return cluster
+    except BaseException:
+        for node in nodes:
+            _remove(node)
+        raise
+
+
+def wait_for_cluster(cluster: RedisCluster, timeout: float = 60) -> None:
+    """Until every live node says the cluster is whole (`cluster_state:ok`)
+    and knows every other node."""
+    cli = shutil.which("redis-cli") or "redis-cli"
+    deadline = time.monotonic() + timeout
+    live = [node for node in cluster.nodes if node.process.poll() is None]
+    while True:
+        states = []
+        for node in live:
+            info = subprocess.run(
+                [cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True
+            ).stdout
+            known = int(_field(info, "cluster_known_nodes") or 0)
+            states.append(_field(info, "cluster_state") == "ok" and known == len(cluster.nodes))
+        if all(states):
+            return
+        if time.monotonic() > deadline:
+            raise ServerError(f"the Redis Cluster was not whole within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def _field(info: str, name: str) -> str | None:
+    for line in info.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key == name:
+            return value
+    return None
+
+
+@contextlib.contextmanager
+def local_redis_cluster(masters: int = 3, replicas: int = 0) -> Iterator[RedisCluster]:
+    cluster = start_redis_cluster(masters, replicas)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @contextlib.contextmanager

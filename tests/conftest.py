@@ -89,7 +89,7 @@ def settings(database_url: str, redis_url: str) -> Settings:
         redis_url=redis_url,
         shards=4,
         loader_idle_reclaim_seconds=1.0,
-        redis_timeout_seconds=0.3,
+        redis_timeout=0.3,
         breaker_reset_seconds=0.5,
         capacity_cache_seconds=0.0,
     )

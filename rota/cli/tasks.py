@@ -12,6 +12,7 @@ from uuid import UUID
 import redis
 import typer
 
+from rota import redis_client
 from rota.cli.app import DatabaseUrl, RedisUrl, app, run_admin, settings_from
 from rota.cli.output import Actor, AsJson, actor_or_default, cell, emit, table
 from rota.errors import ValidationError
@@ -47,21 +48,19 @@ def since_time(value: str | None) -> datetime | None:
     return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
-def redis_or_none(settings: Settings) -> redis.Redis | None:
+def redis_or_none(settings: Settings) -> redis_client.Client | None:
     """A Redis client if Redis answers, else None (said on stderr): the
     commands print what PostgreSQL alone can tell."""
-    client = redis.Redis.from_url(
-        settings.redis_url,
-        socket_timeout=settings.database_timeout_seconds,
-        socket_connect_timeout=settings.database_timeout_seconds,
-    )
+    client: redis_client.Client | None = None
     try:
+        client = redis_client.connect(settings)
         client.ping()
     except (redis.RedisError, OSError) as exc:
         typer.echo(
             f"rota: Redis is unreachable ({type(exc).__name__}); without the buffer", err=True
         )
-        client.close()
+        if client is not None:
+            client.close()
         return None
     return client
 
@@ -231,7 +230,7 @@ def letters_list(
     from rota import deadletters
 
     settings = settings_from(redis_url=redis_url)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     try:
         letters = deadletters.newest(client, settings.stream_prefix, limit, before)
         total = deadletters.count(client, settings.stream_prefix)
@@ -260,7 +259,7 @@ def letters_show(
     from rota import deadletters
 
     settings = settings_from(redis_url=redis_url)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     try:
         letter = deadletters.get(client, settings.stream_prefix, letter_id)
     finally:
@@ -291,7 +290,7 @@ def letters_replay(
     from rota import db, deadletters
 
     settings = settings_from(database_url, redis_url)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     try:
         with db.admin_connect(settings.database_url) as conn:
             result = deadletters.replay(client, conn, settings, ids, actor_or_default(actor))
@@ -320,7 +319,7 @@ def letters_purge(
     if not ids and not purge_all:
         raise typer.BadParameter("name dead letter ids, or pass --all")
     settings = settings_from(database_url, redis_url)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     try:
         with db.admin_connect(settings.database_url) as conn:
             removed = deadletters.purge(

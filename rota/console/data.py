@@ -18,7 +18,7 @@ import psycopg
 import redis
 from psycopg.pq import TransactionStatus
 
-from rota import db, deadletters, ops
+from rota import db, deadletters, ops, redis_client
 from rota.app import App
 from rota.errors import ValidationError
 from rota.figures import Figures, postgres_figures, redis_figures
@@ -43,11 +43,7 @@ class Connections:
         self.settings = settings
         self._idle: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
-        self.redis = redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.database_timeout_seconds,
-            socket_connect_timeout=settings.database_timeout_seconds,
-        )
+        self._redis: redis_client.Client | None = None
         self._producer: App | None = None
         self._lock = threading.Lock()
         # Half of ROTA_STATS_SECONDS, how often what the pages show is counted.
@@ -79,10 +75,20 @@ class Connections:
                 self._producer = App(self.settings)
             return self._producer
 
+    @property
+    def redis(self) -> redis_client.Client:
+        """Made on first use: the console starts, and shows PostgreSQL's side,
+        while Redis is out."""
+        with self._lock:
+            if self._redis is None:
+                self._redis = redis_client.connect(self.settings)
+            return self._redis
+
     def close(self) -> None:
         while not self._idle.empty():
             self._idle.get_nowait().close()
-        self.redis.close()
+        if self._redis is not None:
+            self._redis.close()
         if self._producer is not None:
             self._producer.close()
 
@@ -203,9 +209,10 @@ def task_id(value: str) -> UUID:
 
 
 def story(c: Connections, task: UUID) -> dict[str, Any]:
-    client: redis.Redis | None = c.redis
+    client: redis_client.Client | None
     try:
-        c.redis.ping()
+        client = c.redis
+        client.ping()
     except (redis.RedisError, OSError):
         client = None
     with c.postgres() as conn:

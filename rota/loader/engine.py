@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import redis
 
-from rota import db
+from rota import db, redis_client
 from rota.buffer import (
     RESET_BACKLOG_IF_EMPTY,
     Rejected,
@@ -100,22 +100,20 @@ class Loader:
         self,
         settings: Settings,
         consumer: str | None = None,
-        redis_client: redis.Redis | None = None,
+        client: redis_client.Client | None = None,
         metrics: LoaderMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.last_lag = 0.0  # age of the oldest entry the last pass read
         self.consumer = consumer or default_consumer_name()
-        self.redis = redis_client or redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.loader_redis_timeout_seconds,
-            socket_connect_timeout=settings.database_timeout_seconds,
+        # Outages are the loader's to retry (one policy for every loop).
+        self.redis = client or redis_client.connect(
+            settings, timeout=settings.loader_redis_timeout_seconds, retries=0
         )
         self.streams = all_streams(settings.stream_prefix, settings.shards)
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
-        self._reset = self.redis.register_script(RESET_BACKLOG_IF_EMPTY)
         self.reader = BufferReader(self.redis, settings, self.consumer, self.streams)
         self._trimmed_at = float("-inf")  # the dead-letter stream's retention
         # (entries, exhausted entries) read by a pass that did not finish.
@@ -145,7 +143,7 @@ class Loader:
         server was lost: an error of theirs (a statement timeout, say) must
         use up their deliveries and end in the dead-letter stream."""
         lost = (
-            isinstance(error, redis.ConnectionError | redis.TimeoutError)
+            isinstance(error, redis_client.SERVER_LOST)
             or self._conn is None
             or self._conn.closed
             or self._conn.broken
@@ -282,7 +280,7 @@ class Loader:
         """Nothing was read: counts of shards that are empty start from zero again."""
         pipe = self.redis.pipeline(transaction=False)
         for stream in self.streams:
-            self._reset(keys=[stream, backlog_key(stream)], client=pipe)
+            pipe.execute_command("EVAL", RESET_BACKLOG_IF_EMPTY, 2, stream, backlog_key(stream))
         pipe.execute()
 
     # -- observability ---------------------------------------------------------

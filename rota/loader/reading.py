@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis
-
+from rota import redis_client
 from rota.settings import Settings
 
 Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
@@ -21,13 +20,21 @@ FIRST_GUESS_TASKS_PER_ENTRY = 64.0
 # trip per shard on every pass (most of a pass when the buffer is quiet).
 RECLAIM_LOOKS_PER_IDLE = 4
 RECLAIM_LOOK_MAX_SECONDS = 5.0
+# On a cluster no XREADGROUP spans two shards (each is its own slot), so a
+# loader cannot block on all of them at once: it reads each without blocking
+# and, finding nothing, looks again after a pause that doubles up to the
+# maximum, so that an idle loader costs a few commands a second per shard
+# while a busy one waits at most a millisecond or two.
+CLUSTER_POLL_FIRST_SECONDS = 0.001
+CLUSTER_POLL_MAX_SECONDS = 0.05
 
 
 class BufferReader:
     def __init__(
-        self, client: redis.Redis, settings: Settings, consumer: str, streams: list[str]
+        self, client: redis_client.Client, settings: Settings, consumer: str, streams: list[str]
     ) -> None:
         self.redis = client
+        self.cluster = redis_client.is_cluster_client(client)
         self.settings = settings
         self.consumer = consumer
         self.streams = streams
@@ -94,6 +101,9 @@ class BufferReader:
         return max(1, min(self.settings.loader_read_count, int(per_pass)))
 
     def read_new(self, block_ms: int | None) -> list[Entry]:
+        """New entries of every shard, waiting up to `block_ms` for some."""
+        if self.cluster:
+            return self._read_each_shard(block_ms)
         response: Any = self.redis.xreadgroup(
             self.settings.loader_group,
             self.consumer,
@@ -101,10 +111,43 @@ class BufferReader:
             count=self.read_count(),
             block=block_ms,
         )
-        entries: list[Entry] = []
-        for stream, items in response or []:
-            entries.extend((_text(stream), _text(entry_id), fields) for entry_id, fields in items)
-        return entries
+        return _entries(response)
+
+    def _read_each_shard(self, block_ms: int | None) -> list[Entry]:
+        deadline = time.monotonic() + (block_ms or 0) / 1000
+        pause = CLUSTER_POLL_FIRST_SECONDS
+        count = self.read_count()
+        while True:
+            pipe = self.redis.pipeline(transaction=False)
+            for stream in self.streams:
+                # The node is named: redis-py would otherwise ask the server
+                # where XREADGROUP's keys are (COMMAND GETKEYS) every time.
+                pipe.execute_command(
+                    "XREADGROUP",
+                    "GROUP",
+                    self.settings.loader_group,
+                    self.consumer,
+                    "COUNT",
+                    count,
+                    "STREAMS",
+                    stream,
+                    ">",
+                    target_nodes=redis_client.node_of(self.redis, stream),
+                )
+            entries = [e for reply in pipe.execute() for e in _entries(reply)]
+            left = deadline - time.monotonic()
+            if entries or left <= 0:
+                return entries
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, CLUSTER_POLL_MAX_SECONDS)
+
+
+def _entries(response: Any) -> list[Entry]:
+    """XREADGROUP's reply, [[stream, [(id, fields), ...]], ...], as entries."""
+    entries: list[Entry] = []
+    for stream, items in response or []:
+        entries.extend((_text(stream), _text(entry_id), fields) for entry_id, fields in items)
+    return entries
 
 
 def _text(value: bytes | str) -> str:

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import redis
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from rota import db, ops
+from rota import db, ops, redis_client
 from rota.buffer import (
     Rejected,
     add_dead_letters,
@@ -52,6 +51,9 @@ from rota.settings import Settings
 log = logging.getLogger("rota.loader.spark")
 
 
+OUTAGES: tuple[type[Exception], ...] = (psycopg.OperationalError, *redis_client.SERVER_LOST)
+
+
 class BatchSink:
     """foreachBatch: load a micro-batch exactly once (ledger in the same transaction)."""
 
@@ -67,7 +69,7 @@ class BatchSink:
         self.query_key = query_key
         self.should_stop = should_stop
         self._conn: psycopg.Connection[Any] | None = None
-        self._redis: redis.Redis | None = None
+        self._redis: redis_client.Client | None = None
         self.loaded = 0
         self.dead_lettered = 0
         self.batches = 0
@@ -81,7 +83,7 @@ class BatchSink:
         while True:
             try:
                 self._load_batch(frame, batch_id)
-            except (psycopg.OperationalError, redis.ConnectionError, redis.TimeoutError) as exc:
+            except OUTAGES as exc:
                 self.close()
                 if self.should_stop():
                     raise
@@ -163,9 +165,10 @@ class BatchSink:
             tasks = sum(len(envelopes) for _, envelopes in loaded)
             self.metrics.passed(stored, tasks - stored, len(dead), lag)
 
-    def _buffer(self) -> redis.Redis:
+    def _buffer(self) -> redis_client.Client:
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.settings.redis_url)
+            # Outages are retried by the batch, in place.
+            self._redis = redis_client.connect(self.settings, retries=0)
         return self._redis
 
     def _load(
@@ -219,6 +222,7 @@ def buffer_stream(session: SparkSession, settings: Settings, max_entries: int = 
     return (
         session.readStream.format(SOURCE_NAME)
         .option("redis_url", settings.redis_url)
+        .option("redis_timeout", str(settings.redis_timeout))
         .option("streams", ",".join(all_streams(settings.stream_prefix, settings.shards)))
         .option("max_payload_bytes", str(settings.max_payload_bytes))
         .option("queues", ",".join(sorted(settings.allowed_queues or ())))

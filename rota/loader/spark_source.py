@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import redis
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from rota import redis_client
 from rota.buffer import decode_entry
+from rota.settings import Settings
 
 SOURCE_NAME = "rota_buffer"
 # One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
@@ -52,14 +53,16 @@ class BufferStreamReader(DataSourceStreamReader):
     # Pickled to the executors: only plain options here; clients are made where used.
     def __init__(self, options: dict[str, str]) -> None:
         self.redis_url = options["redis_url"]
+        self.redis_timeout = float(options.get("redis_timeout", "0.5"))
         self.streams = options["streams"].split(",")
         self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
         self.max_entries = int(options.get("max_entries", "0"))
         queues = options.get("queues")
         self.allowed_queues = frozenset(queues.split(",")) if queues else None
 
-    def _client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url)
+    def _client(self) -> redis_client.Client:
+        settings = Settings(redis_url=self.redis_url, redis_timeout=self.redis_timeout)
+        return redis_client.connect(settings)
 
     def initialOffset(self) -> dict[str, str]:
         return dict.fromkeys(self.streams, "0-0")

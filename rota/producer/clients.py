@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 import psycopg
-import redis
-import redis.asyncio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from tenacity import AsyncRetrying, Retrying
 
-from rota import db, ops
+from rota import db, ops, redis_client
 from rota.db import Op
 from rota.effects import adrive, drive
 from rota.entries import TaskBatch
@@ -29,15 +26,19 @@ from rota.producer.core import (
     ReadBufferBacklogs,
     WriteBuffer,
 )
+from rota.redis_client import NotReplicated
 from rota.settings import Settings
 
 RedisEffect = WriteBuffer | ProbeBuffer | ReadBufferBacklogs
+NodeOf = Callable[[str], Any] | None
 
 
-def queue_commands(pipe: Any, effect: RedisEffect) -> None:
-    """Queues a Redis effect's commands on a pipeline (read back by `result_of`)."""
+def queue_commands(pipe: Any, effect: RedisEffect, node_of: NodeOf = None) -> None:
+    """Queues a Redis effect's commands on a pipeline (read back by `result_of`).
+    `node_of` names a cluster's node for a key (None for a single Redis)."""
     if isinstance(effect, WriteBuffer):
-        # The XADDs, then one XLEN per stream, then the backlog counts.
+        # The XADDs, then one XLEN per stream, then the backlog counts, then
+        # the WAITs: one per node written to, on the connection that wrote.
         for stream, entries in effect.entries.items():
             for fields in entries:
                 pipe.xadd(stream, fields)
@@ -47,6 +48,11 @@ def queue_commands(pipe: Any, effect: RedisEffect) -> None:
         for key, costs in effect.backlog.items():
             for tenant, cost in costs.items():
                 pipe.hincrbyfloat(key, tenant, cost)
+        if effect.replicas:
+            timeout_ms = max(1, int(effect.wait_seconds * 1000))
+            for node in _nodes(effect, node_of):
+                options = {} if node is None else {"target_nodes": node}
+                pipe.execute_command("WAIT", effect.replicas, timeout_ms, **options)
     elif isinstance(effect, ProbeBuffer):
         for stream in effect.streams:
             pipe.xlen(stream)
@@ -55,9 +61,29 @@ def queue_commands(pipe: Any, effect: RedisEffect) -> None:
             pipe.hgetall(key)
 
 
+def _nodes(effect: WriteBuffer, node_of: NodeOf) -> list[Any]:
+    if node_of is None:
+        return [None]
+    nodes = {}
+    for key in (*effect.entries, *effect.backlog):
+        node = node_of(key)
+        nodes[node.name] = node
+    return list(nodes.values())
+
+
 def result_of(effect: RedisEffect, replies: list[Any]) -> Any:
     """What the flow receives for a Redis effect, from its pipeline's replies."""
     if isinstance(effect, WriteBuffer):
+        if effect.replicas:
+            written = sum(len(entries) for entries in effect.entries.values())
+            written += len(effect.entries) * effect.measure
+            written += sum(len(costs) for costs in effect.backlog.values())
+            confirmed = [int(n) for n in replies[written:]]
+            if min(confirmed) < effect.replicas:
+                raise NotReplicated(
+                    f"{min(confirmed)} of {effect.replicas} replica(s) confirmed the write "
+                    f"within {effect.wait_seconds:g} s (ROTA_REDIS_WAIT_REPLICAS)"
+                )
         if not effect.measure:
             return {}
         start = sum(len(entries) for entries in effect.entries.values())
@@ -73,6 +99,13 @@ def result_of(effect: RedisEffect, replies: list[Any]) -> Any:
     return total
 
 
+def _node_of(client: Any) -> NodeOf:
+    if redis_client.is_cluster_client(client):
+        node_of: NodeOf = client.get_node_from_key
+        return node_of
+    return None
+
+
 def database_step(effect: LoadDatabase | FetchBacklogs) -> tuple[Op[Any], bool]:
     """A database effect's operation, and whether it runs in a transaction of
     its own: a load does, except in the caller's open transaction
@@ -83,31 +116,21 @@ def database_step(effect: LoadDatabase | FetchBacklogs) -> tuple[Op[Any], bool]:
     return ops.load(effect.envelopes), own
 
 
-def _redis_options(settings: Settings) -> dict[str, Any]:
-    return {
-        "socket_timeout": settings.redis_timeout_seconds,
-        "socket_connect_timeout": settings.redis_timeout_seconds,
-        # Retries are ours (tenacity, then the fallback), not redis-py's.
-        "retry": Retry(NoBackoff(), 0),
-    }
-
-
 class Producer:
     """Sync producer. Thread-safe; one per process is enough."""
 
     def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
         self.core = core or ProducerCore(settings)
         self.settings = settings
-        self._redis: redis.Redis | None = None
+        self._redis: redis_client.Client | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._conn_lock = threading.Lock()
 
     @property
-    def redis(self) -> redis.Redis:
+    def redis(self) -> redis_client.Client:
         if self._redis is None:
-            self._redis = redis.Redis.from_url(
-                self.settings.redis_url, **_redis_options(self.settings)
-            )
+            # Retries are ours (tenacity, then the fallback), not redis-py's.
+            self._redis = redis_client.connect(self.settings, retries=0)
         return self._redis
 
     def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
@@ -117,8 +140,9 @@ class Producer:
         if isinstance(effect, RedisEffect):
             for attempt in Retrying(**self.core.retry_policy(effect)):
                 with attempt:
-                    pipe = self.redis.pipeline(transaction=False)
-                    queue_commands(pipe, effect)
+                    client = self.redis
+                    pipe = client.pipeline(transaction=False)
+                    queue_commands(pipe, effect, _node_of(client))
                     replies = pipe.execute()
             return result_of(effect, replies)
         op, own_transaction = database_step(effect)
@@ -157,16 +181,13 @@ class AsyncProducer:
     def __init__(self, settings: Settings, core: ProducerCore | None = None) -> None:
         self.core = core or ProducerCore(settings)
         self.settings = settings
-        self._redis: redis.asyncio.Redis | None = None
+        self._redis: redis_client.AsyncClient | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._conn_lock = asyncio.Lock()
 
-    @property
-    def redis(self) -> redis.asyncio.Redis:
+    async def redis(self) -> redis_client.AsyncClient:
         if self._redis is None:
-            self._redis = redis.asyncio.Redis.from_url(
-                self.settings.redis_url, **_redis_options(self.settings)
-            )
+            self._redis = await redis_client.aconnect(self.settings, retries=0)
         return self._redis
 
     async def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
@@ -176,8 +197,9 @@ class AsyncProducer:
         if isinstance(effect, RedisEffect):
             async for attempt in AsyncRetrying(**self.core.retry_policy(effect)):
                 with attempt:
-                    pipe = self.redis.pipeline(transaction=False)
-                    queue_commands(pipe, effect)
+                    aclient = await self.redis()
+                    pipe = aclient.pipeline(transaction=False)
+                    queue_commands(pipe, effect, _node_of(aclient))
                     replies = await pipe.execute()
             return result_of(effect, replies)
         op, own_transaction = database_step(effect)

@@ -33,6 +33,7 @@ from rota.envelope import TaskEnvelope
 from rota.errors import CapacityExceeded, EnqueueError
 from rota.outage import Outage
 from rota.producer.breaker import BreakerState, CircuitBreaker
+from rota.redis_client import NotReplicated
 from rota.settings import Settings
 
 log = logging.getLogger("rota.producer")
@@ -40,7 +41,12 @@ log = logging.getLogger("rota.producer")
 # Redis cannot take writes now: lost, timed out, out of memory, a read-only
 # replica, loading its data set, or its master down. The producer retries,
 # then falls back to PostgreSQL and counts a failure towards the breaker.
-# (BusyLoadingError is a ConnectionError.) Any other error is unexpected.
+# (BusyLoadingError is a ConnectionError.) On a cluster: a slot with no
+# master for now (a failover), no node reachable, or redirects that did not
+# settle; and, with
+# ROTA_REDIS_WAIT_REPLICAS, a write no replica confirmed in time (falling
+# back then is safe: a task stored twice under its id is loaded once). Any
+# other error is unexpected.
 REDIS_ERRORS = (
     redis.ConnectionError,
     redis.TimeoutError,
@@ -49,6 +55,10 @@ REDIS_ERRORS = (
     redis.exceptions.ReadOnlyError,
     redis.exceptions.MasterDownError,
     redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.RedisClusterException,  # e.g. no node reachable for now
+    NotReplicated,
 )
 
 
@@ -61,6 +71,10 @@ class WriteBuffer:
     entries: dict[str, list[dict[bytes, bytes]]]
     backlog: dict[str, dict[str, float]] = field(default_factory=dict)
     measure: bool = True  # also read each stream's length (XLEN)
+    # Acknowledged only once this many replicas have the write (WAIT, for
+    # up to `wait_seconds`).
+    replicas: int = 0
+    wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,7 +206,11 @@ class ProducerCore:
             else:
                 try:
                     lengths = yield WriteBuffer(
-                        entries, self._backlog(batch), measure=self._lengths_stale()
+                        entries,
+                        self._backlog(batch),
+                        measure=self._lengths_stale(),
+                        replicas=self.settings.redis_wait_replicas,
+                        wait_seconds=self.settings.redis_timeout / 2,  # inside the socket timeout
                     )
                 except REDIS_ERRORS as exc:
                     self.breaker.failed()

@@ -92,7 +92,7 @@ class Harness:
             "ROTA_SHUTDOWN_GRACE_SECONDS": "5",
             "ROTA_LOADER_IDLE_RECLAIM_SECONDS": "2",
             "ROTA_DATABASE_TIMEOUT_SECONDS": "2",
-            "ROTA_REDIS_TIMEOUT_SECONDS": "0.5",
+            "ROTA_REDIS_TIMEOUT": "0.5",
             "ROTA_BREAKER_RESET_SECONDS": "1",
         }
         self.processes: dict[str, Process] = {}

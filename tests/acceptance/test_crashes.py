@@ -71,7 +71,7 @@ def test_redis_killed_mid_burst_every_acknowledged_task_is_stored_once(
             database_url=database_url,
             redis_url=server.url,
             shards=4,
-            redis_timeout_seconds=0.2,
+            redis_timeout=0.2,
             redis_retries=1,
             breaker_failures=3,
             breaker_reset_seconds=0.3,
