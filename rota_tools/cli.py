@@ -8,7 +8,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -58,6 +58,34 @@ Local = Annotated[
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="print the figures as JSON")]
+BesideCluster = Annotated[
+    bool,
+    typer.Option(
+        "--redis-cluster",
+        help="run again on a throwaway three-master Redis Cluster (same PostgreSQL) "
+        "and report both, with the cluster's ratios",
+    ),
+]
+
+
+def _beside_cluster(
+    settings: Settings, measure: Callable[[Settings], dict[str, Any]], cluster: bool
+) -> dict[str, Any]:
+    """`measure`'s figures; with `cluster`, also on a three-master cluster in
+    the same run, and each rate's ratio cluster / single Redis."""
+    from rota_tools.devservers import local_redis_cluster
+
+    single = measure(settings)
+    if not cluster:
+        return single
+    with local_redis_cluster(masters=3) as started:
+        clustered = measure(settings.model_copy(update={"redis_url": started.url}))
+    ratios = {
+        key: round(clustered[key] / value, 3)
+        for key, value in single.items()
+        if key.endswith("per_s") and isinstance(value, int | float) and value
+    }
+    return {**single, "redis_cluster": clustered, "redis_cluster_ratio": ratios}
 
 
 @contextlib.contextmanager
@@ -94,6 +122,7 @@ def bench_load(
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
+    redis_cluster: BesideCluster = False,
     as_json: AsJson = False,
 ) -> None:
     """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
@@ -106,7 +135,11 @@ def bench_load(
         if engine == "core":
             figures = run_core(settings.database_url, tasks, tenants, runs)
         elif engine in ("python", "spark"):
-            figures = bench_pipeline_load(settings, engine, tasks, tenants, runs, loaders)
+            figures = _beside_cluster(
+                settings,
+                lambda s: bench_pipeline_load(s, engine, tasks, tenants, runs, loaders),
+                redis_cluster,
+            )
         else:
             raise typer.BadParameter(f"unknown engine {engine!r}")
         _report("load", figures, as_json)
@@ -120,13 +153,15 @@ def bench_enqueue(
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
+    redis_cluster: BesideCluster = False,
     as_json: AsJson = False,
 ) -> None:
     """Producer: enqueue_many and single enqueue into the buffer, and the fallback."""
     from rota_tools.bench.pipeline import bench_enqueue as run
 
     with bench_settings(database_url, redis_url, local) as settings:
-        _report("enqueue", run(settings, tasks, tenants, runs), as_json)
+        figures = _beside_cluster(settings, lambda s: run(s, tasks, tenants, runs), redis_cluster)
+        _report("enqueue", figures, as_json)
 
 
 @bench_app.command("work")

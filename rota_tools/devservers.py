@@ -373,10 +373,9 @@ def start_redis_cluster(masters: int = 3, replicas: int = 0) -> RedisCluster:
     try:
         for _ in range(masters * (1 + replicas)):
             nodes.append(start_redis(cluster=True))
-        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+        create = [cli, "--cluster", "create", "--cluster-yes", "--cluster-replicas", str(replicas)]
         created = subprocess.run(
-            [cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas)]
-            + ["--cluster-yes"],
+            [*create, *(f"127.0.0.1:{node.port}" for node in nodes)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -394,7 +393,8 @@ def start_redis_cluster(masters: int = 3, replicas: int = 0) -> RedisCluster:
 
 def wait_for_cluster(cluster: RedisCluster, timeout: float = 60) -> None:
     """Until every live node says the cluster is whole (`cluster_state:ok`)
-    and knows every other node."""
+    and knows every other node, and every replica has synced with its master
+    (a replica that never synced cannot take over)."""
     cli = shutil.which("redis-cli") or "redis-cli"
     deadline = time.monotonic() + timeout
     live = [node for node in cluster.nodes if node.process.poll() is None]
@@ -405,7 +405,14 @@ def wait_for_cluster(cluster: RedisCluster, timeout: float = 60) -> None:
                 [cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True
             ).stdout
             known = int(_field(info, "cluster_known_nodes") or 0)
-            states.append(_field(info, "cluster_state") == "ok" and known == len(cluster.nodes))
+            replication = subprocess.run(
+                [cli, "-p", str(node.port), "info", "replication"], capture_output=True, text=True
+            ).stdout
+            synced = _field(replication, "role") != "slave" or (
+                _field(replication, "master_link_status") == "up"
+            )
+            whole = _field(info, "cluster_state") == "ok" and known == len(cluster.nodes)
+            states.append(whole and synced)
         if all(states):
             return
         if time.monotonic() > deadline:

@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import redis
 
-from rota import Settings, db, ops
+from rota import Settings, db, ops, redis_client
 from rota.buffer import all_streams, dead_letter_stream
 from rota.migrate import migrate
 from rota_tools.devservers import Server, local_postgres, local_redis
@@ -191,7 +190,7 @@ def _wait(check: Any, timeout: float, poll: float = 0.5) -> bool:
 
 def _left(settings: Settings) -> dict[str, int]:
     """What is still waiting, dead, or dead-lettered (nothing was meant to be)."""
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     try:
         streams = all_streams(settings.stream_prefix, settings.shards)
         buffered = sum(int(client.xlen(stream)) for stream in streams)

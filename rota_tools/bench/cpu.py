@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import redis
 from psycopg.conninfo import conninfo_to_dict
+
+from rota import redis_client
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
@@ -77,7 +78,7 @@ def postgres_probe(conn: psycopg.Connection[Any]) -> Probe | None:
     return lambda: process_tree_seconds(postmaster)
 
 
-def redis_probe(client: redis.Redis) -> Probe:
+def redis_probe(client: redis_client.Client) -> Probe:
     """Redis's CPU seconds, as it reports them (its forks' included)."""
 
     def seconds() -> float | None:

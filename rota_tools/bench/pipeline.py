@@ -12,9 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import redis
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, db, ops, redis_client
 from rota.buffer import all_streams
 from rota.loader import Loader
 from rota.process import tune_gc
@@ -35,8 +34,9 @@ def _app(settings: Settings) -> App:
 
 
 def _flush_buffer(settings: Settings) -> None:
-    client = redis.Redis.from_url(settings.redis_url)
-    client.delete(*all_streams(settings.stream_prefix, settings.shards))
+    client = redis_client.connect(settings)
+    for stream in all_streams(settings.stream_prefix, settings.shards):
+        client.delete(stream)  # one key per command: on a cluster, each its own slot
     client.close()
 
 
@@ -44,7 +44,7 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
 
     app = _app(settings)
     noop = app.tasks["noop"]
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     many, plain = [], []
     for _ in range(runs):
         calls = [
@@ -175,13 +175,14 @@ def _spark_sustained(
     streaming.start()
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
     fill_app = _app(filling)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     try:
         app.tasks["noop"].enqueue(0, "warm-up", tenant="warm-up")
         while db.run(conn, ops.queue_counts()).get(QUEUE, {}).get("ready", 0) < 1:
             time.sleep(0.2)
         _fill_buffer(fill_app, tasks, tenants)
-        pipe = client.pipeline(transaction=True)
+        # One MULTI on a single Redis; a cluster cannot span slots in one.
+        pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
         for staged, live in zip(
             all_streams(filling.stream_prefix, filling.shards),
             all_streams(settings.stream_prefix, settings.shards),
@@ -468,7 +469,7 @@ def bench_end_to_end(
     processes. Enqueue -> start latency, throughput, and the CPU each used."""
     app = _app(settings)
     noop = app.tasks["noop"]
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.connect(settings)
     with db.connect(settings.database_url) as conn:
         reset(conn)
         _flush_buffer(settings)

@@ -9,8 +9,8 @@ import json
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 

@@ -109,9 +109,7 @@ ACLS = {
         "+hincrbyfloat",
         "+hdel",
         "(~rota:buffer:*:backlog +del)",  # a drained shard's backlog count only
-        "+evalsha",
-        "+script|load",
-        "+script|exists",
+        "+eval",
         "+ping",
     ],
 }
