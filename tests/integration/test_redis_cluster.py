@@ -322,3 +322,41 @@ def test_a_master_killed_while_producing_costs_no_acknowledged_task(
 def _owner_now(settings: Settings, key: str) -> str:
     with redis.cluster.RedisCluster.from_url(settings.redis_url) as fresh:
         return _owner(fresh, key)
+
+
+@pytest.mark.spark
+def test_the_spark_loader_loads_a_clusters_shards_exactly_once_in_order(
+    cluster_settings: Settings, conn: Conn, tmp_path: Any
+) -> None:
+    from rota.loader.spark import run_streaming, spark_session
+
+    app = _app(cluster_settings)
+    parse_pdf = app.tasks["parse_pdf"]
+    ids: list[UUID] = []
+    for number in range(3):
+        ids += app.enqueue_many(
+            [parse_pdf.call(f"s{t}", number, tenant=f"s{t}") for t in range(TENANTS)]
+        )
+    app.close()
+    session = spark_session("local[2]", "rota-cluster-tests")
+    try:
+        checkpoint = str(tmp_path / "checkpoint")
+        sink = run_streaming(
+            cluster_settings, checkpoint=checkpoint, available_now=True, session=session
+        )
+        assert sink.loaded == len(ids)
+        again = run_streaming(
+            cluster_settings, checkpoint=checkpoint, available_now=True, session=session
+        )
+        assert again.loaded == 0  # restarted from its checkpoint: nothing twice
+    finally:
+        session.stop()
+    counts = conn.execute("SELECT count(*), count(DISTINCT id) FROM rota.tasks").fetchone()
+    assert counts == (len(ids), len(ids))
+    in_line = _stored_in_order(conn)
+    assert len(in_line) == TENANTS
+    assert all(numbers == [0, 1, 2] for numbers in in_line.values())
+    client = redis_client.connect(cluster_settings)
+    streams = all_streams(cluster_settings.stream_prefix, cluster_settings.shards)
+    assert sum(int(client.xlen(s)) for s in streams) == 0  # trimmed once loaded
+    client.close()
