@@ -49,7 +49,30 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return f"bad setting: {redact(problems)}", EXPECTED
     if isinstance(exc, RotaError):
         return first, EXPECTED
+    if type(exc).__module__.split(".")[0] in ("py4j", "pyspark"):
+        return _spark(exc)
     return (
         f"unexpected {type(exc).__name__}: {first} (run with --debug for the traceback)",
         UNEXPECTED,
     )
+
+
+def _spark(exc: BaseException) -> tuple[str, int]:
+    """A Spark failure: the Java exception's own line, the setting to change
+    when it ran out of memory, and where Spark's log is."""
+    from rota.loader.spark_session import log_file
+
+    text = redact(str(exc))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # The root cause is the last "Caused by:"; else py4j's ": <exception>" line.
+    causes = [line.removeprefix("Caused by:").strip() for line in lines if "Caused by:" in line]
+    thrown = [line.lstrip(": ") for line in lines if line.startswith(": ")]
+    cause = (causes[-1:] or thrown or lines or [type(exc).__name__])[0]
+    where = f"Spark's log: {log_file()} (or --spark-log-level warn)"
+    if "OutOfMemoryError" in text:
+        return (
+            f"Spark ran out of memory ({cause[:200]}): give it more with "
+            f"--conf spark.driver.memory=4g (or spark.executor.memory on a cluster); {where}",
+            EXPECTED,
+        )
+    return f"Spark failed: {cause[:300]}; {where}", EXPECTED

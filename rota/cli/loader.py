@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,6 +18,33 @@ from rota.cli.app import (
     settings_from,
 )
 from rota.process import on_stop_signals, tune_gc
+
+SparkConf = Annotated[
+    list[str] | None,
+    typer.Option("--conf", help="a Spark setting, key=value (repeatable)"),
+]
+SparkUI = Annotated[bool, typer.Option("--spark-ui", help="serve Spark's web UI")]
+SparkLogLevel = Annotated[
+    str | None,
+    typer.Option(
+        "--spark-log-level",
+        help="show Spark's and the JVM's own log at this level (warn, info, ...); "
+        "by default it goes to a file",
+    ),
+]
+
+
+def spark_options(conf: list[str] | None, ui: bool, log_level: str | None) -> Any:
+    from rota.loader.spark_session import LOG_LEVELS, SparkOptions, parse_conf
+
+    try:
+        pairs = parse_conf(conf)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if log_level is not None and log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"--spark-log-level takes one of {', '.join(LOG_LEVELS)}")
+    return SparkOptions(pairs, ui, log_level)
+
 
 loader_app = typer.Typer(help="Drain the Redis buffer into PostgreSQL.", no_args_is_help=True)
 app.add_typer(loader_app, name="loader")
@@ -53,6 +80,9 @@ def loader_run(
         "./rota-checkpoints/loader"
     ),
     trigger_seconds: Annotated[float, typer.Option(help="Spark micro-batch interval")] = 0.5,
+    conf: SparkConf = None,
+    spark_ui: SparkUI = False,
+    spark_log_level: SparkLogLevel = None,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     metrics_port: MetricsPort = None,
@@ -96,7 +126,7 @@ def loader_run(
 
         # The session first: its SparkContext puts a handler on SIGINT that
         # cancels the batch in hand; rota's then takes its place.
-        session = spark_session(master)
+        session = spark_session(master, options=spark_options(conf, spark_ui, spark_log_level))
         on_stop_signals(stop.set)
         try:
             run_streaming(
@@ -117,13 +147,22 @@ def loader_run(
 def import_command(
     path: Annotated[str, typer.Argument(help="a Parquet, CSV or JSON-lines file or folder")],
     file_format: Annotated[str | None, typer.Option("--format", help="parquet|csv|json")] = None,
-    rejected: Annotated[str | None, typer.Option(help="where to write rejected rows")] = None,
+    rejected: Annotated[
+        str | None,
+        typer.Option(
+            help="where to write rejected rows: any URI Spark can write (<PATH>.rejected)"
+        ),
+    ] = None,
     master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    conf: SparkConf = None,
+    spark_ui: SparkUI = False,
+    spark_log_level: SparkLogLevel = None,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Load a file of tasks with fair sequencing (Spark batch job); rejected rows
-    are written with their reasons. Exit code 0 if all rows loaded, 2 if some
-    were rejected."""
+    """Load a file of tasks with fair sequencing (Spark batch job: the executors
+    validate and load their parts); rejected rows are written with their
+    reasons. Importing the same file again loads nothing new. Exit code 0 if
+    all rows loaded, 2 if some were rejected."""
     tune_gc()
     from rota.loader.importer import import_tasks, summary_dict
 
@@ -133,6 +172,7 @@ def import_command(
         file_format=file_format,
         rejected_path=rejected,
         master=master,
+        options=spark_options(conf, spark_ui, spark_log_level),
     )
     typer.echo(json.dumps(summary_dict(summary), indent=2))
     raise typer.Exit(2 if summary.rejected else 0)

@@ -10,18 +10,22 @@ the core's bulk SQL, rejected ones written with their reason.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import orjson
+import uuid_utils
 
 from rota import db
-from rota.envelope import TaskEnvelope, make_envelope, parse_envelope, task_id_for_key
+from rota.envelope import TaskEnvelope, make_envelope, task_id_for_key
 from rota.errors import ValidationError
+from rota.loader.spark_session import SparkOptions
 from rota.loader.store import load_in_chunks
 from rota.rules import check_idempotency_key, check_tenant
 from rota.settings import Settings
@@ -54,8 +58,11 @@ def _number(value: Any, convert: type[float] | type[int]) -> Any:
     return convert(value) if isinstance(value, str) else value
 
 
-def validate_row(row: dict[str, Any], defaults: dict[str, Any]) -> TaskEnvelope:
-    """One imported row to an envelope, or an exception saying why not."""
+def validate_row(
+    row: dict[str, Any], defaults: dict[str, Any], unkeyed_id: UUID | None = None
+) -> TaskEnvelope:
+    """One imported row to an envelope, or an exception saying why not. A
+    row without an idempotency key gets `unkeyed_id` (else a new id)."""
     eta = row.get("eta")
     if isinstance(eta, str):
         eta = datetime.fromisoformat(eta)
@@ -74,7 +81,7 @@ def validate_row(row: dict[str, Any], defaults: dict[str, Any]) -> TaskEnvelope:
         tenant=tenant,
         args=list(args) if isinstance(args, list | tuple) else args,
         kwargs=kwargs,
-        task_id=task_id_for_key(check_idempotency_key(key), tenant) if key else None,
+        task_id=task_id_for_key(check_idempotency_key(key), tenant) if key else unkeyed_id,
         cost=1.0 if cost is None else _number(cost, float),
         max_attempts=defaults["max_attempts"] if attempts is None else _number(attempts, int),
         eta=eta,
@@ -82,13 +89,74 @@ def validate_row(row: dict[str, Any], defaults: dict[str, Any]) -> TaskEnvelope:
     )
 
 
-def _validate_partition(rows: Iterable[Any], defaults: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
-    for row in rows:
-        record = row.asDict(recursive=True)
-        try:
-            yield (validate_row(record, defaults).to_json().decode(), None, None)
-        except Exception as exc:  # any bad row is rejected with its reason, never a crash
-            yield (None, _reason(exc), _row_json(record))
+# The columns the import adds to each row: where it came from, so that the
+# same row of the same file always gets the same id (and loads once).
+_FILE, _POSITION = "_rota_file", "_rota_position"
+_ETA_MICROS = "_rota_eta_micros"
+
+
+def import_task_id(file_identity: str, position: str) -> UUID:
+    """An unkeyed imported row's id: its file (path, size, modification
+    time) and its place in it. Importing the file again, or retrying a failed
+    import, names the same tasks, which PostgreSQL then holds once."""
+    name = f"rota-import:{file_identity}:{position}"
+    return UUID(bytes=uuid_utils.uuid5(uuid_utils.NAMESPACE_URL, name).bytes)
+
+
+def _file_identity(path: str, size: int, modified: Any) -> str:
+    return hashlib.sha256(f"{path}\n{size}\n{modified}".encode()).hexdigest()[:32]
+
+
+def _load_partition(rows: Iterable[Any], job: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    """On an executor: validates its rows and loads the good ones in chunks
+    (the loaders' own path), yielding each rejected row, then its counts."""
+    defaults = job["defaults"]
+    seen = 0
+    batch: list[TaskEnvelope] = []
+    rows_in_split: dict[str, int] = {}  # CSV and JSON lines: place within the file's split
+    conn: Any = None
+    try:
+        for row in rows:
+            seen += 1
+            record = row.asDict(recursive=True)
+            file_identity, position = record.pop(_FILE), record.pop(_POSITION)
+            if isinstance(position, str):  # "<split start>": count rows within it
+                split = f"{file_identity}@{position}"
+                place = rows_in_split[split] = rows_in_split.get(split, -1) + 1
+                position = f"{position}+{place}"
+            micros = record.pop(_ETA_MICROS, None)
+            if micros is not None:
+                record["eta"] = datetime.fromtimestamp(micros / 1_000_000, UTC)
+            task_id = import_task_id(file_identity, str(position))
+            try:
+                batch.append(validate_row(record, defaults, task_id))
+            except Exception as exc:  # any bad row is rejected with its reason, never a crash
+                yield ("rejected", _rejection(_reason(exc), record), 0, 0, 0)
+                continue
+            if len(batch) >= job["chunk"]:
+                conn = conn or db.connect(job["database_url"])
+                yield from _load(conn, batch, job["chunk"])
+                batch = []
+        if batch:
+            conn = conn or db.connect(job["database_url"])
+            yield from _load(conn, batch, job["chunk"])
+    finally:
+        if conn is not None:
+            conn.close()
+    yield ("counts", None, seen, 0, 0)
+
+
+def _load(conn: Any, batch: list[TaskEnvelope], chunk: int) -> Iterator[tuple[Any, ...]]:
+    """Loads `batch`: a row for each task PostgreSQL refused, then the counts."""
+    stored, refused = load_in_chunks(conn, batch, chunk)
+    for envelope, reason in refused:
+        yield ("rejected", _rejection(reason, orjson.loads(envelope.to_json())), 0, 0, 0)
+    yield ("counts", None, 0, stored, len(batch) - stored - len(refused))
+
+
+def _rejection(reason: str, record: dict[str, Any]) -> str:
+    """A rejected row's line in the report: the reason, and the row as read."""
+    return json.dumps({"reason": reason, "row": json.loads(_row_json(record))})
 
 
 def _reason(exc: BaseException) -> str:
@@ -103,6 +171,39 @@ def _row_json(record: dict[str, Any]) -> str:
         return json.dumps({key: str(value)[:1000] for key, value in record.items()})
 
 
+def _with_origin(frame: Any, fmt: str) -> Any:
+    """The file's rows, each with its file's identity and its place in it
+    (Parquet: its row index; text formats: its split's start, counted on);
+    a timestamp `eta` as microseconds since the epoch (an instant, whatever
+    the executors' time zone)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+
+    identity = F.sha2(
+        F.concat_ws(
+            "\n",
+            F.col("_metadata.file_path"),
+            F.col("_metadata.file_size").cast("string"),
+            F.unix_micros(F.col("_metadata.file_modification_time")).cast("string"),
+        ),
+        256,
+    ).substr(1, 32)
+    position = (
+        F.col("_metadata.row_index")
+        if fmt == "parquet"
+        else F.col("_metadata.file_block_start").cast("string")
+    )
+    columns = [F.col(c) for c in frame.columns]
+    kind = frame.schema["eta"].dataType if "eta" in frame.columns else None
+    if isinstance(kind, TimestampType | TimestampNTZType):
+        eta = F.col("eta")
+        if isinstance(kind, TimestampNTZType):
+            eta = eta.cast("timestamp")  # zone-less: read in the session's zone, UTC
+        columns = [F.col(c) for c in frame.columns if c != "eta"]
+        columns.append(F.unix_micros(eta).alias(_ETA_MICROS))
+    return frame.select(*columns, identity.alias(_FILE), position.alias(_POSITION))
+
+
 def import_tasks(
     settings: Settings,
     path: str,
@@ -111,10 +212,20 @@ def import_tasks(
     rejected_path: str | None = None,
     master: str = "local[*]",
     session: Any = None,
+    options: SparkOptions | None = None,
 ) -> ImportSummary:
-    from rota.loader.spark import spark_session
+    """Imports a file (or folder) of tasks: each executor validates and loads
+    its own partitions, so loading overlaps validation and the driver holds
+    no rows; rejected rows are written, by the executors too, as JSON lines
+    under `rejected_path` (any URI Spark can write; `<path>.rejected` by
+    default)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    spark = session or spark_session(master, "rota-import")
+    from rota.loader.spark_session import spark_session
+
+    spark = session or spark_session(master, "rota-import", options)
     fmt = file_format or FORMATS.get(Path(path.rstrip("/")).suffix.lower())
     if fmt is None:
         raise ValueError(f"cannot tell the format of {path}: pass --format parquet|csv|json")
@@ -122,50 +233,44 @@ def import_tasks(
     if fmt == "csv":
         # RFC 4180: a quote inside a quoted field is doubled.
         reader = reader.option("header", "true").option("escape", '"')
-    frame = reader.load(path)
-    defaults = {
-        "allowed_queues": settings.allowed_queues,
-        "queue": settings.default_queue,
-        "max_attempts": settings.default_max_attempts,
-        "max_payload_bytes": settings.max_payload_bytes,
+    frame = _with_origin(reader.load(path), fmt)
+    job = {
+        "database_url": settings.database_url,
+        "chunk": settings.loader_batch_size,
+        "defaults": {
+            "allowed_queues": settings.allowed_queues,
+            "queue": settings.default_queue,
+            "max_attempts": settings.default_max_attempts,
+            "max_payload_bytes": settings.max_payload_bytes,
+        },
     }
-    checked = frame.rdd.mapPartitions(lambda rows: _validate_partition(rows, defaults))
-    summary = ImportSummary()
-    rejected_file = Path(rejected_path or f"{path.rstrip('/')}.rejected.jsonl")
-    batch: list[TaskEnvelope] = []
-    with db.connect(settings.database_url) as conn, rejected_file.open("w") as rejects:
-
-        def reject(reason: str, row: Any) -> None:
-            summary.rejected += 1
-            entry = {"reason": reason, "row": row}
-            rejects.write(json.dumps(entry) + "\n")
-            if len(summary.examples) < 5:
-                summary.examples.append(entry)
-
-        def flush() -> None:
-            # The loaders' own path: a chunk PostgreSQL refuses is split until
-            # the refused rows are found; they are rejected, the rest load.
-            loaded, refused = load_in_chunks(conn, batch, settings.loader_batch_size)
-            summary.loaded += loaded
-            summary.duplicates += len(batch) - loaded - len(refused)
-            for envelope, reason in refused:
-                reject(reason, orjson.loads(envelope.to_json()))
-            batch.clear()
-
-        for envelope_json, reason, raw in checked.toLocalIterator():
-            summary.rows += 1
-            if reason is not None:
-                reject(reason, json.loads(raw))
-                continue
-            batch.append(parse_envelope(envelope_json, settings.max_payload_bytes))
-            if len(batch) >= settings.loader_batch_size:
-                flush()
-        if batch:
-            flush()
-    if summary.rejected:
-        summary.rejected_path = str(rejected_file)
-    else:
-        rejected_file.unlink()
+    schema = StructType(
+        [
+            StructField("kind", StringType()),
+            StructField("line", StringType()),
+            StructField("rows", LongType()),
+            StructField("loaded", LongType()),
+            StructField("duplicates", LongType()),
+        ]
+    )
+    outcome = spark.createDataFrame(
+        frame.rdd.mapPartitions(lambda rows: _load_partition(rows, job)), schema
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        rejected = (F.col("kind") == "rejected").cast("long")
+        totals: Any = outcome.agg(
+            F.sum("rows"), F.sum("loaded"), F.sum("duplicates"), F.sum(rejected)
+        ).first()
+        rows, loaded, duplicates, refused = (int(total or 0) for total in totals)
+        summary = ImportSummary(rows, loaded, duplicates, refused)
+        if summary.rejected:
+            rejects = outcome.where(F.col("kind") == "rejected").select("line")
+            target = rejected_path or f"{path.rstrip('/')}.rejected"
+            rejects.coalesce(1).write.mode("overwrite").text(target)
+            summary.rejected_path = target
+            summary.examples = [json.loads(r.line) for r in rejects.limit(5).collect()]
+    finally:
+        outcome.unpersist()
     return summary
 
 

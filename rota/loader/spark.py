@@ -21,8 +21,6 @@ Once a batch is durable, the source's `commit` trims the shards up to it.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +40,8 @@ from rota.buffer import (
 )
 from rota.entries import TaskBatch
 from rota.envelope import TaskEnvelope
+from rota.loader.spark_session import SparkOptions
+from rota.loader.spark_session import spark_session as build_session
 from rota.loader.spark_source import SOURCE_NAME, BufferSource, entry_key, next_entry_id
 from rota.loader.store import load_entries
 from rota.metrics import LoaderMetrics
@@ -191,29 +191,11 @@ class BatchSink:
         self._conn = self._redis = None
 
 
-def spark_session(master: str = "local[*]", app_name: str = "rota-loader") -> SparkSession:
-    # Executors must run this interpreter (it has rota and its dependencies).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no network needed
-    session = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        # Progress bars garble a service's log (and the demo's tables).
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    # A loader with a backlog runs batches back to back, longer than the
-    # trigger interval, by design: Spark would warn about it on every batch.
-    jvm: Any = session._jvm
-    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
-        "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",
-        jvm.org.apache.logging.log4j.Level.ERROR,
-    )
+def spark_session(
+    master: str = "local[*]", app_name: str = "rota-loader", options: SparkOptions | None = None
+) -> SparkSession:
+    """A session (`spark_session.spark_session`) that reads the buffer."""
+    session: SparkSession = build_session(master, app_name, options)
     session.dataSource.register(BufferSource)
     return session
 

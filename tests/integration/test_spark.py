@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -157,8 +160,8 @@ def test_rota_import_loads_good_rows_and_reports_bad_ones(
     summary = import_tasks(settings, str(csv), session=spark)
     assert (summary.rows, summary.loaded, summary.rejected) == (6, 2, 4)
     assert summary.rejected_path is not None
-    lines = Path(summary.rejected_path).read_text().splitlines()
-    reasons = [json.loads(line)["reason"] for line in lines]
+    reasons = [line["reason"] for line in _rejected_lines(summary.rejected_path)]
+    assert len(reasons) == 4 and len(summary.examples) == 4
     assert any("tenant" in r for r in reasons) and any("task name" in r for r in reasons)
     assert any("JSON" in r or "Expecting" in r for r in reasons) and any(
         "cost" in r for r in reasons
@@ -178,3 +181,106 @@ def test_rota_import_loads_good_rows_and_reports_bad_ones(
     assert import_tasks(settings, str(jsonl), session=spark).loaded == 50
     again = import_tasks(settings, str(jsonl), session=spark)
     assert (again.loaded, again.duplicates) == (0, 50)  # idempotency keys: no second copy
+
+
+def _rejected_lines(uri: str) -> list[dict[str, Any]]:
+    """The JSON lines Spark wrote under `uri` (a directory of part files)."""
+    folder = Path(uri.removeprefix("file://"))
+    return [json.loads(line) for part in sorted(folder.glob("part-*")) for line in part.open()]
+
+
+def test_importing_a_file_again_or_retrying_it_loads_nothing_new(
+    spark: Any, settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    from rota.loader.importer import import_tasks
+
+    csv = tmp_path / "unkeyed.csv"
+    # Two identical rows are two tasks; no row has an idempotency key.
+    csv.write_text("name,tenant,args\n" + 'app.parse,alice,"[1]"\n' * 2 + 'app.parse,bob,"[2]"\n')
+    first = import_tasks(settings, str(csv), session=spark)
+    assert (first.rows, first.loaded, first.duplicates) == (3, 3, 0)
+    # A failed import left part of the file loaded: the retry loads the rest.
+    conn.execute(
+        "DELETE FROM rota.ready WHERE task_id = (SELECT id FROM rota.tasks WHERE tenant = 'bob')"
+    )
+    conn.execute("DELETE FROM rota.tasks WHERE tenant = 'bob'")
+    retry = import_tasks(settings, str(csv), session=spark)
+    assert (retry.loaded, retry.duplicates) == (1, 2)
+    again = import_tasks(settings, str(csv), session=spark)
+    assert (again.loaded, again.duplicates) == (0, 3)
+    assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (3,)
+
+
+def test_parquet_timestamps_are_instants_and_bad_bounds_are_refused_not_replaced(
+    spark: Any, settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    from pyspark.sql.types import (
+        IntegerType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    from rota.loader.importer import import_tasks
+
+    at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    schema = StructType(
+        [
+            StructField("name", StringType()),
+            StructField("tenant", StringType()),
+            StructField("eta", TimestampType()),
+            StructField("max_attempts", IntegerType()),
+        ]
+    )
+    rows = [("app.parse", "alice", at, 5), ("app.parse", "bob", at, 0)]
+    path = str(tmp_path / "tasks.parquet")
+    spark.createDataFrame(rows, schema).write.parquet(path)
+    rejected = f"file://{tmp_path}/refused"
+    summary = import_tasks(settings, path, rejected_path=rejected, session=spark)
+    assert (summary.loaded, summary.rejected) == (1, 1)
+    [line] = _rejected_lines(rejected)
+    assert "max_attempts" in line["reason"] and line["row"]["tenant"] == "bob"
+    stored = conn.execute("SELECT tenant, eta, max_attempts FROM rota.tasks").fetchall()
+    assert stored == [("alice", at, 5)]
+
+    ntz = StructType([*schema.fields[:2], StructField("eta", TimestampNTZType())])
+    local = str(tmp_path / "ntz.parquet")
+    spark.createDataFrame([("app.parse", "carol", at.replace(tzinfo=None))], ntz).write.parquet(
+        local
+    )
+    assert import_tasks(settings, local, session=spark).loaded == 1
+    row = conn.execute("SELECT eta FROM rota.tasks WHERE tenant = 'carol'").fetchone()
+    assert row == (at,)  # a zone-less timestamp is read as UTC
+
+
+def test_rota_import_keeps_sparks_own_output_out_of_the_terminal_and_fails_in_one_line(
+    settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    csv = tmp_path / "one.csv"
+    csv.write_text('name,tenant,args\napp.parse,alice,"[1]"\n')
+    env = {**os.environ, "ROTA_DATABASE_URL": settings.database_url}
+    env.pop("SPARK_CONF_DIR", None)
+    command = [sys.executable, "-m", "rota", "import", str(csv)]
+    done = subprocess.run(
+        [*command, "--conf", "spark.sql.shuffle.partitions=2"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["loaded"] == 1
+    for noise in ("WARN", "log4j", "WARNING", "setLogLevel"):
+        assert noise not in done.stderr, done.stderr
+
+    failed = subprocess.run(
+        [*command, "--conf", "spark.sql.files.maxPartitionBytes=lots"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert failed.returncode == 2
+    [line] = failed.stderr.strip().splitlines()
+    assert line.startswith("rota: Spark failed:") and "spark.sql.files.maxPartitionBytes" in line
+
+    refused = subprocess.run(
+        [*command, "--conf", "no-equals-sign"], env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "key=value" in refused.stderr
