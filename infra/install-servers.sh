@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the PostgreSQL (15+) and Redis (6.2+) server packages when missing,
-# PgBouncer (the tests check that rota runs behind it), and Chromium with its
-# driver (the console's browser tests drive it headless through Selenium).
+# PgBouncer (the tests check that rota runs behind it), Chromium with its
+# driver (the console's browser tests drive it headless through Selenium), and
+# PostgreSQL's JDBC driver (the import benchmark's baseline).
 # The servers themselves are started per test session / demo by rota/devservers.py,
 # on free loopback ports in a temporary directory; nothing runs as a system service.
 set -euo pipefail
@@ -12,12 +13,14 @@ have_postgres() {
 have_redis() { command -v redis-server >/dev/null 2>&1; }
 have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
 have_chromium() { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }
+have_jdbc() { [ -e /usr/share/java/postgresql.jar ]; }
 
 missing=()
 have_postgres || missing+=(postgresql)
 have_redis || missing+=(redis-server)
 have_pgbouncer || missing+=(pgbouncer)
 have_chromium || missing+=(chromium chromium-driver)
+have_jdbc || missing+=(libpostgresql-jdbc-java)  # `rota bench import`'s plain JDBC write
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "installing server packages: ${missing[*]}" >&2

@@ -437,6 +437,113 @@ def local_redis_cluster(masters: int = 3, replicas: int = 0) -> Iterator[RedisCl
         cluster.stop()
 
 
+@dataclass
+class SparkCluster:
+    """A standalone Spark cluster on loopback, from the installed PySpark:
+    a master and `workers` workers of `cores` cores each."""
+
+    master: Server
+    workers: list[Server]
+    web_port: int
+
+    @property
+    def url(self) -> str:
+        return self.master.url
+
+    def alive_workers(self) -> int:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/json/", timeout=5) as page:
+            return int(json.load(page).get("aliveworkers", 0))
+
+    def executor_logs(self) -> list[Path]:
+        """Each executor's stderr, under its worker's work directory."""
+        return sorted(p for w in self.workers for p in w.directory.glob("work/app-*/*/stderr"))
+
+    def stop(self) -> None:
+        for server in [*self.workers, self.master]:
+            _remove(server)
+
+
+def _spark_class() -> str:
+    import pyspark
+
+    script = Path(pyspark.__file__).parent / "bin" / "spark-class"
+    if not script.exists():
+        raise ServerError(f"{script} not found: install rota[spark]")
+    return str(script)
+
+
+def _start_spark_process(args: list[str], port: int, what: str, directory: Path) -> Server:
+    log = directory / f"{what}.log"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(directory)}
+    env.pop("SPARK_CONF_DIR", None)
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [_spark_class(), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=directory,
+            env=env,
+        )
+    _wait_for_port(port, process, f"spark {what}", log)
+    return Server(f"spark://127.0.0.1:{port}", port, directory, process, log=log)
+
+
+def start_spark_cluster(workers: int = 2, cores: int = 1, memory: str = "1g") -> SparkCluster:
+    port, web_port = free_port(), free_port()
+    master = _start_spark_process(
+        [
+            *("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"),
+            *("--port", str(port), "--webui-port", str(web_port)),
+        ],
+        port,
+        "master",
+        Path(tempfile.mkdtemp(prefix="rota-spark-master-")),
+    )
+    cluster = SparkCluster(master, [], web_port)
+    try:
+        for number in range(workers):
+            worker_port = free_port()
+            directory = Path(tempfile.mkdtemp(prefix=f"rota-spark-worker-{number}-"))
+            worker = _start_spark_process(
+                [
+                    *("org.apache.spark.deploy.worker.Worker", master.url, "--host", "127.0.0.1"),
+                    *("--port", str(worker_port), "--webui-port", str(free_port())),
+                    *("--cores", str(cores), "--memory", memory),
+                    *("--work-dir", str(directory / "work")),
+                ],
+                worker_port,
+                f"worker-{number}",
+                directory,
+            )
+            cluster.workers.append(worker)
+        deadline = time.monotonic() + 60
+        while cluster.alive_workers() < workers:
+            if time.monotonic() > deadline:
+                raise ServerError(f"Spark workers did not register in 60 s: {log_of(master)}")
+            time.sleep(0.2)
+        return cluster
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+def log_of(server: Server) -> str:
+    return server.log.read_text()[-2000:] if server.log and server.log.exists() else ""
+
+
+@contextlib.contextmanager
+def local_spark_cluster(workers: int = 2, cores: int = 1) -> Iterator[SparkCluster]:
+    cluster = start_spark_cluster(workers, cores)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @contextlib.contextmanager
 def local_pgbouncer(postgres: Server, pool_mode: str = "session") -> Iterator[Server]:
     server = start_pgbouncer(postgres, pool_mode)
