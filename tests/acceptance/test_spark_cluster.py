@@ -1,0 +1,122 @@
+"""The Spark pipeline on a real standalone cluster (a master and two one-core
+workers from the installed PySpark, on loopback): `rota loader run --master
+spark://...` and `rota import --master spark://...` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from rota import App, Settings, db, ops
+from rota_tools.devservers import SparkCluster, local_spark_cluster
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.spark
+Conn = psycopg.Connection[Any]
+
+
+@pytest.fixture(scope="module")
+def spark_cluster() -> Iterator[SparkCluster]:
+    with local_spark_cluster(workers=2, cores=1) as cluster:
+        yield cluster
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_SHARDS": str(settings.shards),
+    }
+    env.pop("SPARK_CONF_DIR", None)
+    return env
+
+
+def _stored(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM rota.tasks").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _tasks_run_on_executors(cluster: SparkCluster) -> int:
+    """Tasks the workers' executors finished, from their own logs."""
+    return sum(log.read_text().count("Finished task") for log in cluster.executor_logs())
+
+
+def _run_loader(
+    cluster: SparkCluster, settings: Settings, checkpoint: Path, until: int, conn: Conn
+) -> None:
+    loader = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "rota", "loader", "run", "--engine", "spark"),
+            *("--master", cluster.url, "--checkpoint", str(checkpoint), "--trigger-seconds", "0.2"),
+        ],
+        env=_env(settings),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: _stored(conn) >= until, timeout=180, what=f"{until} tasks loaded")
+    finally:
+        loader.send_signal(signal.SIGTERM)
+        _, errors = loader.communicate(timeout=120)
+    assert loader.returncode == 0, errors.decode()
+
+
+def test_the_streaming_loader_on_a_cluster_loads_once_and_restarts_from_its_checkpoint(
+    spark_cluster: SparkCluster, app: App, settings: Settings, conn: Conn, tmp_path: Path
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    before = _tasks_run_on_executors(spark_cluster)
+    ids: list[UUID] = app.enqueue_many(
+        [parse_pdf.call(str(i), tenant=f"t{i % 100}") for i in range(3000)]
+    )
+    checkpoint = tmp_path / "checkpoint"
+    _run_loader(spark_cluster, settings, checkpoint, 3000, conn)
+    ids += app.enqueue_many([parse_pdf.call(f"late{i}", tenant="late") for i in range(500)])
+    _run_loader(spark_cluster, settings, checkpoint, 3500, conn)
+
+    assert conn.execute("SELECT count(*), count(DISTINCT id) FROM rota.tasks").fetchone() == (
+        3500,
+        3500,
+    )
+    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    # The buffer was read by tasks on the workers' executors, not the driver.
+    assert _tasks_run_on_executors(spark_cluster) > before
+
+
+def test_rota_import_on_a_cluster_loads_a_file_once(
+    spark_cluster: SparkCluster, settings: Settings, conn: Conn, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 20_000
+    path = tmp_path / "tasks.parquet"
+    table = pa.table(
+        {
+            "name": ["app.parse"] * rows,
+            "tenant": [f"t{i % 500}" for i in range(rows)],
+            "args": [json.dumps([i]) for i in range(rows)],
+        }
+    )
+    pq.write_table(table, path, row_group_size=2_000)  # several row groups: several tasks
+    before = _tasks_run_on_executors(spark_cluster)
+    command = [sys.executable, "-m", "rota", "import", str(path), "--master", spark_cluster.url]
+    first = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["loaded"] == rows
+    again = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert (json.loads(again.stdout)["loaded"], json.loads(again.stdout)["duplicates"]) == (0, rows)
+    assert _stored(conn) == rows
+    assert _tasks_run_on_executors(spark_cluster) > before
