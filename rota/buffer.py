@@ -242,6 +242,18 @@ def buffer_stats(client: Any, streams: list[str], group: str) -> dict[str, dict[
     return stats
 
 
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id, `<ms>-<seq>`, as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def next_entry_id(entry_id: str) -> str:
+    """The smallest stream id greater than `entry_id` (for XTRIM MINID)."""
+    ms, seq = entry_key(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
 def _entry_ms(entry_id: bytes | str) -> int:
     """The time (ms since the epoch) in a stream entry's id, `<ms>-<seq>`."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id

@@ -164,6 +164,33 @@ def bench_enqueue(
         _report("enqueue", figures, as_json)
 
 
+@bench_app.command("import")
+def bench_import_command(
+    rows: int = 1_000_000,
+    tenants: int = 1000,
+    runs: int = 1,
+    master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    spark_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--spark-cluster", help="on a throwaway standalone cluster (a master, two workers)"
+        ),
+    ] = False,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """`rota import` of a generated Parquet file against a plain Spark JDBC
+    write of the same rows (same run), and the driver's peak memory."""
+    from rota_tools.bench.importing import bench_import
+    from rota_tools.devservers import local_spark_cluster
+
+    with bench_settings(database_url, None, local) as settings, contextlib.ExitStack() as stack:
+        if spark_cluster:
+            master = stack.enter_context(local_spark_cluster(workers=2, cores=1)).url
+        _report("import", bench_import(settings, rows, tenants, runs, master), as_json)
+
+
 @bench_app.command("work")
 def bench_work(
     tasks: int = 50_000,

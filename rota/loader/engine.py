@@ -29,16 +29,14 @@ from rota import db, redis_client
 from rota.buffer import (
     RESET_BACKLOG_IF_EMPTY,
     Rejected,
-    add_dead_letters,
     all_streams,
     backlog_key,
     buffer_stats,
     decode_entry,
-    subtract_backlogs,
-    trim_dead_letters,
 )
 from rota.envelope import TaskEnvelope
 from rota.loader.reading import BufferReader, Entry
+from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
 from rota.metrics import LoaderMetrics
 from rota.outage import Outage
@@ -115,7 +113,7 @@ class Loader:
         self._conn: psycopg.Connection[Any] | None = None
         self._groups_ready = False
         self.reader = BufferReader(self.redis, settings, self.consumer, self.streams)
-        self._trimmed_at = float("-inf")  # the dead-letter stream's retention
+        self.settle = BufferSettle(lambda: self.redis, settings)
         # (entries, exhausted entries) read by a pass that did not finish.
         self._held: tuple[list[Entry], list[Entry]] | None = None
 
@@ -219,11 +217,6 @@ class Loader:
         self._held = None
         if not result.entries:
             self._reset_backlogs()
-        if time.monotonic() - self._trimmed_at >= self.settings.retention_seconds:
-            self._trimmed_at = time.monotonic()
-            trim_dead_letters(
-                self.redis, self.settings.stream_prefix, self.settings.dead_letter_retention
-            )
         return result
 
     def _finish(
@@ -236,44 +229,20 @@ class Loader:
         deleted. An entry whose dead letter Redis refused stays pending (it is
         reclaimed and tried again): nothing leaves the buffer unless it is in
         PostgreSQL or in the dead-letter stream."""
-        unrecorded: set[tuple[str, str]] = set()
-        if dead:
-            pipe = self.redis.pipeline(transaction=False)
-            add_dead_letters(
-                pipe,
-                self.settings.stream_prefix,
-                ((stream, entry_id, rejected) for (stream, entry_id, _), rejected in dead),
-            )
-            replies = pipe.execute(raise_on_error=False)
-            for ((stream, entry_id, _), rejected), reply in zip(dead, replies, strict=True):
-                if isinstance(reply, Exception):
-                    unrecorded.add((stream, entry_id))
-                    log.error(
-                        "could not dead-letter %s %s (%s), left pending: %s",
-                        stream,
-                        entry_id,
-                        reply,
-                        rejected.reason,
-                    )
-                else:
-                    log.warning("dead-lettered %s %s: %s", stream, entry_id, rejected.reason)
-        by_stream: dict[str, list[str]] = {}
+        unrecorded = self.settle.record_dead(
+            [(stream, entry_id, rejected) for (stream, entry_id, _), rejected in dead]
+        )
+        done: dict[str, list[str]] = {}
         for stream, entry_id, _ in entries:
             if (stream, entry_id) not in unrecorded:
-                by_stream.setdefault(stream, []).append(entry_id)
-        if by_stream:
-            pipe = self.redis.pipeline(transaction=False)
-            for stream, ids in by_stream.items():
-                pipe.xack(stream, self.settings.loader_group, *ids)
-                pipe.xdel(stream, *ids)
-            pipe.execute()
-        subtract_backlogs(
-            self.redis,
+                done.setdefault(stream, []).append(entry_id)
+        self.settle.finish(
             [
                 (stream, envelopes)
                 for (stream, entry_id, _), envelopes in decoded
                 if (stream, entry_id) not in unrecorded
             ],
+            acknowledge=done,
         )
 
     def _reset_backlogs(self) -> None:

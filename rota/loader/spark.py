@@ -33,16 +33,15 @@ from pyspark.sql import DataFrame, SparkSession
 from rota import db, ops, redis_client
 from rota.buffer import (
     Rejected,
-    add_dead_letters,
     all_streams,
-    subtract_backlogs,
-    trim_dead_letters,
+    entry_key,
 )
 from rota.entries import TaskBatch
 from rota.envelope import TaskEnvelope
+from rota.loader.settle import BufferSettle, DeadLettersRefused
 from rota.loader.spark_session import SparkOptions
 from rota.loader.spark_session import spark_session as build_session
-from rota.loader.spark_source import SOURCE_NAME, BufferSource, entry_key, next_entry_id
+from rota.loader.spark_source import SOURCE_NAME, BufferSource
 from rota.loader.store import load_entries
 from rota.metrics import LoaderMetrics
 from rota.outage import Outage
@@ -51,7 +50,12 @@ from rota.settings import Settings
 log = logging.getLogger("rota.loader.spark")
 
 
-OUTAGES: tuple[type[Exception], ...] = (psycopg.OperationalError, *redis_client.SERVER_LOST)
+# Tried again in place: a server out, or a dead letter Redis refused.
+OUTAGES: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    DeadLettersRefused,
+    *redis_client.SERVER_LOST,
+)
 
 
 class BatchSink:
@@ -74,7 +78,7 @@ class BatchSink:
         self.dead_lettered = 0
         self.batches = 0
         self.outage = Outage("the buffer or PostgreSQL (Spark loader)", log)
-        self._trimmed_at = float("-inf")  # the dead-letter stream's retention
+        self.settle = BufferSettle(self._buffer, settings)
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         """Loads the batch; through an outage of either server, tries again
@@ -135,22 +139,12 @@ class BatchSink:
                     entries, waiting = [], 0
             stored += self._load(entries, dead)
             db.run(self._conn, ops.count_loader_batch(self.query_key, batch_id, stored))
-            if dead:  # before the commit: a replay may record them twice, never zero times
-                pipe = self._buffer().pipeline(transaction=False)
-                add_dead_letters(pipe, self.settings.stream_prefix, dead)
-                pipe.execute()
+            # Before the commit: a replay may record them twice, never zero times.
+            if self.settle.record_dead(dead):
+                raise DeadLettersRefused("dead letters refused; the batch is tried again")
         # Durable now: trimmed here, not only by the source's commit, which
         # Spark calls when the next batch starts (with an idle buffer, never).
-        pipe = self._buffer().pipeline(transaction=False)
-        for stream, entry_id in last.items():
-            pipe.xtrim(stream, minid=next_entry_id(entry_id), approximate=False)
-        pipe.execute()
-        subtract_backlogs(self._buffer(), loaded)
-        if time.monotonic() - self._trimmed_at >= self.settings.retention_seconds:
-            self._trimmed_at = time.monotonic()
-            trim_dead_letters(
-                self._buffer(), self.settings.stream_prefix, self.settings.dead_letter_retention
-            )
+        self.settle.finish(loaded, trim_through=last)
         self.loaded += stored
         self.dead_lettered += len(dead)
         self.batches += 1

@@ -12,7 +12,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from rota import redis_client
-from rota.buffer import decode_entry
+from rota.buffer import decode_entry, entry_key, next_entry_id
 from rota.settings import Settings
 
 SOURCE_NAME = "rota_buffer"
@@ -21,17 +21,6 @@ SOURCE_NAME = "rota_buffer"
 # raw data and the reason in `error`. Rows, not tasks, are what Spark pays for.
 SCHEMA = "stream string, entry_id string, data string, error string"
 PAGE = 1000
-
-
-def entry_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def next_entry_id(entry_id: str) -> str:
-    """The smallest stream id greater than `entry_id` (for XTRIM MINID)."""
-    ms, seq = entry_key(entry_id)
-    return f"{ms}-{seq + 1}"
 
 
 class BufferSource(DataSource):

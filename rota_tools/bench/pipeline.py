@@ -8,6 +8,7 @@ import os
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -170,7 +171,9 @@ def _spark_sustained(
 
     stop = threading.Event()
     # Resolved once: the sink keys its ledger by it, and so does the read below.
-    checkpoint = checkpoint_location(f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}")
+    checkpoint = checkpoint_location(
+        f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}-{uuid.uuid4().hex[:8]}"
+    )
     streaming = _spark_loader(settings, spark, checkpoint, 0.2, stop)
     streaming.start()
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
@@ -189,7 +192,9 @@ def _spark_sustained(
             strict=True,
         ):
             if client.exists(staged):  # a shard no tenant of the backlog maps to has none
-                pipe.rename(staged, live)
+                # (The command, not the method: a cluster pipeline refuses `rename`,
+                # whose two keys here share their shard's slot.)
+                pipe.execute_command("RENAME", staged, live)
         started = time.perf_counter()
         pipe.execute()
         # Done when the ledger says so (it commits with the tasks): 0.2 ms a
@@ -277,7 +282,11 @@ def bench_pipeline_load(
             runner = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
         else:
             runner = _spark_loader(
-                settings, spark, f"/tmp/rota-bench-ckpt-{os.getpid()}-lat", 0.1, stop
+                settings,
+                spark,
+                f"/tmp/rota-bench-ckpt-{os.getpid()}-lat-{uuid.uuid4().hex[:8]}",
+                0.1,
+                stop,
             )
         runner.start()
         time.sleep(2 if engine == "python" else 15)  # Spark's first micro-batch is slow

@@ -187,3 +187,7 @@ CREATE DATABASE {database}
 
 -- name: bench_compare_checkpoint
 CHECKPOINT
+
+-- name: bench_drop_plain_import
+-- The plain JDBC write's table (`rota bench import`'s baseline).
+DROP TABLE IF EXISTS bench_plain_import
