@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     worker_retention: Duration = 86_400.0  # rows of stopped or dead workers
     loader_ledger_retention: Duration = 86_400.0  # Spark ledger rows past each checkpoint's last
     dead_letter_retention: Duration = 30 * 86_400.0  # the buffer's dead-letter stream
+    # On: succeeded, dead and cancelled tasks are kept, whatever their age,
+    # until `rota archive` has written them.
+    retention_waits_for_archive: bool = False
     cron_lookback_seconds: float = Field(default=300.0, gt=0)  # missed ticks caught up
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     # A task whose name the worker's app does not know is handed back (run

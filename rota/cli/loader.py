@@ -176,3 +176,36 @@ def import_command(
     )
     typer.echo(json.dumps(summary_dict(summary), indent=2))
     raise typer.Exit(2 if summary.rejected else 0)
+
+
+@app.command("archive")
+def archive_command(
+    before: Annotated[
+        str,
+        typer.Option(help="what ended before this day: YYYY-MM-DD, or a duration ago (30d)"),
+    ],
+    to: Annotated[
+        str, typer.Option("--to", help="where: any URI Spark writes (Parquet by day and queue)")
+    ],
+    master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    conf: SparkConf = None,
+    spark_ui: SparkUI = False,
+    spark_log_level: SparkLogLevel = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Write the tasks that succeeded, died or were cancelled before a day to
+    Parquet, partitioned by day and queue (a Spark job), each once: a run
+    takes the days since the previous one's bound."""
+    from rota.archive import archive, summary_dict
+    from rota.cli.tasks import since_time
+
+    when = since_time(before)
+    assert when is not None
+    summary = archive(
+        settings_from(database_url),
+        when,
+        to,
+        master=master,
+        options=spark_options(conf, spark_ui, spark_log_level),
+    )
+    typer.echo(json.dumps(summary_dict(summary), indent=2))

@@ -33,6 +33,10 @@ log = logging.getLogger("rota.maintenance")
 LEDGER_ROWS_KEPT = 100
 
 
+# What may separate this process's clock from PostgreSQL's (retention's bound).
+CLOCK_MARGIN_SECONDS = 60.0
+
+
 @dataclass
 class TickResult:
     """What one tick did (zero for duties that were not due)."""
@@ -170,12 +174,26 @@ class Maintenance:
     # -- retention -------------------------------------------------------------
 
     def prune_finished(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        result.pruned["finished"] = db.run(
-            conn, ops.prune_finished(self.settings.finished_retention)
-        )
+        older_than = self._kept_for(conn, self.settings.finished_retention)
+        if older_than is not None:
+            result.pruned["finished"] = db.run(conn, ops.prune_finished(older_than))
 
     def prune_dead(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        result.pruned["dead"] = db.run(conn, ops.prune_dead(self.settings.dead_retention))
+        older_than = self._kept_for(conn, self.settings.dead_retention)
+        if older_than is not None:
+            result.pruned["dead"] = db.run(conn, ops.prune_dead(older_than))
+
+    def _kept_for(self, conn: psycopg.Connection[Any], retention: float) -> float | None:
+        """How old an ended task must be to go: the retention, or, waiting for
+        the archive, at least as old as what it has written (None: it has
+        written nothing, so nothing goes). The margin covers the two clocks."""
+        if not self.settings.retention_waits_for_archive:
+            return retention
+        before = db.run(conn, ops.archived_before())
+        if before is None:
+            return None
+        archived_age = (datetime.now(UTC) - before).total_seconds() + CLOCK_MARGIN_SECONDS
+        return max(retention, archived_age)
 
     def prune_workers(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         result.pruned["workers"] = db.run(conn, ops.prune_workers(self.settings.worker_retention))

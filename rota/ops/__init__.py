@@ -12,12 +12,15 @@ maintenance duties), `admin` (operators' actions) and `read` (the read model).
 """
 
 from rota.ops.admin import (
+    archive_rows,
+    archive_span,
     cancel,
     configure_tenant,
     patch_tenant,
     pause_queue,
     pause_tenant,
     record,
+    record_archive,
     retry,
     retry_dead,
 )
@@ -35,6 +38,7 @@ from rota.ops.load import (
 from rota.ops.maintain import (
     PRUNE_BATCH,
     WorkerInfo,
+    archived_before,
     count_service,
     live_workers,
     promote_due,
@@ -78,6 +82,9 @@ __all__ = [
     "ReadyRow",
     "TaskState",
     "WorkerInfo",
+    "archive_rows",
+    "archive_span",
+    "archived_before",
     "cancel",
     "claim",
     "complete",
@@ -104,6 +111,7 @@ __all__ = [
     "reap_stopped_workers_claims",
     "reap_workers",
     "record",
+    "record_archive",
     "record_loader_batch",
     "refresh_stats",
     "register_worker",

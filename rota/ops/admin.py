@@ -4,7 +4,7 @@ used) and recorded in rota.audit with its actor."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -160,3 +160,32 @@ def _check_ids(task_ids: Sequence[UUID]) -> None:
 def _one_value(statement: str, params: dict[str, Any]) -> Op[Any]:
     rows = yield Execute(statement, params)
     return rows[0][0]
+
+
+# -- the archive (`rota archive`) ----------------------------------------------
+
+ArchiveRow = tuple[Any, ...]  # task_id, status, queue, tenant, name, payload, attempts,
+# enqueued_at, started_at, finished_at, last_error
+
+
+def archive_span(since: datetime | None, before: datetime) -> Op[tuple[Any, Any]]:
+    """The first and the last end, in [since, before), of a task that
+    succeeded, died or was cancelled ((None, None) when there is none)."""
+    rows = yield Execute(
+        query("archive_span"),
+        {"since": since or datetime.min.replace(tzinfo=UTC), "before": before},
+    )
+    return rows[0][0], rows[0][1]
+
+
+def archive_rows(start: datetime, end: datetime) -> Op[list[ArchiveRow]]:
+    """The tasks that ended in [start, end), as `rota archive` writes them."""
+    rows = yield Execute(query("archive_rows"), {"start": start, "end": end})
+    return [tuple(row) for row in rows]
+
+
+def record_archive(since: datetime | None, before: datetime, location: str, tasks: int) -> Op[None]:
+    yield Execute(
+        query("record_archive"),
+        {"since": since, "before": before, "location": location, "tasks": tasks},
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 from rota.db import Execute, Op, UUIDArray
@@ -52,6 +53,13 @@ def prune_dead(older_than_seconds: float, limit: int = PRUNE_BATCH) -> Op[int]:
     """Drops up to `limit` dead tasks that died longer ago than this."""
     rows = yield Execute(query("prune_dead"), {"seconds": older_than_seconds, "limit": limit})
     return int(rows[0][0])
+
+
+def archived_before() -> Op[datetime | None]:
+    """Everything that ended before this is archived (None: nothing is)."""
+    rows = yield Execute(query("archived_before"))
+    before: datetime | None = rows[0][0]
+    return before
 
 
 def prune_workers(older_than_seconds: float) -> Op[int]:

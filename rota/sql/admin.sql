@@ -35,3 +35,34 @@ SELECT rota.pause_tenant(%(name)s, %(paused)s, %(actor)s)
 -- name: record_action
 INSERT INTO rota.audit (actor, action, target, detail, count)
 VALUES (%(actor)s, %(action)s, %(target)s, %(detail)s::jsonb, %(count)s)
+
+-- name: archive_span
+-- The first and the last end, in [since, before), of a task that succeeded,
+-- died or was cancelled: the span `rota archive` reads.
+SELECT least(f.first, t.first), greatest(f.last, t.last)
+FROM (SELECT min(finished_at) AS first, max(finished_at) AS last FROM rota.finished
+      WHERE finished_at >= %(since)s AND finished_at < %(before)s) f,
+     (SELECT min(finished_at) AS first, max(finished_at) AS last FROM rota.tasks
+      WHERE status IN ('dead', 'cancelled')
+        AND finished_at >= %(since)s AND finished_at < %(before)s) t
+
+-- name: archive_rows
+-- What `rota archive` writes of the tasks that ended in [start, end): the
+-- record of those that succeeded, and dead or cancelled ones whole.
+SELECT f.task_id::text, 'succeeded', q.name, tn.name, NULL::text, NULL::text, f.attempts,
+       f.enqueued_at, f.started_at, f.finished_at, NULL::text
+FROM rota.finished f
+JOIN rota.queues q ON q.id = f.queue_id
+JOIN rota.tenants tn ON tn.id = f.tenant_id
+WHERE f.finished_at >= %(start)s AND f.finished_at < %(end)s
+UNION ALL
+SELECT t.id::text, t.status::text, q.name, tn.name, t.name, t.payload::text, t.attempts,
+       t.enqueued_at, NULL, t.finished_at, t.last_error
+FROM rota.tasks t
+JOIN rota.queues q ON q.id = t.queue_id
+JOIN rota.tenants tn ON tn.id = t.tenant_id
+WHERE t.status IN ('dead', 'cancelled') AND t.finished_at >= %(start)s AND t.finished_at < %(end)s
+
+-- name: record_archive
+INSERT INTO rota.archives (before, since, location, tasks)
+VALUES (%(before)s, %(since)s, %(location)s, %(tasks)s)

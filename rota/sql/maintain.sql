@@ -45,3 +45,7 @@ SELECT rota.count_service()
 
 -- name: refresh_stats
 SELECT rota.refresh_stats()
+
+-- name: archived_before
+-- Everything that ended before this is archived (`rota archive`); NULL: nothing is.
+SELECT max(before) FROM rota.archives

@@ -117,6 +117,7 @@ BEGIN
         rota.refresh_stats()
         TO rota_worker;
     GRANT SELECT, INSERT ON rota.workers TO rota_worker;
+    GRANT SELECT (before) ON rota.archives TO rota_worker;  -- retention's bound
     GRANT SELECT (task_id, attempt, worker) ON rota.running TO rota_worker;
 
     -- Admins: everything, as the operator on a bad day.

@@ -177,6 +177,17 @@ CREATE TABLE rota.finished (
 );
 CREATE INDEX finished_at ON rota.finished USING brin (finished_at);
 
+-- Each `rota archive --before B` run: everything that ended before B and at
+-- or after the previous run's B, written once to `location`. Retention, when
+-- told to wait for the archive, keeps what ended at or after the last B.
+CREATE TABLE rota.archives (
+    before timestamptz PRIMARY KEY,
+    since timestamptz,
+    location text NOT NULL,
+    tasks bigint NOT NULL,
+    archived_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- The Spark loader's ledger of loaded micro-batches (exactly once).
 CREATE TABLE rota.loader_batches (
     query text NOT NULL,  -- the streaming query's checkpoint: batch ids restart with it
