@@ -177,6 +177,16 @@ def test_stats_dead_letters_and_the_async_producer_work_on_a_cluster(
     loader.close()
     assert (summary.loaded, summary.dead_lettered) == (30, 1)
     assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    # The console reads the same through its own client.
+    from rota.console import data
+
+    console = data.Connections(cluster_settings)
+    try:
+        overview = data.overview(console)
+        assert "redis" not in overview["unavailable"] and len(overview["buffer"]) == SHARDS
+        assert data.dead_letters(console, None)["total"] == 1
+    finally:
+        console.close()
     letters = _rota(env, "dead-letters", "list", "--json")
     assert letters["total"] == 1 and "not JSON" in letters["letters"][0]["reason"]
     purged = _rota(env, "dead-letters", "purge", "--all", "--json")
