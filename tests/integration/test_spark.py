@@ -157,7 +157,7 @@ def test_rota_import_loads_good_rows_and_reports_bad_ones(
         'app.parse,carol,pdfs,"[not json",,1\n'
         'app.parse,dave,pdfs,"[6]",,-3\n'
     )
-    summary = import_tasks(settings, str(csv), session=spark)
+    summary = import_tasks(settings, f"file://{csv}", session=spark)  # a URI: rejects beside it
     assert (summary.rows, summary.loaded, summary.rejected) == (6, 2, 4)
     assert summary.rejected_path is not None
     reasons = [line["reason"] for line in _rejected_lines(summary.rejected_path)]
