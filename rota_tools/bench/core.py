@@ -23,6 +23,7 @@ from rota.db import Copy, Op, Row, UUIDArray
 from rota.envelope import TaskEnvelope, make_envelope
 from rota.migrate import migrate
 from rota.process import tune_gc
+from rota_tools.bench.cpu import PostgresCost
 from rota_tools.sql import query
 from rota_tools.stats import percentile
 
@@ -100,11 +101,21 @@ def _raw_copy(
     return time.perf_counter() - started
 
 
+def median_costs(costs: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Each measure's median over the runs (None if it could not be taken)."""
+    medians: dict[str, float | None] = {}
+    for key in costs[0] if costs else ():
+        values = [value for c in costs if (value := c[key]) is not None]
+        medians[key] = round(statistics.median(values), 1) if values else None
+    return medians
+
+
 def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
     """Fair bulk load vs raw COPY of the same rows, and vs the ceiling of any
     fair design (one COPY into a table with a fair-order index), alternating,
     `runs` times."""
     raw_rates, indexed_rates, fair_rates = [], [], []
+    costs: list[dict[str, float | None]] = []
     with psycopg.connect(url, autocommit=True) as conn:
         for run in range(runs):
             rows = list(make_tasks(tasks, tenants, start=run * tasks))
@@ -114,7 +125,9 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
             reset(conn)  # drops the raw table too
             indexed_rates.append(tasks / _raw_copy(conn, batches, fair_index=True))
             reset(conn)
+            cost = PostgresCost(conn)
             fair_rates.append(tasks / _load_batches(conn, batches))
+            costs.append(cost.per_task(tasks))
     raw, indexed, fair = (
         statistics.median(rates) for rates in (raw_rates, indexed_rates, fair_rates)
     )
@@ -126,6 +139,7 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
         # No fair design that keeps a claim index can beat this ratio.
         "fair_index_copy_rows_per_s": round(indexed),
         "fair_index_copy_to_raw_ratio": round(indexed / raw, 3),
+        "postgresql_per_task": median_costs(costs),
         "runs": {
             "raw_copy": [round(r) for r in raw_rates],
             "fair_index_copy": [round(r) for r in indexed_rates],
@@ -351,6 +365,7 @@ def bench_claim(
         # Throughput: claim + complete, `connections` processes, alternating
         # with the plain FIFO baseline, `runs` times.
         rates, fifo_rates = [], []
+        costs: list[dict[str, float | None]] = []
         size = max(backlogs[0], int(40_000 * throughput_seconds))
         for _ in range(runs):
             # Fresh tables for both, as the baseline's are: the effect of churn
@@ -358,7 +373,9 @@ def bench_claim(
             reset(conn)
             filler = Filler(conn, tenants)
             filler.fill(size)
+            cost = PostgresCost(conn)
             rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
+            costs.append(cost.per_task(round(rates[-1] * throughput_seconds)))
             fifo = FifoFiller(conn)
             fifo.fill(size)
             fifo_rates.append(claim_throughput(FIFO, url, connections, limit, throughput_seconds))
@@ -377,6 +394,8 @@ def bench_claim(
         "ratio_to_fifo_baseline": round(
             statistics.median(rates) / statistics.median(fifo_rates), 3
         ),
+        # PostgreSQL's CPU and WAL per task claimed and completed.
+        "postgresql_per_task": median_costs(costs),
         "runs": {
             "claim_complete_tasks_per_s": [round(r) for r in rates],
             "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],

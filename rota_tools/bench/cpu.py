@@ -131,3 +131,29 @@ class CpuMeter:
             "busiest": max(used, key=lambda name: used[name]["seconds"], default=None),
             "not_measured": self.absent,
         }
+
+
+class PostgresCost:
+    """PostgreSQL's CPU (every process of the server: backends, WAL writer,
+    autovacuum) and the WAL it wrote over a window, per task: what a primary
+    spends per task, whatever the machine it runs on."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        from rota_tools.sql import query
+
+        self.conn = conn
+        self.query = query
+        self.probe = postgres_probe(conn)
+        self.cpu = self.probe() if self.probe else None
+        row = conn.execute(query("bench_wal_lsn")).fetchone()
+        self.lsn = row[0] if row else None
+
+    def per_task(self, tasks: int) -> dict[str, float | None]:
+        row = self.conn.execute(self.query("bench_wal_since"), {"lsn": self.lsn}).fetchone()
+        wal = int(row[0]) if row else None
+        cpu = self.probe() if self.probe else None
+        cpu_us = None if cpu is None or self.cpu is None else (cpu - self.cpu) * 1e6 / tasks
+        return {
+            "cpu_us": None if cpu_us is None else round(cpu_us, 1),
+            "wal_bytes": None if wal is None else round(wal / tasks, 1),
+        }

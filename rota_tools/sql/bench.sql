@@ -191,3 +191,10 @@ CHECKPOINT
 -- name: bench_drop_plain_import
 -- The plain JDBC write's table (`rota bench import`'s baseline).
 DROP TABLE IF EXISTS bench_plain_import
+
+-- name: bench_wal_lsn
+-- Where the WAL is now: a later pg_wal_lsn_diff gives the bytes written since.
+SELECT pg_current_wal_lsn()::text
+
+-- name: bench_wal_since
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(lsn)s::pg_lsn)::bigint
