@@ -42,6 +42,9 @@ def test_bench_load_core(settings: Settings) -> None:
     assert report["fair_to_raw_ratio"] > 0
     assert report["fair_index_copy_rows_per_s"] > 0  # the ceiling of any fair design
     assert report["fair_index_copy_to_raw_ratio"] > 0
+    # What the primary spends per task: its CPU (the server is local here) and WAL.
+    assert report["postgresql_per_task"]["cpu_us"] > 0
+    assert report["postgresql_per_task"]["wal_bytes"] > 0
 
 
 def test_bench_load_python_engine(settings: Settings) -> None:
@@ -86,6 +89,8 @@ def test_bench_claim(settings: Settings) -> None:
     assert report["fifo_baseline_claim_latency"]["4000"]["p50_ms"] > 0
     assert report["p50_ratio_to_fifo_baseline"] > 0
     assert report["claim_complete_tasks_per_s"] > 0 and report["fifo_baseline_tasks_per_s"] > 0
+    assert report["postgresql_per_task"]["cpu_us"] > 0
+    assert report["postgresql_per_task"]["wal_bytes"] > 0
 
 
 def test_bench_enqueue(settings: Settings) -> None:
