@@ -141,10 +141,15 @@ SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "
 CONNECTION_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
 
 
-def _options(url: str, synchronous_commit: bool) -> dict[str, Any]:
+def _options(url: str, synchronous_commit: bool, pooled: bool) -> dict[str, Any]:
     """rota's session settings as startup options, unless the URL names its
-    own `options`: PgBouncer refuses most startup options, so behind it the
-    settings go on the role instead (README, "Behind PgBouncer")."""
+    own `options` or goes through a transaction pooler: PgBouncer refuses
+    most startup options, so behind it the settings go on the role instead
+    (README, "Behind PgBouncer"). Behind a transaction pooler a connection
+    prepares nothing either: its next transaction may run on another server
+    session, which never saw the statement."""
+    if pooled:
+        return {"prepare_threshold": None}
     if "options" in conninfo_to_dict(url):
         return {}
     sync = "" if synchronous_commit else " -c synchronous_commit=off"
@@ -152,27 +157,41 @@ def _options(url: str, synchronous_commit: bool) -> dict[str, Any]:
 
 
 def connect(
-    url: str, *, autocommit: bool = True, synchronous_commit: bool = True, **kwargs: Any
+    url: str,
+    *,
+    autocommit: bool = True,
+    synchronous_commit: bool = True,
+    pooled: bool = False,
+    **kwargs: Any,
 ) -> psycopg.Connection[Any]:
     """`synchronous_commit=False` for workers' claims and reports only (see
     Settings.worker_synchronous_commit); what a commit must not forget, such
-    as a load the buffer is then acknowledged for, keeps the default."""
+    as a load the buffer is then acknowledged for, keeps the default.
+    `pooled`: the URL goes through a pooler in transaction mode
+    (Settings.transaction_pooling)."""
     return psycopg.connect(
-        url, autocommit=autocommit, **_options(url, synchronous_commit), **kwargs
+        url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
     )
 
 
-def admin_connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
+def admin_connect(url: str, *, pooled: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
     """A connection for operators' reads and actions (the CLI, the console):
     the server's own planner settings, not the claim path's generic plans
     and index-only rule, so that an ad-hoc read is planned for what it reads."""
     kwargs.setdefault("application_name", "rota-admin")
+    if pooled:
+        kwargs["prepare_threshold"] = None
     return psycopg.connect(url, autocommit=True, **kwargs)
 
 
 async def aconnect(
-    url: str, *, autocommit: bool = True, synchronous_commit: bool = True, **kwargs: Any
+    url: str,
+    *,
+    autocommit: bool = True,
+    synchronous_commit: bool = True,
+    pooled: bool = False,
+    **kwargs: Any,
 ) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(
-        url, autocommit=autocommit, **_options(url, synchronous_commit), **kwargs
+        url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
     )

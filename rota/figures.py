@@ -69,7 +69,9 @@ def gather(settings: Settings, top: int = 10) -> Figures:
     figures = Figures(datetime.now(UTC))
     try:
         with db.admin_connect(
-            settings.database_url, connect_timeout=settings.database_timeout_seconds
+            settings.database_url,
+            pooled=settings.transaction_pooling,
+            connect_timeout=settings.database_timeout_seconds,
         ) as conn:
             postgres_figures(conn, settings, top, figures)
     except psycopg.Error as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +22,14 @@ class Settings(BaseSettings):
     )
 
     database_url: str = "postgresql://localhost/postgres"
+    # "transaction": ROTA_DATABASE_URL goes through a pooler in transaction
+    # mode (PgBouncer's pool_mode = transaction): rota sends no startup
+    # options, prepares no statements and keeps no session state between
+    # transactions (README, "Behind PgBouncer").
+    database_pooling: Literal["none", "transaction"] = "none"
+    # A URL that reaches PostgreSQL without the pooler, for what needs a
+    # session of its own: a worker's LISTEN, and `rota reaper`'s lock.
+    direct_database_url: str | None = None
     redis_url: str = "redis://localhost:6379/0"
     # An allow-list of queue names (comma-separated): when set, enqueues to any
     # other queue are refused and the loader dead-letters them.
@@ -126,6 +134,17 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def transaction_pooling(self) -> bool:
+        return self.database_pooling == "transaction"
+
+    @property
+    def session_database_url(self) -> str | None:
+        """Where a connection that keeps session state (LISTEN, an advisory
+        lock) goes: the database URL, or behind a transaction pooler the
+        direct one (None when there is none)."""
+        return self.direct_database_url if self.transaction_pooling else self.database_url
+
+    @property
     def allowed_queues(self) -> frozenset[str] | None:
         # Not a cached_property: model_copy(update=...) would carry a stale one.
         return _allowed(self.queues)
@@ -133,7 +152,8 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # Passwords never reach a log line or a traceback's repr.
         for name, value in super().__repr_args__():
-            yield name, redact_url(value) if name in ("database_url", "redis_url") else value
+            secret = name in ("database_url", "redis_url", "direct_database_url") and value
+            yield name, redact_url(value) if secret else value
 
 
 @functools.lru_cache(maxsize=64)

@@ -248,8 +248,12 @@ def start_redis(
     )
 
 
-def start_pgbouncer(postgres: Server, pool_mode: str = "session") -> Server:
-    """A PgBouncer in front of `postgres` (any database; the URL names none)."""
+def start_pgbouncer(
+    postgres: Server, pool_mode: str = "session", max_client_conn: int | None = None
+) -> Server:
+    """A PgBouncer in front of `postgres` (any database; the URL names none),
+    its settings at their defaults but the pool mode and, if given, how many
+    clients it takes (100 by default)."""
     binary = shutil.which("pgbouncer", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
     if binary is None:
         raise ServerError("pgbouncer not found: run `bash infra/install-servers.sh`")
@@ -264,6 +268,7 @@ def start_pgbouncer(postgres: Server, pool_mode: str = "session") -> Server:
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {directory / 'users.txt'}\npool_mode = {pool_mode}\n"
         f"logfile = {log}\n"
+        + (f"max_client_conn = {max_client_conn}\n" if max_client_conn else "")
     )
     if uid is not None and gid is not None:
         for path in (directory, *directory.iterdir()):
@@ -545,8 +550,10 @@ def local_spark_cluster(workers: int = 2, cores: int = 1) -> Iterator[SparkClust
 
 
 @contextlib.contextmanager
-def local_pgbouncer(postgres: Server, pool_mode: str = "session") -> Iterator[Server]:
-    server = start_pgbouncer(postgres, pool_mode)
+def local_pgbouncer(
+    postgres: Server, pool_mode: str = "session", max_client_conn: int | None = None
+) -> Iterator[Server]:
+    server = start_pgbouncer(postgres, pool_mode, max_client_conn)
     try:
         yield server
     finally:

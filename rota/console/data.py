@@ -57,6 +57,7 @@ class Connections:
             except queue.Empty:
                 conn = db.admin_connect(
                     self.settings.database_url,
+                    pooled=self.settings.transaction_pooling,
                     connect_timeout=self.settings.database_timeout_seconds,
                     application_name=APPLICATION_NAME,
                 )

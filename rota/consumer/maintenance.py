@@ -23,6 +23,7 @@ from croniter import croniter
 from rota import db, ops
 from rota.app import App
 from rota.envelope import make_envelope, task_id_for_key
+from rota.errors import ValidationError
 from rota.outage import Outage
 from rota.settings import Settings
 
@@ -266,14 +267,19 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
     process leads, riding out database outages, until `stop` is set."""
     leadership = Leadership(duty, f"reaper {socket.gethostname()}:{os.getpid()}")
     outage = Outage("PostgreSQL (maintenance)", log)
+    # The lock lives in a session: never one a transaction pooler shares out.
+    url = settings.session_database_url
+    if url is None:
+        raise ValidationError(
+            "rota reaper holds a session-level lock: behind a transaction pooler, "
+            "set ROTA_DIRECT_DATABASE_URL to a URL that reaches PostgreSQL directly"
+        )
     conn: psycopg.Connection[Any] | None = None
     try:
         while not stop.is_set():
             try:
                 if conn is None:
-                    conn = db.connect(
-                        settings.database_url, connect_timeout=settings.database_timeout_seconds
-                    )
+                    conn = db.connect(url, connect_timeout=settings.database_timeout_seconds)
                 leadership.tick(conn)
                 outage.recovered()
             except psycopg.OperationalError as exc:

@@ -122,11 +122,11 @@ def listen(
     meanwhile)."""
     wanted = set(queues)
     outage = Outage("PostgreSQL (LISTEN)", log)
+    url = settings.session_database_url  # LISTEN needs a session: never a pooled one
+    assert url is not None
     while not stopping.is_set():
         try:
-            with db.connect(
-                settings.database_url, connect_timeout=settings.database_timeout_seconds
-            ) as conn:
+            with db.connect(url, connect_timeout=settings.database_timeout_seconds) as conn:
                 db.run(conn, ops.listen_ready())
                 outage.recovered()
                 while not stopping.is_set():
@@ -156,6 +156,7 @@ def heartbeat(
             if conn is None:
                 conn = db.connect(
                     settings.database_url,
+                    pooled=settings.transaction_pooling,
                     connect_timeout=settings.database_timeout_seconds,
                     # Which worker holds the maintenance lock, in pg_stat_activity.
                     application_name=f"rota-worker:{worker_id}"[-APPLICATION_NAME_MAX:],

@@ -137,12 +137,21 @@ class Worker:
             ),
         )
         self._loop_thread.start()
-        helpers = [
-            threading.Thread(
-                target=listen, args=(self.settings, queues, self.wake, self.stopping), daemon=True
-            ),
-            threading.Thread(target=self._heartbeat, daemon=True),
-        ]
+        helpers = [threading.Thread(target=self._heartbeat, daemon=True)]
+        if self.settings.session_database_url is not None:
+            helpers.append(
+                threading.Thread(
+                    target=listen,
+                    args=(self.settings, queues, self.wake, self.stopping),
+                    daemon=True,
+                )
+            )
+        else:
+            log.info(
+                "behind a transaction pooler without ROTA_DIRECT_DATABASE_URL: no LISTEN, "
+                "new tasks are found by polling every %s s",
+                self.settings.poll_seconds,
+            )
         for helper in helpers:
             helper.start()
         log.info("worker %s on queues %s, concurrency %d", self.id, queues, self.concurrency)
@@ -179,6 +188,7 @@ class Worker:
         return db.connect(
             self.settings.database_url,
             synchronous_commit=self.settings.worker_synchronous_commit,
+            pooled=self.settings.transaction_pooling,
             connect_timeout=self.settings.database_timeout_seconds,
         )
 
@@ -388,10 +398,13 @@ class Worker:
     # -- helpers -----------------------------------------------------------------
 
     def _heartbeat(self) -> None:
+        # The maintenance lock is a session's: behind a transaction pooler the
+        # heartbeat's connection has none, and `rota reaper` leads instead.
+        leads = self.run_maintenance and not self.settings.transaction_pooling
+        if self.run_maintenance and not leads:
+            log.info("behind a transaction pooler, workers leave maintenance to `rota reaper`")
         leadership = (
-            Leadership(Maintenance(self.settings, self.app), f"worker {self.id}")
-            if self.run_maintenance
-            else None
+            Leadership(Maintenance(self.settings, self.app), f"worker {self.id}") if leads else None
         )
         heartbeat(self.settings, self.id, self._beat, leadership, self.stopping)
 

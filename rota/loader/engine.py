@@ -122,7 +122,9 @@ class Loader:
     @property
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = db.connect(self.settings.database_url)
+            self._conn = db.connect(
+                self.settings.database_url, pooled=self.settings.transaction_pooling
+            )
         return self._conn
 
     def close(self) -> None:

@@ -134,11 +134,11 @@ def _load_partition(rows: Iterable[Any], job: dict[str, Any]) -> Iterator[tuple[
                 yield ("rejected", _rejection(_reason(exc), record), 0, 0, 0)
                 continue
             if len(batch) >= job["chunk"]:
-                conn = conn or db.connect(job["database_url"])
+                conn = conn or db.connect(job["database_url"], pooled=job["pooled"])
                 yield from _load(conn, batch, job["chunk"])
                 batch = []
         if batch:
-            conn = conn or db.connect(job["database_url"])
+            conn = conn or db.connect(job["database_url"], pooled=job["pooled"])
             yield from _load(conn, batch, job["chunk"])
     finally:
         if conn is not None:
@@ -236,6 +236,7 @@ def import_tasks(
     frame = _with_origin(reader.load(path), fmt)
     job = {
         "database_url": settings.database_url,
+        "pooled": settings.transaction_pooling,
         "chunk": settings.loader_batch_size,
         "defaults": {
             "allowed_queues": settings.allowed_queues,

@@ -105,6 +105,7 @@ class BatchSink:
         if self._conn is None or self._conn.closed:
             self._conn = db.connect(
                 self.settings.database_url,
+                pooled=self.settings.transaction_pooling,
                 connect_timeout=self.settings.database_timeout_seconds,
             )
         size = self.settings.spark_load_size

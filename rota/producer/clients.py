@@ -159,7 +159,9 @@ class Producer:
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = db.connect(
-                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
+                self.settings.database_url,
+                pooled=self.settings.transaction_pooling,
+                connect_timeout=self.settings.database_timeout_seconds,
             )
         return self._conn
 
@@ -216,7 +218,9 @@ class AsyncProducer:
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = await db.aconnect(
-                self.settings.database_url, connect_timeout=self.settings.database_timeout_seconds
+                self.settings.database_url,
+                pooled=self.settings.transaction_pooling,
+                connect_timeout=self.settings.database_timeout_seconds,
             )
         return self._conn
 

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from rota import App, Settings, TaskCall, db, ops
+from rota_tools.devservers import Server
 from tests.helpers import wait_for
 
 HERE = Path(__file__).parent
@@ -215,3 +216,46 @@ def test_tasks_that_outlive_the_shutdown_grace_are_handed_back_and_the_worker_ex
     assert worker.returncode == 0
     state = db.run(conn, ops.task_states(ids))[ids[0]]
     assert (state.status, state.attempts) == ("pending", 0)  # handed back, no attempt used
+
+
+def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
+    env: dict[str, str],
+    producer: App,
+    conn: psycopg.Connection[Any],
+    postgres_server: Server,
+    database_url: str,
+) -> None:
+    from rota_tools.devservers import local_pgbouncer
+    from tests.integration.test_pgbouncer import _role_settings
+
+    _role_settings(database_url)
+    sleep = producer.tasks["sleep"]
+    ids = enqueue(conn, producer, [sleep.call(0.01, tenant=f"t{i % 5}") for i in range(200)])
+    with local_pgbouncer(postgres_server, "transaction") as bouncer:
+        pooled = {
+            **env,
+            "ROTA_DATABASE_URL": f"{bouncer.url}/{database_url.rsplit('/', 1)[1]}",
+            "ROTA_DATABASE_POOLING": "transaction",
+            # LISTEN and the reaper's lock need sessions: a direct URL.
+            "ROTA_DIRECT_DATABASE_URL": database_url,
+        }
+        workers = [start_worker(pooled, "--concurrency", "4") for _ in range(2)]
+        reaper = subprocess.Popen(
+            [sys.executable, "-m", "rota", "reaper"], env=pooled, cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            wait_for(
+                lambda: all(
+                    s.status == "succeeded" for s in db.run(conn, ops.task_states(ids)).values()
+                ),
+                timeout=60,
+                what="every task run through the pooler",
+            )
+        finally:
+            for process in [*workers, reaper]:
+                stop(process)
+    for process in [*workers, reaper]:
+        assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+    runs = logged(conn)
+    assert len(runs) == len({row[0] for row in runs}) == 200  # each task ran once

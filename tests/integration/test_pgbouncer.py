@@ -3,13 +3,20 @@ the session settings on the role, and a URL that names its own `options`."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from uuid import UUID
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from rota import db, ops
+from rota import App, Settings, db, ops
+from rota.errors import ValidationError
+from rota.loader import Loader
 from rota_tools.devservers import Server, local_pgbouncer
 from tests.helpers import envelopes, load
 
@@ -59,3 +66,97 @@ def test_rota_needs_the_readme_setup_behind_pgbouncer(pgbouncer: Server, databas
         # Fair order through the pooler too: b's three tasks among the first claims.
         assert [t.tenant for t in claimed[:6]].count("b") == 3
         assert len({t.id for t in claimed}) == 120
+
+
+def _role_settings(database_url: str) -> None:
+    """The README's setup: rota's session settings on the role (here for this
+    database only), since a transaction pooler takes no startup options."""
+    name = database_url.rsplit("/", 1)[1]
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        for setting, value in db.SESSION_SETTINGS.items():
+            admin.execute(
+                sql.SQL("ALTER ROLE rota IN DATABASE {} SET {} = {}").format(
+                    sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)
+                )
+            )
+
+
+CLIENTS = 200
+SERVER_CONNECTIONS = 20  # PgBouncer's default_pool_size
+
+
+def test_producers_loaders_and_200_claimers_work_through_pgbouncer_in_transaction_mode(
+    postgres_server: Server, database_url: str, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    _role_settings(database_url)
+    with local_pgbouncer(postgres_server, "transaction", max_client_conn=CLIENTS + 20) as bouncer:
+        pooled = settings.model_copy(
+            update={
+                "database_url": _through(bouncer, database_url),
+                "database_pooling": "transaction",
+                "direct_database_url": database_url,
+            }
+        )
+        app = App(pooled)
+        parse = app.task(name="app.parse", queue="default")(lambda n: None)
+        # Through the buffer and a loader, and straight into PostgreSQL (the
+        # fallback's path, in the caller's transaction) on the same pooler.
+        ids = app.enqueue_many([parse.call(n, tenant=f"t{n % 20}") for n in range(3000)])
+        ids += app.enqueue_many([parse.call(n, tenant="limited") for n in range(300)])
+        with db.connect(pooled.database_url, pooled=True, autocommit=False) as own:
+            ids += app.enqueue_many([parse.call(n, tenant="direct") for n in range(100)], own)
+            own.commit()
+        app.close()
+        loader = Loader(pooled)
+        assert loader.drain().loaded == 3300
+        loader.close()
+        db.run(conn, ops.configure_tenant("limited", concurrency_limit=2))
+
+        claimed: list[UUID] = []
+        most_running, most_backends = [0], [0]
+        done = threading.Event()
+
+        def claimer(number: int) -> None:
+            with db.connect(pooled.database_url, pooled=True) as own:
+                while got := db.run(own, ops.claim(["default"], 5, f"w{number}")):
+                    time.sleep(0.002)  # work: other claimers meet these tasks running
+                    completed = db.run(own, ops.complete(t.token for t in got))
+                    assert completed == {t.id for t in got}
+                    claimed.extend(t.id for t in got)
+
+        def watch_limit() -> None:
+            with psycopg.connect(database_url, autocommit=True) as direct:
+                while not done.is_set():
+                    row = direct.execute(
+                        "SELECT count(*) FROM rota.running r JOIN rota.tasks t ON t.id = r.task_id"
+                        " WHERE t.tenant = 'limited'"
+                    ).fetchone()
+                    most_running[0] = max(most_running[0], row[0] if row else 0)
+                    # Backends on this database, less this one and the test's own.
+                    row = direct.execute(
+                        "SELECT count(*) - 2 FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND backend_type = 'client backend'"
+                    ).fetchone()
+                    most_backends[0] = max(most_backends[0], row[0] if row else 0)
+
+        watcher = threading.Thread(target=watch_limit)
+        watcher.start()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            for future in [pool.submit(claimer, n) for n in range(CLIENTS)]:
+                future.result()
+        done.set()
+        watcher.join()
+
+    assert sorted(claimed) == sorted(ids)  # every task once: none lost, none twice
+    assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (len(ids),)
+    assert 1 <= most_running[0] <= 2  # the tenant's limit held
+    assert 1 <= most_backends[0] <= SERVER_CONNECTIONS  # 200 clients shared the pool's 20
+
+
+def test_behind_a_transaction_pooler_the_reaper_needs_a_direct_url(settings: Settings) -> None:
+    from rota.consumer import Maintenance
+    from rota.consumer.maintenance import run_maintenance
+
+    pooled = settings.model_copy(update={"database_pooling": "transaction"})
+    with pytest.raises(ValidationError, match="ROTA_DIRECT_DATABASE_URL"):
+        run_maintenance(pooled, Maintenance(pooled), threading.Event())
