@@ -192,6 +192,66 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
     )
 
 
+def start_postgres_standby(
+    primary: Server, name: str = "standby1", synchronous: bool = True
+) -> Server:
+    """A streaming standby of `primary` (pg_basebackup, hot standby) on a free
+    port; with `synchronous`, the primary's commits wait for it to flush
+    (synchronous_standby_names). `SELECT pg_promote()` on it fails over."""
+    bindir = postgres_bindir()
+    prefix, uid, gid = _as_postgres_user()
+    port = free_port()
+    directory = Path(tempfile.mkdtemp(prefix="rota-pg-standby-"))
+    data = directory / "data"
+    log = directory / "postgres.log"
+    if uid is not None and gid is not None:
+        os.chown(directory, uid, gid)
+    source = f"host=127.0.0.1 port={primary.port} user=rota application_name={name}"
+    subprocess.run(
+        [
+            *(*prefix, str(bindir / "pg_basebackup"), "-d", source, "-D", str(data)),
+            *("-X", "stream", "-R", "--checkpoint=fast"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    options: list[str] = []
+    for key, value in POSTGRES_SETTINGS.items():
+        options += ["-c", f"{key}={value}"]
+    log_file = open(log, "wb")  # noqa: SIM115 - handed to the child for its lifetime
+    command = [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options]
+    process = subprocess.Popen(
+        command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    _wait_for_port(port, process, "postgres standby", log)
+    url = f"postgresql://rota@127.0.0.1:{port}/postgres"
+    _wait_for_postgres(url)
+    if synchronous:
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(primary.url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(sql.Literal(name))
+            )
+            conn.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + 30
+            while (
+                conn.execute(
+                    "SELECT 1 FROM pg_stat_replication WHERE application_name = %s"
+                    " AND sync_state = 'sync'",
+                    [name],
+                ).fetchone()
+                is None
+            ):
+                if time.monotonic() > deadline:
+                    raise ServerError("the standby did not become synchronous within 30 s")
+                time.sleep(0.05)
+    return Server(
+        url=url, port=port, directory=directory, process=process, command=command, log=log
+    )
+
+
 def start_redis(
     port: int | None = None,
     appendonly: bool = True,
@@ -267,8 +327,7 @@ def start_pgbouncer(
         f"[databases]\n* = host=127.0.0.1 port={postgres.port}\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {directory / 'users.txt'}\npool_mode = {pool_mode}\n"
-        f"logfile = {log}\n"
-        + (f"max_client_conn = {max_client_conn}\n" if max_client_conn else "")
+        f"logfile = {log}\n" + (f"max_client_conn = {max_client_conn}\n" if max_client_conn else "")
     )
     if uid is not None and gid is not None:
         for path in (directory, *directory.iterdir()):
