@@ -119,11 +119,18 @@ def listen(
 ) -> None:
     """Sets `wake` on each NOTIFY for one of `queues`, until `stopping`; after
     a lost connection it listens again once reconnected (the claim loop polls
-    meanwhile)."""
+    meanwhile). Without a session URL (behind a transaction pooler) it
+    returns at once and the claim loop polls."""
     wanted = set(queues)
     outage = Outage("PostgreSQL (LISTEN)", log)
     url = settings.session_database_url  # LISTEN needs a session: never a pooled one
-    assert url is not None
+    if url is None:
+        log.info(
+            "behind a transaction pooler without ROTA_DIRECT_DATABASE_URL: no LISTEN, "
+            "new tasks are found by polling every %s s",
+            settings.poll_seconds,
+        )
+        return
     while not stopping.is_set():
         try:
             with db.connect(url, connect_timeout=settings.database_timeout_seconds) as conn:

@@ -137,21 +137,12 @@ class Worker:
             ),
         )
         self._loop_thread.start()
-        helpers = [threading.Thread(target=self._heartbeat, daemon=True)]
-        if self.settings.session_database_url is not None:
-            helpers.append(
-                threading.Thread(
-                    target=listen,
-                    args=(self.settings, queues, self.wake, self.stopping),
-                    daemon=True,
-                )
-            )
-        else:
-            log.info(
-                "behind a transaction pooler without ROTA_DIRECT_DATABASE_URL: no LISTEN, "
-                "new tasks are found by polling every %s s",
-                self.settings.poll_seconds,
-            )
+        helpers = [
+            threading.Thread(
+                target=listen, args=(self.settings, queues, self.wake, self.stopping), daemon=True
+            ),
+            threading.Thread(target=self._heartbeat, daemon=True),
+        ]
         for helper in helpers:
             helper.start()
         log.info("worker %s on queues %s, concurrency %d", self.id, queues, self.concurrency)
