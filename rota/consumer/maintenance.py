@@ -123,7 +123,14 @@ class Maintenance:
             try:
                 duty.run(conn, result)
             except psycopg.OperationalError:
-                raise
+                # A deadlock or a lock timeout is an OperationalError too, but
+                # the connection (and the lock it holds) is fine: only a lost
+                # one stops the tick.
+                if conn.closed or conn.broken:
+                    raise
+                log.exception(
+                    "maintenance duty %s failed; next try in %s s", duty.name, duty.interval
+                )
             except Exception:
                 log.exception(
                     "maintenance duty %s failed; next try in %s s", duty.name, duty.interval
@@ -141,7 +148,9 @@ class Maintenance:
     # -- the queue's duties ----------------------------------------------------
 
     def promote(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        result.promoted = db.run(conn, ops.promote_due())
+        # One transaction: tasks taken off the schedule are in line, or still
+        # scheduled; never neither.
+        result.promoted = db.transact(conn, ops.promote_due())
 
     def expire_leases(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         result.expired = len(db.run(conn, ops.requeue_expired()))

@@ -97,3 +97,32 @@ def test_claims_left_by_a_stopped_worker_are_requeued(conn: Conn) -> None:
     duty.run(conn, result)
     assert result.requeued_from_dead == 2
     assert db.run(conn, ops.task_states([task.id]))[task.id].status == "pending"
+
+
+def test_promotion_is_atomic_and_a_lock_timeout_is_not_a_lost_connection(
+    conn: Conn, settings: Settings, database_url: str
+) -> None:
+    from datetime import UTC, datetime
+
+    load(conn, envelopes("alice", 1))
+    (task,) = claim(conn, 1)
+    due = datetime.now(UTC)
+    db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "again", retry_at=due)]))
+    assert _count(conn, "scheduled") == 1
+    clock = Clock()
+    maintenance = Maintenance(settings, clock=clock)
+    with psycopg.connect(database_url) as locker:
+        # Another transaction holds the queue: promotion's fair tags must wait for it.
+        locker.execute("SELECT 1 FROM rota.queues FOR UPDATE")
+        conn.execute("SET lock_timeout = '200ms'")
+        try:
+            maintenance.tick(conn)  # the duties that time out are logged, not raised
+        finally:
+            conn.execute("RESET lock_timeout")
+        assert not conn.closed
+        # Taken off the schedule and put in line in one transaction, or neither.
+        assert _count(conn, "scheduled") == 1 and _count(conn, "ready") == 0
+    clock.now += 3600
+    assert maintenance.tick(conn).promoted == 1
+    assert _count(conn, "scheduled") == 0 and _count(conn, "ready") == 1
+    assert [t.id for t in claim(conn, 1)] == [task.id]
