@@ -47,25 +47,44 @@ def test_each_duty_runs_on_its_own_interval() -> None:
     assert "cron" in ran and "prune_dead" in ran and "prune_finished" in ran
 
 
+class Connection:
+    """What the tick asks of a connection: whether it is still there."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.broken = False
+
+
 def test_a_failing_duty_does_not_stop_the_others_but_a_lost_connection_does() -> None:
     clock = Clock()
     duty, ran = _maintenance(clock)
+    conn = Connection()
 
     def broken(conn: Any, result: TickResult) -> None:
         raise ValueError("bad row")
 
     duty.duties[0].run = broken
-    duty.tick(None)  # type: ignore[arg-type]
+    duty.tick(conn)  # type: ignore[arg-type]
     assert len(ran) == len(duty.duties) - 1
 
+    def deadlocked(conn: Any, result: TickResult) -> None:
+        raise psycopg.errors.DeadlockDetected("deadlock detected")  # an OperationalError
+
+    duty.duties[0].run = deadlocked
+    clock.now += 100
+    ran.clear()
+    duty.tick(conn)  # type: ignore[arg-type]
+    assert len(ran) == len(duty.duties) - 1  # the connection is fine: only that duty failed
+
     def lost(conn: Any, result: TickResult) -> None:
+        conn.broken = True
         raise psycopg.OperationalError("server closed the connection")
 
     duty.duties[0].run = lost
     clock.now += 100
     ran.clear()
     try:
-        duty.tick(None)  # type: ignore[arg-type]
+        duty.tick(conn)  # type: ignore[arg-type]
     except psycopg.OperationalError:
         pass
     else:
