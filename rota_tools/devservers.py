@@ -226,27 +226,28 @@ def start_postgres_standby(
     _wait_for_port(port, process, "postgres standby", log)
     url = f"postgresql://rota@127.0.0.1:{port}/postgres"
     _wait_for_postgres(url)
-    if synchronous:
-        import psycopg
-        from psycopg import sql
+    import psycopg
+    from psycopg import sql
 
-        with psycopg.connect(primary.url, autocommit=True) as conn:
+    with psycopg.connect(primary.url, autocommit=True) as conn:
+        if synchronous:
             conn.execute(
                 sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(sql.Literal(name))
             )
             conn.execute("SELECT pg_reload_conf()")
-            deadline = time.monotonic() + 30
-            while (
-                conn.execute(
-                    "SELECT 1 FROM pg_stat_replication WHERE application_name = %s"
-                    " AND sync_state = 'sync'",
-                    [name],
-                ).fetchone()
-                is None
-            ):
-                if time.monotonic() > deadline:
-                    raise ServerError("the standby did not become synchronous within 30 s")
-                time.sleep(0.05)
+        wanted = "sync" if synchronous else "async"
+        deadline = time.monotonic() + 30
+        while (
+            conn.execute(
+                "SELECT 1 FROM pg_stat_replication WHERE application_name = %s"
+                " AND state = 'streaming' AND sync_state = %s",
+                [name, wanted],
+            ).fetchone()
+            is None
+        ):
+            if time.monotonic() > deadline:
+                raise ServerError(f"the standby was not streaming ({wanted}) within 30 s")
+            time.sleep(0.05)
     return Server(
         url=url, port=port, directory=directory, process=process, command=command, log=log
     )
@@ -309,11 +310,16 @@ def start_redis(
 
 
 def start_pgbouncer(
-    postgres: Server, pool_mode: str = "session", max_client_conn: int | None = None
+    postgres: Server | str, pool_mode: str = "session", max_client_conn: int | None = None
 ) -> Server:
-    """A PgBouncer in front of `postgres` (any database; the URL names none),
-    its settings at their defaults but the pool mode and, if given, how many
-    clients it takes (100 by default)."""
+    """A PgBouncer in front of `postgres` (a server, or the URL of one on
+    this machine; any database: the URL names none), its settings at their
+    defaults but the pool mode and, if given, how many clients it takes (100
+    by default)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    target = conninfo_to_dict(postgres.url if isinstance(postgres, Server) else postgres)
+    host, target_port = target.get("host", "127.0.0.1"), target.get("port", "5432")
     binary = shutil.which("pgbouncer", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
     if binary is None:
         raise ServerError("pgbouncer not found: run `bash infra/install-servers.sh`")
@@ -324,7 +330,7 @@ def start_pgbouncer(
     (directory / "users.txt").write_text('"rota" ""\n')
     config = directory / "pgbouncer.ini"
     config.write_text(
-        f"[databases]\n* = host=127.0.0.1 port={postgres.port}\n"
+        f"[databases]\n* = host={host} port={target_port}\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {directory / 'users.txt'}\npool_mode = {pool_mode}\n"
         f"logfile = {log}\n" + (f"max_client_conn = {max_client_conn}\n" if max_client_conn else "")

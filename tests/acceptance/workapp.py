@@ -18,7 +18,7 @@ LOG_TABLE = """CREATE TABLE IF NOT EXISTS test_log (
     started double precision, ended double precision)"""
 
 
-def _log(started: float) -> None:
+def log_run(started: float) -> None:
     task = current_task.get()
     with psycopg.connect(app.settings.database_url, autocommit=True) as conn:
         conn.execute(
@@ -31,21 +31,21 @@ def _log(started: float) -> None:
 def sleep(seconds: float) -> None:
     started = time.time()
     time.sleep(seconds)
-    _log(started)
+    log_run(started)
 
 
 @app.task(queue="work", max_attempts=5)
 async def async_sleep(seconds: float) -> None:
     started = time.time()
     await asyncio.sleep(seconds)
-    _log(started)
+    log_run(started)
 
 
 @app.task(queue="work", max_attempts=2)
 def flaky(fail_times: int) -> None:
     if current_task.get().attempt <= fail_times:
         raise rota.Retry(countdown=0.1)
-    _log(time.time())
+    log_run(time.time())
 
 
 @app.task(queue="work", max_attempts=2, backoff=0.1)
@@ -60,7 +60,7 @@ def too_slow() -> None:
 
 @app.periodic("* * * * *", tenant="cron")
 def every_minute(tick: str) -> None:
-    _log(time.time())
+    log_run(time.time())
 
 
 # Poison: each kind of bad task a tenant can send; none may stop a worker.
