@@ -88,19 +88,30 @@ def _beside_cluster(
     return {**single, "redis_cluster": clustered, "redis_cluster_ratio": ratios}
 
 
+Statements = Annotated[
+    bool,
+    typer.Option(
+        "--statements",
+        help="start the throwaway PostgreSQL with pg_stat_statements and report "
+        "its busiest statements per task",
+    ),
+]
+
+
 @contextlib.contextmanager
 def bench_settings(
-    database_url: str | None, redis_url: str | None, local: bool | None
+    database_url: str | None, redis_url: str | None, local: bool | None, statements: bool = False
 ) -> Iterator[Settings]:
     """Settings for a benchmark, schema migrated: the given servers, or
-    throwaway local ones."""
+    throwaway local ones (with pg_stat_statements, if asked)."""
     from rota.migrate import migrate as run_migrations
     from rota_tools.devservers import local_postgres, local_redis
 
     configured = database_url or "ROTA_DATABASE_URL" in os.environ
     with contextlib.ExitStack() as stack:
         if local if local is not None else not configured:
-            pg = stack.enter_context(local_postgres())
+            preload = {"shared_preload_libraries": "pg_stat_statements"} if statements else None
+            pg = stack.enter_context(local_postgres(preload))
             rd = stack.enter_context(local_redis())
             settings = settings_from(pg.url, rd.url)
         else:
@@ -123,6 +134,7 @@ def bench_load(
     redis_url: RedisUrl = None,
     local: Local = None,
     redis_cluster: BesideCluster = False,
+    statements: Statements = False,
     as_json: AsJson = False,
 ) -> None:
     """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
@@ -131,7 +143,7 @@ def bench_load(
     from rota_tools.bench.pipeline import bench_pipeline_load
 
     tune_gc()  # as in `rota loader` (and its Python loaders' processes)
-    with bench_settings(database_url, redis_url, local) as settings:
+    with bench_settings(database_url, redis_url, local, statements) as settings:
         if engine == "core":
             figures = run_core(settings.database_url, tasks, tenants, runs)
         elif engine in ("python", "spark"):
@@ -238,13 +250,84 @@ def bench_end_to_end(
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
+    pgbouncer: Annotated[
+        bool,
+        typer.Option(
+            "--pgbouncer",
+            help="run again with the loader and workers behind a throwaway PgBouncer in "
+            "transaction mode, with LISTEN on a direct URL and without (polling)",
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.pipeline import bench_end_to_end as run
 
     with bench_settings(database_url, redis_url, local) as settings:
-        _report("end-to-end", run(settings, tasks, tenants, rate, concurrency), as_json)
+        figures = run(settings, tasks, tenants, rate, concurrency)
+        if pgbouncer:
+            figures |= _behind_pgbouncer(
+                settings,
+                lambda fleet, probes: run(
+                    settings, tasks, tenants, rate, concurrency, fleet, probes
+                ),
+            )
+        _report("end-to-end", figures, as_json)
+
+
+def _behind_pgbouncer(
+    settings: Settings, measure: Callable[[Settings, dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """`measure` again with the fleet behind PgBouncer in transaction mode
+    (PostgreSQL must be on this machine): LISTEN on the direct URL, then
+    polling every ROTA_POLL_SECONDS."""
+    from psycopg.conninfo import make_conninfo
+
+    from rota_tools.bench.cpu import process_tree_seconds
+    from rota_tools.devservers import start_pgbouncer
+
+    bouncer = start_pgbouncer(settings.database_url, pool_mode="transaction")
+    try:
+        assert bouncer.process is not None
+        pid = bouncer.process.pid
+        probes = {"pgbouncer": lambda: process_tree_seconds(pid)}
+        # The same database, through the pooler.
+        url = make_conninfo(settings.database_url, host="127.0.0.1", port=str(bouncer.port))
+        pooled = settings.model_copy(
+            update={"database_url": url, "database_pooling": "transaction"}
+        )
+        listen = pooled.model_copy(update={"direct_database_url": settings.database_url})
+        return {
+            "pgbouncer_listen": measure(listen, probes),
+            "pgbouncer_poll": measure(pooled, probes),
+        }
+    finally:
+        bouncer.stop()
+
+
+@bench_app.command("shards")
+def bench_shards(
+    primaries: Annotated[int, typer.Option(help="simulate 1 .. this many primaries")] = 3,
+    scale: Annotated[int, typer.Option(help="fairness workload: 1 is 22,560 tasks")] = 1,
+    tasks: Annotated[int, typer.Option(help="throughput: tasks preloaded")] = 60_000,
+    tenants: Annotated[int, typer.Option(help="throughput: tenants")] = 300,
+    claimers: Annotated[int, typer.Option(help="throughput: claiming processes")] = 4,
+    as_json: AsJson = False,
+) -> None:
+    """Tenants spread over 1, 2 and 3 throwaway PostgreSQL instances: the fairness
+    bound kept by each way of choosing a shard, quiet tenants' waits, throughput."""
+    from rota.migrate import migrate as run_migrations
+    from rota_tools.bench.shards import bench_shards as run
+    from rota_tools.devservers import local_postgres
+
+    if not 1 <= primaries <= 8:
+        raise typer.BadParameter("from 1 to 8", param_hint="--primaries")
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(local_postgres()).url for _ in range(primaries)]
+        for url in urls:
+            with psycopg.connect(url, autocommit=True) as conn:
+                run_migrations(conn)
+        _report("shards", run(urls, scale * 250, tasks, tenants, claimers), as_json)
 
 
 @bench_app.command("lock-pressure")
@@ -301,6 +384,7 @@ def bench_claim(
     runs: int = 3,
     database_url: DatabaseUrl = None,
     local: Local = None,
+    statements: Statements = False,
     as_json: AsJson = False,
 ) -> None:
     """Claim + complete throughput (vs a plain FIFO baseline), and claim latency
@@ -309,7 +393,7 @@ def bench_claim(
 
     tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
     sizes = [int(b) for b in backlogs.split(",")]
-    with bench_settings(database_url, None, local) as settings:
+    with bench_settings(database_url, None, local, statements) as settings:
         figures = run(
             settings.database_url, sizes, tenants, connections, claim_size, samples, seconds, runs
         )

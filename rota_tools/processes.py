@@ -12,13 +12,18 @@ from rota.settings import Settings
 
 
 def _env(settings: Settings, poll_seconds: float = 1.0) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_DATABASE_POOLING": settings.database_pooling,
         "ROTA_REDIS_URL": settings.redis_url,
         "ROTA_POLL_SECONDS": str(poll_seconds),
         "ROTA_WORKER_SYNCHRONOUS_COMMIT": str(settings.worker_synchronous_commit).lower(),
     }
+    env.pop("ROTA_DIRECT_DATABASE_URL", None)
+    if settings.direct_database_url is not None:
+        env["ROTA_DIRECT_DATABASE_URL"] = settings.direct_database_url
+    return env
 
 
 def _start(arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -116,6 +116,7 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
     `runs` times."""
     raw_rates, indexed_rates, fair_rates = [], [], []
     costs: list[dict[str, float | None]] = []
+    statements: list[dict[str, Any]] | None = None  # the last run's, with pg_stat_statements
     with psycopg.connect(url, autocommit=True) as conn:
         for run in range(runs):
             rows = list(make_tasks(tasks, tenants, start=run * tasks))
@@ -128,6 +129,7 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
             cost = PostgresCost(conn)
             fair_rates.append(tasks / _load_batches(conn, batches))
             costs.append(cost.per_task(tasks))
+            statements = cost.top_statements(tasks)
     raw, indexed, fair = (
         statistics.median(rates) for rates in (raw_rates, indexed_rates, fair_rates)
     )
@@ -140,6 +142,7 @@ def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
         "fair_index_copy_rows_per_s": round(indexed),
         "fair_index_copy_to_raw_ratio": round(indexed / raw, 3),
         "postgresql_per_task": median_costs(costs),
+        **({"postgresql_statements": statements} if statements else {}),
         "runs": {
             "raw_copy": [round(r) for r in raw_rates],
             "fair_index_copy": [round(r) for r in indexed_rates],
@@ -366,6 +369,7 @@ def bench_claim(
         # with the plain FIFO baseline, `runs` times.
         rates, fifo_rates = [], []
         costs: list[dict[str, float | None]] = []
+        statements: list[dict[str, Any]] | None = None
         size = max(backlogs[0], int(40_000 * throughput_seconds))
         for _ in range(runs):
             # Fresh tables for both, as the baseline's are: the effect of churn
@@ -376,6 +380,7 @@ def bench_claim(
             cost = PostgresCost(conn)
             rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
             costs.append(cost.per_task(round(rates[-1] * throughput_seconds)))
+            statements = cost.top_statements(round(rates[-1] * throughput_seconds))
             fifo = FifoFiller(conn)
             fifo.fill(size)
             fifo_rates.append(claim_throughput(FIFO, url, connections, limit, throughput_seconds))
@@ -396,6 +401,7 @@ def bench_claim(
         ),
         # PostgreSQL's CPU and WAL per task claimed and completed.
         "postgresql_per_task": median_costs(costs),
+        **({"postgresql_statements": statements} if statements else {}),
         "runs": {
             "claim_complete_tasks_per_s": [round(r) for r in rates],
             "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],

@@ -147,6 +147,11 @@ class PostgresCost:
         self.cpu = self.probe() if self.probe else None
         row = conn.execute(query("bench_wal_lsn")).fetchone()
         self.lsn = row[0] if row else None
+        try:
+            conn.execute(query("bench_statements_reset"))
+            self.statements = True
+        except psycopg.Error:  # not preloaded (`--statements` starts a server that does)
+            self.statements = False
 
     def per_task(self, tasks: int) -> dict[str, float | None]:
         row = self.conn.execute(self.query("bench_wal_since"), {"lsn": self.lsn}).fetchone()
@@ -157,3 +162,20 @@ class PostgresCost:
             "cpu_us": None if cpu_us is None else round(cpu_us, 1),
             "wal_bytes": None if wal is None else round(wal / tasks, 1),
         }
+
+    def top_statements(self, tasks: int, limit: int = 6) -> list[dict[str, Any]] | None:
+        """pg_stat_statements' busiest statements since the start, per task
+        (None without pg_stat_statements)."""
+        if not self.statements:
+            return None
+        rows = self.conn.execute(self.query("bench_statements_top"), {"limit": limit}).fetchall()
+        total = sum(float(ms) for _, _, ms in rows) or 1.0
+        return [
+            {
+                "query": text[:120],
+                "calls_per_task": round(calls / tasks, 4),
+                "exec_us_per_task": round(float(ms) * 1000 / tasks, 2),
+                "share_of_these": round(float(ms) / total, 3),
+            }
+            for text, calls, ms in rows
+        ]

@@ -19,7 +19,7 @@ from rota.buffer import all_streams
 from rota.loader import Loader
 from rota.process import tune_gc
 from rota_tools.bench.core import reset, skewed_tenant
-from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe, redis_probe
+from rota_tools.bench.cpu import CpuMeter, Probe, pid_probe, postgres_probe, redis_probe
 from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
 from rota_tools.sql import query
 from rota_tools.stats import percentile
@@ -471,20 +471,29 @@ def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0)
 
 
 def bench_end_to_end(
-    settings: Settings, tasks: int, tenants: int, rate: float, concurrency: int
+    settings: Settings,
+    tasks: int,
+    tenants: int,
+    rate: float,
+    concurrency: int,
+    fleet: Settings | None = None,
+    probes: dict[str, Probe] | None = None,
 ) -> dict[str, Any]:
     """The whole pipeline as deployed, each part its own process: a producer
     at a steady rate (this process) -> Redis -> a Python loader -> 2 worker
-    processes. Enqueue -> start latency, throughput, and the CPU each used."""
+    processes. Enqueue -> start latency, throughput, and the CPU each used.
+    The loader and workers run with `fleet` (a pooler's URL, say) when given;
+    `probes` add processes to the CPU report."""
+    fleet = fleet or settings
     app = _app(settings)
     noop = app.tasks["noop"]
     client = redis_client.connect(settings)
     with db.connect(settings.database_url) as conn:
         reset(conn)
         _flush_buffer(settings)
-        loader = spawn_loader(settings)
+        loader = spawn_loader(fleet)
         workers = spawn_workers(
-            NOOP_APP, [QUEUE], 2, settings, concurrency=concurrency, batch_size=100
+            NOOP_APP, [QUEUE], 2, fleet, concurrency=concurrency, batch_size=100
         )
         try:
             # One task through the whole pipeline: every process is up. It is
@@ -501,6 +510,7 @@ def bench_end_to_end(
                     **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(workers, 1)},
                     "postgresql": postgres_probe(conn),
                     "redis": redis_probe(client),
+                    **(probes or {}),
                 }
             )
             meter.start()
@@ -534,6 +544,8 @@ def bench_end_to_end(
             "concurrency": concurrency,
             "workers": 2,
             "loader": "python",
+            "database_pooling": fleet.database_pooling,
+            "listen": fleet.session_database_url is not None,
         },
         "tasks_per_s": round(tasks / elapsed),
         "enqueue_to_start_ms": {

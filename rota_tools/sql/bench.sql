@@ -198,3 +198,36 @@ SELECT pg_current_wal_lsn()::text
 
 -- name: bench_wal_since
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %(lsn)s::pg_lsn)::bigint
+
+-- name: bench_shard_backlog
+-- A shard's ready tasks in one queue (the sharding simulation's claim weight).
+SELECT count(*) FROM rota.ready
+WHERE queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s)
+
+-- name: bench_shard_head
+-- The start tag at the head of a shard's line (NULL: nothing waits): one
+-- index probe of ready_fair_order.
+SELECT vtime FROM rota.ready
+WHERE queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s)
+ORDER BY vtime LIMIT 1
+
+-- name: bench_shard_floor
+-- Lifts an idle shard's clock to the fleet's before a load (the simulated
+-- shared clock): new tenants there start level with the busiest shards.
+UPDATE rota.queues SET max_start = greatest(max_start, %(floor)s) WHERE name = %(queue)s
+
+-- name: bench_shard_queue
+INSERT INTO rota.queues (name) VALUES (%(queue)s) ON CONFLICT (name) DO NOTHING
+
+-- name: bench_statements_reset
+-- pg_stat_statements from zero (it works only when the server preloads it).
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+SELECT pg_stat_statements_reset()
+
+-- name: bench_statements_top
+-- Where this database's time went since the reset, most first.
+SELECT regexp_replace(query, '\s+', ' ', 'g'), calls, total_exec_time
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_exec_time DESC
+LIMIT %(limit)s

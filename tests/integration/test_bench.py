@@ -139,8 +139,45 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
         settings, "lock-pressure", "--tenants", "30", "--connections", "3", "--seconds", "0.5"
     )
     assert locks["samples"] > 0 and locks["max_relations_locked_by_one_backend"] > 0
-    e2e = bench(settings, "end-to-end", "--tasks", "300", "--tenants", "10", "--rate", "300")
+    e2e = bench(
+        settings, "end-to-end", "--tasks", "300", "--tenants", "10", "--rate", "300", "--pgbouncer"
+    )
     assert e2e["tasks_per_s"] > 0 and e2e["enqueue_to_start_ms"]["p50"] > 0
+    assert e2e["params"]["database_pooling"] == "none"
+    # Again behind PgBouncer in transaction mode: LISTEN on the direct URL, then polling.
+    for key, listen in (("pgbouncer_listen", True), ("pgbouncer_poll", False)):
+        pooled = e2e[key]
+        assert pooled["params"]["database_pooling"] == "transaction"
+        assert pooled["params"]["listen"] is listen
+        assert pooled["tasks_per_s"] > 0
+        assert pooled["cpu"]["per_process"]["pgbouncer"]["seconds"] > 0
+
+
+def test_bench_shards(settings: Settings) -> None:
+    report = bench(
+        settings, "shards", "--primaries", "2", "--tasks", "2000", "--tenants", "20",
+        "--claimers", "2",
+    )  # fmt: skip
+    one, two = report["results"]["1_primaries"], report["results"]["2_primaries"]
+    assert one["head"]["displacement_vs_one_primary"]["max"] == 0  # the reference itself
+    assert one["head"]["tasks"] == two["synced-head"]["tasks"] == report["params"]["workload_tasks"]
+    assert sum(two["tenants_per_shard"]) == sum(one["tenants_per_shard"])
+    # Merging the shards' lines by their heads, with a shared clock, keeps
+    # every task near its place on one primary; drawing shards by backlog does not.
+    synced = two["synced-head"]["displacement_vs_one_primary"]["max"]
+    assert synced <= 2 * report["params"]["claim_size"]
+    assert two["backlog"]["displacement_vs_one_primary"]["max"] > synced
+    assert report["throughput_ratio_to_one"]["1_primaries"] == 1.0
+
+
+def test_bench_statements(settings: Settings) -> None:
+    report = bench(
+        settings, "load", "--tasks", "2000", "--tenants", "20", "--runs", "1", "--local",
+        "--statements",
+    )  # fmt: skip
+    statements = report["postgresql_statements"]
+    assert statements and all(s["exec_us_per_task"] >= 0 for s in statements)
+    assert any("rota." in s["query"] for s in statements)
 
 
 def test_bench_console(settings: Settings) -> None:
