@@ -9,7 +9,9 @@ shard it claims from next by one of three policies:
 - head: the shard whose next task has the smallest start tag (a merge of the
   shards' fair orders; tags are comparable since every shard counts rounds);
 - synced-head: as head, and before a load the loader lifts an idle shard's
-  virtual clock to the smallest head of the busy ones (a shared clock).
+  virtual clock to the smallest head of the busy ones (a shared clock);
+  run again with claims of 10 tasks instead of 100, to show what the bound
+  owes to the claim's size.
 
 Figures, counted in claims so that the machine's noise cannot blur them:
 where each task started against where one primary started it (the fairness
@@ -41,6 +43,7 @@ from rota_tools.stats import percentile
 
 QUEUE = "sharded"
 CLAIM = 100
+SMALL_CLAIM = 10
 POLICIES = ("backlog", "head", "synced-head")
 Conn = psycopg.Connection[Any]
 
@@ -78,10 +81,13 @@ def workload(scale: int) -> Workload:
 class Shards:
     """One connection per shard, a policy to choose the next one to claim from."""
 
-    def __init__(self, conns: Sequence[Conn], policy: str, seed: int = 7) -> None:
+    def __init__(
+        self, conns: Sequence[Conn], policy: str, seed: int = 7, claim_size: int = CLAIM
+    ) -> None:
         self.conns = list(conns)
         self.policy = policy
         self.rng = random.Random(seed)
+        self.claim_size = claim_size
 
     def load(self, tenants: Sequence[str]) -> None:
         by_shard: dict[int, list[TaskEnvelope]] = defaultdict(list)
@@ -112,7 +118,7 @@ class Shards:
 
     def claim(self, shard: int, worker: str) -> list[str]:
         conn = self.conns[shard]
-        got = db.run(conn, ops.claim([QUEUE], CLAIM, worker))
+        got = db.run(conn, ops.claim([QUEUE], self.claim_size, worker))
         db.run(conn, ops.complete(t.token for t in got))
         return [t.tenant for t in got]
 
@@ -128,10 +134,12 @@ def _prepare(conns: Sequence[Conn]) -> None:
         conn.execute(query("bench_shard_queue"), {"queue": QUEUE})
 
 
-def _order(conns: Sequence[Conn], policy: str, work: Workload) -> list[str]:
+def _order(
+    conns: Sequence[Conn], policy: str, work: Workload, claim_size: int = CLAIM
+) -> list[str]:
     """The tenants in the order one claimer started their tasks."""
     _prepare(conns)
-    shards = Shards(conns, policy)
+    shards = Shards(conns, policy, claim_size=claim_size)
     shards.load(work.first)
     order: list[str] = []
     late_loaded = False
@@ -232,6 +240,10 @@ def bench_shards(
                 if n == 1:
                     reference = order
                 entry[policy] = _figures(order, reference, work)
+            if n > 1:
+                # What the bound owes to the claim's size: a tenth of it.
+                order = _order(conns, "synced-head", work, SMALL_CLAIM)
+                entry[f"synced-head_claims_of_{SMALL_CLAIM}"] = _figures(order, reference, work)
         finally:
             for conn in conns:
                 conn.close()

@@ -226,8 +226,10 @@ SELECT pg_stat_statements_reset()
 
 -- name: bench_statements_top
 -- Where this database's time went since the reset, most first.
-SELECT regexp_replace(query, '\s+', ' ', 'g'), calls, total_exec_time
+SELECT btrim(regexp_replace(regexp_replace(query, '--[^\n]*', '', 'g'), '\s+', ' ', 'g')),
+       calls, total_exec_time
 FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND query NOT LIKE '%%pg_stat_statements%%' AND query NOT LIKE '%%pg_wal_lsn%%'
 ORDER BY total_exec_time DESC
 LIMIT %(limit)s
