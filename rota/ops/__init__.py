@@ -25,14 +25,9 @@ from rota.ops.admin import (
     retry_dead,
 )
 from rota.ops.load import (
-    READY_COPY_TYPES,
-    TASK_COPY_TYPES,
-    ReadyRow,
     count_loader_batch,
     load,
-    make_ready,
     record_loader_batch,
-    task_rows,
     tenant_backlogs,
 )
 from rota.ops.maintain import (
@@ -74,12 +69,9 @@ from rota.ops.work import (
 
 __all__ = [
     "PRUNE_BATCH",
-    "READY_COPY_TYPES",
-    "TASK_COPY_TYPES",
     "ClaimedTask",
     "FailOutcome",
     "Failure",
-    "ReadyRow",
     "TaskState",
     "WorkerInfo",
     "archive_rows",
@@ -97,7 +89,6 @@ __all__ = [
     "listen_ready",
     "live_workers",
     "load",
-    "make_ready",
     "patch_tenant",
     "pause_queue",
     "pause_tenant",
@@ -121,7 +112,6 @@ __all__ = [
     "retry",
     "retry_dead",
     "stop_worker",
-    "task_rows",
     "task_states",
     "tenant_backlogs",
     "try_maintenance_lock",

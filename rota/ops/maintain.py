@@ -8,7 +8,6 @@ from datetime import datetime
 from uuid import UUID
 
 from rota.db import Execute, Op, UUIDArray
-from rota.ops.load import make_ready
 from rota.sql import query
 
 
@@ -34,9 +33,8 @@ def requeue_expired() -> Op[set[UUID]]:
 
 def promote_due(limit: int = 10_000) -> Op[int]:
     """Moves due scheduled tasks into line with fresh fair positions."""
-    rows = yield Execute(query("take_due"), {"limit": limit})
-    yield from make_ready(rows)  # take_due's columns are a ReadyRow's
-    return len(rows)
+    rows = yield Execute(query("promote_due"), {"limit": limit})
+    return int(rows[0][0])
 
 
 # Rows a retention duty deletes per run: a short transaction, repeated.

@@ -2,10 +2,9 @@
 -- Named statements (`-- name: NAME`), found by rota.sql.query(NAME).
 -- Array parameters are sent in binary (`%(name)b`): the text form quotes each element.
 
--- name: take_due
--- Due scheduled tasks, back to pending; they get their fair place in line
--- from rota.ops.make_ready.
-SELECT id, seq, queue_id, tenant_id, cost FROM rota.take_due(%(limit)s::integer)
+-- name: promote_due
+-- Due scheduled tasks (ETA reached, backoff over) into line at fair places.
+SELECT rota.promote_due(%(limit)s::integer)
 
 -- name: requeue_expired
 SELECT id FROM rota.requeue_expired() AS id

@@ -74,21 +74,20 @@ BEGIN
     REVOKE ALL ON SCHEMA rota FROM PUBLIC;
     REVOKE ALL ON ALL TABLES IN SCHEMA rota FROM PUBLIC;
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;
+    -- From nothing, so that what an older rota granted goes.
+    REVOKE ALL ON ALL TABLES IN SCHEMA rota FROM rota_producer, rota_loader, rota_worker;
+    REVOKE ALL ON ALL SEQUENCES IN SCHEMA rota FROM rota_producer, rota_loader, rota_worker;
+    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM rota_producer, rota_loader, rota_worker;
     GRANT USAGE ON SCHEMA rota TO rota_producer, rota_loader, rota_worker, rota_admin;
 
-    -- Loading (producers' fallback, loaders, and workers' promotions and cron):
-    -- insert tasks and their places in line; names, fair tags and the clock
-    -- through definer functions; see only ids of what exists or finished.
-    GRANT INSERT ON rota.tasks, rota.ready, rota.scheduled
-        TO rota_producer, rota_loader, rota_worker;
-    GRANT SELECT (id) ON rota.tasks TO rota_producer, rota_loader, rota_worker;
-    GRANT SELECT (task_id) ON rota.finished TO rota_producer, rota_loader, rota_worker;
-    GRANT USAGE ON SEQUENCE rota.task_seq TO rota_producer, rota_loader, rota_worker;
-    GRANT EXECUTE ON FUNCTION rota.name_ids(text[], text[]),
-                              rota.fair_starts(integer[], integer[]),
-                              rota.save_fair_tags(integer[], integer[], double precision[],
-                                                  integer[], double precision[]),
-                              rota.vclock(integer)
+    -- Loading (producers' fallback, loaders, and workers' cron): only through
+    -- rota.load_tasks, which inserts the tasks and computes their places in
+    -- line itself. No role but the owner and admins writes tasks, places or
+    -- tags directly.
+    GRANT EXECUTE ON FUNCTION
+        rota.load_tasks(uuid[], text[], text[], text[], text[], double precision[], integer[],
+                        double precision[], double precision[], timestamptz[], timestamptz[]),
+        rota.vclock(integer)
         TO rota_producer, rota_loader, rota_worker;
     -- Backpressure: the producers read their tenants' backlog.
     GRANT SELECT ON rota.tenant_backlog TO rota_producer, rota_loader;
@@ -104,7 +103,7 @@ BEGIN
         rota.requeue_expired(),
         rota.extend_leases(uuid[], integer[], double precision),
         rota.defer_unknown(uuid[], integer[], double precision, double precision, text),
-        rota.take_due(integer),
+        rota.promote_due(integer),
         rota.worker_heartbeat(text),
         rota.stop_worker(text),
         rota.reap_workers(text[]),
