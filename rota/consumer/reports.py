@@ -85,13 +85,16 @@ def report(
     unreported: Unreported,
     unknown: UnknownTaskPolicy,
     observe: Callable[[ops.FailOutcome], None] | None = None,
+    key: ops.WorkerKey | None = None,
 ) -> Op[int]:
-    """Reports every kind of outcome in turn; returns how many tasks finished
-    (completed or failed, refused reports included). `observe` sees what
-    became of each failure (retried, dead or cancelled)."""
+    """Reports every kind of outcome in turn, as the worker `key`; returns how
+    many tasks finished (completed or failed, refused reports included).
+    `observe` sees what became of each failure (retried, dead or cancelled)."""
     finished = 0
     if unreported.done:
-        completed = yield from send(unreported.done, ops.complete, _same)
+        completed = yield from send(
+            unreported.done, lambda tokens: ops.complete(tokens, key), _same, key
+        )
         refused = len(unreported.done) - len(completed)
         if refused:
             log.warning(
@@ -101,7 +104,9 @@ def report(
         finished += len(unreported.done)
         unreported.done = []
     if unreported.failed:
-        outcomes = yield from send(unreported.failed, ops.fail, _token_of_failure)
+        outcomes = yield from send(
+            unreported.failed, lambda failures: ops.fail(failures, key), _token_of_failure, key
+        )
         for outcome in outcomes:
             if observe is not None:
                 observe(outcome)
@@ -112,16 +117,16 @@ def report(
         finished += len(unreported.failed)
         unreported.failed = []
     if unreported.stale:
-        yield from send(unreported.stale, ops.release, _same)
+        yield from send(unreported.stale, lambda tokens: ops.release(tokens, key), _same, key)
         unreported.stale = []
     if unreported.unknown:
 
         def defer(tokens: list[Token]) -> Op[dict[UUID, str]]:
             return ops.defer_unknown(
-                tokens, unknown.retry_seconds, unknown.grace_seconds, unknown.reason
+                tokens, unknown.retry_seconds, unknown.grace_seconds, unknown.reason, key
             )
 
-        yield from send(unreported.unknown, defer, _same)
+        yield from send(unreported.unknown, defer, _same, key)
         unreported.unknown = []
     return finished
 
@@ -130,6 +135,7 @@ def send(
     items: list[Item],
     op: Callable[[list[Item]], Op[Collection[Any]]],
     token_of: Callable[[Item], Token],
+    key: ops.WorkerKey | None = None,
 ) -> Op[list[Any]]:
     """Runs `op(items)`; if the database refuses it for its data, one item at
     a time, and an item refused alone is dead with the reason. Returns what
@@ -140,7 +146,7 @@ def send(
         raise
     except Exception as exc:
         if len(items) == 1:
-            yield from bury(token_of(items[0]), exc)
+            yield from bury(token_of(items[0]), exc, key)
             return []
         log.warning("a report of %d tasks was refused (%s); one at a time", len(items), exc)
     results: list[Any] = []
@@ -150,16 +156,16 @@ def send(
         except psycopg.OperationalError:
             raise
         except Exception as exc:
-            yield from bury(token_of(item), exc)
+            yield from bury(token_of(item), exc, key)
     return results
 
 
-def bury(token: Token, error: Exception) -> Op[None]:
+def bury(token: Token, error: Exception, key: ops.WorkerKey | None = None) -> Op[None]:
     """A task whose report the database refuses: dead, with the reason."""
     reason = f"its outcome could not be stored: {describe(error)}"
     log.error("task %s: %s", token[0], reason)
     try:
-        yield from ops.fail([ops.Failure(*token, reason, final=True)])
+        yield from ops.fail([ops.Failure(*token, reason, final=True)], key)
     except psycopg.OperationalError:
         raise
     except Exception as exc:
@@ -168,7 +174,9 @@ def bury(token: Token, error: Exception) -> Op[None]:
         log.error("task %s could not be marked dead either: %s", token[0], describe(exc))
 
 
-def unreadable_claim(worker: str, in_hand: Collection[UUID], error: Exception) -> Op[int]:
+def unreadable_claim(
+    worker: str | ops.WorkerKey, in_hand: Collection[UUID], error: Exception
+) -> Op[int]:
     """A claim committed but its rows could not be read (a row the rules of
     today would refuse, stored before them). The tasks it took are this
     worker's claims not in hand: one alone is the culprit and is dead with
@@ -178,7 +186,8 @@ def unreadable_claim(worker: str, in_hand: Collection[UUID], error: Exception) -
     if len(taken) == 1:
         reason = f"claimed, but could not be read: {describe(error)}"
         log.error("task %s: %s", taken[0][0], reason)
-        yield from ops.fail([ops.Failure(*taken[0], reason, final=True)])
+        key = worker if isinstance(worker, ops.WorkerKey) else None
+        yield from ops.fail([ops.Failure(*taken[0], reason, final=True)], key)
         return 0
     if taken:
         log.warning(
@@ -186,7 +195,7 @@ def unreadable_claim(worker: str, in_hand: Collection[UUID], error: Exception) -
             len(taken),
             describe(error),
         )
-        yield from ops.release(taken)
+        yield from ops.release(taken, worker if isinstance(worker, ops.WorkerKey) else None)
     return len(taken)
 
 

@@ -85,6 +85,8 @@ class Worker:
         self.batch_size = batch_size
         self.run_maintenance = maintenance
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Its claims and reports carry it: a worker role acts for itself only.
+        self.key = ops.WorkerKey.new(self.id)
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self.in_flight: dict[uuid.UUID, InFlight] = {}
@@ -130,11 +132,9 @@ class Worker:
         if conn is None:
             return True  # stopped before the database came back
         queues = self._queues()
+        host, beat = socket.gethostname(), self.settings.heartbeat_seconds
         db.run(
-            conn,
-            ops.register_worker(
-                self.id, socket.gethostname(), os.getpid(), queues, self.concurrency
-            ),
+            conn, ops.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat)
         )
         self._loop_thread.start()
         helpers = [
@@ -198,11 +198,11 @@ class Worker:
         if self.narrowing:
             wanted = 1
         try:
-            claimed = db.run(conn, ops.claim(queues, wanted, self.id, self.settings.lease_seconds))
+            claimed = db.run(conn, ops.claim(queues, wanted, self.key, self.settings.lease_seconds))
         except psycopg.OperationalError:
             raise
         except Exception as exc:
-            self.narrowing = db.run(conn, unreadable_claim(self.id, self.in_flight, exc))
+            self.narrowing = db.run(conn, unreadable_claim(self.key, self.in_flight, exc))
             return
         if self.narrowing:
             self.narrowing -= 1
@@ -262,8 +262,8 @@ class Worker:
                     conn = self._connect()
                 self._report(conn)
                 if unstarted or stuck:
-                    db.run(conn, ops.release([*unstarted, *stuck]))
-                db.run(conn, ops.stop_worker(self.id))
+                    db.run(conn, ops.release([*unstarted, *stuck], self.key))
+                db.run(conn, ops.stop_worker(self.key))
                 break
             except RECONNECT_ERRORS as exc:
                 if attempt or time.monotonic() >= deadline:
@@ -349,7 +349,7 @@ class Worker:
         connection kept from being reported."""
         self._collect_outcomes()
         if self.unreported:
-            reported = report(self.unreported, self.unknown_tasks, self._observe_failure)
+            reported = report(self.unreported, self.unknown_tasks, self._observe_failure, self.key)
             self.processed += db.run(conn, reported)
 
     def _collect_outcomes(self) -> None:
@@ -401,12 +401,12 @@ class Worker:
 
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         beat_started = time.monotonic()
-        if not db.run(conn, ops.worker_heartbeat(self.id)):
+        if not db.run(conn, ops.worker_heartbeat(self.key)):
             log.error("worker %s was declared dead; stopping", self.id)
             self.stop()
         tokens = [f.task.token for f in list(self.in_flight.values())]
         held = (
-            db.run(conn, ops.extend_leases(tokens, self.settings.lease_seconds))
+            db.run(conn, ops.extend_leases(tokens, self.settings.lease_seconds, self.key))
             if tokens
             else set()
         )

@@ -25,9 +25,14 @@ from rota.ops.admin import (
     retry_dead,
 )
 from rota.ops.load import (
+    READY_COPY_TYPES,
+    TASK_COPY_TYPES,
+    ReadyRow,
     count_loader_batch,
     load,
+    make_ready,
     record_loader_batch,
+    task_rows,
     tenant_backlogs,
 )
 from rota.ops.maintain import (
@@ -54,6 +59,7 @@ from rota.ops.work import (
     ClaimedTask,
     FailOutcome,
     Failure,
+    WorkerKey,
     claim,
     complete,
     defer_unknown,
@@ -69,11 +75,15 @@ from rota.ops.work import (
 
 __all__ = [
     "PRUNE_BATCH",
+    "READY_COPY_TYPES",
+    "TASK_COPY_TYPES",
     "ClaimedTask",
     "FailOutcome",
     "Failure",
+    "ReadyRow",
     "TaskState",
     "WorkerInfo",
+    "WorkerKey",
     "archive_rows",
     "archive_span",
     "archived_before",
@@ -89,6 +99,7 @@ __all__ = [
     "listen_ready",
     "live_workers",
     "load",
+    "make_ready",
     "patch_tenant",
     "pause_queue",
     "pause_tenant",
@@ -112,6 +123,7 @@ __all__ = [
     "retry",
     "retry_dead",
     "stop_worker",
+    "task_rows",
     "task_states",
     "tenant_backlogs",
     "try_maintenance_lock",

@@ -3,41 +3,95 @@ line (docs/architecture.md, "Fairness")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, TypeAlias
+from uuid import UUID
 
-from rota.db import Execute, Op, UUIDArray
+import psycopg
+
+from rota.db import Copy, Execute, Op, UUIDArray
 from rota.envelope import TaskEnvelope
 from rota.sql import query
 
+# Column types of the copy_tasks block (rows from `task_rows`). The payload (a
+# json column) and the status (an enum) go as text: in binary COPY their form
+# is their text, and the text dumper skips psycopg's JSON wrapper.
+TASK_COPY_TYPES = (
+    "uuid", "int8", "int4", "int4", "text", "text", "float8", "int4", "float8", "float8",
+    "text", "timestamptz", "timestamptz", "text",
+)  # fmt: skip
+
+
+# The copy_ready block: queue_id, vtime, tenant_id, seq, task_id.
+READY_COPY_TYPES = ("int4", "float8", "int4", "int8", "uuid")
+
+
+# Up to this many tasks take their places in line by an INSERT sent with
+# their tenants' tags (one round trip); more go by COPY (`make_ready`).
+READY_INSERT_MAX_TASKS = 64
+
+# A task taking its place in line (`make_ready`): id, seq, queue_id,
+# tenant_id, cost. Plain tuples: a loader makes one per task.
+ReadyRow: TypeAlias = tuple[UUID, int, int, int, float]
+
 
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
-    """Loads tasks at their fair places in line, in one statement
-    (rota.load_tasks, which computes the places: docs/architecture.md,
-    "Fairness"). Tasks loaded or run before (same id) are ignored. Returns how
-    many were new."""
+    """Bulk-loads tasks with their fair positions: COPY into rota.tasks, then
+    their places in line (`make_ready`). Tasks loaded or run before (same id)
+    are ignored. Run it in a transaction. Returns how many were new."""
     tasks = _first_of_each_id(envelopes)
     if not tasks:
         return 0
-    etas = [t.eta for t in tasks]
-    rows = yield Execute(
-        query("load_tasks"),
+    queues = sorted({t.queue for t in tasks})
+    tenants = sorted({t.tenant for t in tasks})
+    ((queue_ids, tenant_ids, now, seqs, already_ran),) = yield Execute(
+        query("load_prepare"),
         {
+            "queues": queues,
+            "tenants": tenants,
+            "count": len(tasks),
             "ids": UUIDArray(t.id for t in tasks),
-            "queues": [t.queue for t in tasks],
-            "tenants": [t.tenant for t in tasks],
-            "names": [t.name for t in tasks],
-            "payloads": [t.payload for t in tasks],
-            "costs": [float(t.cost) for t in tasks],
-            "max_attempts": [t.max_attempts for t in tasks],
-            "backoff_bases": [float(t.backoff_base) for t in tasks],
-            "backoff_maxes": [float(t.backoff_max) for t in tasks],
-            # No ETA at all (the usual case): an empty array, as the
-            # unnest pads it with NULLs; a list of Nones has no type to send.
-            "etas": etas if any(e is not None for e in etas) else [],
-            "enqueued_ats": [t.enqueued_at for t in tasks],
         },
     )
-    return int(rows[0][0])
+    queue_id = dict(zip(queues, queue_ids, strict=True))
+    tenant_id = dict(zip(tenants, tenant_ids, strict=True))
+    numbered = _without(list(zip(seqs, tasks, strict=True)), already_ran)
+
+    def copy_tasks(numbered: list[tuple[int, TaskEnvelope]]) -> Copy:
+        return Copy(
+            query("copy_tasks"), task_rows(numbered, queue_id, tenant_id, now), TASK_COPY_TYPES
+        )
+
+    yield Execute(query("load_savepoint"))
+    try:
+        yield copy_tasks(numbered)
+    except psycopg.errors.UniqueViolation:
+        # Rare: a batch loaded again (a loader died before acknowledging it).
+        # Checking first would cost every batch a probe of the whole table.
+        yield Execute(query("load_rollback_to_savepoint"))
+        loaded = yield Execute(
+            query("existing_tasks"), {"ids": UUIDArray(t.id for _, t in numbered)}
+        )
+        numbered = _without(numbered, [row[0] for row in loaded])
+        yield copy_tasks(numbered)
+    later = [(t.eta, t.id) for _, t in numbered if t.eta is not None and t.eta > now]
+    if later:
+        yield Execute(
+            query("schedule_tasks"),
+            {
+                "run_at": [eta for eta, _ in later],
+                "ids": UUIDArray(task_id for _, task_id in later),
+            },
+        )
+    yield from make_ready(
+        [
+            (t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.cost)
+            for seq, t in numbered
+            if t.eta is None or t.eta <= now
+        ]
+    )
+    return len(numbered)
 
 
 def _first_of_each_id(envelopes: Iterable[TaskEnvelope]) -> list[TaskEnvelope]:
@@ -53,6 +107,84 @@ def _first_of_each_id(envelopes: Iterable[TaskEnvelope]) -> list[TaskEnvelope]:
             seen.add(envelope.id.int)
             first.append(envelope)
     return first
+
+
+def _without(
+    numbered: list[tuple[int, TaskEnvelope]], ids: Sequence[UUID]
+) -> list[tuple[int, TaskEnvelope]]:
+    if not ids:
+        return numbered
+    skip = set(ids)
+    return [(seq, t) for seq, t in numbered if t.id not in skip]
+
+
+def task_rows(
+    numbered: Iterable[tuple[int, TaskEnvelope]],
+    queue_id: dict[str, int],
+    tenant_id: dict[str, int],
+    now: datetime,
+) -> Iterator[tuple[Any, ...]]:
+    """The rows of the copy_tasks block (column types TASK_COPY_TYPES)."""
+    for seq, t in numbered:
+        yield (
+            t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.name, t.payload, t.cost,
+            t.max_attempts, t.backoff_base, t.backoff_max,
+            "scheduled" if t.eta is not None and t.eta > now else "pending",
+            t.eta, t.enqueued_at, t.tenant,
+        )  # fmt: skip
+
+
+def make_ready(tasks: Sequence[ReadyRow]) -> Op[None]:
+    """Gives tasks (in arrival order) their fair places in line and makes them
+    claimable: start-time fair queueing (docs/architecture.md). Each tenant's next task in
+    a queue starts at S = max(V, F), the queue's virtual clock or the tenant's
+    finish tag, and moves F on by cost / weight. The queues stay locked until
+    the transaction ends, so loaders and schedulers of a queue take turns."""
+    if not tasks:
+        return
+    pairs = sorted({(queue_id, tenant_id) for _, _, queue_id, tenant_id, _ in tasks})
+    rows = yield Execute(
+        query("fair_starts"),
+        {"queue_ids": [q for q, _ in pairs], "tenant_ids": [t for _, t in pairs]},
+    )
+    start = {(q, t): s for q, t, _, s in rows}
+    weight = {(q, t): w for q, t, w, _ in rows}
+    last_start: dict[tuple[int, int], float] = {}
+    ready = []
+    for task_id, seq, queue_id, tenant_id, cost in tasks:
+        pair = (queue_id, tenant_id)
+        vtime = start[pair]
+        ready.append((queue_id, vtime, tenant_id, seq, task_id))
+        last_start[pair] = vtime
+        start[pair] = vtime + cost / weight[pair]
+    max_start: dict[int, float] = {}
+    for (queue, _), vtime in last_start.items():
+        max_start[queue] = max(vtime, max_start.get(queue, vtime))
+    tags = {
+        "queue_ids": [q for q, _ in last_start],
+        "tenant_ids": [t for _, t in last_start],
+        "finish_tags": [start[pair] for pair in last_start],
+        "clock_queue_ids": list(max_start),
+        "max_starts": list(max_start.values()),
+    }
+    if len(ready) > READY_INSERT_MAX_TASKS:
+        yield Copy(query("copy_ready"), ready, READY_COPY_TYPES)
+        yield Execute(query("save_fair_tags"), tags)
+        return
+    # A few tasks (a quiet buffer, where latency counts): their places and
+    # the tags in one statement, a round trip fewer than COPY and then the tags.
+    columns = list(zip(*ready, strict=True))
+    yield Execute(
+        query("insert_ready_save_fair_tags"),
+        {
+            **tags,
+            "ready_queue_ids": list(columns[0]),
+            "vtimes": list(columns[1]),
+            "ready_tenant_ids": list(columns[2]),
+            "seqs": list(columns[3]),
+            "task_ids": UUIDArray(columns[4]),
+        },
+    )
 
 
 def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:

@@ -77,10 +77,8 @@ def prune_loader_batches(older_than_seconds: float, keep: int) -> Op[int]:
 
 def reap_stopped_workers_claims(after_seconds: float) -> Op[set[UUID]]:
     """Requeues claims still held by workers stopped more than this long ago."""
-    rows = yield Execute(query("stopped_workers_claims"), {"seconds": after_seconds})
-    if not rows:
-        return set()
-    return (yield from requeue_lost([row[0] for row in rows], "its worker stopped holding it"))
+    rows = yield Execute(query("reap_stopped_claims"), {"seconds": after_seconds})
+    return {row[0] for row in rows}
 
 
 @dataclass(frozen=True)
@@ -97,12 +95,10 @@ def live_workers() -> Op[list[WorkerInfo]]:
 
 
 def reap_workers(worker_ids: Sequence[str]) -> Op[set[UUID]]:
-    """Declares workers dead and requeues their tasks (the attempt counts)."""
+    """Declares workers dead and requeues their tasks (the attempt counts);
+    a worker that beat within two of its heartbeats is left alive."""
     rows = yield Execute(query("reap_workers"), {"ids": list(worker_ids)})
-    task_ids = [row[0] for row in rows]
-    if not task_ids:
-        return set()
-    return (yield from requeue_lost(task_ids, "worker died"))
+    return {row[0] for row in rows}
 
 
 def queue_names() -> Op[list[str]]:

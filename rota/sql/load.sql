@@ -2,14 +2,58 @@
 -- Named statements (`-- name: NAME`), found by rota.sql.query(NAME).
 -- Array parameters are sent in binary (`%(name)b`): the text form quotes each element.
 
--- name: load_tasks
--- The whole load, one round trip: rota.load_tasks inserts the new tasks and
--- gives them their places in line. Returns how many were new.
-SELECT rota.load_tasks(%(ids)b::uuid[], %(queues)b::text[], %(tenants)b::text[],
-                       %(names)b::text[], %(payloads)b::text[], %(costs)b::float8[],
-                       %(max_attempts)b::integer[], %(backoff_bases)b::float8[],
-                       %(backoff_maxes)b::float8[], %(etas)b::timestamptz[],
-                       %(enqueued_ats)b::timestamptz[])
+-- name: load_prepare
+-- One round trip before the rows go in: the queues' and tenants' ids (made on
+-- first sight), the transaction's time (a task whose ETA is later waits
+-- scheduled), one sequence number per task in arrival order, and the tasks
+-- that already ran (a batch loaded again must not bring them back).
+SELECT n.queue_ids, n.tenant_ids, now(),
+       ARRAY(SELECT nextval('rota.task_seq') FROM generate_series(1, %(count)s) ORDER BY 1),
+       ARRAY(SELECT task_id FROM rota.finished WHERE task_id = ANY (%(ids)b::uuid[]))
+FROM rota.name_ids(%(queues)b::text[], %(tenants)b::text[]) n
+
+-- name: load_savepoint
+SAVEPOINT rota_load
+
+-- name: load_rollback_to_savepoint
+ROLLBACK TO SAVEPOINT rota_load
+
+-- name: existing_tasks
+SELECT id FROM rota.tasks WHERE id = ANY (%(ids)b::uuid[])
+
+-- name: copy_tasks
+-- Binary; rota.ops.TASK_COPY_TYPES names the column types.
+COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
+                 backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
+
+-- name: schedule_tasks
+INSERT INTO rota.scheduled (run_at, task_id)
+SELECT * FROM unnest(%(run_at)b::timestamptz[], %(ids)b::uuid[])
+
+-- name: fair_starts
+SELECT queue_id, tenant_id, weight, start
+FROM rota.fair_starts(%(queue_ids)b::integer[], %(tenant_ids)b::integer[])
+
+-- name: copy_ready
+COPY rota.ready (queue_id, vtime, tenant_id, seq, task_id) FROM STDIN (FORMAT BINARY)
+
+-- name: save_fair_tags
+SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
+                           %(finish_tags)b::float8[], %(clock_queue_ids)b::integer[],
+                           %(max_starts)b::float8[])
+
+-- name: insert_ready_save_fair_tags
+-- A few tasks' places in line and their tenants' tags in one statement
+-- (save_fair_tags's block, with the rows copy_ready would send).
+WITH ready AS (
+    INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
+    SELECT * FROM unnest(%(ready_queue_ids)b::integer[], %(vtimes)b::float8[],
+                         %(ready_tenant_ids)b::integer[], %(seqs)b::int8[],
+                         %(task_ids)b::uuid[])
+)
+SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
+                           %(finish_tags)b::float8[], %(clock_queue_ids)b::integer[],
+                           %(max_starts)b::float8[])
 
 -- name: tenant_backlog
 -- The tenants with a capacity (backpressure) and their waiting work. The

@@ -9,8 +9,9 @@ SELECT rota.promote_due(%(limit)s::integer)
 -- name: requeue_expired
 SELECT id FROM rota.requeue_expired() AS id
 
--- name: stopped_workers_claims
-SELECT task_id FROM rota.stopped_workers_claims(make_interval(secs => %(seconds)s)) AS task_id
+-- name: reap_stopped_claims
+-- Requeues claims still held by workers stopped that long ago.
+SELECT task_id FROM rota.reap_stopped_claims(make_interval(secs => %(seconds)s)) AS task_id
 
 -- name: live_workers
 SELECT id, host, pid, extract(epoch FROM now() - heartbeat_at) AS silent_seconds

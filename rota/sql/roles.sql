@@ -80,34 +80,43 @@ BEGIN
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM rota_producer, rota_loader, rota_worker;
     GRANT USAGE ON SCHEMA rota TO rota_producer, rota_loader, rota_worker, rota_admin;
 
-    -- Loading (producers' fallback, loaders, and workers' cron): only through
-    -- rota.load_tasks, which inserts the tasks and computes their places in
-    -- line itself. No role but the owner and admins writes tasks, places or
-    -- tags directly.
-    GRANT EXECUTE ON FUNCTION
-        rota.load_tasks(uuid[], text[], text[], text[], text[], double precision[], integer[],
-                        double precision[], double precision[], timestamptz[], timestamptz[]),
-        rota.vclock(integer)
+    -- Loading (producers' fallback, loaders, and workers' cron): insert tasks
+    -- and their places in line; names, fair tags and the clock through
+    -- definer functions; see only ids of what exists or finished.
+    GRANT INSERT ON rota.tasks, rota.ready, rota.scheduled
+        TO rota_producer, rota_loader, rota_worker;
+    GRANT SELECT (id) ON rota.tasks TO rota_producer, rota_loader, rota_worker;
+    GRANT SELECT (task_id) ON rota.finished TO rota_producer, rota_loader, rota_worker;
+    GRANT USAGE ON SEQUENCE rota.task_seq TO rota_producer, rota_loader, rota_worker;
+    GRANT EXECUTE ON FUNCTION rota.name_ids(text[], text[]),
+                              rota.fair_starts(integer[], integer[]),
+                              rota.save_fair_tags(integer[], integer[], double precision[],
+                                                  integer[], double precision[]),
+                              rota.vclock(integer)
         TO rota_producer, rota_loader, rota_worker;
     -- Backpressure: the producers read their tenants' backlog.
     GRANT SELECT ON rota.tenant_backlog TO rota_producer, rota_loader;
     -- The Spark loader's ledger of micro-batches.
     GRANT SELECT, INSERT, UPDATE ON rota.loader_batches TO rota_loader;
 
-    -- Workers: claim, report, heartbeat, maintenance, all through functions.
+    -- Workers: claim, report, heartbeat as themselves (each call carries the
+    -- worker's secret, rota.check_worker), and the maintenance duties.
     GRANT EXECUTE ON FUNCTION
-        rota.claim(text[], integer, text, double precision),
-        rota.complete(uuid[], integer[]),
-        rota.fail(uuid[], integer[], text[], timestamptz[], boolean[], text[]),
-        rota.requeue(uuid[], integer[], boolean, text),
+        rota.register_worker(text, text, integer, text[], integer, bytea, double precision),
+        rota.worker_claim(text, bytea, text[], integer, double precision),
+        rota.worker_complete(text, bytea, uuid[], integer[]),
+        rota.worker_fail(text, bytea, uuid[], integer[], text[], timestamptz[], boolean[], text[]),
+        rota.worker_release(text, bytea, uuid[], integer[]),
+        rota.worker_defer_unknown(text, bytea, uuid[], integer[], double precision,
+                                  double precision, text),
+        rota.worker_extend_leases(text, bytea, uuid[], integer[], double precision),
+        rota.worker_claims(text, bytea),
+        rota.worker_beat(text, bytea),
+        rota.worker_stop(text, bytea),
         rota.requeue_expired(),
-        rota.extend_leases(uuid[], integer[], double precision),
-        rota.defer_unknown(uuid[], integer[], double precision, double precision, text),
         rota.promote_due(integer),
-        rota.worker_heartbeat(text),
-        rota.stop_worker(text),
         rota.reap_workers(text[]),
-        rota.stopped_workers_claims(interval),
+        rota.reap_stopped_claims(interval),
         rota.prune_finished(interval, integer),
         rota.prune_dead(interval, integer),
         rota.prune_workers(interval),
@@ -115,9 +124,10 @@ BEGIN
         rota.count_service(),
         rota.refresh_stats()
         TO rota_worker;
-    GRANT SELECT, INSERT ON rota.workers TO rota_worker;
+    -- Which workers are alive, for the maintenance leader (not their secrets).
+    GRANT SELECT (id, host, pid, queues, concurrency, started_at, heartbeat_at, stopped_at)
+        ON rota.workers TO rota_worker;
     GRANT SELECT (before) ON rota.archives TO rota_worker;  -- retention's bound
-    GRANT SELECT (task_id, attempt, worker) ON rota.running TO rota_worker;
 
     -- Admins: everything, as the operator on a bad day.
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA rota TO rota_admin;

@@ -206,7 +206,9 @@ CREATE TABLE rota.workers (
     concurrency integer NOT NULL,
     started_at timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
-    stopped_at timestamptz
+    stopped_at timestamptz,
+    secret_hash bytea,  -- sha256 of the secret the worker registered with
+    heartbeat_seconds double precision  -- how often it beats
 );
 CREATE INDEX workers_alive ON rota.workers (heartbeat_at) WHERE stopped_at IS NULL;
 
@@ -294,6 +296,24 @@ BEGIN
 END
 $$;
 
+-- Records what the tasks just made ready (rota.ops.make_ready) moved: each
+-- pair's finish tag and each queue's largest start tag; notifies once per queue.
+CREATE FUNCTION rota.save_fair_tags(
+    p_queue_ids integer[], p_tenant_ids integer[], p_finish_tags double precision[],
+    p_clock_queue_ids integer[], p_max_starts double precision[]
+) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
+    SELECT * FROM unnest(p_queue_ids, p_tenant_ids, p_finish_tags) ORDER BY 1, 2
+    ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = excluded.finish_tag;
+    UPDATE rota.queues q SET max_start = greatest(q.max_start, m.s)
+    FROM unnest(p_clock_queue_ids, p_max_starts) AS m(id, s)
+    WHERE q.id = m.id;
+    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q WHERE q.id = ANY(p_clock_queue_ids);
+END
+$$;
+
 -- Takes claimed tasks off the running table, keeping each limited tenant's
 -- counter right. Tenant rows are locked in id order, as claims lock them.
 -- One statement: plpgsql keeps its plan, where a sql function would plan it
@@ -304,6 +324,9 @@ $$;
 CREATE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
 RETURNS SETOF rota.running
 LANGUAGE plpgsql SET enable_nestloop = off AS $$
+DECLARE
+    -- Set by rota.check_worker: a worker takes only what it holds.
+    v_worker text := nullif(current_setting('rota.acting_worker', true), '');
 BEGIN
     RETURN QUERY
     WITH taken AS MATERIALIZED (
@@ -312,6 +335,7 @@ BEGIN
         -- The ANY keeps the planner on the key however many tasks are running.
         WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
           AND (x.attempt IS NULL OR r.attempt = x.attempt)
+          AND (v_worker IS NULL OR r.worker = v_worker)
         RETURNING r.*
     ), counted AS (
         SELECT tenant_id, count(*) AS n FROM taken WHERE counted GROUP BY tenant_id
@@ -643,15 +667,18 @@ $$;
 
 -- Heartbeat: extends the leases; returns the ids still held by these tokens.
 CREATE FUNCTION rota.extend_leases(p_ids uuid[], p_attempts integer[],
-                                   p_lease_seconds double precision)
+                                              p_lease_seconds double precision)
 RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_worker text := nullif(current_setting('rota.acting_worker', true), '');
 BEGIN
     RETURN QUERY
     UPDATE rota.running r
     SET lease_expires_at = now() + make_interval(secs => p_lease_seconds)
     FROM unnest(p_ids, p_attempts) AS x(id, attempt)
     WHERE r.task_id = x.id AND r.attempt = x.attempt
+      AND (v_worker IS NULL OR r.worker = v_worker)
     RETURNING r.task_id;
 END
 $$;
@@ -694,17 +721,27 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     UPDATE rota.workers SET stopped_at = now() WHERE id = p_id
 $$;
 
--- Marks workers dead; returns their claimed tasks' ids, for requeueing.
+-- Declares workers dead and requeues their tasks (the attempt counts);
+-- returns the ids requeued. Only a worker silent for two of its own
+-- heartbeats can be declared dead, whoever asks: a live worker never is.
 CREATE FUNCTION rota.reap_workers(p_ids text[]) RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_tasks uuid[];
 BEGIN
-    RETURN QUERY
     WITH dead AS (
         UPDATE rota.workers SET stopped_at = now()
         WHERE id = ANY (p_ids) AND stopped_at IS NULL
+          AND heartbeat_at < now() - make_interval(secs => 2 * coalesce(heartbeat_seconds, 0))
         RETURNING id
     )
-    SELECT r.task_id FROM rota.running r WHERE r.worker = ANY (ARRAY(SELECT id FROM dead));
+    SELECT array_agg(r.task_id) INTO v_tasks
+    FROM rota.running r WHERE r.worker = ANY (ARRAY(SELECT id FROM dead));
+    IF v_tasks IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM rota.requeue(
+        v_tasks, array_fill(NULL::integer, ARRAY[cardinality(v_tasks)]), true, 'worker died');
 END
 $$;
 
@@ -713,6 +750,9 @@ $$;
 ALTER FUNCTION rota.name_ids(text[], text[])
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION rota.fair_starts(integer[], integer[])
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION rota.save_fair_tags(integer[], integer[], double precision[], integer[],
+                                   double precision[])
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION rota.complete(uuid[], integer[])
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
@@ -735,33 +775,70 @@ ALTER FUNCTION rota.vclock(integer) SECURITY DEFINER SET search_path = pg_catalo
 -- wide table's pages.
 CREATE INDEX tasks_dead ON rota.tasks (finished_at) WHERE status = 'dead';
 
+-- How far maintenance may go when its caller is not an admin (a worker role,
+-- whose task handlers may be hostile): retention deletes no younger history
+-- than these, whatever interval it is given. One row; admins change it.
+CREATE TABLE rota.limits (
+    only_row boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (only_row),
+    finished_retention_floor interval NOT NULL DEFAULT '1 day',
+    dead_retention_floor interval NOT NULL DEFAULT '7 days'
+);
+INSERT INTO rota.limits DEFAULT VALUES;
+
+-- Whether the session's login may do anything (no roles made, an admin, the
+-- owner, a superuser), or is held to rota.limits.
+CREATE FUNCTION rota.caller_is_admin() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'rota_admin')
+        OR pg_has_role(session_user, 'rota_admin', 'MEMBER')
+        OR pg_has_role(session_user, 'rota_owner', 'MEMBER')
+$$;
+
+-- The interval a retention duty may use: the caller's, but for a caller held
+-- to rota.limits never below the floor.
+CREATE FUNCTION rota.retention(p_asked interval, p_floor interval) RETURNS interval
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN rota.caller_is_admin() THEN p_asked ELSE greatest(p_asked, p_floor) END
+$$;
+
 -- Drops up to p_limit records of tasks that succeeded before p_older_than ago.
-CREATE FUNCTION rota.prune_finished(p_older_than interval, p_limit integer) RETURNS bigint
+CREATE FUNCTION rota.prune_finished(p_older_than interval, p_limit integer)
+RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH pruned AS (
         DELETE FROM rota.finished WHERE task_id = ANY (ARRAY(
             SELECT f.task_id FROM rota.finished f
-            WHERE f.finished_at < now() - p_older_than LIMIT p_limit))
+            WHERE f.finished_at < now() - rota.retention(
+                p_older_than, (SELECT l.finished_retention_floor FROM rota.limits l))
+            LIMIT p_limit))
         RETURNING 1
     )
     SELECT count(*) FROM pruned
 $$;
 
 -- Drops up to p_limit dead or cancelled tasks that ended before p_older_than ago.
-CREATE FUNCTION rota.prune_dead(p_older_than interval, p_limit integer) RETURNS bigint
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+CREATE FUNCTION rota.prune_dead(p_older_than interval, p_limit integer)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_older_than interval := rota.retention(
+        p_older_than, (SELECT l.dead_retention_floor FROM rota.limits l));
+    v_count bigint;
+BEGIN
     WITH pruned AS (
         DELETE FROM rota.tasks WHERE id = ANY (ARRAY(
             SELECT t.id FROM rota.tasks t
-            WHERE t.status = 'dead' AND t.finished_at < now() - p_older_than
+            WHERE t.status = 'dead' AND t.finished_at < now() - v_older_than
             UNION ALL
             SELECT t.id FROM rota.tasks t
-            WHERE t.status = 'cancelled' AND t.finished_at < now() - p_older_than
+            WHERE t.status = 'cancelled' AND t.finished_at < now() - v_older_than
             LIMIT p_limit))
         AND status IN ('dead', 'cancelled')
         RETURNING 1
     )
-    SELECT count(*) FROM pruned
+    SELECT count(*) INTO v_count FROM pruned;
+    RETURN v_count;
+END
 $$;
 
 -- Drops the rows of workers stopped (or declared dead) before p_older_than
@@ -1073,7 +1150,7 @@ BEGIN
 END
 $$;
 
--- Makes tasks just inserted or promoted claimable at their fair places
+-- Makes tasks just promoted claimable at their fair places
 -- (start-time fair queueing, docs/architecture.md): each (queue, tenant)
 -- pair's tasks, in arrival (seq) order, start at S = max(V, F), the queue's
 -- virtual clock or the tenant's finish tag, and move F on by cost / weight.
@@ -1083,7 +1160,9 @@ $$;
 CREATE FUNCTION rota.enter_line(p_ids uuid[], p_seqs bigint[], p_queue_ids integer[],
                                 p_tenant_ids integer[], p_costs double precision[])
 RETURNS void
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+-- Custom plans: the arrays' sizes decide the joins (a generic plan, which
+-- rota's sessions otherwise force, guesses them).
+LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_pair_queues integer[];
     v_pair_tenants integer[];
@@ -1122,76 +1201,6 @@ BEGIN
 END
 $$;
 
--- Loads tasks (producers' fallback, loaders, cron): each new one into
--- rota.tasks, scheduled when its ETA is later, else in line (rota.enter_line).
--- Ids seen before (waiting, running or finished) are skipped: a batch loaded
--- again changes nothing. Queue and tenant names get ids on first sight.
--- Returns how many tasks were new. The callers hold no right on the tables:
--- the columns are checked by the tables' constraints, the places in line are
--- this function's.
-CREATE FUNCTION rota.load_tasks(
-    p_ids uuid[], p_queues text[], p_tenants text[], p_names text[], p_payloads text[],
-    p_costs double precision[], p_max_attempts integer[], p_backoff_bases double precision[],
-    p_backoff_maxes double precision[], p_etas timestamptz[], p_enqueued_ats timestamptz[]
-) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off AS $$
-DECLARE
-    v_queues text[] := ARRAY(SELECT DISTINCT unnest(p_queues) ORDER BY 1);
-    v_tenants text[] := ARRAY(SELECT DISTINCT unnest(p_tenants) ORDER BY 1);
-    v_queue_ids integer[];
-    v_tenant_ids integer[];
-    v_seqs bigint[];
-    v_new integer;
-    v_ids uuid[];
-    v_ready_seqs bigint[];
-    v_ready_queues integer[];
-    v_ready_tenants integer[];
-    v_costs double precision[];
-BEGIN
-    IF coalesce(cardinality(p_ids), 0) = 0 THEN
-        RETURN 0;
-    END IF;
-    SELECT n.queue_ids, n.tenant_ids INTO v_queue_ids, v_tenant_ids
-    FROM rota.name_ids(v_queues, v_tenants) n;
-    v_seqs := ARRAY(SELECT nextval('rota.task_seq') FROM generate_series(1, cardinality(p_ids))
-                    ORDER BY 1);
-    WITH input AS (
-        SELECT x.*, v_seqs[x.i] AS seq, q.id AS queue_id, t.id AS tenant_id
-        FROM unnest(p_ids, p_queues, p_tenants, p_names, p_payloads, p_costs, p_max_attempts,
-                    p_backoff_bases, p_backoff_maxes, p_etas, p_enqueued_ats)
-             WITH ORDINALITY AS x(id, queue, tenant, name, payload, cost, max_attempts,
-                                  backoff_base, backoff_max, eta, enqueued_at, i)
-        JOIN unnest(v_queues, v_queue_ids) AS q(name, id) ON q.name = x.queue
-        JOIN unnest(v_tenants, v_tenant_ids) AS t(name, id) ON t.name = x.tenant
-        WHERE NOT EXISTS (SELECT FROM rota.finished f WHERE f.task_id = x.id)
-    ), inserted AS (
-        INSERT INTO rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
-                                backoff_base, backoff_max, status, eta, enqueued_at, tenant)
-        SELECT id, seq, queue_id, tenant_id, name, payload::json, cost, max_attempts,
-               backoff_base, backoff_max,
-               (CASE WHEN eta > now() THEN 'scheduled' ELSE 'pending' END)::rota.task_status,
-               eta, enqueued_at, tenant
-        FROM input
-        ON CONFLICT (id) DO NOTHING
-        RETURNING id, seq, queue_id, tenant_id, cost, eta
-    ), scheduled AS (
-        INSERT INTO rota.scheduled (run_at, task_id)
-        SELECT eta, id FROM inserted WHERE eta > now()
-    )
-    SELECT count(*)::integer,
-           array_agg(id ORDER BY seq) FILTER (WHERE eta IS NULL OR eta <= now()),
-           array_agg(seq ORDER BY seq) FILTER (WHERE eta IS NULL OR eta <= now()),
-           array_agg(queue_id ORDER BY seq) FILTER (WHERE eta IS NULL OR eta <= now()),
-           array_agg(tenant_id ORDER BY seq) FILTER (WHERE eta IS NULL OR eta <= now()),
-           array_agg(cost ORDER BY seq) FILTER (WHERE eta IS NULL OR eta <= now())
-    INTO v_new, v_ids, v_ready_seqs, v_ready_queues, v_ready_tenants, v_costs
-    FROM inserted;
-    PERFORM rota.enter_line(v_ids, v_ready_seqs, v_ready_queues, v_ready_tenants, v_costs);
-    RETURN v_new;
-END
-$$;
-
 -- Moves due scheduled tasks (ETA reached, retry backoff over) into line, in
 -- one transaction with their removal from the schedule.
 CREATE FUNCTION rota.promote_due(p_limit integer) RETURNS integer
@@ -1210,6 +1219,144 @@ BEGIN
     FROM rota.take_due(least(greatest(p_limit, 1), 100000)) d;
     PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs);
     RETURN coalesce(cardinality(v_ids), 0);
+END
+$$;
+
+-- Checks a worker's secret, and makes the rest of the transaction act as that
+-- worker: rota.take_running and rota.extend_leases then touch only its tasks.
+CREATE FUNCTION rota.check_worker(p_worker text, p_secret bytea) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_secret IS NULL OR NOT EXISTS (
+        SELECT FROM rota.workers w WHERE w.id = p_worker AND w.secret_hash = sha256(p_secret)
+    ) THEN
+        RAISE EXCEPTION 'worker % is not registered with this secret', p_worker
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM set_config('rota.acting_worker', p_worker, true);
+END
+$$;
+
+-- What a worker role calls: each checks the worker's secret first.
+-- Registers a worker: its secret's hash, and how often it beats (it may be
+-- declared dead only after two beats of silence).
+CREATE FUNCTION rota.register_worker(p_id text, p_host text, p_pid integer, p_queues text[],
+                                     p_concurrency integer, p_secret bytea,
+                                     p_heartbeat_seconds double precision) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO rota.workers (id, host, pid, queues, concurrency, secret_hash, heartbeat_seconds)
+    VALUES (p_id, p_host, p_pid, p_queues, p_concurrency, sha256(p_secret),
+            least(greatest(p_heartbeat_seconds, 0), 3600))
+$$;
+
+CREATE FUNCTION rota.worker_claim(p_worker text, p_secret bytea, p_queues text[],
+                                  p_limit integer, p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.claim(p_queues, p_limit, p_worker, p_lease_seconds);
+END
+$$;
+
+CREATE FUNCTION rota.worker_complete(p_worker text, p_secret bytea, p_ids uuid[],
+                                     p_attempts integer[]) RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.complete(p_ids, p_attempts);
+END
+$$;
+
+CREATE FUNCTION rota.worker_fail(
+    p_worker text, p_secret bytea, p_ids uuid[], p_attempts integer[], p_errors text[],
+    p_retry_at timestamptz[], p_final boolean[], p_tracebacks text[]
+) RETURNS TABLE (id uuid, status rota.task_status, run_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.fail(p_ids, p_attempts, p_errors, p_retry_at, p_final,
+                                         p_tracebacks);
+END
+$$;
+
+-- Hands back unstarted tasks (no attempt used).
+CREATE FUNCTION rota.worker_release(p_worker text, p_secret bytea, p_ids uuid[],
+                                    p_attempts integer[]) RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.requeue(p_ids, p_attempts, false, NULL);
+END
+$$;
+
+CREATE FUNCTION rota.worker_defer_unknown(
+    p_worker text, p_secret bytea, p_ids uuid[], p_attempts integer[], p_delay double precision,
+    p_grace double precision, p_reason text
+) RETURNS TABLE (id uuid, status rota.task_status)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.defer_unknown(p_ids, p_attempts, p_delay, p_grace, p_reason);
+END
+$$;
+
+CREATE FUNCTION rota.worker_extend_leases(p_worker text, p_secret bytea, p_ids uuid[],
+                                          p_attempts integer[], p_lease_seconds double precision)
+RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.extend_leases(p_ids, p_attempts, p_lease_seconds);
+END
+$$;
+
+-- The tasks a worker holds (to find what a claim it could not read took).
+CREATE FUNCTION rota.worker_claims(p_worker text, p_secret bytea)
+RETURNS TABLE (task_id uuid, attempt integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT r.task_id, r.attempt FROM rota.running r WHERE r.worker = p_worker;
+END
+$$;
+
+-- A worker's heartbeat: false once it was declared dead (it must stop).
+CREATE FUNCTION rota.worker_beat(p_worker text, p_secret bytea) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    UPDATE rota.workers SET heartbeat_at = now() WHERE id = p_worker AND stopped_at IS NULL;
+    RETURN FOUND;
+END
+$$;
+
+CREATE FUNCTION rota.worker_stop(p_worker text, p_secret bytea) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    UPDATE rota.workers SET stopped_at = now() WHERE id = p_worker;
+END
+$$;
+
+
+-- Requeues claims still held by workers stopped more than p_after ago (the
+-- attempt counts); returns the ids requeued.
+CREATE FUNCTION rota.reap_stopped_claims(p_after interval) RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_tasks uuid[];
+BEGIN
+    SELECT array_agg(r.task_id) INTO v_tasks
+    FROM rota.running r JOIN rota.workers w ON w.id = r.worker
+    WHERE w.stopped_at < now() - greatest(p_after, interval '1 second');
+    IF v_tasks IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM rota.requeue(
+        v_tasks, array_fill(NULL::integer, ARRAY[cardinality(v_tasks)]), true,
+        'its worker stopped holding it');
 END
 $$;
 

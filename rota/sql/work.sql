@@ -40,11 +40,54 @@ SELECT id FROM rota.extend_leases(%(ids)b::uuid[], %(attempts)b::integer[],
                                   %(lease_seconds)s::float8) AS id
 
 -- name: register_worker
-INSERT INTO rota.workers (id, host, pid, queues, concurrency)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s)
+-- With a secret (a worker's key), only its hash is kept.
+SELECT rota.register_worker(%(id)s::text, %(host)s::text, %(pid)s::integer, %(queues)s::text[],
+                            %(concurrency)s::integer, %(secret)s::bytea,
+                            %(heartbeat_seconds)s::float8)
 
 -- name: worker_heartbeat
 SELECT rota.worker_heartbeat(%(id)s::text)
 
 -- name: stop_worker
 SELECT rota.stop_worker(%(id)s::text)
+
+-- As a worker (rota.ops.WorkerKey): each checks the worker's secret first
+-- (rota.check_worker), then claims or reports for that worker's tasks only.
+
+-- name: worker_claim
+SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at
+FROM rota.worker_claim(%(worker)s::text, %(secret)s::bytea, %(queues)b::text[],
+                       %(limit)s::integer, %(lease_seconds)s::float8)
+
+-- name: worker_complete
+SELECT id FROM rota.worker_complete(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
+                                    %(attempts)b::integer[]) AS id
+
+-- name: worker_fail
+SELECT id, status::text, run_at
+FROM rota.worker_fail(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
+                      %(attempts)b::integer[], %(errors)b::text[], %(retry_at)b::timestamptz[],
+                      %(final)b::boolean[], %(tracebacks)b::text[])
+
+-- name: worker_release
+SELECT id FROM rota.worker_release(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
+                                   %(attempts)b::integer[]) AS id
+
+-- name: worker_defer_unknown
+SELECT id, status::text
+FROM rota.worker_defer_unknown(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
+                               %(attempts)b::integer[], %(delay)s, %(grace)s, %(reason)s)
+
+-- name: worker_extend_leases
+SELECT id FROM rota.worker_extend_leases(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
+                                         %(attempts)b::integer[],
+                                         %(lease_seconds)s::float8) AS id
+
+-- name: worker_claims_held
+SELECT task_id, attempt FROM rota.worker_claims(%(worker)s::text, %(secret)s::bytea)
+
+-- name: worker_beat
+SELECT rota.worker_beat(%(worker)s::text, %(secret)s::bytea)
+
+-- name: worker_stop
+SELECT rota.worker_stop(%(worker)s::text, %(secret)s::bytea)

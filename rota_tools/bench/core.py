@@ -12,7 +12,7 @@ import multiprocessing
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,30 +58,6 @@ def reset(conn: psycopg.Connection[Any]) -> None:
     conn.execute(query("bench_reset"))
 
 
-# The raw baselines' rows: rota.tasks' columns, in binary COPY. The payload (a
-# json column) and the status (an enum) go as text, their binary form.
-TASK_COPY_TYPES = (
-    "uuid", "int8", "int4", "int4", "text", "text", "float8", "int4", "float8", "float8",
-    "text", "timestamptz", "timestamptz", "text",
-)  # fmt: skip
-
-
-def task_rows(
-    numbered: Iterable[tuple[int, TaskEnvelope]],
-    queue_id: dict[str, int],
-    tenant_id: dict[str, int],
-    now: datetime,
-) -> Iterator[tuple[Any, ...]]:
-    """A task row as rota.tasks holds it (column types TASK_COPY_TYPES)."""
-    for seq, t in numbered:
-        yield (
-            t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.name, t.payload, t.cost,
-            t.max_attempts, t.backoff_base, t.backoff_max,
-            "scheduled" if t.eta is not None and t.eta > now else "pending",
-            t.eta, t.enqueued_at, t.tenant,
-        )  # fmt: skip
-
-
 def _load_batches(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
     started = time.perf_counter()
     for batch in batches:
@@ -115,12 +91,12 @@ def _raw_copy(
     started = time.perf_counter()
     seq = itertools.count()
     for batch in batches:
-        rows = task_rows(zip(seq, batch, strict=False), queue_ids, tenant_ids, now)
+        rows = ops.task_rows(zip(seq, batch, strict=False), queue_ids, tenant_ids, now)
         if fair_index:
-            types = (*TASK_COPY_TYPES, "float8")
+            types = (*ops.TASK_COPY_TYPES, "float8")
             copy = Copy(query("bench_indexed_copy"), placed(rows, batch), types)
         else:
-            copy = Copy(query("bench_raw_copy"), rows, TASK_COPY_TYPES)
+            copy = Copy(query("bench_raw_copy"), rows, ops.TASK_COPY_TYPES)
         db.transact(conn, _copy_only(copy))
     return time.perf_counter() - started
 

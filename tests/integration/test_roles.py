@@ -77,7 +77,9 @@ def test_everything_belongs_to_rota_owner_and_nothing_to_public(owner: Conn) -> 
         "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = 'rota'::regnamespace "
         "AND prosecdef"
     ).fetchall()
-    assert {"claim", "complete", "fail", "name_ids", "take_due"} <= {n for n, _ in definers}
+    assert {"promote_due", "worker_claim", "worker_complete", "name_ids"} <= {
+        n for n, _ in definers
+    }
     assert all("search_path=pg_catalog, pg_temp" in config for _, config in definers)
 
 
@@ -109,16 +111,17 @@ def test_the_worker_claims_reports_and_maintains_through_functions_only(
 ) -> None:
     db.transact(owner, ops.load(envelopes("alice", 3, backoff_base=0.001)))
     db.transact(owner, ops.configure_tenant("alice", concurrency_limit=2))
+    w1 = ops.WorkerKey.new("w1")
     with db.connect(urls["worker"]) as conn:
-        db.run(conn, ops.register_worker("w1", "host", 1, ["default"], 4))
-        assert db.run(conn, ops.worker_heartbeat("w1"))
-        tasks = db.run(conn, ops.claim(["default"], 10, "w1"))
+        db.run(conn, ops.register_worker(w1, "host", 1, ["default"], 4, 0.5))
+        assert db.run(conn, ops.worker_heartbeat(w1))
+        tasks = db.run(conn, ops.claim(["default"], 10, w1))
         assert len(tasks) == 2  # the limit holds for this role too
-        assert db.run(conn, ops.extend_leases([t.token for t in tasks], 60)) == {
+        assert db.run(conn, ops.extend_leases([t.token for t in tasks], 60, w1)) == {
             t.id for t in tasks
         }
-        assert db.run(conn, ops.complete([tasks[0].token])) == {tasks[0].id}
-        db.run(conn, ops.fail([ops.Failure(tasks[1].id, tasks[1].attempt, "boom")]))
+        assert db.run(conn, ops.complete([tasks[0].token], w1)) == {tasks[0].id}
+        db.run(conn, ops.fail([ops.Failure(tasks[1].id, tasks[1].attempt, "boom")], w1))
         settings = Settings(database_url=urls["worker"])
         cron = App(settings)
         cron.periodic("* * * * *")(tick_task)
@@ -127,19 +130,78 @@ def test_the_worker_claims_reports_and_maintains_through_functions_only(
         deadline = time.monotonic() + 10
         while maintenance.tick(conn).promoted == 0:  # the retry falls due in a millisecond
             assert time.monotonic() < deadline
-        assert db.run(conn, ops.worker_claims("w1")) == []
-        db.run(conn, ops.stop_worker("w1"))
+        assert db.run(conn, ops.worker_claims(w1)) == []
+        db.run(conn, ops.stop_worker(w1))
         for statement in (
             "UPDATE rota.tasks SET attempts = 0",
             "DELETE FROM rota.ready",
             "UPDATE rota.tenants SET running = 0",
             "DELETE FROM rota.running",
             "SELECT payload FROM rota.tasks",
+            "SELECT * FROM rota.running",
+            "SELECT secret_hash FROM rota.workers",
             "UPDATE rota.workers SET stopped_at = NULL",
         ):
             _refused(conn, statement)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            db.run(conn, ops.configure_tenant("alice", weight=5))
+        for call in (
+            ops.configure_tenant("alice", weight=5),
+            ops.claim(["default"], 1, "w1"),  # as a worker, without its key
+            ops.complete([tasks[0].token]),
+            ops.worker_heartbeat("w1"),
+            ops.requeue_lost([tasks[0].id], "gone"),
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                db.run(conn, call)
+
+
+def _serving(owner: Conn, urls: dict[str, str], tenant: str) -> bool:
+    """Whether a task of `tenant` loaded now is claimed by an honest worker."""
+    db.transact(owner, ops.load(envelopes(tenant, 1)))
+    honest = ops.WorkerKey.new(f"honest-{time.monotonic_ns()}")
+    with db.connect(urls["worker"]) as conn:
+        db.run(conn, ops.register_worker(honest, "host", 2, ["default"], 4, 5.0))
+        claimed = db.run(conn, ops.claim(["default"], 100, honest))
+        db.run(conn, ops.complete([t.token for t in claimed], honest))
+    return tenant in {t.tenant for t in claimed}
+
+
+def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
+    urls: dict[str, str], owner: Conn
+) -> None:
+    db.transact(owner, ops.load(envelopes("carol", 3)))
+    victim, thief = ops.WorkerKey.new("victim"), ops.WorkerKey.new("thief")
+    with db.connect(urls["worker"]) as conn:
+        for key in (victim, thief):
+            db.run(conn, ops.register_worker(key, "host", 3, ["default"], 4, 30.0))
+        held = db.run(conn, ops.claim(["default"], 3, victim))
+        tokens = [t.token for t in held]
+        # The thief's key completes, fails, hands back or extends none of them.
+        assert db.run(conn, ops.complete(tokens, thief)) == set()
+        assert db.run(conn, ops.fail([ops.Failure(*tokens[0], "x")], thief)) == []
+        assert db.run(conn, ops.release(tokens, thief)) == set()
+        assert db.run(conn, ops.extend_leases(tokens, 60, thief)) == set()
+        assert db.run(conn, ops.worker_claims(thief)) == []
+        # Nor can it act as the victim without the victim's secret.
+        forged = ops.WorkerKey("victim", b"guessed")
+        for call in (
+            ops.complete(tokens, forged),
+            ops.claim(["default"], 1, forged),
+            ops.stop_worker(forged),
+            ops.worker_heartbeat(forged),
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                db.run(conn, call)
+        # A live worker is not declared dead, whoever asks.
+        assert db.transact(conn, ops.reap_workers(["victim"])) == set()
+        # History younger than rota.limits stays, whatever interval is asked.
+        db.run(conn, ops.fail([ops.Failure(*tokens[1], "x", final=True)], victim))
+        assert db.run(conn, ops.complete([tokens[0]], victim)) == {tokens[0][0]}
+        assert db.run(conn, ops.prune_finished(0)) == 0
+        assert db.run(conn, ops.prune_dead(0)) == 0
+        assert db.run(conn, ops.worker_claims(victim)) == [tokens[2]]  # still its own
+    # An admin may prune as it is told.
+    assert db.run(owner, ops.prune_finished(0)) == 1
+    assert _serving(owner, urls, "bob")
 
 
 def test_the_loader_loads_the_buffer_and_may_do_nothing_else(

@@ -17,7 +17,8 @@ def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
     parse_pdf = app.tasks["parse_pdf"]
     ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice", connection=conn) for i in range(3)]
     worker = Worker(app, queues=["pdfs"], maintenance=False)
-    claimed = db.run(conn, ops.claim(["pdfs"], 3, worker.id))
+    db.run(conn, ops.register_worker(worker.key, "host", 1, ["pdfs"], 3))
+    claimed = db.run(conn, ops.claim(["pdfs"], 3, worker.key))
     assert [t.id for t in claimed] == ids
     for task, error in zip(claimed, [None, None, ValueError("bad page")], strict=True):
         worker.in_flight[task.id] = InFlight(task, timeout=None)
