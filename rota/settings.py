@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, field_validator
@@ -124,6 +125,13 @@ class Settings(BaseSettings):
     # The console (`rota dashboard`): required for any bind but loopback,
     # and for every action; at least 16 characters.
     dashboard_token: SecretStr | None = Field(default=None, min_length=16)
+    # More console tokens, each with a name and scopes: lines of
+    # `NAME SCOPES SHA256` (`rota dashboard-token`); only hashes are stored.
+    console_tokens_file: Path | None = None
+    console_session_seconds: float = Field(default=43_200.0, gt=0, le=30 * 86_400)
+    # The Host names the console answers to (comma-separated); others get 400,
+    # which keeps a DNS-rebinding page from reaching it through a browser.
+    console_allowed_hosts: str = "localhost,127.0.0.1,[::1]"
 
     @field_validator("queues")
     @classmethod
@@ -132,6 +140,10 @@ class Settings(BaseSettings):
             for name in _names(value):
                 check_queue(name)
         return value
+
+    @property
+    def console_hosts(self) -> list[str]:
+        return [h.strip() for h in self.console_allowed_hosts.split(",") if h.strip()]
 
     @property
     def transaction_pooling(self) -> bool:

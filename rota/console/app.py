@@ -7,6 +7,7 @@ same data (rota.console.data), for people and for scripts in any language.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,6 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -26,7 +29,17 @@ from starlette.templating import Jinja2Templates
 
 from rota import db
 from rota.console import data
-from rota.console.auth import COOKIE, CSRF_FIELD, Guard
+from rota.console.auth import (
+    COOKIE,
+    CSRF_FIELD,
+    CSRF_HEADER,
+    SCOPES,
+    Guard,
+    Principal,
+    read_tokens,
+    token_hash,
+)
+from rota.console.headers import SecurityHeaders
 from rota.errors import EnqueueError, RotaError
 from rota.metrics import FiguresCollector, process_registry
 from rota.ops import read
@@ -56,22 +69,36 @@ def _text(request: Request, name: str) -> str | None:
     return value or None
 
 
-def create_app(settings: Settings) -> Starlette:
+def guard_for(settings: Settings) -> Guard:
+    """The console's tokens: ROTA_DASHBOARD_TOKEN (every scope) and the
+    tokens file's."""
+    tokens: dict[str, Principal] = {}
     secret = settings.dashboard_token
-    token = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
-    guard = Guard(token)
+    if secret is not None:
+        token = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
+        tokens[token_hash(token)] = Principal("token", frozenset(SCOPES))
+    if settings.console_tokens_file is not None:
+        tokens.update(read_tokens(settings.console_tokens_file))
+    return Guard(tokens, settings.console_session_seconds)
+
+
+def create_app(settings: Settings) -> Starlette:
+    guard = guard_for(settings)
     conns = data.Connections(settings)
     registry = process_registry()
     registry.register(FiguresCollector(lambda: data.figures(conns)))
 
     def actor(request: Request) -> str:
-        client = request.client.host if request.client else "unknown"
-        return f"console:{client}"
+        principal = guard.who(request)
+        return f"console:{principal.name if principal else 'unknown'}"
 
     def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        principal = guard.who(request)
         context = {
-            "can_act": guard.can_act,
-            "csrf": guard.csrf_value(),
+            "can_act": principal is not None and "act" in principal.scopes,
+            "csrf": guard.csrf_value(request),
+            "nonce": getattr(request.state, "nonce", ""),
+            "logged_in": bool(request.cookies.get(COOKIE)),
             "csrf_field": CSRF_FIELD,
             "refresh": REFRESH_SECONDS,
             "quote": quote,
@@ -80,15 +107,22 @@ def create_app(settings: Settings) -> Starlette:
         }
         return TEMPLATES.TemplateResponse(request, name, context, status_code=status)
 
-    def guarded(handler: Handler, api: bool) -> Handler:
-        """Checks who may read, and turns the errors a bad day brings into
-        a clear answer (400 for bad input, 503 for a server down)."""
+    def guarded(handler: Handler, api: bool, scope: str = "read") -> Handler:
+        """Checks who may do `scope` (reading, by default), and turns the
+        errors a bad day brings into a clear answer (400 for bad input, 503
+        for a server down)."""
 
         async def run(request: Request) -> Response:
-            if not guard.may_read(request):
+            if guard.who(request) is None:
                 if api:
                     return JSONResponse({"error": "a token is required"}, status_code=401)
                 return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
+            if scope in ("read", "metrics"):
+                why = guard.check(request, scope)
+                if why is not None:
+                    if api:
+                        return JSONResponse({"error": f"refused: {why}"}, status_code=403)
+                    return page(request, "error.html", {"message": f"refused: {why}"}, 403)
             try:
                 return await handler(request)
             except EnqueueError as exc:
@@ -133,7 +167,7 @@ def create_app(settings: Settings) -> Starlette:
                     body = await request.json()
                 except json.JSONDecodeError:
                     return JSONResponse({"error": "the body is not JSON"}, status_code=400)
-            why = guard.may_act(request)
+            why = guard.check(request, "act")
             if why is not None:
                 return JSONResponse({"error": f"refused: {why}"}, status_code=403)
             result = await run_in_threadpool(do, request, body)
@@ -142,7 +176,7 @@ def create_app(settings: Settings) -> Starlette:
 
         async def form(request: Request) -> Response:
             fields = await request.form()
-            why = guard.may_act(request, str(fields.get(CSRF_FIELD, "")))
+            why = guard.check(request, "act", str(fields.get(CSRF_FIELD, "")))
             if why is not None:
                 return page(request, "error.html", {"message": f"refused: {why}"}, 403)
             body = {k: fields.getlist(k) if k == "ids" else fields.get(k) for k in fields}
@@ -239,7 +273,7 @@ def create_app(settings: Settings) -> Starlette:
         return data.purge(conns, ids, everything, actor(request))
 
     async def enqueue(request: Request) -> Response:
-        why = guard.may_act(request)
+        why = guard.check(request, "enqueue")
         if why is not None:
             return JSONResponse({"error": f"refused: {why}"}, status_code=403)
         try:
@@ -258,12 +292,16 @@ def create_app(settings: Settings) -> Starlette:
         nxt = str(fields.get("next") or "/")
         if not nxt.startswith("/") or nxt.startswith("//"):
             nxt = "/"
-        if not guard.login(str(fields.get("token", ""))):
-            return page(request, "login.html", {"next": nxt, "wrong": True}, 401)
+        client = request.client.host if request.client else "unknown"
+        found = guard.login(str(fields.get("token", "")), client)
+        if isinstance(found, str):
+            status = 429 if found.startswith("too many") else 401
+            return page(request, "login.html", {"next": nxt, "wrong": found}, status)
         response = RedirectResponse(nxt, status_code=303)
         response.set_cookie(
             COOKIE,
-            guard.session_value(),
+            guard.session_value(found),
+            max_age=int(settings.console_session_seconds),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -271,6 +309,13 @@ def create_app(settings: Settings) -> Starlette:
         return response
 
     async def logout(request: Request) -> Response:
+        fields = await request.form()
+        given = str(fields.get(CSRF_FIELD, "")) or request.headers.get(CSRF_HEADER, "")
+        expected = guard.csrf_value(request)
+        if expected and not hmac.compare_digest(
+            given.encode("utf-8", "surrogateescape"), expected.encode()
+        ):
+            return page(request, "error.html", {"message": "refused: a wrong CSRF token"}, 403)
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(COOKIE)
         return response
@@ -308,8 +353,10 @@ def create_app(settings: Settings) -> Starlette:
 
     def act(path: str, do: Callable[[Request, dict[str, Any]], dict[str, Any]]) -> None:
         api, form = acting(do)
-        routes.append(Route("/api" + path, guarded(api, api=True), methods=["POST"]))
-        routes.append(Route("/actions" + path, guarded(form, api=False), methods=["POST"]))
+        routes.append(Route("/api" + path, guarded(api, api=True, scope="act"), methods=["POST"]))
+        routes.append(
+            Route("/actions" + path, guarded(form, api=False, scope="act"), methods=["POST"])
+        )
 
     page_and_api("/", overview, "overview.html", "/api/overview")
     page_and_api("/tenants", tenants, "tenants.html", "/api/tenants")
@@ -318,7 +365,9 @@ def create_app(settings: Settings) -> Starlette:
     page_and_api("/tasks/{id}", story, "task.html", "/api/tasks/{id}")
     page_and_api("/workers", workers, "workers.html", "/api/workers")
     page_and_api("/dead-letters", dead_letters, "dead_letters.html", "/api/dead-letters")
-    routes.append(Route("/api/tasks", guarded(enqueue, api=True), methods=["POST"]))
+    routes.append(
+        Route("/api/tasks", guarded(enqueue, api=True, scope="enqueue"), methods=["POST"])
+    )
     act("/tasks/{id}/cancel", cancel)
     act("/tasks/{id}/retry", retry)
     act("/tasks/cancel", cancel)
@@ -338,7 +387,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/logout", logout, methods=["POST"]),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
-        Route("/metrics", guarded(metrics, api=True)),
+        Route("/metrics", guarded(metrics, api=True, scope="metrics")),
     ]
 
     @contextlib.asynccontextmanager
@@ -346,7 +395,11 @@ def create_app(settings: Settings) -> Starlette:
         yield
         await run_in_threadpool(conns.close)
 
-    app = Starlette(routes=routes, lifespan=lifespan, max_body_size=MAX_BODY)
+    middleware = [
+        Middleware(TrustedHostMiddleware, allowed_hosts=settings.console_hosts),
+        Middleware(SecurityHeaders),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, max_body_size=MAX_BODY, middleware=middleware)
     app.state.states = TASK_STATES
     app.state.sorts = TENANT_SORTS
     return app

@@ -92,3 +92,26 @@ def test_debug_shows_the_traceback_without_locals() -> None:
     assert result.returncode != 0
     assert "Traceback" in result.stderr or "OperationalError" in result.stderr
     assert PASSWORD not in result.stderr
+
+
+def test_a_console_token_is_made_once_and_only_its_hash_kept(tmp_path: Path) -> None:
+    from rota.console.auth import read_tokens, token_hash
+
+    made = rota("dashboard-token", "wall", "--scopes", "metrics,read")
+    assert made.returncode == 0, made.stderr
+    token = made.stderr.split("token (shown once): ", 1)[1].split()[0]
+    line = made.stdout.strip()
+    assert token not in line and line.endswith(token_hash(token))
+    (tmp_path / "tokens").write_text(line + "\n")
+    (principal,) = read_tokens(tmp_path / "tokens").values()
+    assert principal.name == "wall" and principal.scopes == {"read", "metrics"}
+    bad = rota("dashboard-token", "wall", "--scopes", "root")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "scopes must be some of read, enqueue, act, metrics" in bad.stderr
+    (tmp_path / "broken").write_text("wall read\n")
+    refused = rota(
+        "dashboard", "--host", "0.0.0.0", "--port", str(_free_port()),
+        ROTA_CONSOLE_TOKENS_FILE=str(tmp_path / "broken"),
+        ROTA_DATABASE_URL="postgresql://rota@127.0.0.1:1/x",
+    )  # fmt: skip
+    assert refused.returncode == 2 and "broken:1: expected `NAME SCOPES SHA256`" in refused.stderr

@@ -140,7 +140,7 @@ def test_actions_through_the_api_are_audited(http: httpx.Client, conn: Conn) -> 
     assert http.post("/api/queues/pdfs/pause").json()["found"] is True
     assert http.post("/api/tenants/alice", json={"weight": 4}).json()["changed"] == {"weight": 4}
     actors = {row[0] for row in conn.execute("SELECT actor FROM rota.audit")}
-    assert actors == {"console:127.0.0.1"}
+    assert actors == {"console:token"}  # the token's name, not an address anyone can claim
     actions = [row[0] for row in conn.execute("SELECT action FROM rota.audit ORDER BY id")]
     assert actions == ["cancel", "retry", "pause", "configure"]
 
@@ -218,3 +218,75 @@ def test_the_console_says_when_redis_is_down(settings: Settings, conn: Conn) -> 
         assert "redis" in overview["unavailable"] and overview["queues"]
         assert client.get("/").status_code == 200
         assert client.get("/dead-letters").status_code == 503
+
+
+WALL, OPS = "wall-screen-token-0123", "operator-token-0123456"
+
+
+@pytest.fixture
+def scoped(settings: Settings, tmp_path: Any) -> Iterator[Console]:
+    """A console with two tokens from a tokens file: a wall screen's that may
+    read and be scraped, an operator's that may do everything."""
+    from rota.console.auth import token_hash
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        f"wall read,metrics {token_hash(WALL)}\nops read,act,enqueue,metrics {token_hash(OPS)}\n"
+    )
+    with Console(settings.model_copy(update={"console_tokens_file": tokens})) as running:
+        yield running
+
+
+def test_each_token_does_what_its_scopes_allow_and_is_the_audit_actor(
+    scoped: Console, conn: Conn
+) -> None:
+    load(conn, envelopes("alice", 2))
+    ids = [row[0] for row in conn.execute("SELECT id FROM rota.tasks ORDER BY seq")]
+    wall = httpx.Client(base_url=scoped.url, headers={"Authorization": f"Bearer {WALL}"})
+    ops_ = httpx.Client(base_url=scoped.url, headers={"Authorization": f"Bearer {OPS}"})
+    with wall, ops_:
+        assert wall.get("/api/overview").status_code == 200
+        assert wall.get("/metrics").status_code == 200
+        refused = wall.post(f"/api/tasks/{ids[0]}/cancel")
+        assert refused.status_code == 403 and "'wall' may not act" in refused.json()["error"]
+        assert wall.post("/api/tasks", json={"name": "x.y"}).status_code == 403
+        assert wall.post("/api/queues/default/pause").status_code == 403
+        assert 'name="csrf"' not in wall.get(f"/tasks/{ids[0]}").text  # no action buttons
+        assert db.run(conn, ops.task_states(ids))[ids[0]].status == "pending"
+        assert ops_.post(f"/api/tasks/{ids[0]}/cancel").status_code == 200
+    actors = {row[0] for row in conn.execute("SELECT actor FROM rota.audit")}
+    assert actors == {"console:ops"}
+
+
+def test_a_foreign_host_name_is_refused(console: Console) -> None:
+    # What a DNS-rebinding page would send: the console's address, another name.
+    with httpx.Client(base_url=console.url) as client:
+        assert client.get("/healthz", headers={"Host": "evil.example"}).status_code == 400
+        assert client.get("/healthz", headers={"Host": "localhost"}).status_code == 200
+
+
+def test_pages_carry_security_headers_and_run_only_their_own_script(http: httpx.Client) -> None:
+    page = http.get("/")
+    policy = page.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy and "default-src 'self'" in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    nonce = re.search(r"script-src 'nonce-([^']+)'", policy)
+    assert nonce and f'<script nonce="{nonce.group(1)}">' in page.text
+    assert http.get("/").headers["content-security-policy"] != policy  # a nonce per response
+
+
+def test_logins_are_throttled(settings: Settings) -> None:
+    console = Console(settings.model_copy(update={"dashboard_token": TOKEN}))
+    with console as running, httpx.Client(base_url=running.url, follow_redirects=False) as client:
+        for _ in range(5):
+            assert client.post("/login", data={"token": "guess"}).status_code == 401
+        throttled = client.post("/login", data={"token": TOKEN})  # even the right one
+        assert throttled.status_code == 429 and "too many failed logins" in throttled.text
+
+
+def test_logout_is_a_post_with_the_session_s_csrf(browser: httpx.Client) -> None:
+    csrf = csrf_of(browser, "/")
+    assert browser.post("/logout", data={"csrf": "forged"}).status_code == 403
+    assert browser.get("/api/overview").status_code == 200  # still logged in
+    out = browser.post("/logout", data={"csrf": csrf})
+    assert out.status_code == 303 and 'rota_session=""' in out.headers["set-cookie"]

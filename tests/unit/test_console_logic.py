@@ -13,7 +13,16 @@ import pytest
 from starlette.requests import Request
 
 from rota.cli.output import table
-from rota.console.auth import COOKIE, Guard
+from rota.console.auth import (
+    COOKIE,
+    LOOPBACK,
+    SCOPES,
+    Guard,
+    Principal,
+    read_tokens,
+    token_hash,
+)
+from rota.errors import ValidationError
 from rota.jsondata import plain
 from rota.logs import JsonFormatter
 from rota.metrics import OTHER, TenantLabels
@@ -89,27 +98,107 @@ def request(headers: dict[str, str] | None = None, cookie: str | None = None) ->
     return Request(scope)
 
 
-def test_the_guard() -> None:
-    open_console = Guard(None)
-    assert open_console.may_read(request()) and not open_console.can_act
-    assert "ROTA_DASHBOARD_TOKEN" in (open_console.may_act(request()) or "")
+class Clock:
+    now = 1_000_000.0
 
-    guard = Guard("a-token-of-sixteen+")
-    assert not guard.may_read(request())
-    assert guard.may_read(request({"Authorization": "Bearer a-token-of-sixteen+"}))
-    assert not guard.may_read(request({"Authorization": "Bearer wrong"}))
-    assert guard.may_act(request({"Authorization": "bearer a-token-of-sixteen+"})) is None
-    session = guard.session_value()
-    assert session != "a-token-of-sixteen+"  # the cookie is not the token
-    assert guard.may_read(request(cookie=session))
-    assert guard.may_act(request(cookie=session)) == "a missing or wrong CSRF token"
-    assert guard.may_act(request(cookie=session), guard.csrf_value()) is None
+    def __call__(self) -> float:
+        return self.now
+
+
+WALL, OPS = "wall-screen-token-0123", "operator-token-0123456"
+
+
+def _guard(clock: Clock) -> Guard:
+    return Guard(
+        {
+            token_hash(WALL): Principal("wall", frozenset({"read", "metrics"})),
+            token_hash(OPS): Principal("ops", frozenset(SCOPES)),
+        },
+        session_seconds=3600,
+        clock=clock,
+    )
+
+
+def test_without_tokens_the_console_reads_but_never_acts() -> None:
+    open_console = Guard({}, 3600)
+    assert open_console.who(request()) == LOOPBACK
+    assert open_console.check(request(), "read") is None
+    assert "ROTA_DASHBOARD_TOKEN" in (open_console.check(request(), "act") or "")
+    assert open_console.check(request(), "enqueue") is not None
+
+
+def test_each_token_may_do_its_scopes_only() -> None:
+    guard = _guard(Clock())
+    assert guard.who(request()) is None
+    wall = request({"Authorization": f"Bearer {WALL}"})
+    assert guard.who(wall) == Principal("wall", frozenset({"read", "metrics"}))
+    assert guard.check(wall, "read") is None and guard.check(wall, "metrics") is None
+    assert guard.check(wall, "act") == "the token 'wall' may not act"
+    assert guard.check(wall, "enqueue") == "the token 'wall' may not enqueue"
+    ops_ = request({"Authorization": f"bearer {OPS}"})
+    assert guard.check(ops_, "act") is None and guard.check(ops_, "enqueue") is None
+    for bad in ("Bearer wrong", "Bearer ", "Basic x", "Bearer t\u00f6ken", "Bearer " + "x" * 5000):
+        assert guard.who(request({"Authorization": bad})) is None
+
+
+def test_sessions_expire_and_posts_need_their_csrf_and_own_origin() -> None:
+    clock = Clock()
+    guard = _guard(clock)
+    found = guard.login(OPS, "10.0.0.1")
+    assert isinstance(found, Principal) and found.name == "ops"
+    session = guard.session_value(found)
+    assert OPS not in session  # the cookie is not the token
+    assert guard.who(request(cookie=session)) == found
+    assert guard.check(request(cookie=session), "act") == "a missing or wrong CSRF token"
+    csrf = guard.csrf_value(request(cookie=session))
+    assert guard.check(request(cookie=session), "act", csrf) is None
     evil = request({"Origin": "http://evil.example"}, cookie=session)
-    assert guard.may_act(evil, guard.csrf_value()) == "a request from another site"
+    assert guard.check(evil, "act", csrf) == "a request from another site"
     own = request({"Origin": "http://127.0.0.1:8377"}, cookie=session)
-    assert guard.may_act(own, guard.csrf_value()) is None
-    assert guard.may_act(request(), guard.csrf_value()) == "log in first"
-    assert guard.login("a-token-of-sixteen+") and not guard.login("a-token-of-sixteen")
+    assert guard.check(own, "act", csrf) is None
+    assert guard.check(request(), "act", csrf) == "log in first"
+    assert (
+        guard.check(request(cookie=session), "act", "t\u00f6ken") == "a missing or wrong CSRF token"
+    )
+    for forged in (
+        "ops:9999999999:00",
+        "wall" + session[3:],
+        "ops:x:y",
+        "\u00e9:1:2",
+        "a:1:\u00e9",
+        "",
+    ):
+        assert guard.who(request(cookie=forged)) is None
+    clock.now += 3601
+    assert guard.who(request(cookie=session)) is None  # expired
+
+
+def test_logins_are_throttled_per_address() -> None:
+    clock = Clock()
+    guard = _guard(clock)
+    for _ in range(5):
+        assert guard.login("wrong", "10.0.0.1") == "wrong token"
+    assert "too many" in str(guard.login(OPS, "10.0.0.1"))  # even the right token waits
+    assert isinstance(guard.login(OPS, "10.0.0.2"), Principal)  # another address does not
+    clock.now += 61
+    assert isinstance(guard.login(OPS, "10.0.0.1"), Principal)
+
+
+def test_the_tokens_file(tmp_path: Any) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"# name scopes sha256\nwall read,metrics {token_hash(WALL)}\n\n")
+    assert read_tokens(path) == {
+        token_hash(WALL): Principal("wall", frozenset({"read", "metrics"}))
+    }
+    for bad, reason in (
+        ("wall read", "expected `NAME SCOPES SHA256`"),
+        (f"wall root {token_hash(WALL)}", "scopes must be some of"),
+        (f"a read {token_hash(WALL)}\na read {token_hash(OPS)}", "used twice"),
+        ("a read " + "z" * 64, "not hexadecimal"),
+    ):
+        path.write_text(bad)
+        with pytest.raises(ValidationError, match=reason):
+            read_tokens(path)
 
 
 def test_metric_labels_stay_bounded() -> None:
