@@ -174,13 +174,23 @@ def connect(
     )
 
 
-def admin_connect(url: str, *, pooled: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+def admin_connect(
+    url: str,
+    *,
+    pooled: bool = False,
+    statement_timeout: float | None = None,
+    **kwargs: Any,
+) -> psycopg.Connection[Any]:
     """A connection for operators' reads and actions (the CLI, the console):
     the server's own planner settings, not the claim path's generic plans
-    and index-only rule, so that an ad-hoc read is planned for what it reads."""
+    and index-only rule, so that an ad-hoc read is planned for what it reads.
+    `statement_timeout` (seconds) bounds each statement, unless the URL names
+    its own options or goes through a pooler (then set it on the role)."""
     kwargs.setdefault("application_name", "rota-admin")
     if pooled:
         kwargs["prepare_threshold"] = None
+    elif statement_timeout is not None and "options" not in conninfo_to_dict(url):
+        kwargs["options"] = f"-c statement_timeout={int(statement_timeout * 1000)}"
     return psycopg.connect(url, autocommit=True, **kwargs)
 
 

@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     # `NAME SCOPES SHA256` (`rota dashboard-token`); only hashes are stored.
     console_tokens_file: Path | None = None
     console_session_seconds: float = Field(default=43_200.0, gt=0, le=30 * 86_400)
+    # What one of the console's statements may take (a page or an API call
+    # that needs more is refused, not left holding one of its connections).
+    console_statement_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
     # The Host names the console answers to (comma-separated); others get 400,
     # which keeps a DNS-rebinding page from reaching it through a browser.
     console_allowed_hosts: str = "localhost,127.0.0.1,[::1]"

@@ -129,6 +129,15 @@ def create_app(settings: Settings) -> Starlette:
                 status, message = 503, str(exc)
             except RotaError as exc:
                 status, message = 400, str(exc)
+            except psycopg.errors.QueryCanceled:
+                limit = settings.console_statement_timeout_seconds
+                status, message = (
+                    503,
+                    (
+                        "PostgreSQL took longer than ROTA_CONSOLE_STATEMENT_TIMEOUT_SECONDS "
+                        f"({limit:g} s): try again, or narrow it"
+                    ),
+                )
             except (psycopg.OperationalError, redis.ConnectionError, redis.TimeoutError) as exc:
                 status, message = 503, f"a server is unavailable: {type(exc).__name__}"
             if api:

@@ -58,6 +58,7 @@ class Connections:
                 conn = db.admin_connect(
                     self.settings.database_url,
                     pooled=self.settings.transaction_pooling,
+                    statement_timeout=self.settings.console_statement_timeout_seconds,
                     connect_timeout=self.settings.database_timeout_seconds,
                     application_name=APPLICATION_NAME,
                 )

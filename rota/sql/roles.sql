@@ -133,5 +133,7 @@ BEGIN
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA rota TO rota_admin;
     GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA rota TO rota_admin;
     GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA rota TO rota_admin;
+    -- The audit log is append-only for admins: who did what stays.
+    REVOKE UPDATE, DELETE, TRUNCATE ON rota.audit FROM rota_admin;
 END
 $grants$

@@ -290,3 +290,21 @@ def test_logout_is_a_post_with_the_session_s_csrf(browser: httpx.Client) -> None
     assert browser.get("/api/overview").status_code == 200  # still logged in
     out = browser.post("/logout", data={"csrf": csrf})
     assert out.status_code == 303 and 'rota_session=""' in out.headers["set-cookie"]
+
+
+def test_a_read_that_runs_too_long_is_cut_off(settings: Settings, conn: Conn) -> None:
+    quick = settings.model_copy(
+        update={"dashboard_token": TOKEN, "console_statement_timeout_seconds": 0.5}
+    )
+    with (
+        Console(quick) as running,
+        httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {TOKEN}"}) as client,
+        psycopg.connect(settings.database_url) as locker,
+    ):
+        # Another session holds what the tenants page reads.
+        locker.execute("LOCK TABLE rota.tenants IN ACCESS EXCLUSIVE MODE")
+        answer = client.get("/api/tenants")
+        assert answer.status_code == 503
+        assert "ROTA_CONSOLE_STATEMENT_TIMEOUT_SECONDS (0.5 s)" in answer.json()["error"]
+        locker.rollback()
+        assert client.get("/api/tenants").status_code == 200

@@ -243,3 +243,15 @@ def test_print_roles_is_the_same_script() -> None:
 
     script = roles_script()
     assert "CREATE ROLE" in script and "GRANT EXECUTE" in script and "OWNER TO rota_owner" in script
+
+
+def test_the_audit_log_is_append_only_for_admins(urls: dict[str, str]) -> None:
+    with db.connect(urls["admin"]) as conn:
+        db.run(conn, ops.record("console:ops", "pause", "queue q", 0, {}))
+        for statement in (
+            "UPDATE rota.audit SET actor = 'nobody'",
+            "DELETE FROM rota.audit",
+            "TRUNCATE rota.audit",
+        ):
+            _refused(conn, statement)
+        assert conn.execute("SELECT count(*) FROM rota.audit").fetchone()[0] >= 1  # type: ignore[index]
