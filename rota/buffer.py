@@ -242,6 +242,18 @@ def buffer_stats(client: Any, streams: list[str], group: str) -> dict[str, dict[
     return stats
 
 
+def check_entry_id(entry_id: str) -> str:
+    """A stream entry id as an operator gives one (`<ms>-<seq>` or `<ms>`),
+    or a ValidationError: Redis would refuse anything else with an error."""
+    ms, dash, seq = entry_id.partition("-")
+    if (
+        not (ms.isascii() and ms.isdigit() and (not dash or (seq.isascii() and seq.isdigit())))
+        or max(int(ms), int(seq or 0)) >= 2**64
+    ):
+        raise ValidationError(f"{entry_id[:40]!r} is not a stream entry id (<ms>-<seq>)")
+    return entry_id
+
+
 def entry_key(entry_id: str) -> tuple[int, int]:
     """A stream entry id, `<ms>-<seq>`, as a sortable pair."""
     ms, _, seq = entry_id.partition("-")

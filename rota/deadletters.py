@@ -18,7 +18,7 @@ import orjson
 import psycopg
 
 from rota import db, ops
-from rota.buffer import dead_letter_stream
+from rota.buffer import check_entry_id, dead_letter_stream
 from rota.entries import parse_batch
 from rota.envelope import TaskEnvelope, parse_envelope
 from rota.errors import ValidationError
@@ -85,12 +85,13 @@ def newest(
     """Dead letters, newest first (`before`: an id, for the next page)."""
     if not 1 <= limit <= MAX_LIST:
         raise ValidationError(f"limit must be from 1 to {MAX_LIST}, got {limit}")
-    top = f"({before}" if before else "+"
+    top = f"({check_entry_id(before)}" if before else "+"
     entries: Any = client.xrevrange(dead_letter_stream(prefix), max=top, min="-", count=limit)
     return [_letter(entry_id, fields) for entry_id, fields in entries]
 
 
 def get(client: Client, prefix: str, letter_id: str) -> DeadLetter | None:
+    check_entry_id(letter_id)
     entries: Any = client.xrange(dead_letter_stream(prefix), min=letter_id, max=letter_id)
     return _letter(*entries[0]) if entries else None
 
@@ -190,7 +191,7 @@ def purge(
         removed = int(client.xlen(stream))
         client.delete(stream)
     elif letter_ids:
-        removed = int(client.xdel(stream, *letter_ids))
+        removed = int(client.xdel(stream, *[check_entry_id(i) for i in letter_ids]))
     else:
         return 0
     detail: dict[str, Any] = {"all": True} if everything else {"letters": list(letter_ids)}

@@ -174,11 +174,13 @@ def create_app(settings: Settings) -> Starlette:
             if await request.body():
                 try:
                     body = await request.json()
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep
                     return JSONResponse({"error": "the body is not JSON"}, status_code=400)
             why = guard.check(request, "act")
             if why is not None:
                 return JSONResponse({"error": f"refused: {why}"}, status_code=403)
+            if not isinstance(body, dict):
+                return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
             result = await run_in_threadpool(do, request, body)
             conns.recent.clear()
             return JSONResponse(result)
@@ -234,8 +236,8 @@ def create_app(settings: Settings) -> Starlette:
         if "id" in request.path_params:
             return [data.task_id(request.path_params["id"])]
         ids = body.get("ids") or []
-        if not isinstance(ids, list):
-            raise RotaError("ids must be a list of task ids")
+        if not isinstance(ids, list) or not ids:
+            raise RotaError("ids must be a non-empty list of task ids")
         return [data.task_id(str(i)) for i in ids]
 
     def cancel(request: Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +289,7 @@ def create_app(settings: Settings) -> Starlette:
             return JSONResponse({"error": f"refused: {why}"}, status_code=403)
         try:
             body = await request.json()
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep
             return JSONResponse({"error": "the body is not JSON"}, status_code=400)
         return JSONResponse(await run_in_threadpool(data.enqueue, conns, body), status_code=201)
 
