@@ -7,7 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rota.redact import redact_url
@@ -23,6 +30,12 @@ class Settings(BaseSettings):
     )
 
     database_url: str = "postgresql://localhost/postgres"
+    # Secrets from files (ROTA_DATABASE_URL_FILE, ...), as container
+    # platforms mount them: nothing on a command line, where `ps` shows it.
+    database_url_file: Path | None = None
+    redis_url_file: Path | None = None
+    direct_database_url_file: Path | None = None
+    dashboard_token_file: Path | None = None
     # "transaction": ROTA_DATABASE_URL goes through a pooler in transaction
     # mode (PgBouncer's pool_mode = transaction): rota sends no startup
     # options, prepares no statements and keeps no session state between
@@ -135,6 +148,24 @@ class Settings(BaseSettings):
     # The Host names the console answers to (comma-separated); others get 400,
     # which keeps a DNS-rebinding page from reaching it through a browser.
     console_allowed_hosts: str = "localhost,127.0.0.1,[::1]"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, values: Any) -> Any:
+        """ROTA_X_FILE: the setting X read from that file (stripped), unless
+        X itself is given."""
+        if not isinstance(values, dict):
+            return values
+        for name in ("database_url", "redis_url", "direct_database_url", "dashboard_token"):
+            path = values.get(f"{name}_file")
+            if path and not values.get(name):
+                try:
+                    values[name] = Path(path).read_text().strip()
+                except OSError as exc:
+                    raise ValueError(
+                        f"ROTA_{name.upper()}_FILE: cannot read {path}: {exc.strerror}"
+                    ) from None
+        return values
 
     @field_validator("queues")
     @classmethod

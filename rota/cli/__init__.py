@@ -15,6 +15,7 @@ import typer
 from rota.cli import admin, console, consumer, loader, schema, tasks
 from rota.cli.app import Options, app
 from rota.cli.errors import explain
+from rota.redact import printable
 
 __all__ = ["admin", "app", "console", "consumer", "loader", "main", "schema", "tasks"]
 
@@ -40,5 +41,5 @@ def main() -> None:
         if Options.debug:
             raise
         line, code = explain(exc)
-        typer.echo(f"rota: {line}", err=True)
+        typer.echo(f"rota: {printable(line)}", err=True)
         raise SystemExit(code) from None

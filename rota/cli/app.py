@@ -10,6 +10,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from rota.db import Op
+from rota.redact import redact
 from rota.settings import Settings
 
 T = TypeVar("T")
@@ -45,6 +46,12 @@ def settings_from(database_url: str | None = None, redis_url: str | None = None)
         overrides["database_url"] = database_url
     if redis_url:
         overrides["redis_url"] = redis_url
+    if any(redact(url) != url for url in overrides.values()):
+        typer.echo(
+            "rota: a password on the command line shows in `ps`; give the URL in "
+            "ROTA_DATABASE_URL / ROTA_REDIS_URL, or their _FILE forms",
+            err=True,
+        )
     return Settings(**overrides)
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from rota.jsondata import plain
+from rota.redact import printable
 
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 Actor = Annotated[
@@ -30,10 +31,12 @@ def actor_or_default(actor: str | None) -> str:
 
 
 def emit(data: Any, as_json: bool, text: Callable[[], str]) -> None:
+    """JSON (escaped by its encoder), or text with no terminal control in it:
+    errors and dead letters are anybody's text."""
     if as_json:
         typer.echo(json.dumps(plain(data), indent=2))
     else:
-        typer.echo(text())
+        typer.echo(printable(text()))
 
 
 def cell(value: Any) -> str:

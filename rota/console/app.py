@@ -44,6 +44,7 @@ from rota.errors import EnqueueError, RotaError
 from rota.metrics import FiguresCollector, process_registry
 from rota.ops import read
 from rota.ops.read import TASK_STATES, TENANT_SORTS
+from rota.redact import redact
 from rota.settings import Settings
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -126,9 +127,9 @@ def create_app(settings: Settings) -> Starlette:
             try:
                 return await handler(request)
             except EnqueueError as exc:
-                status, message = 503, str(exc)
+                status, message = 503, redact(str(exc))
             except RotaError as exc:
-                status, message = 400, str(exc)
+                status, message = 400, redact(str(exc))
             except psycopg.errors.QueryCanceled:
                 limit = settings.console_statement_timeout_seconds
                 status, message = (

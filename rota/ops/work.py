@@ -13,6 +13,7 @@ import orjson
 
 from rota.db import Execute, Op, UUIDArray
 from rota.errors import ValidationError
+from rota.redact import redact
 from rota.rules import check_queue
 from rota.sql import query
 
@@ -160,8 +161,10 @@ def fail(failures: Sequence[Failure], as_worker: WorkerKey | None = None) -> Op[
 
 
 def _text(text: str) -> str:
-    """A text column cannot hold NUL, which an exception's message can."""
-    return text.replace("\x00", "\\x00")
+    """An error as stored: secrets masked (a handler's exception may show a
+    URL with its password); a text column cannot hold NUL, which an
+    exception's message can."""
+    return redact(text).replace("\x00", "\\x00")
 
 
 def defer_unknown(

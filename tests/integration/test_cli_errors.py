@@ -115,3 +115,42 @@ def test_a_console_token_is_made_once_and_only_its_hash_kept(tmp_path: Path) -> 
         ROTA_DATABASE_URL="postgresql://rota@127.0.0.1:1/x",
     )  # fmt: skip
     assert refused.returncode == 2 and "broken:1: expected `NAME SCOPES SHA256`" in refused.stderr
+
+
+def test_urls_from_files_and_a_warning_for_a_password_in_argv(tmp_path: Path) -> None:
+    down = f"postgresql://rota:{PASSWORD}@127.0.0.1:{_free_port()}/rota"
+    (tmp_path / "db").write_text(down + "\n")
+    from_file = rota("tenant", "alice", ROTA_DATABASE_URL_FILE=str(tmp_path / "db"))
+    _one_line(from_file, "cannot reach PostgreSQL")  # the file's URL was used
+    missing = rota("tenant", "alice", ROTA_DATABASE_URL_FILE=str(tmp_path / "nothing"))
+    _one_line(missing, "ROTA_DATABASE_URL_FILE: cannot read")
+    in_argv = rota("tenant", "alice", "--database-url", down)
+    assert in_argv.returncode == 2 and PASSWORD not in in_argv.stderr
+    assert "a password on the command line shows in `ps`" in in_argv.stderr
+
+
+def test_stored_errors_are_redacted_and_printed_without_terminal_control(
+    database_url: str,
+) -> None:
+    import psycopg
+
+    from rota import db, ops
+    from tests.helpers import claim, envelopes, load
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        load(conn, envelopes("alice", 1))
+        (task,) = claim(conn, 1)
+        error = f"cannot reach postgresql://u:{PASSWORD}@db/x \x1b[2J\x1b[31mred"
+        trace = f'  File "t.py", line 1\n    connect("redis://:{PASSWORD}@h:6379")\n'
+        db.transact(
+            conn,
+            ops.fail([ops.Failure(task.id, task.attempt, error, final=True, traceback=trace)]),
+        )
+        stored = conn.execute(
+            "SELECT last_error, traceback FROM rota.tasks WHERE id = %s", [task.id]
+        ).fetchone()
+    assert stored is not None and PASSWORD not in stored[0] + stored[1]
+    assert "postgresql://u:***@db/x" in stored[0]
+    shown = rota("task", "show", str(task.id), ROTA_DATABASE_URL=database_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "red" in shown.stdout
