@@ -25,12 +25,9 @@ from rota.ops.admin import (
     retry_dead,
 )
 from rota.ops.load import (
-    READY_COPY_TYPES,
     TASK_COPY_TYPES,
-    ReadyRow,
     count_loader_batch,
     load,
-    make_ready,
     record_loader_batch,
     task_rows,
     tenant_backlogs,
@@ -75,12 +72,10 @@ from rota.ops.work import (
 
 __all__ = [
     "PRUNE_BATCH",
-    "READY_COPY_TYPES",
     "TASK_COPY_TYPES",
     "ClaimedTask",
     "FailOutcome",
     "Failure",
-    "ReadyRow",
     "TaskState",
     "WorkerInfo",
     "WorkerKey",
@@ -99,7 +94,6 @@ __all__ = [
     "listen_ready",
     "live_workers",
     "load",
-    "make_ready",
     "patch_tenant",
     "pause_queue",
     "pause_tenant",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -23,23 +23,11 @@ TASK_COPY_TYPES = (
 )  # fmt: skip
 
 
-# The copy_ready block: queue_id, vtime, tenant_id, seq, task_id.
-READY_COPY_TYPES = ("int4", "float8", "int4", "int8", "uuid")
-
-
-# Up to this many tasks take their places in line by an INSERT sent with
-# their tenants' tags (one round trip); more go by COPY (`make_ready`).
-READY_INSERT_MAX_TASKS = 64
-
-# A task taking its place in line (`make_ready`): id, seq, queue_id,
-# tenant_id, cost. Plain tuples: a loader makes one per task.
-ReadyRow: TypeAlias = tuple[UUID, int, int, int, float]
-
-
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     """Bulk-loads tasks with their fair positions: COPY into rota.tasks, then
-    their places in line (`make_ready`). Tasks loaded or run before (same id)
-    are ignored. Run it in a transaction. Returns how many were new."""
+    their places in line, computed by the database (rota.enter_line_of).
+    Tasks loaded or run before (same id) are ignored. Run it in a
+    transaction. Returns how many were new."""
     tasks = _first_of_each_id(envelopes)
     if not tasks:
         return 0
@@ -75,22 +63,8 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
         )
         numbered = _without(numbered, [row[0] for row in loaded])
         yield copy_tasks(numbered)
-    later = [(t.eta, t.id) for _, t in numbered if t.eta is not None and t.eta > now]
-    if later:
-        yield Execute(
-            query("schedule_tasks"),
-            {
-                "run_at": [eta for eta, _ in later],
-                "ids": UUIDArray(task_id for _, task_id in later),
-            },
-        )
-    yield from make_ready(
-        [
-            (t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.cost)
-            for seq, t in numbered
-            if t.eta is None or t.eta <= now
-        ]
-    )
+    # Their places in line (or on the schedule) are the database's to give.
+    yield Execute(query("enter_line_of"), {"ids": UUIDArray(t.id for _, t in numbered)})
     return len(numbered)
 
 
@@ -132,59 +106,6 @@ def task_rows(
             "scheduled" if t.eta is not None and t.eta > now else "pending",
             t.eta, t.enqueued_at, t.tenant,
         )  # fmt: skip
-
-
-def make_ready(tasks: Sequence[ReadyRow]) -> Op[None]:
-    """Gives tasks (in arrival order) their fair places in line and makes them
-    claimable: start-time fair queueing (docs/architecture.md). Each tenant's next task in
-    a queue starts at S = max(V, F), the queue's virtual clock or the tenant's
-    finish tag, and moves F on by cost / weight. The queues stay locked until
-    the transaction ends, so loaders and schedulers of a queue take turns."""
-    if not tasks:
-        return
-    pairs = sorted({(queue_id, tenant_id) for _, _, queue_id, tenant_id, _ in tasks})
-    rows = yield Execute(
-        query("fair_starts"),
-        {"queue_ids": [q for q, _ in pairs], "tenant_ids": [t for _, t in pairs]},
-    )
-    start = {(q, t): s for q, t, _, s in rows}
-    weight = {(q, t): w for q, t, w, _ in rows}
-    last_start: dict[tuple[int, int], float] = {}
-    ready = []
-    for task_id, seq, queue_id, tenant_id, cost in tasks:
-        pair = (queue_id, tenant_id)
-        vtime = start[pair]
-        ready.append((queue_id, vtime, tenant_id, seq, task_id))
-        last_start[pair] = vtime
-        start[pair] = vtime + cost / weight[pair]
-    max_start: dict[int, float] = {}
-    for (queue, _), vtime in last_start.items():
-        max_start[queue] = max(vtime, max_start.get(queue, vtime))
-    tags = {
-        "queue_ids": [q for q, _ in last_start],
-        "tenant_ids": [t for _, t in last_start],
-        "finish_tags": [start[pair] for pair in last_start],
-        "clock_queue_ids": list(max_start),
-        "max_starts": list(max_start.values()),
-    }
-    if len(ready) > READY_INSERT_MAX_TASKS:
-        yield Copy(query("copy_ready"), ready, READY_COPY_TYPES)
-        yield Execute(query("save_fair_tags"), tags)
-        return
-    # A few tasks (a quiet buffer, where latency counts): their places and
-    # the tags in one statement, a round trip fewer than COPY and then the tags.
-    columns = list(zip(*ready, strict=True))
-    yield Execute(
-        query("insert_ready_save_fair_tags"),
-        {
-            **tags,
-            "ready_queue_ids": list(columns[0]),
-            "vtimes": list(columns[1]),
-            "ready_tenant_ids": list(columns[2]),
-            "seqs": list(columns[3]),
-            "task_ids": UUIDArray(columns[4]),
-        },
-    )
 
 
 def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:

@@ -26,34 +26,9 @@ SELECT id FROM rota.tasks WHERE id = ANY (%(ids)b::uuid[])
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
                  backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
 
--- name: schedule_tasks
-INSERT INTO rota.scheduled (run_at, task_id)
-SELECT * FROM unnest(%(run_at)b::timestamptz[], %(ids)b::uuid[])
-
--- name: fair_starts
-SELECT queue_id, tenant_id, weight, start
-FROM rota.fair_starts(%(queue_ids)b::integer[], %(tenant_ids)b::integer[])
-
--- name: copy_ready
-COPY rota.ready (queue_id, vtime, tenant_id, seq, task_id) FROM STDIN (FORMAT BINARY)
-
--- name: save_fair_tags
-SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
-                           %(finish_tags)b::float8[], %(clock_queue_ids)b::integer[],
-                           %(max_starts)b::float8[])
-
--- name: insert_ready_save_fair_tags
--- A few tasks' places in line and their tenants' tags in one statement
--- (save_fair_tags's block, with the rows copy_ready would send).
-WITH ready AS (
-    INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
-    SELECT * FROM unnest(%(ready_queue_ids)b::integer[], %(vtimes)b::float8[],
-                         %(ready_tenant_ids)b::integer[], %(seqs)b::int8[],
-                         %(task_ids)b::uuid[])
-)
-SELECT rota.save_fair_tags(%(queue_ids)b::integer[], %(tenant_ids)b::integer[],
-                           %(finish_tags)b::float8[], %(clock_queue_ids)b::integer[],
-                           %(max_starts)b::float8[])
+-- name: enter_line_of
+-- The tasks this transaction just loaded, in line or on the schedule.
+SELECT rota.enter_line_of(%(ids)b::uuid[])
 
 -- name: tenant_backlog
 -- The tenants with a capacity (backpressure) and their waiting work. The

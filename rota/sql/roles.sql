@@ -80,18 +80,16 @@ BEGIN
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM rota_producer, rota_loader, rota_worker;
     GRANT USAGE ON SCHEMA rota TO rota_producer, rota_loader, rota_worker, rota_admin;
 
-    -- Loading (producers' fallback, loaders, and workers' cron): insert tasks
-    -- and their places in line; names, fair tags and the clock through
-    -- definer functions; see only ids of what exists or finished.
-    GRANT INSERT ON rota.tasks, rota.ready, rota.scheduled
-        TO rota_producer, rota_loader, rota_worker;
+    -- Loading (producers' fallback, loaders, and workers' cron): insert tasks;
+    -- their names' ids, and their places in line and the tenants' tags,
+    -- through definer functions that compute them; see only ids of what
+    -- exists or finished.
+    GRANT INSERT ON rota.tasks TO rota_producer, rota_loader, rota_worker;
     GRANT SELECT (id) ON rota.tasks TO rota_producer, rota_loader, rota_worker;
     GRANT SELECT (task_id) ON rota.finished TO rota_producer, rota_loader, rota_worker;
     GRANT USAGE ON SEQUENCE rota.task_seq TO rota_producer, rota_loader, rota_worker;
     GRANT EXECUTE ON FUNCTION rota.name_ids(text[], text[]),
-                              rota.fair_starts(integer[], integer[]),
-                              rota.save_fair_tags(integer[], integer[], double precision[],
-                                                  integer[], double precision[]),
+                              rota.enter_line_of(uuid[]),
                               rota.vclock(integer)
         TO rota_producer, rota_loader, rota_worker;
     -- Backpressure: the producers read their tenants' backlog.

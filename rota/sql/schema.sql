@@ -296,24 +296,6 @@ BEGIN
 END
 $$;
 
--- Records what the tasks just made ready (rota.ops.make_ready) moved: each
--- pair's finish tag and each queue's largest start tag; notifies once per queue.
-CREATE FUNCTION rota.save_fair_tags(
-    p_queue_ids integer[], p_tenant_ids integer[], p_finish_tags double precision[],
-    p_clock_queue_ids integer[], p_max_starts double precision[]
-) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
-    SELECT * FROM unnest(p_queue_ids, p_tenant_ids, p_finish_tags) ORDER BY 1, 2
-    ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = excluded.finish_tag;
-    UPDATE rota.queues q SET max_start = greatest(q.max_start, m.s)
-    FROM unnest(p_clock_queue_ids, p_max_starts) AS m(id, s)
-    WHERE q.id = m.id;
-    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q WHERE q.id = ANY(p_clock_queue_ids);
-END
-$$;
-
 -- Takes claimed tasks off the running table, keeping each limited tenant's
 -- counter right. Tenant rows are locked in id order, as claims lock them.
 -- One statement: plpgsql keeps its plan, where a sql function would plan it
@@ -750,9 +732,6 @@ $$;
 ALTER FUNCTION rota.name_ids(text[], text[])
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION rota.fair_starts(integer[], integer[])
-    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION rota.save_fair_tags(integer[], integer[], double precision[], integer[],
-                                   double precision[])
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION rota.complete(uuid[], integer[])
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
@@ -1357,6 +1336,43 @@ BEGIN
     RETURN QUERY SELECT * FROM rota.requeue(
         v_tasks, array_fill(NULL::integer, ARRAY[cardinality(v_tasks)]), true,
         'its worker stopped holding it');
+END
+$$;
+
+-- A task has one place in line: a second one (say, a credential that could
+-- insert places) would make every claim that meets it roll back.
+CREATE UNIQUE INDEX ready_task ON rota.ready (task_id);
+
+-- Puts the tasks this transaction just loaded (COPY into rota.tasks) in line,
+-- or on the schedule when their ETA is later: the places and tags computed
+-- here (rota.enter_line), never by the caller. Only tasks loaded by this very
+-- transaction (their loaded_at is its start) on their first attempt qualify;
+-- a second call for the same task meets ready_task and fails.
+CREATE FUNCTION rota.enter_line_of(p_ids uuid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off AS $$
+DECLARE
+    v_ids uuid[];
+    v_seqs bigint[];
+    v_queues integer[];
+    v_tenants integer[];
+    v_costs double precision[];
+BEGIN
+    WITH fresh AS MATERIALIZED (
+        SELECT t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta
+        FROM rota.tasks t
+        WHERE t.id = ANY (p_ids) AND t.loaded_at = now() AND t.attempts = 0
+          AND t.status IN ('pending', 'scheduled')
+    ), later AS (
+        INSERT INTO rota.scheduled (run_at, task_id)
+        SELECT coalesce(f.eta, now()), f.id FROM fresh f WHERE f.status = 'scheduled'
+    )
+    SELECT array_agg(f.id ORDER BY f.seq), array_agg(f.seq ORDER BY f.seq),
+           array_agg(f.queue_id ORDER BY f.seq), array_agg(f.tenant_id ORDER BY f.seq),
+           array_agg(f.cost ORDER BY f.seq)
+    INTO v_ids, v_seqs, v_queues, v_tenants, v_costs
+    FROM fresh f WHERE f.status = 'pending';
+    PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs);
 END
 $$;
 

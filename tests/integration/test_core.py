@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import threading
 import time
@@ -368,46 +367,6 @@ def test_task_ids_given_as_text_are_parsed_and_bad_ones_refused(conn: Conn) -> N
     assert sent == [task_id]
     with pytest.raises(ValueError, match="hexadecimal UUID"):
         db.run(conn, ops.task_states(["not-an-id"]))  # type: ignore[list-item]
-
-
-def test_a_few_tasks_take_the_same_places_by_insert_as_many_do_by_copy(
-    conn: Conn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Small batches send their places with the tags (one statement), larger
-    # ones COPY them: the same tasks, loaded each way into their own queue,
-    # get the same places in line and leave the same tags.
-    # The module (rota.ops.load is also the name of its function).
-    loading = importlib.import_module("rota.ops.load")
-
-    def places(queue: str, copy: bool) -> list[tuple[Any, ...]]:
-        monkeypatch.setattr(loading, "READY_INSERT_MAX_TASKS", 0 if copy else 10**6)
-        db.transact(conn, ops.configure_tenant("heavy", weight=2.0))
-        for batch in range(3):
-            tasks = [
-                e
-                for tenant, cost in (("light", 1.0), ("heavy", 3.0), ("light", 0.5))
-                for e in envelopes(f"{tenant}-{batch % 2}", 4, queue=queue, cost=cost)
-            ]
-            load(conn, tasks)
-        return conn.execute(
-            "SELECT t.name, r.vtime, r.seq - min(r.seq) OVER () FROM rota.ready r"
-            " JOIN rota.tenants t ON t.id = r.tenant_id JOIN rota.queues q ON q.id = r.queue_id"
-            " WHERE q.name = %s ORDER BY r.vtime, r.tenant_id, r.seq",
-            [queue],
-        ).fetchall()
-
-    def tags(queue: str) -> list[tuple[Any, ...]]:
-        return conn.execute(
-            "SELECT t.name, tq.finish_tag, q.max_start FROM rota.tenant_queues tq"
-            " JOIN rota.tenants t ON t.id = tq.tenant_id JOIN rota.queues q ON q.id = tq.queue_id"
-            " WHERE q.name = %s ORDER BY t.name",
-            [queue],
-        ).fetchall()
-
-    by_insert, by_copy = places("by-insert", copy=False), places("by-copy", copy=True)
-    assert len(by_insert) == 36
-    assert by_insert == by_copy  # tenant, place, and arrival number in the queue
-    assert tags("by-insert") == tags("by-copy")
 
 
 def test_places_in_line_follow_start_time_fair_queueing(conn: Conn) -> None:

@@ -165,6 +165,34 @@ def _serving(owner: Conn, urls: dict[str, str], tenant: str) -> bool:
     return tenant in {t.tenant for t in claimed}
 
 
+def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
+    urls: dict[str, str], owner: Conn
+) -> None:
+    db.transact(owner, ops.load(envelopes("alice", 2)))
+    (old,) = owner.execute("SELECT id FROM rota.tasks LIMIT 1").fetchone()  # type: ignore[misc]
+    for role in ("producer", "loader"):
+        with db.connect(urls[role]) as conn:
+            # A duplicate place in line (every claim that met it would roll
+            # back), a place or a tag of the caller's choosing: refused.
+            for statement in (
+                "INSERT INTO rota.ready SELECT * FROM rota.ready",
+                "INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)"
+                " VALUES (1, -1e300, 1, 1, gen_random_uuid())",
+                "UPDATE rota.tenant_queues SET finish_tag = 1e300",
+                "INSERT INTO rota.tenant_queues VALUES (1, 1, 1e300)",
+                "INSERT INTO rota.scheduled VALUES (now(), gen_random_uuid())",
+                "SELECT rota.fair_starts(ARRAY[1], ARRAY[1])",
+                "SELECT rota.enter_line(ARRAY[gen_random_uuid()], ARRAY[1::bigint], ARRAY[1],"
+                " ARRAY[1], ARRAY[1::float8])",
+            ):
+                _refused(conn, statement)
+            # Putting a task loaded earlier in line again: nothing happens
+            # (only what this transaction loaded qualifies).
+            conn.execute("SELECT rota.enter_line_of(ARRAY[%s]::uuid[])", [old])
+    assert owner.execute("SELECT count(*) FROM rota.ready").fetchone() == (2,)
+    assert _serving(owner, urls, "bob")  # the queue still serves every tenant
+
+
 def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
     urls: dict[str, str], owner: Conn
 ) -> None:
