@@ -15,6 +15,7 @@ overview's gauges name the top tenants by waiting tasks.
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 from bisect import bisect_left
@@ -37,6 +38,8 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 OTHER = "other"
+# Queues named in the console's series (the deepest); the rest are summed as OTHER.
+QUEUE_SERIES = 50
 # Seconds: from a few milliseconds (an idle worker woken by NOTIFY) to hours.
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 RUN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
@@ -200,12 +203,21 @@ class FiguresCollector(Collector):
         oldest = GaugeMetricFamily(
             "rota_queue_oldest_wait_seconds", "Wait of the oldest task in line.", labels=["queue"]
         )
-        for q in figures.queues:
+        # The deepest queues by name, the rest summed as 'other': any producer
+        # may make a queue (without ROTA_QUEUES), and a series each would
+        # have no bound.
+        deepest = sorted(figures.queues, key=lambda q: -(q.waiting + q.running))
+        shown, rest = deepest[:QUEUE_SERIES], deepest[QUEUE_SERIES:]
+        for q in shown:
             for state in ("waiting", "running", "scheduled", "dead"):
                 queue_tasks.add_metric([q.name, state], getattr(q, state))
             throughput.add_metric([q.name], q.per_minute)
             if q.oldest_wait_seconds is not None:
                 oldest.add_metric([q.name], q.oldest_wait_seconds)
+        if rest:
+            for state in ("waiting", "running", "scheduled", "dead"):
+                queue_tasks.add_metric([OTHER, state], sum(getattr(q, state) for q in rest))
+            throughput.add_metric([OTHER], sum(q.per_minute for q in rest))
         tenant_tasks = GaugeMetricFamily(
             "rota_tenant_tasks", "Top tenants' tasks by state (the rest under 'other').",
             labels=["tenant", "state"],
@@ -256,13 +268,21 @@ class HealthServer:
         port: int,
         ready: Callable[[], bool],
         registry: CollectorRegistry = REGISTRY,
+        token: str | None = None,
     ) -> None:
+        """With `token` (ROTA_METRICS_TOKEN), /metrics needs `Authorization:
+        Bearer TOKEN`; the health checks never do."""
         server = self
+        expected = f"Bearer {token}".encode() if token else None
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
+                    given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+                    if expected is not None and not hmac.compare_digest(given, expected):
+                        self._send(401, b"a token is required\n")
+                        return
                     self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     self._send(200, b"ok\n")
@@ -305,3 +325,39 @@ class HealthServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def serve_health(
+    settings: Any,
+    host: str,
+    port: int,
+    ready: Callable[[], bool],
+    registry: CollectorRegistry = REGISTRY,
+) -> HealthServer:
+    """Starts the health server of a command's `--metrics-port`: beyond
+    loopback only with ROTA_METRICS_TOKEN, which /metrics then requires."""
+    from pydantic import SecretStr
+
+    from rota.errors import ValidationError
+
+    secret = settings.metrics_token
+    token = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
+    if token is None and not _loopback(host):
+        raise ValidationError(
+            f"--metrics-host {host} needs ROTA_METRICS_TOKEN (at least 16 characters): "
+            "/metrics shows queue and tenant names"
+        )
+    server = HealthServer(host, port, ready, registry, token)
+    server.start()
+    return server
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

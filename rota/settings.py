@@ -138,6 +138,8 @@ class Settings(BaseSettings):
     # The console (`rota dashboard`): required for any bind but loopback,
     # and for every action; at least 16 characters.
     dashboard_token: SecretStr | None = Field(default=None, min_length=16)
+    # Required by --metrics-port's /metrics on any address but loopback.
+    metrics_token: SecretStr | None = Field(default=None, min_length=16)
     # More console tokens, each with a name and scopes: lines of
     # `NAME SCOPES SHA256` (`rota dashboard-token`); only hashes are stored.
     console_tokens_file: Path | None = None

@@ -66,7 +66,7 @@ def dashboard(
     from rota import logs
     from rota.console.app import create_app
     from rota.console.data import Connections, figures
-    from rota.metrics import FiguresCollector, HealthServer, process_registry
+    from rota.metrics import FiguresCollector, process_registry, serve_health
 
     logs.configure(log_level, log_format)
     settings = settings_from(database_url, redis_url)
@@ -85,7 +85,7 @@ def dashboard(
         conns = Connections(settings)
         registry = process_registry()
         registry.register(FiguresCollector(lambda: figures(conns)))
-        HealthServer(metrics_host, metrics_port, lambda: True, registry).start()
+        serve_health(settings, metrics_host, metrics_port, lambda: True, registry)
     scheme = "https" if certfile else "http"
     typer.echo(f"rota console on {scheme}://{host}:{port}/", err=True)
     uvicorn.run(

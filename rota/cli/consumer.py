@@ -42,7 +42,7 @@ def worker(
     tune_gc()
     from rota import logs
     from rota.consumer import Worker
-    from rota.metrics import HealthServer
+    from rota.metrics import serve_health
 
     logs.configure(log_level, log_format)
     runner = Worker(
@@ -55,8 +55,9 @@ def worker(
     )
     on_stop_signals(runner.stop)
     if metrics_port is not None:
-        health = HealthServer(metrics_host, metrics_port, runner.ready, runner.metrics.registry)
-        health.start()
+        serve_health(
+            runner.settings, metrics_host, metrics_port, runner.ready, runner.metrics.registry
+        )
     if not runner.run():
         # Tasks outlived the shutdown grace and were handed back; their
         # threads cannot be stopped, and would keep the process alive.

@@ -95,14 +95,14 @@ def loader_run(
     import threading
 
     from rota import logs
-    from rota.metrics import HealthServer, LoaderMetrics
+    from rota.metrics import LoaderMetrics, serve_health
 
     logs.configure(log_level, log_format)
     settings = settings_from(database_url, redis_url)
     stop = threading.Event()
     metrics = LoaderMetrics()
     if metrics_port is not None:
-        HealthServer(metrics_host, metrics_port, metrics.ready, metrics.registry).start()
+        serve_health(settings, metrics_host, metrics_port, metrics.ready, metrics.registry)
     if engine == "python":
         from rota.loader import Loader
 

@@ -87,3 +87,18 @@ def test_tenants_past_the_limit_share_one_series_and_one_cached_child() -> None:
     assert len(metrics._ended) == 3  # two named tenants and "other"
     other = metrics.completed.labels("q", "other")._value.get()
     assert other == 48
+
+
+def test_queues_past_the_limit_share_one_series() -> None:
+    from rota.metrics import OTHER, QUEUE_SERIES
+
+    queues = [QueueRow(f"q{i:03d}", False, i, 0, 0, 1, 1.0, None, None) for i in range(80)]
+    figures = Figures(datetime.now(UTC), queues=queues, tenants=[], buffer={},
+                      dead_letters=0, unavailable={})  # fmt: skip
+    got = samples(figures_text(figures))
+    named = {dict(labels)["queue"] for name, labels in got if name == "rota_queue_tasks"}
+    assert len(named) == QUEUE_SERIES + 1 and OTHER in named and "q079" in named  # the deepest
+    assert "q000" not in named
+    rest = sum(range(80 - QUEUE_SERIES))  # the shallowest, waiting 0 .. 29
+    assert got[("rota_queue_tasks", (("queue", OTHER), ("state", "waiting")))] == rest
+    assert got[("rota_queue_tasks", (("queue", OTHER), ("state", "dead")))] == 80 - QUEUE_SERIES
