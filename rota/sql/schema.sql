@@ -760,7 +760,8 @@ CREATE INDEX tasks_dead ON rota.tasks (finished_at) WHERE status = 'dead';
 CREATE TABLE rota.limits (
     only_row boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (only_row),
     finished_retention_floor interval NOT NULL DEFAULT '1 day',
-    dead_retention_floor interval NOT NULL DEFAULT '7 days'
+    dead_retention_floor interval NOT NULL DEFAULT '7 days',
+    worker_retention_floor interval NOT NULL DEFAULT '1 hour'
 );
 INSERT INTO rota.limits DEFAULT VALUES;
 
@@ -826,7 +827,8 @@ CREATE FUNCTION rota.prune_workers(p_older_than interval) RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH pruned AS (
         DELETE FROM rota.workers w
-        WHERE w.stopped_at < now() - p_older_than
+        WHERE w.stopped_at < now() - rota.retention(
+                p_older_than, (SELECT l.worker_retention_floor FROM rota.limits l))
           AND NOT EXISTS (SELECT FROM rota.running r WHERE r.worker = w.id)
         RETURNING 1
     )

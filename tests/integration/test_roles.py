@@ -226,6 +226,8 @@ def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
         assert db.run(conn, ops.complete([tokens[0]], victim)) == {tokens[0][0]}
         assert db.run(conn, ops.prune_finished(0)) == 0
         assert db.run(conn, ops.prune_dead(0)) == 0
+        db.run(conn, ops.stop_worker(thief))
+        assert db.run(conn, ops.prune_workers(0)) == 0  # stopped a moment ago: kept
         assert db.run(conn, ops.worker_claims(victim)) == [tokens[2]]  # still its own
     # An admin may prune as it is told.
     assert db.run(owner, ops.prune_finished(0)) == 1

@@ -182,7 +182,8 @@ $$;
 CREATE TABLE rota.limits (
     only_row boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (only_row),
     finished_retention_floor interval NOT NULL DEFAULT '1 day',
-    dead_retention_floor interval NOT NULL DEFAULT '7 days'
+    dead_retention_floor interval NOT NULL DEFAULT '7 days',
+    worker_retention_floor interval NOT NULL DEFAULT '1 hour'
 );
 INSERT INTO rota.limits DEFAULT VALUES;
 
@@ -281,6 +282,18 @@ BEGIN
         v_tasks, array_fill(NULL::integer, ARRAY[cardinality(v_tasks)]), true,
         'its worker stopped holding it');
 END
+$$;
+
+CREATE OR REPLACE FUNCTION rota.prune_workers(p_older_than interval) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    WITH pruned AS (
+        DELETE FROM rota.workers w
+        WHERE w.stopped_at < now() - rota.retention(
+                p_older_than, (SELECT l.worker_retention_floor FROM rota.limits l))
+          AND NOT EXISTS (SELECT FROM rota.running r WHERE r.worker = w.id)
+        RETURNING 1
+    )
+    SELECT count(*) FROM pruned
 $$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;
