@@ -187,8 +187,13 @@ def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
             ):
                 _refused(conn, statement)
             # Putting a task loaded earlier in line again: nothing happens
-            # (only what this transaction loaded qualifies).
+            # (only what this transaction loaded qualifies); putting one in
+            # line twice in its own transaction: refused.
             conn.execute("SELECT rota.enter_line_of(ARRAY[%s]::uuid[])", [old])
+            (fresh,) = envelopes(f"{role}-twice", 1)
+            with pytest.raises(psycopg.errors.UniqueViolation), conn.transaction():
+                db.run(conn, ops.load([fresh]))
+                conn.execute("SELECT rota.enter_line_of(ARRAY[%s]::uuid[])", [fresh.id])
     assert owner.execute("SELECT count(*) FROM rota.ready").fetchone() == (2,)
     assert _serving(owner, urls, "bob")  # the queue still serves every tenant
 

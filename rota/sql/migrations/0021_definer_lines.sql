@@ -5,15 +5,17 @@
 DROP FUNCTION rota.save_fair_tags(integer[], integer[], double precision[], integer[],
                                   double precision[]);
 
--- A task has one place in line: a second one (say, a credential that could
--- insert places) would make every claim that meets it roll back.
-CREATE UNIQUE INDEX ready_task ON rota.ready (task_id);
+-- The transactions that put loaded tasks in line (rota.enter_line_of), so
+-- that none does it twice: a second place in line for a task would make every
+-- claim that meets it roll back. Unlogged: it matters only while those
+-- transactions run.
+CREATE UNLOGGED TABLE rota.lined (xact xid8 PRIMARY KEY);
 
 -- Puts the tasks this transaction just loaded (COPY into rota.tasks) in line,
 -- or on the schedule when their ETA is later: the places and tags computed
 -- here (rota.enter_line), never by the caller. Only tasks loaded by this very
--- transaction (their loaded_at is its start) on their first attempt qualify;
--- a second call for the same task meets ready_task and fails.
+-- transaction (their loaded_at is its start) on their first attempt qualify,
+-- and a transaction may call it once (rota.lined).
 CREATE FUNCTION rota.enter_line_of(p_ids uuid[]) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off AS $$
@@ -24,6 +26,12 @@ DECLARE
     v_tenants integer[];
     v_costs double precision[];
 BEGIN
+    -- Once per transaction: a second call fails on the key. Now and then,
+    -- the rows of transactions that ended go.
+    INSERT INTO rota.lined (xact) VALUES (pg_current_xact_id());
+    IF random() < 0.01 THEN
+        DELETE FROM rota.lined WHERE pg_xact_status(xact) IS DISTINCT FROM 'in progress';
+    END IF;
     WITH fresh AS MATERIALIZED (
         SELECT t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta
         FROM rota.tasks t
