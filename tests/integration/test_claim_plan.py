@@ -149,6 +149,13 @@ def test_vacuum_never_truncates_the_queue_tables(conn: Conn) -> None:
     assert sizes()["rota.running"] == 0
 
 
+def _flush_counts(conn: Conn) -> None:
+    """pg_stat_xact_* also shows what earlier transactions did until the
+    backend flushes its counts (at most once a second): flush them now."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT 1")
+
+
 def _read_in_transaction(conn: Conn, tables: list[str]) -> dict[str, tuple[int, int]]:
     """Per rota table: sequential scans, and rows fetched through an index, so
     far in the open transaction."""
@@ -170,6 +177,7 @@ def test_loading_looks_names_and_tags_up_by_index_even_when_planned_on_empty_tab
         for table in ("queues", "tenants", "tenant_queues", "ready"):
             conn.execute(f"ANALYZE rota.{table}")
         load(conn, envelopes("first", 1))  # plans made now, on "empty" tables
+        _flush_counts(conn)
         with conn.transaction():
             for chunk in range(4):
                 batch = [e for t in range(200) for e in envelopes(f"c{chunk}-t{t}", 2)]
@@ -191,6 +199,7 @@ def test_a_claim_planned_on_an_empty_queue_stays_on_its_indexes(database_url: st
         for _ in range(8):  # psycopg prepares it after 5 runs
             db.transact(conn, ops.claim(["default"], 100, "w"))
         load(conn, [e for t in range(200) for e in envelopes(f"t{t}", 50)])
+        _flush_counts(conn)
         with conn.transaction():
             for _ in range(3):
                 assert len(db.run(conn, ops.claim(["default"], 100, "w"))) == 100
