@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install servers lint typecheck test test-fast demo clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,demo,bench,console]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,console]' -e './tools[demo,bench]'
 	touch $(STAMP)
 
 install: $(STAMP) servers
@@ -19,8 +19,8 @@ servers:
 	bash infra/install-servers.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rota rota_tools tests
-	$(VENV)/bin/ruff format --check rota rota_tools tests
+	$(VENV)/bin/ruff check rota tools tests
+	$(VENV)/bin/ruff format --check rota tools tests
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -1,7 +1,8 @@
 """rota: a fair, multi-tenant task queue for Python."""
 
-from rota import db, ops
+from rota import core
 from rota.app import App
+from rota.core import db
 from rota.errors import (
     CapacityExceeded,
     EnqueueError,
@@ -34,6 +35,6 @@ __all__ = [
     "TaskCall",
     "UnknownTask",
     "ValidationError",
+    "core",
     "db",
-    "ops",
 ]

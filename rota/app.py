@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, overload
 from uuid import UUID
 
-from rota.entries import TaskBatch
-from rota.envelope import check_run, envelope_template, task_id_for_key
+from rota.buffer.entries import TaskBatch
 from rota.errors import UnknownTask, ValidationError
-from rota.rules import (
+from rota.model.envelope import check_run, envelope_template, task_id_for_key
+from rota.model.rules import (
     check_idempotency_key,
     check_task_name,
     check_tenant,

@@ -17,8 +17,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rota.redact import redact_url
-from rota.rules import MAX_ATTEMPTS, MAX_DELAY_SECONDS, check_queue, parse_duration
+from rota.model.rules import MAX_ATTEMPTS, MAX_DELAY_SECONDS, check_queue, parse_duration
+from rota.runtime.redact import redact_url
 
 # Seconds, from a number or text like "30m", "12h", "7d".
 Duration = Annotated[float, BeforeValidator(parse_duration)]

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 from uuid import UUID
 
-from rota.envelope import EnvelopeTemplate
 from rota.errors import ValidationError
-
-if TYPE_CHECKING:
-    from rota.app import App
+from rota.model.envelope import EnvelopeTemplate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -93,11 +90,21 @@ class ArgumentCheck:
             raise ValidationError(f"arguments do not fit task {name!r}: {verdict}")
 
 
+class Enqueuer(Protocol):
+    """What a task enqueues through (an `App`); tasks know no more of it."""
+
+    def enqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]: ...
+
+    async def aenqueue_many(
+        self, calls: Iterable[TaskCall], connection: Any = None
+    ) -> list[UUID]: ...
+
+
 class Task(Generic[P, R]):
     """A registered task. Calling it runs the function here and now."""
 
     def __init__(
-        self, app: App, fn: Callable[P, R], template: EnvelopeTemplate, options: TaskOptions
+        self, app: Enqueuer, fn: Callable[P, R], template: EnvelopeTemplate, options: TaskOptions
     ) -> None:
         self.app = app
         self.fn = fn
@@ -126,16 +133,16 @@ class Task(Generic[P, R]):
         idempotency_key: str | None = None,
         **kwargs: Any,
     ) -> TaskCall:
-        return self.app.call(
+        return TaskCall(
             self.name,
+            tenant,
             args,
             kwargs,
-            tenant=tenant,
-            queue=self.options.queue,
-            eta=eta,
-            countdown=countdown,
-            cost=cost,
-            idempotency_key=idempotency_key,
+            self.options.queue,
+            eta,
+            countdown,
+            cost,
+            idempotency_key,
         )
 
     def enqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:

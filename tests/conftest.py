@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from rota import App, Settings
-from rota.migrate import migrate
+from rota.core.migrate import migrate
 from rota_tools.devservers import Server, local_postgres, local_redis
 
 _counter = itertools.count()

@@ -9,8 +9,9 @@ from typing import Any
 
 import psycopg
 
-from rota import db, ops
-from rota.envelope import TaskEnvelope, make_envelope
+from rota import core
+from rota.core import db
+from rota.model.envelope import TaskEnvelope, make_envelope
 
 
 def envelopes(
@@ -40,7 +41,7 @@ def envelopes(
 
 
 def load(conn: psycopg.Connection[Any], batch: Iterable[TaskEnvelope]) -> int:
-    return db.transact(conn, ops.load(list(batch)))
+    return db.transact(conn, core.load(list(batch)))
 
 
 def claim(
@@ -49,8 +50,8 @@ def claim(
     queues: tuple[str, ...] = ("default",),
     worker: str = "test-worker",
     lease_seconds: float = 60.0,
-) -> list[ops.ClaimedTask]:
-    return db.transact(conn, ops.claim(list(queues), limit, worker, lease_seconds))
+) -> list[core.ClaimedTask]:
+    return db.transact(conn, core.claim(list(queues), limit, worker, lease_seconds))
 
 
 def drain_order(conn: psycopg.Connection[Any], batch: int = 1) -> list[str]:
@@ -61,7 +62,7 @@ def drain_order(conn: psycopg.Connection[Any], batch: int = 1) -> list[str]:
         if not got:
             return order
         order.extend(t.tenant for t in got)
-        db.transact(conn, ops.complete(t.token for t in got))
+        db.transact(conn, core.complete(t.token for t in got))
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
@@ -87,7 +88,7 @@ def pending_idle_past_reclaim(settings: Any) -> bool:
     enough for a loader to reclaim them (ROTA_LOADER_IDLE_RECLAIM_SECONDS)."""
     import redis
 
-    from rota.buffer import all_streams
+    from rota.buffer.streams import all_streams
 
     idle_ms = int(settings.loader_idle_reclaim_seconds * 1000) + 1
     client = redis.Redis.from_url(settings.redis_url)

@@ -15,7 +15,7 @@ import typer
 from rota.cli import admin, console, consumer, loader, schema, tasks
 from rota.cli.app import Options, app
 from rota.cli.errors import explain
-from rota.redact import printable
+from rota.runtime.redact import printable
 
 __all__ = ["admin", "app", "console", "consumer", "loader", "main", "schema", "tasks"]
 

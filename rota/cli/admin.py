@@ -47,8 +47,8 @@ def tenant(
     """Tenants: `rota tenant NAME --weight 3` changes only the options given
     (--clear rate_limit removes a limit); `list`, `show NAME`, `pause NAME`,
     `resume NAME`."""
-    from rota import db, ops
-    from rota.ops import read
+    from rota import core
+    from rota.core import db, read
 
     action, names = (words[0], words[1:]) if words[0] in TENANT_ACTIONS else ("set", words)
     if action == "list":
@@ -73,7 +73,7 @@ def tenant(
         return
     who = actor_or_default(actor)
     if action in ("pause", "resume"):
-        op = ops.pause_tenant(name, action == "pause", who)
+        op = core.pause_tenant(name, action == "pause", who)
         found = run_admin(database_url, op)
         if not found:
             typer.echo(f"rota: no tenant named {name!r}", err=True)
@@ -96,7 +96,7 @@ def tenant(
         if setting in changes:
             raise ValidationError(f"{setting} is both given and cleared")
         changes[setting] = None
-    patch = ops.patch_tenant(name, changes, who)
+    patch = core.patch_tenant(name, changes, who)
     with db.admin_connect(settings_from(database_url).database_url) as conn:
         slot = db.run(conn, patch)
         shown = db.run(conn, read.tenant(name))
@@ -149,7 +149,7 @@ app.add_typer(queue_app, name="queue", no_args_is_help=True)
 @queue_app.command("list")
 def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> None:
     """Every queue with its figures (as of the last maintenance count)."""
-    from rota.ops import read
+    from rota.core import read
 
     rows = run_admin(database_url, read.queues())
     emit(rows, as_json, lambda: table(
@@ -162,9 +162,9 @@ def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> Non
 def _pause_queue(
     name: str, paused: bool, actor: str | None, as_json: bool, url: str | None
 ) -> None:
-    from rota import ops
+    from rota import core
 
-    op = ops.pause_queue(name, paused, actor_or_default(actor))
+    op = core.pause_queue(name, paused, actor_or_default(actor))
     found = run_admin(url, op)
     if not found:
         typer.echo(f"rota: no queue named {name!r}", err=True)
@@ -199,18 +199,19 @@ def prune(
     """Delete records of succeeded tasks, and dead or cancelled tasks, that
     ended longer ago than --older-than (maintenance also does this, from
     ROTA_FINISHED_RETENTION and ROTA_DEAD_RETENTION)."""
-    from rota import db, ops
-    from rota.rules import parse_duration
+    from rota import core
+    from rota.core import db
+    from rota.model.rules import parse_duration
 
     seconds = parse_duration(older_than)
     pruned = {"finished": 0, "dead": 0}
     with db.admin_connect(settings_from(database_url).database_url) as conn:
-        for kind, op in (("finished", ops.prune_finished), ("dead", ops.prune_dead)):
+        for kind, op in (("finished", core.prune_finished), ("dead", core.prune_dead)):
             while batch := db.run(conn, op(seconds)):
                 pruned[kind] += batch
         detail = {"older_than_seconds": seconds, **pruned}
         total = pruned["finished"] + pruned["dead"]
-        db.run(conn, ops.record(actor_or_default(actor), "prune", "tasks", total, detail))
+        db.run(conn, core.record(actor_or_default(actor), "prune", "tasks", total, detail))
     emit(pruned, as_json, lambda: f"pruned {pruned['finished']:,} finished and "
          f"{pruned['dead']:,} dead or cancelled task(s)")  # fmt: skip
 
@@ -225,13 +226,13 @@ def stats(
 ) -> None:
     """Queues, top tenants, workers, the buffer and its dead letters. Prints
     what it can when one of the servers is down."""
-    from rota.figures import gather
+    from rota.readmodel.figures import gather
 
     if output not in ("text", "json", "prometheus"):
         raise typer.BadParameter("--format takes text, json or prometheus")
     figures = gather(settings_from(database_url, redis_url), tenants)
     if output == "prometheus":
-        from rota.metrics import figures_text
+        from rota.readmodel.metrics import figures_text
 
         typer.echo(figures_text(figures), nl=False)
     else:

@@ -9,8 +9,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from rota.db import Op
-from rota.redact import redact
+from rota.core.db import Op
+from rota.runtime.redact import redact
 from rota.settings import Settings
 
 T = TypeVar("T")
@@ -85,8 +85,8 @@ MetricsHost = Annotated[str, typer.Option(help="the address --metrics-port liste
 
 
 def run_admin(database_url: str | None, op: Op[T]) -> T:
-    """Runs one operator's operation on an admin connection (rota.db.admin_connect)."""
-    from rota import db
+    """Runs one operator's operation on an admin connection (rota.core.db.admin_connect)."""
+    from rota.core import db
 
     with db.admin_connect(settings_from(database_url).database_url) as conn:
         return db.run(conn, op)

@@ -63,10 +63,10 @@ def dashboard(
     which every action needs too."""
     import uvicorn
 
-    from rota import logs
     from rota.console.app import create_app
     from rota.console.data import Connections, figures
-    from rota.metrics import FiguresCollector, process_registry, serve_health
+    from rota.readmodel.metrics import FiguresCollector, process_registry, serve_health
+    from rota.runtime import logs
 
     logs.configure(log_level, log_format)
     settings = settings_from(database_url, redis_url)

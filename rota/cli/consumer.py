@@ -19,7 +19,7 @@ from rota.cli.app import (
     settings_from,
     split_names,
 )
-from rota.process import on_stop_signals, tune_gc
+from rota.runtime.process import on_stop_signals, tune_gc
 
 
 @app.command()
@@ -40,9 +40,9 @@ def worker(
     """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
     tune_gc()
-    from rota import logs
     from rota.consumer import Worker
-    from rota.metrics import serve_health
+    from rota.readmodel.metrics import serve_health
+    from rota.runtime import logs
 
     logs.configure(log_level, log_format)
     runner = Worker(
@@ -76,9 +76,9 @@ def reaper(
     dead workers' tasks, fires cron ticks. Several may run; one is active."""
     import threading
 
-    from rota import logs
     from rota.consumer import Maintenance
     from rota.consumer.maintenance import run_maintenance
+    from rota.runtime import logs
 
     logs.configure(log_level, log_format)
     application = load_app(app_spec) if app_spec else None

@@ -9,7 +9,7 @@ import pydantic
 import redis
 
 from rota.errors import RotaError
-from rota.redact import redact
+from rota.runtime.redact import redact
 
 EXPECTED = 2  # a problem the user can fix: bad input, a server down, no schema
 UNEXPECTED = 1

@@ -17,7 +17,7 @@ from rota.cli.app import (
     app,
     settings_from,
 )
-from rota.process import on_stop_signals, tune_gc
+from rota.runtime.process import on_stop_signals, tune_gc
 
 SparkConf = Annotated[
     list[str] | None,
@@ -94,8 +94,8 @@ def loader_run(
     tune_gc()
     import threading
 
-    from rota import logs
-    from rota.metrics import LoaderMetrics, serve_health
+    from rota.readmodel.metrics import LoaderMetrics, serve_health
+    from rota.runtime import logs
 
     logs.configure(log_level, log_format)
     settings = settings_from(database_url, redis_url)
@@ -196,8 +196,8 @@ def archive_command(
     """Write the tasks that succeeded, died or were cancelled before a day to
     Parquet, partitioned by day and queue (a Spark job), each once: a run
     takes the days since the previous one's bound."""
-    from rota.archive import archive, summary_dict
     from rota.cli.tasks import since_time
+    from rota.loader.archive import archive, summary_dict
 
     when = since_time(before)
     assert when is not None

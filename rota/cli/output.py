@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from rota.jsondata import plain
-from rota.redact import printable
+from rota.model.jsondata import plain
+from rota.runtime.redact import printable
 
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 Actor = Annotated[

@@ -21,8 +21,8 @@ def migrate(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Create or upgrade rota's schema (idempotent; concurrent runs take turns)."""
-    from rota.migrate import migrate as run_migrations
-    from rota.migrate import roles_script
+    from rota.core.migrate import migrate as run_migrations
+    from rota.core.migrate import roles_script
 
     if print_roles:
         typer.echo(roles_script(), nl=False)

@@ -12,11 +12,11 @@ from uuid import UUID
 import redis
 import typer
 
-from rota import redis_client
+from rota.buffer import redis_client
 from rota.cli.app import DatabaseUrl, RedisUrl, app, run_admin, settings_from
 from rota.cli.output import Actor, AsJson, actor_or_default, cell, emit, table
 from rota.errors import ValidationError
-from rota.rules import parse_duration
+from rota.model.rules import parse_duration
 from rota.settings import Settings
 
 task_app = typer.Typer(help="One task: its story and why it waits; cancel; retry.")
@@ -69,7 +69,7 @@ def redis_or_none(settings: Settings) -> redis_client.Client | None:
 def connections(
     database_url: str | None, redis_url: str | None
 ) -> Iterator[tuple[Any, Any, Settings]]:
-    from rota import db
+    from rota.core import db
 
     settings = settings_from(database_url, redis_url)
     client = redis_or_none(settings)
@@ -109,7 +109,7 @@ def task_show(
     redis_url: RedisUrl = None,
 ) -> None:
     """A task's story, wherever it is, and why it waits (exit 1 if not found)."""
-    from rota.story import task_story
+    from rota.readmodel.story import task_story
 
     (found,) = task_ids([task_id])
     with connections(database_url, redis_url) as (conn, client, settings):
@@ -128,10 +128,10 @@ def task_cancel(
 ) -> None:
     """Cancel tasks: waiting ones at once, running ones when their attempt
     ends (no retry). Exit 1 if an id is unknown."""
-    from rota import ops
+    from rota import core
 
     wanted = task_ids(ids)
-    cancel = ops.cancel(wanted, actor_or_default(actor))
+    cancel = core.cancel(wanted, actor_or_default(actor))
     outcomes = run_admin(database_url, cancel)
     result = {str(i): outcomes.get(i, "unknown") for i in wanted}
     emit(result, as_json, lambda: table(["task", "outcome"], list(result.items())))
@@ -148,10 +148,10 @@ def task_retry(
 ) -> None:
     """Run dead or cancelled tasks again: same ids, a fresh attempt budget.
     Exit 1 if one was not dead or cancelled."""
-    from rota import ops
+    from rota import core
 
     wanted = task_ids(ids)
-    retry = ops.retry(wanted, actor_or_default(actor))
+    retry = core.retry(wanted, actor_or_default(actor))
     retried = run_admin(database_url, retry)
     result = {str(i): "retried" if i in retried else "not dead or cancelled" for i in wanted}
     emit(result, as_json, lambda: table(["task", "outcome"], list(result.items())))
@@ -170,7 +170,7 @@ def tasks_list(
 ) -> None:
     """Tasks in one state: ready in line order, running by claim time,
     scheduled by run time, dead and cancelled the most recent first."""
-    from rota.ops import read
+    from rota.core import read
 
     listing = read.tasks(state, tenant=tenant, queue=queue, limit=limit)
     rows = run_admin(database_url, listing)
@@ -210,9 +210,9 @@ def dead_retry(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Run dead tasks again, in bulk: same ids, a fresh attempt budget."""
-    from rota import ops
+    from rota import core
 
-    retry = ops.retry_dead(
+    retry = core.retry_dead(
         actor_or_default(actor), tenant=tenant, queue=queue, since=since_time(since), limit=limit
     )
     retried = run_admin(database_url, retry)
@@ -227,7 +227,7 @@ def letters_list(
     redis_url: RedisUrl = None,
 ) -> None:
     """Dead letters, newest first, with their reasons."""
-    from rota import deadletters
+    from rota.buffer import deadletters
 
     settings = settings_from(redis_url=redis_url)
     client = redis_client.connect(settings)
@@ -256,7 +256,7 @@ def letters_show(
     redis_url: RedisUrl = None,
 ) -> None:
     """One dead letter, whole (exit 1 if there is none with this id)."""
-    from rota import deadletters
+    from rota.buffer import deadletters
 
     settings = settings_from(redis_url=redis_url)
     client = redis_client.connect(settings)
@@ -287,7 +287,8 @@ def letters_replay(
 ) -> None:
     """Load dead letters' tasks into PostgreSQL with the loaders' checks;
     those still refused stay, with why. Exit 1 if any was not replayed."""
-    from rota import db, deadletters
+    from rota.buffer import deadletters
+    from rota.core import db
 
     settings = settings_from(database_url, redis_url)
     client = redis_client.connect(settings)
@@ -314,7 +315,8 @@ def letters_purge(
     redis_url: RedisUrl = None,
 ) -> None:
     """Delete dead letters (the ones named, or --all)."""
-    from rota import db, deadletters
+    from rota.buffer import deadletters
+    from rota.core import db
 
     if not ids and not purge_all:
         raise typer.BadParameter("name dead letter ids, or pass --all")

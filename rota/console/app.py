@@ -27,7 +27,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from rota import db
 from rota.console import data
 from rota.console.auth import (
     COOKIE,
@@ -40,11 +39,11 @@ from rota.console.auth import (
     token_hash,
 )
 from rota.console.headers import SecurityHeaders
+from rota.core import db, read
+from rota.core.read import TASK_STATES, TENANT_SORTS
 from rota.errors import EnqueueError, RotaError
-from rota.metrics import FiguresCollector, process_registry
-from rota.ops import read
-from rota.ops.read import TASK_STATES, TENANT_SORTS
-from rota.redact import redact
+from rota.readmodel.metrics import FiguresCollector, process_registry
+from rota.runtime.redact import redact
 from rota.settings import Settings
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))

@@ -1,7 +1,7 @@
 """What the console's pages and its HTTP API show and do, written once: each
 function returns plain JSON-ready data (the API sends it as it is; a page
-renders it) from the read model (rota.ops.read, rota.story, rota.figures),
-and each action goes through rota.ops.admin, audited with its actor."""
+renders it) from the read model (rota.core.read, rota.readmodel.story, rota.readmodel.figures),
+and each action goes through rota.core.admin, audited with its actor."""
 
 from __future__ import annotations
 
@@ -18,15 +18,16 @@ import psycopg
 import redis
 from psycopg.pq import TransactionStatus
 
-from rota import db, deadletters, ops, redis_client
+from rota import core
 from rota.app import App
+from rota.buffer import deadletters, redis_client
+from rota.core import db, read
 from rota.errors import ValidationError
-from rota.figures import Figures, postgres_figures, redis_figures
-from rota.jsondata import plain
-from rota.ops import read
-from rota.redact import redact
+from rota.model.jsondata import plain
+from rota.readmodel.figures import Figures, postgres_figures, redis_figures
+from rota.readmodel.story import task_story
+from rota.runtime.redact import redact
 from rota.settings import Settings
-from rota.story import task_story
 
 POOL_SIZE = 4
 APPLICATION_NAME = "rota-console"  # its connections, as pg_stat_activity shows them
@@ -246,14 +247,14 @@ def dead_letters(c: Connections, before: str | None, limit: int = 50) -> dict[st
 
 
 def cancel(c: Connections, ids: list[UUID], actor: str) -> dict[str, Any]:
-    op = ops.cancel(ids, actor)
+    op = core.cancel(ids, actor)
     with c.postgres() as conn:
         outcomes = db.run(conn, op)
     return {"outcomes": {str(i): outcomes.get(i, "unknown") for i in ids}}
 
 
 def retry(c: Connections, ids: list[UUID], actor: str) -> dict[str, Any]:
-    op = ops.retry(ids, actor)
+    op = core.retry(ids, actor)
     with c.postgres() as conn:
         retried = db.run(conn, op)
     return {"retried": sorted(str(i) for i in retried)}
@@ -262,20 +263,20 @@ def retry(c: Connections, ids: list[UUID], actor: str) -> dict[str, Any]:
 def retry_dead(
     c: Connections, actor: str, tenant: str | None, queue_name: str | None
 ) -> dict[str, Any]:
-    op = ops.retry_dead(actor, tenant=tenant, queue=queue_name)
+    op = core.retry_dead(actor, tenant=tenant, queue=queue_name)
     with c.postgres() as conn:
         return {"retried": db.run(conn, op)}
 
 
 def pause(c: Connections, kind: str, name: str, paused: bool, actor: str) -> dict[str, Any]:
-    op = (ops.pause_queue if kind == "queue" else ops.pause_tenant)(name, paused, actor)
+    op = (core.pause_queue if kind == "queue" else core.pause_tenant)(name, paused, actor)
     with c.postgres() as conn:
         found = db.run(conn, op)
     return {"found": found, kind: name, "paused": paused}
 
 
 def patch_tenant(c: Connections, name: str, changes: dict[str, Any], actor: str) -> dict[str, Any]:
-    op = ops.patch_tenant(name, changes, actor)
+    op = core.patch_tenant(name, changes, actor)
     with c.postgres() as conn:
         slot = db.run(conn, op)
     return {"tenant": name, "slot": slot, "changed": changes}

@@ -20,11 +20,12 @@ from typing import Any
 import psycopg
 from croniter import croniter
 
-from rota import db, ops
+from rota import core
 from rota.app import App
-from rota.envelope import make_envelope, task_id_for_key
+from rota.core import db
 from rota.errors import ValidationError
-from rota.outage import Outage
+from rota.model.envelope import make_envelope, task_id_for_key
+from rota.runtime.outage import Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.maintenance")
@@ -140,20 +141,20 @@ class Maintenance:
     # -- the console's figures -------------------------------------------------
 
     def count_service(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        result.service_counted = db.run(conn, ops.count_service())
+        result.service_counted = db.run(conn, core.count_service())
 
     def refresh_stats(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        result.stats_rows = db.run(conn, ops.refresh_stats())
+        result.stats_rows = db.run(conn, core.refresh_stats())
 
     # -- the queue's duties ----------------------------------------------------
 
     def promote(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         # One transaction: tasks taken off the schedule are in line, or still
         # scheduled; never neither.
-        result.promoted = db.transact(conn, ops.promote_due())
+        result.promoted = db.transact(conn, core.promote_due())
 
     def expire_leases(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        result.expired = len(db.run(conn, ops.requeue_expired()))
+        result.expired = len(db.run(conn, core.requeue_expired()))
 
     def reap_workers(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         """Declares dead the workers silent past ROTA_WORKER_DEAD_AFTER_SECONDS
@@ -162,19 +163,19 @@ class Maintenance:
         judge_silence = self._clock() >= self.judge_silence_after
         dead = [
             w.id
-            for w in db.run(conn, ops.live_workers())
+            for w in db.run(conn, core.live_workers())
             if (judge_silence and w.silent_seconds > self.settings.worker_dead_after_seconds)
             or (w.host == self.host and not _pid_alive(w.pid))
         ]
         if dead:
             log.warning("declaring dead the silent worker(s) %s", ", ".join(dead))
             result.reaped_workers = len(dead)
-            result.requeued_from_dead = len(db.transact(conn, ops.reap_workers(dead)))
+            result.requeued_from_dead = len(db.transact(conn, core.reap_workers(dead)))
         # A stopped worker reports before it marks itself stopped, and one
         # declared dead learns so at its next heartbeat: claims older than
         # that are leftovers.
         leftovers = db.run(
-            conn, ops.reap_stopped_workers_claims(2 * self.settings.heartbeat_seconds)
+            conn, core.reap_stopped_workers_claims(2 * self.settings.heartbeat_seconds)
         )
         result.requeued_from_dead += len(leftovers)
 
@@ -186,12 +187,12 @@ class Maintenance:
     def prune_finished(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         older_than = self._kept_for(conn, self.settings.finished_retention)
         if older_than is not None:
-            result.pruned["finished"] = db.run(conn, ops.prune_finished(older_than))
+            result.pruned["finished"] = db.run(conn, core.prune_finished(older_than))
 
     def prune_dead(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         older_than = self._kept_for(conn, self.settings.dead_retention)
         if older_than is not None:
-            result.pruned["dead"] = db.run(conn, ops.prune_dead(older_than))
+            result.pruned["dead"] = db.run(conn, core.prune_dead(older_than))
 
     def _kept_for(self, conn: psycopg.Connection[Any], retention: float) -> float | None:
         """How old an ended task must be to go: the retention, or, waiting for
@@ -199,19 +200,19 @@ class Maintenance:
         written nothing, so nothing goes). The margin covers the two clocks."""
         if not self.settings.retention_waits_for_archive:
             return retention
-        before = db.run(conn, ops.archived_before())
+        before = db.run(conn, core.archived_before())
         if before is None:
             return None
         archived_age = (datetime.now(UTC) - before).total_seconds() + CLOCK_MARGIN_SECONDS
         return max(retention, archived_age)
 
     def prune_workers(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        result.pruned["workers"] = db.run(conn, ops.prune_workers(self.settings.worker_retention))
+        result.pruned["workers"] = db.run(conn, core.prune_workers(self.settings.worker_retention))
 
     def prune_loader_ledger(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
         result.pruned["loader_ledger"] = db.run(
             conn,
-            ops.prune_loader_batches(self.settings.loader_ledger_retention, LEDGER_ROWS_KEPT),
+            core.prune_loader_batches(self.settings.loader_ledger_retention, LEDGER_ROWS_KEPT),
         )
 
     # -- cron ------------------------------------------------------------------
@@ -243,7 +244,7 @@ class Maintenance:
                 )
         if not envelopes:
             return 0
-        return db.transact(conn, ops.load(envelopes))
+        return db.transact(conn, core.load(envelopes))
 
 
 class Leadership:
@@ -259,7 +260,7 @@ class Leadership:
 
     def tick(self, conn: psycopg.Connection[Any]) -> TickResult | None:
         """On the connection that holds (or tries for) the lock."""
-        if not self.leader and db.run(conn, ops.try_maintenance_lock()):
+        if not self.leader and db.run(conn, core.try_maintenance_lock()):
             self.leader = True
             self.duty.took_over()
             log.info("%s runs the maintenance duties", self.holder)

@@ -1,4 +1,4 @@
-"""A worker's reports to the database, written as operations (rota.ops) so
+"""A worker's reports to the database, written as operations (rota.core) so
 that they run on any connection and are tested without one.
 
 Outcomes are reported in batches, a statement per kind. When the database
@@ -19,8 +19,8 @@ from uuid import UUID
 
 import psycopg
 
-from rota import ops
-from rota.db import Op
+from rota import core
+from rota.core.db import Op
 
 log = logging.getLogger("rota.worker")
 
@@ -58,7 +58,7 @@ class Unreported:
     went elsewhere meanwhile)."""
 
     done: list[Token] = field(default_factory=list)
-    failed: list[ops.Failure] = field(default_factory=list)
+    failed: list[core.Failure] = field(default_factory=list)
     stale: list[Token] = field(default_factory=list)  # not started: handed back
     unknown: list[Token] = field(default_factory=list)  # names the app does not know
 
@@ -84,8 +84,8 @@ class UnknownTaskPolicy:
 def report(
     unreported: Unreported,
     unknown: UnknownTaskPolicy,
-    observe: Callable[[ops.FailOutcome], None] | None = None,
-    key: ops.WorkerKey | None = None,
+    observe: Callable[[core.FailOutcome], None] | None = None,
+    key: core.WorkerKey | None = None,
 ) -> Op[int]:
     """Reports every kind of outcome in turn, as the worker `key`; returns how
     many tasks finished (completed or failed, refused reports included).
@@ -93,7 +93,7 @@ def report(
     finished = 0
     if unreported.done:
         completed = yield from send(
-            unreported.done, lambda tokens: ops.complete(tokens, key), _same, key
+            unreported.done, lambda tokens: core.complete(tokens, key), _same, key
         )
         refused = len(unreported.done) - len(completed)
         if refused:
@@ -105,7 +105,7 @@ def report(
         unreported.done = []
     if unreported.failed:
         outcomes = yield from send(
-            unreported.failed, lambda failures: ops.fail(failures, key), _token_of_failure, key
+            unreported.failed, lambda failures: core.fail(failures, key), _token_of_failure, key
         )
         for outcome in outcomes:
             if observe is not None:
@@ -117,12 +117,12 @@ def report(
         finished += len(unreported.failed)
         unreported.failed = []
     if unreported.stale:
-        yield from send(unreported.stale, lambda tokens: ops.release(tokens, key), _same, key)
+        yield from send(unreported.stale, lambda tokens: core.release(tokens, key), _same, key)
         unreported.stale = []
     if unreported.unknown:
 
         def defer(tokens: list[Token]) -> Op[dict[UUID, str]]:
-            return ops.defer_unknown(
+            return core.defer_unknown(
                 tokens, unknown.retry_seconds, unknown.grace_seconds, unknown.reason, key
             )
 
@@ -135,7 +135,7 @@ def send(
     items: list[Item],
     op: Callable[[list[Item]], Op[Collection[Any]]],
     token_of: Callable[[Item], Token],
-    key: ops.WorkerKey | None = None,
+    key: core.WorkerKey | None = None,
 ) -> Op[list[Any]]:
     """Runs `op(items)`; if the database refuses it for its data, one item at
     a time, and an item refused alone is dead with the reason. Returns what
@@ -160,12 +160,12 @@ def send(
     return results
 
 
-def bury(token: Token, error: Exception, key: ops.WorkerKey | None = None) -> Op[None]:
+def bury(token: Token, error: Exception, key: core.WorkerKey | None = None) -> Op[None]:
     """A task whose report the database refuses: dead, with the reason."""
     reason = f"its outcome could not be stored: {describe(error)}"
     log.error("task %s: %s", token[0], reason)
     try:
-        yield from ops.fail([ops.Failure(*token, reason, final=True)], key)
+        yield from core.fail([core.Failure(*token, reason, final=True)], key)
     except psycopg.OperationalError:
         raise
     except Exception as exc:
@@ -175,19 +175,19 @@ def bury(token: Token, error: Exception, key: ops.WorkerKey | None = None) -> Op
 
 
 def unreadable_claim(
-    worker: str | ops.WorkerKey, in_hand: Collection[UUID], error: Exception
+    worker: str | core.WorkerKey, in_hand: Collection[UUID], error: Exception
 ) -> Op[int]:
     """A claim committed but its rows could not be read (a row the rules of
     today would refuse, stored before them). The tasks it took are this
     worker's claims not in hand: one alone is the culprit and is dead with
     the reason; several are handed back (no attempt used). Returns how many
     claims of one task to make next, to single the culprit out (0: none)."""
-    taken = [t for t in (yield from ops.worker_claims(worker)) if t[0] not in in_hand]
+    taken = [t for t in (yield from core.worker_claims(worker)) if t[0] not in in_hand]
     if len(taken) == 1:
         reason = f"claimed, but could not be read: {describe(error)}"
         log.error("task %s: %s", taken[0][0], reason)
-        key = worker if isinstance(worker, ops.WorkerKey) else None
-        yield from ops.fail([ops.Failure(*taken[0], reason, final=True)], key)
+        key = worker if isinstance(worker, core.WorkerKey) else None
+        yield from core.fail([core.Failure(*taken[0], reason, final=True)], key)
         return 0
     if taken:
         log.warning(
@@ -195,7 +195,7 @@ def unreadable_claim(
             len(taken),
             describe(error),
         )
-        yield from ops.release(taken, worker if isinstance(worker, ops.WorkerKey) else None)
+        yield from core.release(taken, worker if isinstance(worker, core.WorkerKey) else None)
     return len(taken)
 
 
@@ -203,5 +203,5 @@ def _same(token: Token) -> Token:
     return token
 
 
-def _token_of_failure(failure: ops.Failure) -> Token:
+def _token_of_failure(failure: core.Failure) -> Token:
     return (failure.task_id, failure.attempt)

@@ -14,12 +14,13 @@ from typing import Any
 
 import psycopg
 
-from rota import db, ops
+from rota import core
 from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
+from rota.core import db
 from rota.errors import Retry, ValidationError
-from rota.outage import Outage
-from rota.rules import check_delay
+from rota.model.rules import check_delay
+from rota.runtime.outage import Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.worker")
@@ -29,7 +30,7 @@ NOTIFY_WAIT_SECONDS = 1.0
 # PostgreSQL keeps this much of an application_name (NAMEDATALEN - 1).
 APPLICATION_NAME_MAX = 63
 
-current_task: contextvars.ContextVar[ops.ClaimedTask] = contextvars.ContextVar("rota_task")
+current_task: contextvars.ContextVar[core.ClaimedTask] = contextvars.ContextVar("rota_task")
 
 
 class TaskTimeout(Exception):
@@ -38,7 +39,7 @@ class TaskTimeout(Exception):
 
 @dataclass
 class InFlight:
-    task: ops.ClaimedTask
+    task: core.ClaimedTask
     timeout: float | None
     # The pool's or the event loop's, once the task is handed over.
     future: concurrent.futures.Future[Any] | None = None
@@ -54,7 +55,7 @@ class InFlight:
 
 @dataclass
 class Outcome:
-    task: ops.ClaimedTask
+    task: core.ClaimedTask
     error: BaseException | None  # None: success
 
 
@@ -68,7 +69,7 @@ class TaskAborted(Exception):
     error instead of stopping the worker's event loop."""
 
 
-def retry_failure(task: ops.ClaimedTask, retry: Retry) -> ops.Failure:
+def retry_failure(task: core.ClaimedTask, retry: Retry) -> core.Failure:
     """rota.Retry: run again after its countdown, or the task's backoff when
     it gave none or one out of bounds (said in the stored reason)."""
     reason = retry.reason if isinstance(retry.reason, str) else describe(retry)
@@ -80,7 +81,7 @@ def retry_failure(task: ops.ClaimedTask, retry: Retry) -> ops.Failure:
             reason = f"{reason} ({exc}; retried after the task's backoff instead)"
         else:
             retry_at = datetime.now(UTC) + timedelta(seconds=seconds)
-    return ops.Failure(task.id, task.attempt, reason[:MESSAGE_MAX], retry_at)
+    return core.Failure(task.id, task.attempt, reason[:MESSAGE_MAX], retry_at)
 
 
 def sort_outcome(outcome: Outcome, unreported: Unreported) -> None:
@@ -110,7 +111,7 @@ def sort_outcome(outcome: Outcome, unreported: Unreported) -> None:
             task.max_attempts,
             trace.rstrip(),
         )
-        failure = ops.Failure(task.id, task.attempt, describe(error), traceback=trace)
+        failure = core.Failure(task.id, task.attempt, describe(error), traceback=trace)
         unreported.failed.append(failure)
 
 
@@ -134,7 +135,7 @@ def listen(
     while not stopping.is_set():
         try:
             with db.connect(url, connect_timeout=settings.database_timeout_seconds) as conn:
-                db.run(conn, ops.listen_ready())
+                db.run(conn, core.listen_ready())
                 outage.recovered()
                 while not stopping.is_set():
                     for note in conn.notifies(timeout=NOTIFY_WAIT_SECONDS):

@@ -28,15 +28,10 @@ from typing import Any
 
 import psycopg
 
-from rota import db, ops
+from rota import core
 from rota.app import App
 from rota.consumer.maintenance import Leadership, Maintenance
-from rota.consumer.reports import (
-    UnknownTaskPolicy,
-    Unreported,
-    report,
-    unreadable_claim,
-)
+from rota.consumer.reports import UnknownTaskPolicy, Unreported, report, unreadable_claim
 from rota.consumer.running import (
     InFlight,
     Outcome,
@@ -48,8 +43,9 @@ from rota.consumer.running import (
     listen,
     sort_outcome,
 )
-from rota.metrics import WorkerMetrics
-from rota.outage import Outage, retrying
+from rota.core import db
+from rota.readmodel.metrics import WorkerMetrics
+from rota.runtime.outage import Outage, retrying
 from rota.task import Task
 
 log = logging.getLogger("rota.worker")
@@ -86,7 +82,7 @@ class Worker:
         self.run_maintenance = maintenance
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         # Its claims and reports carry it: a worker role acts for itself only.
-        self.key = ops.WorkerKey.new(self.id)
+        self.key = core.WorkerKey.new(self.id)
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self.in_flight: dict[uuid.UUID, InFlight] = {}
@@ -134,7 +130,7 @@ class Worker:
         queues = self._queues()
         host, beat = socket.gethostname(), self.settings.heartbeat_seconds
         db.run(
-            conn, ops.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat)
+            conn, core.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat)
         )
         self._loop_thread.start()
         helpers = [
@@ -198,7 +194,9 @@ class Worker:
         if self.narrowing:
             wanted = 1
         try:
-            claimed = db.run(conn, ops.claim(queues, wanted, self.key, self.settings.lease_seconds))
+            claimed = db.run(
+                conn, core.claim(queues, wanted, self.key, self.settings.lease_seconds)
+            )
         except psycopg.OperationalError:
             raise
         except Exception as exc:
@@ -262,8 +260,8 @@ class Worker:
                     conn = self._connect()
                 self._report(conn)
                 if unstarted or stuck:
-                    db.run(conn, ops.release([*unstarted, *stuck], self.key))
-                db.run(conn, ops.stop_worker(self.key))
+                    db.run(conn, core.release([*unstarted, *stuck], self.key))
+                db.run(conn, core.stop_worker(self.key))
                 break
             except RECONNECT_ERRORS as exc:
                 if attempt or time.monotonic() >= deadline:
@@ -276,7 +274,7 @@ class Worker:
 
     # -- running tasks ---------------------------------------------------------
 
-    def _start(self, task: ops.ClaimedTask) -> None:
+    def _start(self, task: core.ClaimedTask) -> None:
         registered = self.app.tasks.get(task.name)
         if registered is None:
             self.unreported.unknown.append(task.token)
@@ -323,7 +321,7 @@ class Worker:
             except (SystemExit, KeyboardInterrupt) as exc:
                 raise TaskAborted(f"the task raised {type(exc).__name__}") from None
 
-    def _done(self, task: ops.ClaimedTask, future: concurrent.futures.Future[Any]) -> None:
+    def _done(self, task: core.ClaimedTask, future: concurrent.futures.Future[Any]) -> None:
         if future.cancelled():
             return
         self.outcomes.append(Outcome(task, future.exception()))
@@ -373,7 +371,7 @@ class Worker:
         if outcome.error is not None:
             self._queue_of_failed[task.id] = task.queue
 
-    def _observe_failure(self, outcome: ops.FailOutcome) -> None:
+    def _observe_failure(self, outcome: core.FailOutcome) -> None:
         queue = self._queue_of_failed.pop(outcome.id, "unknown")
         self.metrics.failure_ended(queue, retried=outcome.status == "scheduled")
 
@@ -401,12 +399,12 @@ class Worker:
 
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         beat_started = time.monotonic()
-        if not db.run(conn, ops.worker_heartbeat(self.key)):
+        if not db.run(conn, core.worker_heartbeat(self.key)):
             log.error("worker %s was declared dead; stopping", self.id)
             self.stop()
         tokens = [f.task.token for f in list(self.in_flight.values())]
         held = (
-            db.run(conn, ops.extend_leases(tokens, self.settings.lease_seconds, self.key))
+            db.run(conn, core.extend_leases(tokens, self.settings.lease_seconds, self.key))
             if tokens
             else set()
         )

@@ -25,8 +25,8 @@ from typing import Any
 import psycopg
 import redis
 
-from rota import db, redis_client
-from rota.buffer import (
+from rota.buffer import redis_client
+from rota.buffer.streams import (
     RESET_BACKLOG_IF_EMPTY,
     Rejected,
     all_streams,
@@ -34,18 +34,19 @@ from rota.buffer import (
     buffer_stats,
     decode_entry,
 )
-from rota.envelope import TaskEnvelope
+from rota.core import db
 from rota.loader.reading import BufferReader, Entry
 from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
-from rota.metrics import LoaderMetrics
-from rota.outage import Outage
+from rota.model.envelope import TaskEnvelope
+from rota.readmodel.metrics import LoaderMetrics
+from rota.runtime.outage import Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")
 
 # A pass fails on these when a server is lost or refuses writes; the loop
-# waits the outage out (rota.outage). A ResponseError from Redis is one (out
+# waits the outage out (rota.runtime.outage). A ResponseError from Redis is one (out
 # of memory, read-only, loading) unless the group is missing, which
 # ensure_groups repairs on the next pass.
 LOADER_OUTAGES = (redis.RedisError, psycopg.OperationalError)

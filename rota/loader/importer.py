@@ -22,12 +22,12 @@ from uuid import UUID
 import orjson
 import uuid_utils
 
-from rota import db
-from rota.envelope import TaskEnvelope, make_envelope, task_id_for_key
+from rota.core import db
 from rota.errors import ValidationError
 from rota.loader.spark_session import SparkOptions
 from rota.loader.store import load_in_chunks
-from rota.rules import check_idempotency_key, check_tenant
+from rota.model.envelope import TaskEnvelope, make_envelope, task_id_for_key
+from rota.model.rules import check_idempotency_key, check_tenant
 from rota.settings import Settings
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}

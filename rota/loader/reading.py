@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rota import redis_client
+from rota.buffer import redis_client
 from rota.settings import Settings
 
 Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)

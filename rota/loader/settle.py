@@ -14,14 +14,14 @@ from typing import Any
 
 import redis
 
-from rota.buffer import (
+from rota.buffer.redis_client import Client
+from rota.buffer.streams import (
     Rejected,
     add_dead_letters,
     next_entry_id,
     subtract_backlogs,
     trim_dead_letters,
 )
-from rota.redis_client import Client
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")

@@ -30,21 +30,19 @@ import psycopg
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from rota import db, ops, redis_client
-from rota.buffer import (
-    Rejected,
-    all_streams,
-    entry_key,
-)
-from rota.entries import TaskBatch
-from rota.envelope import TaskEnvelope
+from rota import core
+from rota.buffer import redis_client
+from rota.buffer.entries import TaskBatch
+from rota.buffer.streams import Rejected, all_streams, entry_key
+from rota.core import db
 from rota.loader.settle import BufferSettle, DeadLettersRefused
 from rota.loader.spark_session import SparkOptions
 from rota.loader.spark_session import spark_session as build_session
 from rota.loader.spark_source import SOURCE_NAME, BufferSource
 from rota.loader.store import load_entries
-from rota.metrics import LoaderMetrics
-from rota.outage import Outage
+from rota.model.envelope import TaskEnvelope
+from rota.readmodel.metrics import LoaderMetrics
+from rota.runtime.outage import Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader.spark")
@@ -112,7 +110,7 @@ class BatchSink:
         stored = 0
         dead: list[tuple[str, str, Rejected]] = []
         with self._conn.transaction():
-            if not db.run(self._conn, ops.record_loader_batch(self.query_key, batch_id)):
+            if not db.run(self._conn, core.record_loader_batch(self.query_key, batch_id)):
                 return  # this micro-batch was loaded before (a replay)
             # Row by row, one partition (shard) after the other, longest first,
             # loading as chunks fill up: Spark computes the next partition while
@@ -139,7 +137,7 @@ class BatchSink:
                     stored += self._load(entries, dead)
                     entries, waiting = [], 0
             stored += self._load(entries, dead)
-            db.run(self._conn, ops.count_loader_batch(self.query_key, batch_id, stored))
+            db.run(self._conn, core.count_loader_batch(self.query_key, batch_id, stored))
             # Before the commit: a replay may record them twice, never zero times.
             if self.settle.record_dead(dead):
                 raise DeadLettersRefused("dead letters refused; the batch is tried again")

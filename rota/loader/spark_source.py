@@ -11,8 +11,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from rota import redis_client
-from rota.buffer import decode_entry, entry_key, next_entry_id
+from rota.buffer import redis_client
+from rota.buffer.streams import decode_entry, entry_key, next_entry_id
 from rota.settings import Settings
 
 SOURCE_NAME = "rota_buffer"

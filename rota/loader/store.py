@@ -9,9 +9,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from rota import db, ops
-from rota.buffer import Rejected
-from rota.envelope import TaskEnvelope
+from rota import core
+from rota.buffer.streams import Rejected
+from rota.core import db
+from rota.model.envelope import TaskEnvelope
 
 K = TypeVar("K")
 
@@ -46,7 +47,7 @@ def load_in_chunks(
     while chunks:
         chunk = chunks.popleft()
         try:
-            stored += db.transact(conn, ops.load(chunk))
+            stored += db.transact(conn, core.load(chunk))
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
             if len(chunk) == 1:
                 refused.append((chunk[0], f"refused by PostgreSQL: {exc}"))

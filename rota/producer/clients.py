@@ -13,10 +13,13 @@ from uuid import UUID
 import psycopg
 from tenacity import AsyncRetrying, Retrying
 
-from rota import db, ops, redis_client
-from rota.db import Op
-from rota.effects import adrive, drive
-from rota.entries import TaskBatch
+from rota import core
+from rota.buffer import redis_client
+from rota.buffer.entries import TaskBatch
+from rota.buffer.redis_client import NotReplicated
+from rota.core import db
+from rota.core.db import Op
+from rota.core.effects import adrive, drive
 from rota.producer.core import (
     Effect,
     FetchBacklogs,
@@ -26,7 +29,6 @@ from rota.producer.core import (
     ReadBufferBacklogs,
     WriteBuffer,
 )
-from rota.redis_client import NotReplicated
 from rota.settings import Settings
 
 RedisEffect = WriteBuffer | ProbeBuffer | ReadBufferBacklogs
@@ -111,9 +113,9 @@ def database_step(effect: LoadDatabase | FetchBacklogs) -> tuple[Op[Any], bool]:
     its own: a load does, except in the caller's open transaction
     (`connection=`), where it commits or rolls back with the caller's work."""
     if isinstance(effect, FetchBacklogs):
-        return ops.tenant_backlogs(), False
+        return core.tenant_backlogs(), False
     own = effect.connection is None or effect.connection.autocommit
-    return ops.load(effect.envelopes), own
+    return core.load(effect.envelopes), own
 
 
 class Producer:

@@ -1,7 +1,7 @@
 """The producer's decisions: capacity, circuit breaker, buffer bound,
 fallback, and what counts as stored.
 
-Written once, in `ProducerCore.store`, as a generator of effects (rota.effects);
+Written once, in `ProducerCore.store`, as a generator of effects (rota.core.effects);
 rota.producer.clients carries them out with redis-py and psycopg, sync or
 asyncio. A task id is returned only once the task is durably stored
 somewhere; otherwise the caller gets `EnqueueError`.
@@ -20,7 +20,9 @@ from uuid import UUID
 import redis
 from tenacity import retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from rota.buffer import (
+from rota.buffer.entries import TaskBatch
+from rota.buffer.redis_client import NotReplicated
+from rota.buffer.streams import (
     all_streams,
     backlog_key,
     encode_entries,
@@ -28,12 +30,10 @@ from rota.buffer import (
     stream_name,
     tenant_costs,
 )
-from rota.entries import TaskBatch
-from rota.envelope import TaskEnvelope
 from rota.errors import CapacityExceeded, EnqueueError
-from rota.outage import Outage
+from rota.model.envelope import TaskEnvelope
 from rota.producer.breaker import BreakerState, CircuitBreaker
-from rota.redis_client import NotReplicated
+from rota.runtime.outage import Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.producer")

@@ -50,7 +50,7 @@ class Blocks:
             raise KeyError(f"no SQL block named {name!r} in {self.package}: {self.files}") from None
 
 
-# The queue core's statements, by audience (rota/ops/ has a module for each).
+# The queue core's statements, by audience (rota/core/ has a module for each).
 BLOCKS = Blocks(
     __package__,
     ("load.sql", "work.sql", "maintain.sql", "admin.sql", "read.sql", "migrate.sql", "roles.sql"),

@@ -22,7 +22,7 @@ ROLLBACK TO SAVEPOINT rota_load
 SELECT id FROM rota.tasks WHERE id = ANY (%(ids)b::uuid[])
 
 -- name: copy_tasks
--- Binary; rota.ops.TASK_COPY_TYPES names the column types.
+-- Binary; rota.core.TASK_COPY_TYPES names the column types.
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
                  backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
 

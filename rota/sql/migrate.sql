@@ -13,4 +13,4 @@ INSERT INTO rota.migrations (version, name) VALUES (%(version)s, %(name)s)
 
 -- name: migration_lock
 -- Concurrent `rota migrate` runs take turns.
-SELECT pg_advisory_xact_lock(hashtext('rota.migrate'))
+SELECT pg_advisory_xact_lock(hashtext('rota.core.migrate'))

@@ -101,7 +101,7 @@ CREATE TABLE rota.tasks (
     cancel_requested boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 90);
 
--- The bounds of rota/rules.py, the last line after every entrance's checks
+-- The bounds of rota/model/rules.py, the last line after every entrance's checks
 -- (a test compares them). NOT VALID, as a migration added them: rows stored
 -- before are not rechecked; every new or changed row is.
 ALTER TABLE rota.tasks
@@ -666,7 +666,7 @@ END
 $$;
 
 -- Due scheduled tasks (ETA reached, retry backoff over), back to pending; they
--- get their fair place in line from rota.ops.make_ready.
+-- get their fair place in line from rota.core.make_ready.
 CREATE FUNCTION rota.take_due(p_limit integer)
 RETURNS TABLE (id uuid, seq bigint, queue_id integer, tenant_id integer,
                cost double precision)
@@ -864,7 +864,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WHERE w.stopped_at < now() - p_after
 $$;
 
--- Operations (rota/ops/admin.py): every action is recorded here, with who
+-- Operations (rota/core/admin.py): every action is recorded here, with who
 -- did it, to what, and to how many tasks.
 CREATE TABLE rota.audit (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -51,7 +51,7 @@ SELECT rota.worker_heartbeat(%(id)s::text)
 -- name: stop_worker
 SELECT rota.stop_worker(%(id)s::text)
 
--- As a worker (rota.ops.WorkerKey): each checks the worker's secret first
+-- As a worker (rota.core.WorkerKey): each checks the worker's secret first
 -- (rota.check_worker), then claims or reports for that worker's tasks only.
 
 -- name: worker_claim

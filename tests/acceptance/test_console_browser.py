@@ -21,7 +21,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from rota import App, db, ops
+from rota import App, core
+from rota.core import db
 from rota_tools.devservers import free_port
 from tests.acceptance.test_workers import start_worker, stop
 from tests.helpers import envelopes, load, wait_for
@@ -91,10 +92,10 @@ def test_an_operator_finds_a_task_reads_why_and_retries_a_dead_one(
     # A task that died of a bug since fixed (its worker's app runs it fine now).
     sleep_task = producer.tasks["sleep"]
     (dead,) = producer.enqueue_many([sleep_task.call(0.01, tenant="acme")], connection=conn)
-    (claimed,) = db.transact(conn, ops.claim(["work"], 1, "old-worker"))
+    (claimed,) = db.transact(conn, core.claim(["work"], 1, "old-worker"))
     trace = "Traceback ...\nValueError: bug"
-    failure = ops.Failure(dead, claimed.attempt, "ValueError: bug", final=True, traceback=trace)
-    db.transact(conn, ops.fail([failure]))
+    failure = core.Failure(dead, claimed.attempt, "ValueError: bug", final=True, traceback=trace)
+    db.transact(conn, core.fail([failure]))
     worker = start_worker(env)
     try:
         browser.get(dashboard + "/")
@@ -140,7 +141,7 @@ def test_the_tenants_page_with_ten_thousand_tenants(
     conn: psycopg.Connection[Any], dashboard: str, browser: WebDriver
 ) -> None:
     load(conn, [e for i in range(10_000) for e in envelopes(f"tenant-{i:05d}", 1 + i % 3)])
-    db.run(conn, ops.refresh_stats())
+    db.run(conn, core.refresh_stats())
     browser.get(dashboard + "/login")
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.ID, "login").click()

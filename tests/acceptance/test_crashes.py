@@ -16,7 +16,8 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from rota import App, EnqueueError, Settings, db, ops
+from rota import App, EnqueueError, Settings, core
+from rota.core import db
 from rota.loader import Loader
 from rota.producer.breaker import BreakerState
 from rota_tools.devservers import local_redis, restart_redis
@@ -57,8 +58,8 @@ def test_a_loader_killed_mid_batch_loses_and_duplicates_nothing(
         loader.close()
         assert summary.drained and summary.reclaimed > 0
         assert summary.loaded == (1020 if stage == "before-commit" else 0)
-        assert db.run(conn, ops.queue_counts())["pdfs"]["ready"] == 1020
-        states = db.run(conn, ops.task_states(ids))
+        assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 1020
+        states = db.run(conn, core.task_states(ids))
         assert set(states) == set(ids)
     assert sum(s["entries"] for s in Loader(settings).buffer_stats().values()) == 0
 
@@ -159,7 +160,7 @@ def test_a_running_loader_stops_on_a_signal_after_the_batch_in_hand(
     try:
         deadline = time.monotonic() + 120  # Spark's session and first batch take a while
         # Enqueue in bursts until the loader has loaded some and is still at it.
-        while db.run(conn, ops.queue_counts()).get("pdfs", {}).get("ready", 0) == 0:
+        while db.run(conn, core.queue_counts()).get("pdfs", {}).get("ready", 0) == 0:
             assert time.monotonic() < deadline, "the loader loaded nothing"
             ids += app.enqueue_many(
                 [parse_pdf.call(str(len(ids) + i), tenant=f"t{i % 7}") for i in range(500)]

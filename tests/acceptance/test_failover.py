@@ -18,11 +18,13 @@ from uuid import UUID
 
 import psycopg
 import pytest
-
-from rota import App, Settings, db, ops, redis_client
-from rota.buffer import all_streams
-from rota.migrate import migrate
 from rota_tools.devservers import Server, local_redis, start_postgres, start_postgres_standby
+
+from rota import App, Settings, core
+from rota.buffer import redis_client
+from rota.buffer.streams import all_streams
+from rota.core import db
+from rota.core.migrate import migrate
 from tests.acceptance import failoverapp
 from tests.acceptance.workapp import LOG_TABLE
 from tests.helpers import wait_for
@@ -45,7 +47,7 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Server, Server]]:
         with psycopg.connect(primary.url, autocommit=True) as conn:
             migrate(conn)
             conn.execute(LOG_TABLE)
-            db.transact(conn, ops.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
+            db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
         standby = start_postgres_standby(primary, synchronous=request.param)
         yield primary, standby
     finally:
@@ -248,7 +250,7 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
                 del acknowledged[expired]
 
                 def settled() -> bool:
-                    states = db.run(new, ops.task_states(list(acknowledged)))
+                    states = db.run(new, core.task_states(list(acknowledged)))
                     unsettled[:] = [s for s in states.values() if s.status != "succeeded"][:5]
                     return all(s.status == "succeeded" for s in states.values()) and (
                         synchronous is False or len(states) == len(acknowledged)
@@ -266,7 +268,7 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
                         timeout=30,
                         what="the buffer drained",
                     )
-                states = db.run(new, ops.task_states(list(acknowledged)))
+                states = db.run(new, core.task_states(list(acknowledged)))
                 return Failover(
                     back_after=back_after,
                     acknowledged=len(acknowledged),

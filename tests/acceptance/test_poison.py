@@ -8,7 +8,8 @@ from typing import Any
 
 import psycopg
 
-from rota import App, TaskCall, db, ops
+from rota import App, TaskCall, core
+from rota.core import db
 from tests.acceptance.test_workers import enqueue, logged, start_worker, stop
 from tests.helpers import wait_for
 
@@ -63,7 +64,7 @@ def test_poison_from_one_tenant_hurts_no_other_and_stops_no_worker(
     try:
         wait_for(
             lambda: (
-                {s.status for s in db.run(conn, ops.task_states(everything)).values()}
+                {s.status for s in db.run(conn, core.task_states(everything)).values()}
                 <= {"succeeded", "dead"}
             ),
             timeout=90,
@@ -74,7 +75,7 @@ def test_poison_from_one_tenant_hurts_no_other_and_stops_no_worker(
             stop(worker)
     assert [w.returncode for w in workers] == [0, 0]
 
-    states = db.run(conn, ops.task_states(everything))
+    states = db.run(conn, core.task_states(everything))
     assert {states[i].status for i in ordinary} == {"succeeded"}
     runs = [row[0] for row in logged(conn) if row[0] in set(ordinary)]
     assert sorted(runs) == sorted(ordinary)  # each ran exactly once

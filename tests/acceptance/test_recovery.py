@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import App, Settings, db, ops
-from rota.migrate import migrate
+from rota import App, Settings, core
+from rota.core import db
+from rota.core.migrate import migrate
 from rota_tools.devservers import Server, local_postgres
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.workapp import LOG_TABLE
@@ -45,7 +46,7 @@ def _start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
 
 def _states(url: str, ids: list[Any]) -> set[str]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return {s.status for s in db.run(conn, ops.task_states(ids)).values()}
+        return {s.status for s in db.run(conn, core.task_states(ids)).values()}
 
 
 @pytest.mark.parametrize("maintenance", ["in-worker", "reaper"])

@@ -8,7 +8,8 @@ from typing import Any
 
 import psycopg
 
-from rota import App, TaskCall, db, ops
+from rota import App, TaskCall, core
+from rota.core import db
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.test_workers import enqueue, stop
 from tests.helpers import wait_for
@@ -43,7 +44,7 @@ def test_a_worker_leaves_other_services_tasks_alone(
     }
     worker = _worker(env, "tests.acceptance.workapp:app")
     try:
-        wait_for(lambda: db.run(conn, ops.task_states(mine))[mine[0]].status == "succeeded")
+        wait_for(lambda: db.run(conn, core.task_states(mine))[mine[0]].status == "succeeded")
         # Handed back at least once by the worker that does not know it...
         wait_for(
             lambda: (
@@ -53,16 +54,16 @@ def test_a_worker_leaves_other_services_tasks_alone(
                 == (True,)
             )
         )
-        states = db.run(conn, ops.task_states([mail, other]))
+        states = db.run(conn, core.task_states([mail, other]))
         # ...never dead, no attempt used; the queue `mail` is not its app's: untouched.
         assert states[other].status in {"pending", "scheduled", "running"}
         assert states[other].attempts == 0
         assert (states[mail].status, states[mail].attempts) == ("pending", 0)
         knower = _worker(env, "tests.acceptance.otherapp:app")
         try:
-            wait_for(lambda: db.run(conn, ops.task_states([other]))[other].status == "succeeded")
+            wait_for(lambda: db.run(conn, core.task_states([other]))[other].status == "succeeded")
         finally:
             stop(knower)
     finally:
         stop(worker)
-    assert db.run(conn, ops.task_states([mail]))[mail].status == "pending"
+    assert db.run(conn, core.task_states([mail]))[mail].status == "pending"

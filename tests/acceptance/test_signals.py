@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT reach rota's processes through rota.process.on_stop_signals."""
+"""SIGTERM and SIGINT reach rota's processes through rota.runtime.process.on_stop_signals."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 # deadlocked such a process on itself in 12 of 30 tries.
 BUSY_LOOP = """
 import threading
-from rota.process import on_stop_signals
+from rota.runtime.process import on_stop_signals
 
 wake, stopping = threading.Event(), threading.Event()
 

@@ -17,7 +17,8 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, core
+from rota.core import db
 from rota_tools.devservers import SparkCluster, local_spark_cluster
 from tests.helpers import wait_for
 
@@ -89,7 +90,7 @@ def test_the_streaming_loader_on_a_cluster_loads_once_and_restarts_from_its_chec
         3500,
         3500,
     )
-    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    assert set(db.run(conn, core.task_states(ids))) == set(ids)
     # The buffer was read by tasks on the workers' executors, not the driver.
     assert _tasks_run_on_executors(spark_cluster) > before
 

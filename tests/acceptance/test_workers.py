@@ -10,7 +10,8 @@ from typing import Any
 
 import psycopg
 
-from rota import App, Settings, TaskCall, db, ops
+from rota import App, Settings, TaskCall, core
+from rota.core import db
 from rota_tools.devservers import Server
 from tests.helpers import wait_for
 
@@ -60,12 +61,12 @@ def test_a_worker_killed_mid_task_loses_nothing(
     sleep = producer.tasks["sleep"]
     ids = enqueue(conn, producer, [sleep.call(1.5, tenant="a")])
     doomed = start_worker(env, "--concurrency", "1")
-    wait_for(lambda: db.run(conn, ops.task_states(ids))[ids[0]].status == "running")
+    wait_for(lambda: db.run(conn, core.task_states(ids))[ids[0]].status == "running")
     doomed.kill()  # kill -9 in the middle of the task
     doomed.wait()
     rescuer = start_worker(env)
     try:
-        wait_for(lambda: db.run(conn, ops.task_states(ids))[ids[0]].status == "succeeded")
+        wait_for(lambda: db.run(conn, core.task_states(ids))[ids[0]].status == "succeeded")
     finally:
         stop(rescuer)
     ((task_id, _, attempt, pid, _, _),) = logged(conn)
@@ -90,7 +91,7 @@ def test_sigterm_under_load_loses_and_strands_nothing(
     try:
         wait_for(
             lambda: all(
-                s.status == "succeeded" for s in db.run(conn, ops.task_states(ids)).values()
+                s.status == "succeeded" for s in db.run(conn, core.task_states(ids)).values()
             ),
             60,
         )
@@ -103,7 +104,7 @@ def test_sigterm_under_load_loses_and_strands_nothing(
 def test_concurrency_limit_holds_across_three_workers(
     env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
 ) -> None:
-    db.transact(conn, ops.configure_tenant("capped", concurrency_limit=2))
+    db.transact(conn, core.configure_tenant("capped", concurrency_limit=2))
     sleep = producer.tasks["sleep"]
     enqueue(
         conn,
@@ -149,13 +150,13 @@ def test_retries_backoff_dead_letters_timeouts_and_unknown_tasks(
     try:
         wait_for(
             lambda: (
-                {s.status for s in db.run(conn, ops.task_states(ids)).values()}
+                {s.status for s in db.run(conn, core.task_states(ids)).values()}
                 <= {"succeeded", "dead"}
             )
         )
     finally:
         stop(worker)
-    states = db.run(conn, ops.task_states(ids))
+    states = db.run(conn, core.task_states(ids))
     flaky, boom, slow, unknown = (states[i] for i in ids)
     assert (flaky.status, flaky.attempts) == ("succeeded", 2)
     assert (boom.status, boom.attempts) == ("dead", 2)
@@ -210,11 +211,11 @@ def test_tasks_that_outlive_the_shutdown_grace_are_handed_back_and_the_worker_ex
 ) -> None:
     ids = enqueue(conn, producer, [producer.tasks["sleep"].call(30, tenant="a")])
     worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "1"})
-    wait_for(lambda: db.run(conn, ops.task_states(ids))[ids[0]].status == "running")
+    wait_for(lambda: db.run(conn, core.task_states(ids))[ids[0]].status == "running")
     worker.send_signal(signal.SIGTERM)
     worker.wait(timeout=15)  # the grace, not the task's 30 s
     assert worker.returncode == 0
-    state = db.run(conn, ops.task_states(ids))[ids[0]]
+    state = db.run(conn, core.task_states(ids))[ids[0]]
     assert (state.status, state.attempts) == ("pending", 0)  # handed back, no attempt used
 
 
@@ -247,7 +248,7 @@ def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
         try:
             wait_for(
                 lambda: all(
-                    s.status == "succeeded" for s in db.run(conn, ops.task_states(ids)).values()
+                    s.status == "succeeded" for s in db.run(conn, core.task_states(ids)).values()
                 ),
                 timeout=60,
                 what="every task run through the pooler",

@@ -12,9 +12,10 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from rota import App, Settings, db, ops
-from rota.archive import archive
+from rota import App, Settings, core
 from rota.consumer.maintenance import Maintenance, TickResult
+from rota.core import db
+from rota.loader.archive import archive
 
 pytestmark = pytest.mark.spark
 Conn = psycopg.Connection[Any]
@@ -37,8 +38,8 @@ def _ended(app: App, conn: Conn) -> dict[str, set[UUID]]:
     ids = app.enqueue_many(
         [parse_pdf.call(f"{i}.pdf", tenant=f"t{i % 3}") for i in range(9)], connection=conn
     )
-    claimed = db.run(conn, ops.claim(["pdfs"], 9, "w"))
-    done = db.run(conn, ops.complete([(t.id, t.attempt) for t in claimed[:8]]))
+    claimed = db.run(conn, core.claim(["pdfs"], 9, "w"))
+    done = db.run(conn, core.complete([(t.id, t.attempt) for t in claimed[:8]]))
     assert len(done) == 8
     by_day: dict[str, set[UUID]] = {}
     for n, task_id in enumerate(ids[:8]):

@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import db, ops
+from rota import core
+from rota.core import db
 from rota.sql import query
 from tests.helpers import envelopes, load
 
@@ -52,7 +53,7 @@ def _claim_plan(conn: Conn) -> dict[str, Any]:
     with conn.transaction(force_rollback=True):
         return _nested_plan(
             conn,
-            lambda: db.run(conn, ops.claim(**PARAMS)),  # type: ignore[arg-type]
+            lambda: db.run(conn, core.claim(**PARAMS)),  # type: ignore[arg-type]
             lambda text: "SKIP LOCKED" in text and "rota.ready" in text,
         )
 
@@ -93,11 +94,11 @@ def test_completions_find_their_running_rows_by_a_hash_of_their_tokens(
     with db.connect(database_url, synchronous_commit=False) as conn:  # as workers report
         load(conn, envelopes("t", tasks))
         conn.execute("ANALYZE rota.running")  # empty now: the estimate that misled
-        got = db.run(conn, ops.claim(["default"], tasks, "w"))
+        got = db.run(conn, core.claim(["default"], tasks, "w"))
         with conn.transaction(force_rollback=True):
             plan = _nested_plan(
                 conn,
-                lambda: db.run(conn, ops.complete(t.token for t in got)),
+                lambda: db.run(conn, core.complete(t.token for t in got)),
                 lambda text: "DELETE FROM rota.running" in text,
             )
     nodes = _plan_nodes(plan)
@@ -110,9 +111,9 @@ def test_completions_find_their_running_rows_by_a_hash_of_their_tokens(
 
 def test_a_claim_transaction_locks_few_relations_all_on_the_fast_path(conn: Conn) -> None:
     _backlog(conn)
-    db.transact(conn, ops.configure_tenant("t1", concurrency_limit=5))
+    db.transact(conn, core.configure_tenant("t1", concurrency_limit=5))
     with conn.transaction():
-        got = db.run(conn, ops.claim(["default"], 100, "w"))
+        got = db.run(conn, core.claim(["default"], 100, "w"))
         assert len(got) == 100
         locks = conn.execute(
             "SELECT c.relname, l.mode, l.fastpath FROM pg_locks l "
@@ -130,8 +131,8 @@ def test_vacuum_never_truncates_the_queue_tables(conn: Conn) -> None:
     """Truncation would take an ACCESS EXCLUSIVE lock, pushing claims off the
     lock fast path (migration 0010): emptied queue tables keep their pages."""
     load(conn, envelopes("t", 3_000))
-    got = db.run(conn, ops.claim(["default"], 3_000, "w"))
-    db.run(conn, ops.complete(t.token for t in got))
+    got = db.run(conn, core.claim(["default"], 3_000, "w"))
+    db.run(conn, core.complete(t.token for t in got))
 
     def sizes() -> dict[str, int]:
         return {
@@ -181,7 +182,7 @@ def test_loading_looks_names_and_tags_up_by_index_even_when_planned_on_empty_tab
         with conn.transaction():
             for chunk in range(4):
                 batch = [e for t in range(200) for e in envelopes(f"c{chunk}-t{t}", 2)]
-                assert db.run(conn, ops.load(batch)) == 400
+                assert db.run(conn, core.load(batch)) == 400
             read = _read_in_transaction(conn, ["tenants", "tenant_queues"])
     scans = {name: seq_scan for name, (seq_scan, _) in read.items()}
     # (rota.queues holds one row per queue: scanning it is cheap.)
@@ -197,12 +198,12 @@ def test_a_claim_planned_on_an_empty_queue_stays_on_its_indexes(database_url: st
         for table in ("ready", "tasks", "tenants", "queues", "running"):
             conn.execute(f"ANALYZE rota.{table}")
         for _ in range(8):  # psycopg prepares it after 5 runs
-            db.transact(conn, ops.claim(["default"], 100, "w"))
+            db.transact(conn, core.claim(["default"], 100, "w"))
         load(conn, [e for t in range(200) for e in envelopes(f"t{t}", 50)])
         _flush_counts(conn)
         with conn.transaction():
             for _ in range(3):
-                assert len(db.run(conn, ops.claim(["default"], 100, "w"))) == 100
+                assert len(db.run(conn, core.claim(["default"], 100, "w"))) == 100
             read = _read_in_transaction(conn, ["ready", "tasks", "tenants"])
     assert {name: seq_scan for name, (seq_scan, _) in read.items()} == dict.fromkeys(
         ["ready", "tasks", "tenants"], 0

@@ -10,7 +10,8 @@ from typing import Any
 
 import psycopg
 
-from rota import db, ops
+from rota import core
+from rota.core import db
 from tests.helpers import envelopes, load
 
 CLAIMERS = 8
@@ -44,12 +45,12 @@ def test_eight_racing_claimers_never_claim_a_task_twice(database_url: str) -> No
 
     def work(conn: psycopg.Connection[Any], number: int) -> None:
         while True:
-            got = db.transact(conn, ops.claim(["default"], 25, f"w{number}"))
+            got = db.transact(conn, core.claim(["default"], 25, f"w{number}"))
             if not got:
                 return
             with lock:
                 claimed.extend(t.id for t in got)
-            db.transact(conn, ops.complete(t.token for t in got))
+            db.transact(conn, core.complete(t.token for t in got))
 
     assert _race(database_url, work) == []
     assert len(claimed) == 4000
@@ -60,7 +61,7 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
     limits = {"a": 1, "b": 2, "c": 3}
     with psycopg.connect(database_url, autocommit=True) as conn:
         for tenant, limit in limits.items():
-            db.transact(conn, ops.configure_tenant(tenant, concurrency_limit=limit))
+            db.transact(conn, core.configure_tenant(tenant, concurrency_limit=limit))
         load(conn, [e for t in [*limits, "free"] for e in envelopes(t, 150)])
     done = threading.Event()
     worst: Counter[str] = Counter()
@@ -82,14 +83,14 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
         rng = random.Random(number)
         idle = 0
         while idle < 20:
-            got = db.transact(conn, ops.claim(["default"], 10, f"w{number}"))
+            got = db.transact(conn, core.claim(["default"], 10, f"w{number}"))
             if not got:
                 idle += 1
                 time.sleep(0.005)
                 continue
             idle = 0
             time.sleep(rng.uniform(0, 0.004))  # "run" the tasks
-            assert db.transact(conn, ops.complete(t.token for t in got)) == {t.id for t in got}
+            assert db.transact(conn, core.complete(t.token for t in got)) == {t.id for t in got}
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -102,7 +103,7 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
     for tenant, limit in limits.items():
         assert 1 <= worst[tenant] <= limit, (tenant, worst[tenant])
     with psycopg.connect(database_url, autocommit=True) as conn:
-        assert db.run(conn, ops.queue_counts())["default"] == {
+        assert db.run(conn, core.queue_counts())["default"] == {
             "ready": 0,
             "running": 0,
             "scheduled": 0,
@@ -122,11 +123,11 @@ def test_loaders_racing_with_the_same_tasks_store_each_once(database_url: str) -
     def loader(conn: psycopg.Connection[Any], number: int) -> None:
         own = envelopes(f"t{number}", 10)
         with conn.transaction():
-            loaded.append(db.run(conn, ops.load(shared + own)))
+            loaded.append(db.run(conn, core.load(shared + own)))
             time.sleep(random.random() / 10)  # keep the others waiting on these ids
 
     assert _race(database_url, loader) == []
     assert sorted(loaded, reverse=True)[0] == 210
     assert sum(loaded) == 200 + 10 * CLAIMERS
     with psycopg.connect(database_url, autocommit=True) as conn:
-        assert db.run(conn, ops.queue_counts())["default"]["ready"] == 200 + 10 * CLAIMERS
+        assert db.run(conn, core.queue_counts())["default"]["ready"] == 200 + 10 * CLAIMERS

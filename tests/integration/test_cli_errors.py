@@ -134,7 +134,8 @@ def test_stored_errors_are_redacted_and_printed_without_terminal_control(
 ) -> None:
     import psycopg
 
-    from rota import db, ops
+    from rota import core
+    from rota.core import db
     from tests.helpers import claim, envelopes, load
 
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -144,7 +145,7 @@ def test_stored_errors_are_redacted_and_printed_without_terminal_control(
         trace = f'  File "t.py", line 1\n    connect("redis://:{PASSWORD}@h:6379")\n'
         db.transact(
             conn,
-            ops.fail([ops.Failure(task.id, task.attempt, error, final=True, traceback=trace)]),
+            core.fail([core.Failure(task.id, task.attempt, error, final=True, traceback=trace)]),
         )
         stored = conn.execute(
             "SELECT last_error, traceback FROM rota.tasks WHERE id = %s", [task.id]

@@ -8,7 +8,8 @@ from typing import Any
 
 import psycopg
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, core
+from rota.core import db
 from tests.helpers import claim, envelopes, load
 from tests.integration.test_cli_errors import rota
 
@@ -28,8 +29,8 @@ def run_json(settings: Settings, *args: str) -> Any:
 def test_task_show_cancel_and_retry(settings: Settings, conn: Conn) -> None:
     load(conn, envelopes("alice", 1) + envelopes("bob", 1, max_attempts=1))
     ids = {t.tenant: t.id for t in claim(conn, 10)}
-    db.transact(conn, ops.fail([ops.Failure(ids["bob"], 1, "KeyError: 'x'", traceback="Tb!")]))
-    db.transact(conn, ops.release([(ids["alice"], 1)]))
+    db.transact(conn, core.fail([core.Failure(ids["bob"], 1, "KeyError: 'x'", traceback="Tb!")]))
+    db.transact(conn, core.release([(ids["alice"], 1)]))
 
     shown = rota("task", "show", str(ids["bob"]), **env_of(settings))
     assert shown.returncode == 0
@@ -42,7 +43,7 @@ def test_task_show_cancel_and_retry(settings: Settings, conn: Conn) -> None:
     }
     retried = rota("task", "retry", str(ids["bob"]), str(ids["alice"]), **env_of(settings))
     assert retried.returncode == 0 and "retried" in retried.stdout
-    assert db.run(conn, ops.task_states([ids["bob"]]))[ids["bob"]].status == "scheduled"
+    assert db.run(conn, core.task_states([ids["bob"]]))[ids["bob"]].status == "scheduled"
 
     missing = rota("task", "show", "00000000-0000-7000-8000-000000000000", **env_of(settings))
     assert missing.returncode == 1 and "no task with this id" in missing.stdout
@@ -55,7 +56,7 @@ def test_task_show_cancel_and_retry(settings: Settings, conn: Conn) -> None:
 def test_tasks_and_dead_retry(settings: Settings, conn: Conn) -> None:
     load(conn, envelopes("alice", 3, queue="pdfs", max_attempts=1))
     for task in claim(conn, 10, queues=("pdfs",)):
-        db.transact(conn, ops.fail([ops.Failure(task.id, 1, "boom", final=True)]))
+        db.transact(conn, core.fail([core.Failure(task.id, 1, "boom", final=True)]))
     listed = run_json(settings, "tasks", "--state", "dead", "--tenant", "alice", "--limit", "2")
     assert len(listed) == 2 and {t["last_error"] for t in listed} == {"boom"}
     text = rota("tasks", "--state", "dead", **env_of(settings)).stdout
@@ -70,7 +71,7 @@ def test_tenants_change_only_what_is_given(settings: Settings, conn: Conn) -> No
     cleared = run_json(settings, "tenant", "gold", "--clear", "concurrency_limit")
     assert cleared["now"]["concurrency_limit"] is None and cleared["now"]["weight"] == 3.0
     load(conn, envelopes("gold", 2) + envelopes("lead", 1))
-    db.run(conn, ops.refresh_stats())
+    db.run(conn, core.refresh_stats())
     listing = run_json(settings, "tenant", "list", "--sort", "name", "--ascending")
     assert [t["name"] for t in listing["rows"]] == ["gold", "lead"] and listing["total"] == 2
     shown = run_json(settings, "tenant", "show", "gold")
@@ -89,7 +90,7 @@ def test_queues_prune_and_stats(app: App, settings: Settings, conn: Conn) -> Non
     assert claim(conn, 10, queues=("pdfs",)) == []
     run_json(settings, "queue", "resume", "pdfs")
     for task in claim(conn, 10, queues=("pdfs",)):
-        db.transact(conn, ops.complete([task.token]))
+        db.transact(conn, core.complete([task.token]))
     conn.execute("UPDATE rota.finished SET finished_at = now() - interval '8 days'")
     assert run_json(settings, "prune", "--older-than", "7d") == {"finished": 2, "dead": 0}
 

@@ -14,8 +14,9 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from rota import Settings, db, ops
+from rota import Settings, core
 from rota.console.app import create_app
+from rota.core import db
 from rota_tools.devservers import free_port
 from tests.helpers import claim, envelopes, load, wait_for
 
@@ -76,8 +77,8 @@ def csrf_of(client: httpx.Client, path: str) -> str:
 def test_every_page_answers(http: httpx.Client, conn: Conn) -> None:
     load(conn, envelopes("alice", 3, queue="pdfs", max_attempts=1))
     (task,) = claim(conn, 1, queues=("pdfs",))
-    db.transact(conn, ops.fail([ops.Failure(task.id, 1, "ValueError: bad", traceback="Tb")]))
-    db.run(conn, ops.refresh_stats())
+    db.transact(conn, core.fail([core.Failure(task.id, 1, "ValueError: bad", traceback="Tb")]))
+    db.run(conn, core.refresh_stats())
     for path in ["/", "/tenants", "/tenants/alice", "/tasks?state=dead", "/tasks?state=ready",
                  f"/tasks/{task.id}", "/workers", "/dead-letters"]:  # fmt: skip
         response = http.get(path)
@@ -158,7 +159,7 @@ def test_requests_without_the_token_are_refused(console: Console, conn: Conn) ->
         assert anonymous.get("/api/overview", headers=wrong).status_code == 401
         assert anonymous.post("/login", data={"token": "guess"}).status_code == 401
         assert anonymous.get("/healthz").status_code == 200
-    assert db.run(conn, ops.task_states([task_id]))[task_id].status == "pending"
+    assert db.run(conn, core.task_states([task_id]))[task_id].status == "pending"
 
 
 def test_cross_site_posts_are_refused(browser: httpx.Client, console: Console, conn: Conn) -> None:
@@ -172,13 +173,13 @@ def test_cross_site_posts_are_refused(browser: httpx.Client, console: Console, c
     evil = {"Origin": "http://evil.example"}
     refused = browser.post(f"/actions/tasks/{ids[0]}/cancel", data={"csrf": csrf}, headers=evil)
     assert refused.status_code == 403
-    assert db.run(conn, ops.task_states(ids))[ids[0]].status == "pending"
+    assert db.run(conn, core.task_states(ids))[ids[0]].status == "pending"
     # The console's own form.
     own = {"Origin": console.url}
     done = browser.post(f"/actions/tasks/{ids[0]}/cancel", data={"csrf": csrf, "back": "/"},
                         headers=own)  # fmt: skip
     assert done.status_code == 303
-    assert db.run(conn, ops.task_states(ids))[ids[0]].status == "cancelled"
+    assert db.run(conn, core.task_states(ids))[ids[0]].status == "cancelled"
     api = browser.post(f"/api/tasks/{ids[1]}/cancel", headers={"X-CSRF-Token": csrf})
     assert api.status_code == 200
 
@@ -195,7 +196,7 @@ def test_without_a_token_the_console_reads_but_never_acts(settings: Settings, co
 
 def test_metrics_and_health(http: httpx.Client, conn: Conn) -> None:
     load(conn, envelopes("alice", 3, queue="pdfs"))
-    db.run(conn, ops.refresh_stats())
+    db.run(conn, core.refresh_stats())
     text = http.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -252,7 +253,7 @@ def test_each_token_does_what_its_scopes_allow_and_is_the_audit_actor(
         assert wall.post("/api/tasks", json={"name": "x.y"}).status_code == 403
         assert wall.post("/api/queues/default/pause").status_code == 403
         assert 'name="csrf"' not in wall.get(f"/tasks/{ids[0]}").text  # no action buttons
-        assert db.run(conn, ops.task_states(ids))[ids[0]].status == "pending"
+        assert db.run(conn, core.task_states(ids))[ids[0]].status == "pending"
         assert ops_.post(f"/api/tasks/{ids[0]}/cancel").status_code == 200
     actors = {row[0] for row in conn.execute("SELECT actor FROM rota.audit")}
     assert actors == {"console:ops"}

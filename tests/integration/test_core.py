@@ -12,10 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import db, ops
-from rota.db import UUIDArray
-from rota.envelope import make_envelope, new_task_id
+from rota import core
+from rota.core import db
+from rota.core.db import UUIDArray
 from rota.errors import InvalidName, ValidationError
+from rota.model.envelope import make_envelope, new_task_id
 from tests.helpers import claim, drain_order, envelopes, load, wait_for, waiting_on_a_lock
 
 Conn = psycopg.Connection[Any]
@@ -26,7 +27,7 @@ def test_loading_the_same_batch_twice_creates_each_task_once(conn: Conn) -> None
     assert load(conn, batch) == 50
     assert load(conn, batch) == 0
     assert load(conn, batch[:10] + envelopes("alice", 5)) == 5
-    assert db.run(conn, ops.queue_counts())["default"]["ready"] == 55
+    assert db.run(conn, core.queue_counts())["default"]["ready"] == 55
 
 
 def test_duplicate_ids_inside_one_batch_are_loaded_once(conn: Conn) -> None:
@@ -42,10 +43,10 @@ def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: st
     outcome: list[int] = []
     with db.connect(database_url) as other:
         racer = threading.Thread(
-            target=lambda: outcome.append(db.transact(other, ops.load(batch + late)))
+            target=lambda: outcome.append(db.transact(other, core.load(batch + late)))
         )
         with conn.transaction():
-            assert db.run(conn, ops.load(batch)) == 20
+            assert db.run(conn, core.load(batch)) == 20
             racer.start()
             pid = other.info.backend_pid
             with db.connect(database_url) as watcher:
@@ -53,7 +54,7 @@ def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: st
             assert outcome == []
         racer.join(timeout=30)
     assert outcome == [5]
-    counts = db.run(conn, ops.queue_counts())["default"]
+    counts = db.run(conn, core.queue_counts())["default"]
     assert counts["ready"] == 25
     assert sorted(drain_order(conn)) == ["alice"] * 20 + ["bob"] * 5
 
@@ -74,7 +75,7 @@ def test_equal_weights_take_one_turn_each_per_round(conn: Conn) -> None:
 
 
 def test_weights_give_proportional_shares(conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("gold", weight=2))
+    db.transact(conn, core.configure_tenant("gold", weight=2))
     load(conn, envelopes("gold", 300) + envelopes("x", 300) + envelopes("y", 300))
     first = [t.tenant for t in claim(conn, 400)]
     assert first.count("gold") == 200
@@ -92,9 +93,13 @@ def test_cost_counts_against_the_tenants_share(conn: Conn) -> None:
 def test_a_future_eta_waits_scheduled_then_gets_a_fresh_fair_place(conn: Conn) -> None:
     soon = datetime.now(UTC) + timedelta(seconds=1)
     load(conn, envelopes("later", 1, eta=soon) + envelopes("now", 3))
-    assert db.run(conn, ops.queue_counts())["default"] == {"ready": 3, "running": 0, "scheduled": 1}
-    assert db.transact(conn, ops.promote_due()) == 0
-    wait_for(lambda: db.transact(conn, ops.promote_due()), what="the eta")
+    assert db.run(conn, core.queue_counts())["default"] == {
+        "ready": 3,
+        "running": 0,
+        "scheduled": 1,
+    }
+    assert db.transact(conn, core.promote_due()) == 0
+    wait_for(lambda: db.transact(conn, core.promote_due()), what="the eta")
     # Promoted into the current round, not behind the rest of the backlog.
     assert "later" in [t.tenant for t in claim(conn, 2)]
 
@@ -102,11 +107,11 @@ def test_a_future_eta_waits_scheduled_then_gets_a_fresh_fair_place(conn: Conn) -
 def test_complete_and_stale_tokens_are_refused(conn: Conn) -> None:
     load(conn, envelopes("alice", 2))
     first, second = claim(conn, 2)
-    assert db.transact(conn, ops.complete([first.token])) == {first.id}
-    assert db.transact(conn, ops.complete([first.token])) == set()
+    assert db.transact(conn, core.complete([first.token])) == {first.id}
+    assert db.transact(conn, core.complete([first.token])) == set()
     stale = (second.id, second.attempt + 1)
-    assert db.transact(conn, ops.complete([stale])) == set()
-    states = db.run(conn, ops.task_states([first.id, second.id]))
+    assert db.transact(conn, core.complete([stale])) == set()
+    states = db.run(conn, core.task_states([first.id, second.id]))
     assert states[first.id].status == "succeeded"
     assert states[second.id].status == "running"
 
@@ -114,18 +119,18 @@ def test_complete_and_stale_tokens_are_refused(conn: Conn) -> None:
 def test_failures_retry_with_backoff_then_die_keeping_the_last_error(conn: Conn) -> None:
     load(conn, envelopes("alice", 1, max_attempts=2, backoff_base=0.2))
     (task,) = claim(conn, 1)
-    (outcome,) = db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "first")]))
+    (outcome,) = db.transact(conn, core.fail([core.Failure(task.id, task.attempt, "first")]))
     assert outcome.status == "scheduled"
     assert outcome.run_at is not None
     delay = (outcome.run_at - datetime.now(UTC)).total_seconds()
     assert 0 < delay <= 0.2  # equal jitter: between half and all of the base delay
     assert claim(conn, 1) == []
-    wait_for(lambda: db.transact(conn, ops.promote_due()), what="the backoff")
+    wait_for(lambda: db.transact(conn, core.promote_due()), what="the backoff")
     (again,) = claim(conn, 1)
     assert again.attempt == 2
-    (dead,) = db.transact(conn, ops.fail([ops.Failure(again.id, again.attempt, "second")]))
+    (dead,) = db.transact(conn, core.fail([core.Failure(again.id, again.attempt, "second")]))
     assert dead.status == "dead"
-    state = db.run(conn, ops.task_states([task.id]))[task.id]
+    state = db.run(conn, core.task_states([task.id]))[task.id]
     assert (state.status, state.attempts, state.last_error) == ("dead", 2, "second")
 
 
@@ -136,10 +141,10 @@ def test_nul_characters_survive_in_arguments_and_errors(conn: Conn) -> None:
     load(conn, [envelope])
     (task,) = claim(conn, 1)
     assert (task.args, task.kwargs) == (["a\x00b"], {"k\x00": 1})
-    failure = ops.Failure(task.id, task.attempt, "ValueError: bad byte \x00 here", final=True)
-    (dead,) = db.transact(conn, ops.fail([failure]))
+    failure = core.Failure(task.id, task.attempt, "ValueError: bad byte \x00 here", final=True)
+    (dead,) = db.transact(conn, core.fail([failure]))
     assert dead.status == "dead"
-    state = db.run(conn, ops.task_states([task.id]))[task.id]
+    state = db.run(conn, core.task_states([task.id]))[task.id]
     assert state.last_error == "ValueError: bad byte \\x00 here"
 
 
@@ -159,20 +164,20 @@ def test_an_explicit_retry_time_is_kept(conn: Conn) -> None:
     load(conn, envelopes("alice", 1))
     (task,) = claim(conn, 1)
     at = datetime.now(UTC) + timedelta(minutes=5)
-    (outcome,) = db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "later", at)]))
+    (outcome,) = db.transact(conn, core.fail([core.Failure(task.id, task.attempt, "later", at)]))
     assert outcome.run_at == at
 
 
 def test_expired_leases_are_requeued_and_the_old_holder_is_fenced(conn: Conn) -> None:
     load(conn, envelopes("alice", 1))
     (task,) = claim(conn, 1, lease_seconds=0.2)
-    assert wait_for(lambda: db.transact(conn, ops.requeue_expired())) == {task.id}
+    assert wait_for(lambda: db.transact(conn, core.requeue_expired())) == {task.id}
     (again,) = claim(conn, 1, worker="other")
     assert again.id == task.id and again.attempt == task.attempt + 1
-    assert db.transact(conn, ops.complete([task.token])) == set()
-    assert db.transact(conn, ops.extend_leases([task.token], 60)) == set()
-    assert db.transact(conn, ops.extend_leases([again.token], 60)) == {task.id}
-    assert db.transact(conn, ops.complete([again.token])) == {task.id}
+    assert db.transact(conn, core.complete([task.token])) == set()
+    assert db.transact(conn, core.extend_leases([task.token], 60)) == set()
+    assert db.transact(conn, core.extend_leases([again.token], 60)) == {task.id}
+    assert db.transact(conn, core.complete([again.token])) == {task.id}
 
 
 def test_a_lease_expiring_on_the_last_attempt_dead_letters(conn: Conn) -> None:
@@ -180,18 +185,18 @@ def test_a_lease_expiring_on_the_last_attempt_dead_letters(conn: Conn) -> None:
     (task,) = claim(conn, 1, lease_seconds=0.1)
 
     def dead() -> bool:
-        assert db.transact(conn, ops.requeue_expired()) == set()  # never requeued
-        return db.run(conn, ops.task_states([task.id]))[task.id].status == "dead"
+        assert db.transact(conn, core.requeue_expired()) == set()  # never requeued
+        return db.run(conn, core.task_states([task.id]))[task.id].status == "dead"
 
     wait_for(dead, what="the lease to expire")
-    state = db.run(conn, ops.task_states([task.id]))[task.id]
+    state = db.run(conn, core.task_states([task.id]))[task.id]
     assert (state.status, state.last_error) == ("dead", "lease expired")
 
 
 def test_released_tasks_keep_their_place_and_their_attempt(conn: Conn) -> None:
     load(conn, envelopes("a", 2) + envelopes("b", 2))
     got = claim(conn, 2)
-    assert db.transact(conn, ops.release([t.token for t in got])) == {t.id for t in got}
+    assert db.transact(conn, core.release([t.token for t in got])) == {t.id for t in got}
     again = claim(conn, 2)
     assert [t.id for t in again] == [t.id for t in got]
     assert [t.attempt for t in again] == [1, 1]
@@ -223,23 +228,23 @@ def test_claims_name_each_tasks_tenant_copied_or_not(conn: Conn) -> None:
 
 
 def test_concurrency_limit_holds_back_extra_tasks_without_using_attempts(conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("capped", concurrency_limit=2))
+    db.transact(conn, core.configure_tenant("capped", concurrency_limit=2))
     load(conn, envelopes("capped", 5) + envelopes("free", 5))
     got = claim(conn, 10)
     assert [t.tenant for t in got].count("capped") == 2
     assert claim(conn, 10) == []
-    db.transact(conn, ops.complete([next(t.token for t in got if t.tenant == "capped")]))
+    db.transact(conn, core.complete([next(t.token for t in got if t.tenant == "capped")]))
     (next_one,) = claim(conn, 10)
     assert next_one.tenant == "capped" and next_one.attempt == 1
 
 
 def test_rate_limit_throttles_without_failing(conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("slow", rate_limit=5, rate_burst=2))
+    db.transact(conn, core.configure_tenant("slow", rate_limit=5, rate_burst=2))
     load(conn, envelopes("slow", 10))
     started = time.monotonic()
     assert len(claim(conn, 10)) == 2  # the burst
     assert claim(conn, 10) == []
-    got: list[ops.ClaimedTask] = []
+    got: list[core.ClaimedTask] = []
     wait_for(lambda: got.extend(claim(conn, 10)) or len(got) >= 2, what="two more tokens")
     # 5 tokens a second: the next two took about 0.4 s to come, and no
     # throttled claim used an attempt.
@@ -248,25 +253,25 @@ def test_rate_limit_throttles_without_failing(conn: Conn) -> None:
 
 
 def test_backlog_estimate_tracks_waiting_work(conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("alice", capacity=100))
+    db.transact(conn, core.configure_tenant("alice", capacity=100))
     load(conn, envelopes("alice", 30) + envelopes("bob", 10, cost=2))
-    assert db.run(conn, ops.tenant_backlogs()) == {"alice": (100, 30.0)}  # capacities only
+    assert db.run(conn, core.tenant_backlogs()) == {"alice": (100, 30.0)}  # capacities only
     bob = conn.execute("SELECT capacity, backlog FROM rota.tenant_backlog WHERE tenant = 'bob'")
     assert bob.fetchone() == (None, 20.0)
     got = claim(conn, 10)
-    db.transact(conn, ops.complete(t.token for t in got))
+    db.transact(conn, core.complete(t.token for t in got))
     # 7 of alice's 30 were claimed; the estimate may run up to one round ahead.
-    assert 23 <= db.run(conn, ops.tenant_backlogs())["alice"][1] <= 24
+    assert 23 <= db.run(conn, core.tenant_backlogs())["alice"][1] <= 24
 
 
 def test_backlog_estimate_adds_up_a_tenants_queues(conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("alice", capacity=100, weight=2))
+    db.transact(conn, core.configure_tenant("alice", capacity=100, weight=2))
     # Each queue has its own clock: bob's tasks run ahead of it in "b" only.
     load(
         conn,
         envelopes("alice", 6) + envelopes("bob", 4, queue="b") + envelopes("alice", 3, queue="b"),
     )
-    assert db.run(conn, ops.tenant_backlogs()) == {"alice": (100, 9.0)}
+    assert db.run(conn, core.tenant_backlogs()) == {"alice": (100, 9.0)}
 
 
 def test_loading_notifies_once_per_batch(conn: Conn, database_url: str) -> None:
@@ -293,14 +298,14 @@ def test_loading_notifies_once_per_batch(conn: Conn, database_url: str) -> None:
 )
 def test_bad_tenant_settings_are_refused(conn: Conn, change: dict[str, float]) -> None:
     with pytest.raises(ValidationError):
-        db.transact(conn, ops.configure_tenant("alice", **change))
+        db.transact(conn, core.configure_tenant("alice", **change))
     assert conn.execute("SELECT count(*) FROM rota.tenants").fetchone() == (0,)
 
 
 def test_the_database_bounds_weights_and_costs_too(conn: Conn) -> None:
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("INSERT INTO rota.tenants (name, weight) VALUES ('a', 1e9)")
-    db.transact(conn, ops.configure_tenant("a", weight=1e6))
+    db.transact(conn, core.configure_tenant("a", weight=1e6))
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE rota.tenants SET weight = 1e-9 WHERE name = 'a'")
     envelope = dataclasses.replace(envelopes("a", 1)[0], cost=1e7)
@@ -311,7 +316,7 @@ def test_the_database_bounds_weights_and_costs_too(conn: Conn) -> None:
 @pytest.mark.parametrize("name", ["", "Bad Name", "-x", "x" * 200, "a/b", "naïve"])
 def test_bad_tenant_names_are_refused_by_python_and_by_the_database(conn: Conn, name: str) -> None:
     with pytest.raises(InvalidName):
-        db.transact(conn, ops.configure_tenant(name))
+        db.transact(conn, core.configure_tenant(name))
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("INSERT INTO rota.tenants (name) VALUES (%s)", [name])
 
@@ -330,10 +335,10 @@ def test_a_batch_loaded_again_after_its_tasks_ran_creates_nothing(conn: Conn) ->
     batch = envelopes("alice", 4)
     load(conn, batch)
     got = claim(conn, 2)
-    db.transact(conn, ops.complete(t.token for t in got))
+    db.transact(conn, core.complete(t.token for t in got))
     assert load(conn, batch) == 0
-    assert db.run(conn, ops.queue_counts())["default"]["ready"] == 2
-    states = db.run(conn, ops.task_states([e.id for e in batch]))
+    assert db.run(conn, core.queue_counts())["default"]["ready"] == 2
+    states = db.run(conn, core.task_states([e.id for e in batch]))
     assert sorted(s.status for s in states.values()) == [
         "pending",
         "pending",
@@ -344,9 +349,9 @@ def test_a_batch_loaded_again_after_its_tasks_ran_creates_nothing(conn: Conn) ->
 
 def test_finished_records_can_be_pruned(conn: Conn) -> None:
     load(conn, envelopes("alice", 3))
-    db.transact(conn, ops.complete(t.token for t in claim(conn, 3)))
-    assert db.transact(conn, ops.prune_finished(3600)) == 0
-    assert db.transact(conn, ops.prune_finished(0)) == 3
+    db.transact(conn, core.complete(t.token for t in claim(conn, 3)))
+    assert db.transact(conn, core.prune_finished(3600)) == 0
+    assert db.transact(conn, core.prune_finished(0)) == 3
 
 
 @pytest.mark.parametrize("count", [0, 1, 3])
@@ -366,14 +371,14 @@ def test_task_ids_given_as_text_are_parsed_and_bad_ones_refused(conn: Conn) -> N
     ).fetchone()  # type: ignore[misc]
     assert sent == [task_id]
     with pytest.raises(ValueError, match="hexadecimal UUID"):
-        db.run(conn, ops.task_states(["not-an-id"]))  # type: ignore[list-item]
+        db.run(conn, core.task_states(["not-an-id"]))  # type: ignore[list-item]
 
 
 def test_places_in_line_follow_start_time_fair_queueing(conn: Conn) -> None:
     # The places are computed by the database (rota.load_tasks), from the
     # rules alone: a tenant's next task starts at S = max(V, F) and moves its
     # finish tag F on by cost / weight; nothing waits yet, so V stays 0.
-    db.transact(conn, ops.configure_tenant("heavy", weight=2.0))
+    db.transact(conn, core.configure_tenant("heavy", weight=2.0))
     sent: list[tuple[str, float]] = []
     for _ in range(3):
         batch = [

@@ -9,7 +9,8 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rota import db, ops
+from rota import core
+from rota.core import db
 from tests.helpers import claim, drain_order, envelopes, load
 
 Conn = psycopg.Connection[Any]
@@ -62,7 +63,7 @@ def test_weighted_shares_stay_within_one_turn_of_the_weights(
     _reset(conn)
     names = [f"w{i}" for i in range(len(weights))]
     for name, weight in zip(names, weights, strict=True):
-        db.transact(conn, ops.configure_tenant(name, weight=weight))
+        db.transact(conn, core.configure_tenant(name, weight=weight))
     per_tenant = 60 + extra
     load(conn, [e for name in names for e in envelopes(name, per_tenant)])
     served: Counter[str] = Counter()
@@ -90,8 +91,8 @@ def test_a_late_tenant_is_served_within_one_round(
     load(conn, [e for i, n in enumerate(backlog) for e in envelopes(f"busy{i}", n)])
     for _ in range(claimed_first // 10):
         got = claim(conn, 10)
-        db.transact(conn, ops.complete(t.token for t in got))
-    still_waiting = db.run(conn, ops.queue_counts())["default"]["ready"]
+        db.transact(conn, core.complete(t.token for t in got))
+    still_waiting = db.run(conn, core.queue_counts())["default"]["ready"]
     load(conn, envelopes("late", 1))
     order = drain_order(conn, batch=1)
     busy_with_work = len(backlog)

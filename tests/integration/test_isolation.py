@@ -13,11 +13,12 @@ import psycopg
 import pytest
 import redis
 
-from rota import App, CapacityExceeded, EnqueueError, InvalidName, Settings, db, ops
-from rota.buffer import ENTRY_VERSION, all_streams, backlog_key, dead_letter_stream
-from rota.entries import TaskBatch
-from rota.envelope import TaskEnvelope, envelope_template, make_envelope
+from rota import App, CapacityExceeded, EnqueueError, InvalidName, Settings, core
+from rota.buffer.entries import TaskBatch
+from rota.buffer.streams import ENTRY_VERSION, all_streams, backlog_key, dead_letter_stream
+from rota.core import db
 from rota.loader import Loader
+from rota.model.envelope import TaskEnvelope, envelope_template, make_envelope
 
 Conn = psycopg.Connection[Any]
 
@@ -70,7 +71,7 @@ def _task_count(conn: Conn) -> int:
 
 def _raw_entry(settings: Settings, columns: dict[str, Any], tenant: str = "alice") -> None:
     """Writes a buffer entry as a producer of any language might."""
-    from rota.buffer import shard_for, stream_name
+    from rota.buffer.streams import shard_for, stream_name
 
     stream = stream_name(settings.stream_prefix, shard_for(tenant, settings.shards))
     _client(settings).xadd(stream, {b"v": ENTRY_VERSION, b"tasks": orjson.dumps(columns)})
@@ -91,7 +92,7 @@ def test_redis_out_of_memory_falls_back_to_postgresql(
     _refuse_writes(redis_admin)
     parse_pdf = app.tasks["parse_pdf"]
     ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice") for i in range(settings.breaker_failures)]
-    states = db.run(conn, ops.task_states(ids))
+    states = db.run(conn, core.task_states(ids))
     assert {states[i].status for i in ids} == {"pending"}  # stored in PostgreSQL
     assert app.producer.core.fallbacks == len(ids)
     assert app.producer.core.breaker.state.value == "open"  # counted like a lost Redis
@@ -143,7 +144,7 @@ def test_the_loader_acknowledges_nothing_it_could_not_dead_letter(
 def test_a_tenants_capacity_counts_what_it_has_in_the_buffer(
     app: App, settings: Settings, conn: Conn
 ) -> None:
-    db.transact(conn, ops.configure_tenant("small", capacity=10))
+    db.transact(conn, core.configure_tenant("small", capacity=10))
     parse_pdf = app.tasks["parse_pdf"]
     accepted = 0
     for i in range(40):  # no loader running: everything stays in the buffer
@@ -164,8 +165,8 @@ def test_a_tenants_capacity_counts_what_it_has_in_the_buffer(
     assert not any(_client(settings).exists(key) for key in keys)
     with pytest.raises(CapacityExceeded):
         parse_pdf.enqueue("more.pdf", tenant="small")
-    tasks = db.run(conn, ops.claim(["pdfs"], 20, "w"))
-    db.run(conn, ops.complete(t.token for t in tasks))
+    tasks = db.run(conn, core.claim(["pdfs"], 20, "w"))
+    db.run(conn, core.complete(t.token for t in tasks))
     parse_pdf.enqueue("more.pdf", tenant="small")
 
 
@@ -244,7 +245,7 @@ def test_the_database_checks_are_the_last_line(conn: Conn, change: dict[str, Any
     fields = {f: getattr(good, f) for f in TaskEnvelope.__dataclass_fields__}
     bad = TaskEnvelope(**{**fields, **change})  # past every Python check
     with pytest.raises(psycopg.errors.CheckViolation):
-        db.transact(conn, ops.load([bad]))
+        db.transact(conn, core.load([bad]))
 
 
 @pytest.mark.parametrize(
@@ -252,6 +253,6 @@ def test_the_database_checks_are_the_last_line(conn: Conn, change: dict[str, Any
     ["concurrency_limit = 2000000", "rate_limit = 1e7", "rate_burst = 1e10", "capacity = 1e13"],
 )
 def test_tenant_settings_are_checked_by_the_database_too(conn: Conn, column_value: str) -> None:
-    db.transact(conn, ops.configure_tenant("alice"))
+    db.transact(conn, core.configure_tenant("alice"))
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute(f"UPDATE rota.tenants SET {column_value} WHERE name = 'alice'")

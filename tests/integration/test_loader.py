@@ -11,12 +11,13 @@ from typing import Any
 import psycopg
 import redis
 
-from rota import App, Settings, db, ops
-from rota.buffer import ENTRY_VERSION, dead_letter_stream, stream_name
-from rota.entries import TaskBatch
-from rota.envelope import envelope_template
+from rota import App, Settings, core
+from rota.buffer.entries import TaskBatch
+from rota.buffer.streams import ENTRY_VERSION, dead_letter_stream, stream_name
+from rota.core import db
 from rota.loader import Loader, lambda_handler
 from rota.loader.store import load_in_chunks
+from rota.model.envelope import envelope_template
 from tests.helpers import pending_idle_past_reclaim, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -55,7 +56,7 @@ def test_malformed_entries_go_to_the_dead_letter_stream_with_a_reason(
     assert any("not JSON" in r for r in reasons)
     assert sum("unknown entry format" in r for r in reasons) == 2
     assert all(d[b"stream"] == shard.encode() for d in _dead(settings))
-    assert db.run(conn, ops.queue_counts())["q"]["ready"] == 1
+    assert db.run(conn, core.queue_counts())["q"]["ready"] == 1
     assert client.xlen(shard) == 0  # acknowledged and deleted
 
 
@@ -76,7 +77,7 @@ def test_an_entry_loaded_twice_creates_its_tasks_once(
     summary = second.drain()
     second.close()
     assert (summary.reclaimed, summary.loaded, summary.duplicates) == (1, 0, 10)
-    assert db.run(conn, ops.queue_counts())["pdfs"]["ready"] == 10
+    assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 10
 
 
 def test_a_pass_of_several_chunks_keeps_each_tenants_order(
@@ -89,12 +90,12 @@ def test_a_pass_of_several_chunks_keeps_each_tenants_order(
     result = loader.pass_once()
     loader.close()
     assert result.loaded == 35  # one pass, four chunks
-    claimed = db.run(conn, ops.claim(["pdfs"], 35, "w"))
+    claimed = db.run(conn, core.claim(["pdfs"], 35, "w"))
     assert [t.args[0] for t in claimed] == list(range(35))
 
 
 def _decode(entry: Any, settings: Settings) -> list[Any]:
-    from rota.buffer import decode_entry
+    from rota.buffer.streams import decode_entry
 
     batch, bad = decode_entry(entry[2], settings.max_payload_bytes)
     assert not bad

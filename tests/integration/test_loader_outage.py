@@ -9,10 +9,11 @@ import psycopg
 import pytest
 import redis
 
-from rota import App, Settings, db, ops
-from rota.buffer import dead_letter_stream
+from rota import App, Settings, core
+from rota.buffer.streams import dead_letter_stream
+from rota.core import db
+from rota.core.migrate import migrate
 from rota.loader import Loader
-from rota.migrate import migrate
 from rota_tools.devservers import Server, local_postgres
 
 
@@ -51,4 +52,4 @@ def test_an_outage_longer_than_every_delivery_loses_nothing(
     assert summary.drained and summary.loaded == 30 and summary.dead_lettered == 0
     assert redis.Redis.from_url(redis_url).xlen(dead_letter_stream(settings.stream_prefix)) == 0
     with psycopg.connect(own_postgres.url, autocommit=True) as conn:
-        assert len(db.run(conn, ops.task_states(ids))) == 30
+        assert len(db.run(conn, core.task_states(ids))) == 30

@@ -6,8 +6,9 @@ from typing import Any
 
 import psycopg
 
-from rota import Settings, db, ops
+from rota import Settings, core
 from rota.consumer.maintenance import Maintenance, TickResult
+from rota.core import db
 from tests.helpers import claim, envelopes, load
 
 Conn = psycopg.Connection[Any]
@@ -36,15 +37,15 @@ def test_retention_prunes_what_is_old_and_keeps_the_rest(conn: Conn) -> None:
                         loader_ledger_retention="1d")  # fmt: skip
     load(conn, envelopes("a", 6, max_attempts=1))
     tasks = claim(conn, 6)
-    db.run(conn, ops.complete([t.token for t in tasks[:3]]))
-    db.run(conn, ops.fail([ops.Failure(t.id, t.attempt, "boom") for t in tasks[3:]]))
+    db.run(conn, core.complete([t.token for t in tasks[:3]]))
+    db.run(conn, core.fail([core.Failure(t.id, t.attempt, "boom") for t in tasks[3:]]))
     # Two of each are old, one is recent.
     conn.execute("UPDATE rota.finished SET finished_at = now() - interval '8 days' "
                  "WHERE task_id = ANY(%s)", [[t.id for t in tasks[:2]]])  # fmt: skip
     conn.execute("UPDATE rota.tasks SET finished_at = now() - interval '31 days' "
                  "WHERE id = ANY(%s)", [[t.id for t in tasks[3:5]]])  # fmt: skip
     for name, stopped in (("old", "now() - interval '2 days'"), ("new", "now()")):
-        db.run(conn, ops.register_worker(name, "h", 1, ["default"], 1))
+        db.run(conn, core.register_worker(name, "h", 1, ["default"], 1))
         conn.execute(f"UPDATE rota.workers SET stopped_at = {stopped} WHERE id = %s", [name])
     for batch in range(150):
         conn.execute("INSERT INTO rota.loader_batches (query, batch_id, tasks, loaded_at) "
@@ -62,9 +63,9 @@ def test_retention_prunes_what_is_old_and_keeps_the_rest(conn: Conn) -> None:
 def test_retention_deletes_in_bounded_batches(conn: Conn) -> None:
     load(conn, envelopes("a", 30))
     tasks = claim(conn, 30)
-    db.run(conn, ops.complete([t.token for t in tasks]))
+    db.run(conn, core.complete([t.token for t in tasks]))
     conn.execute("UPDATE rota.finished SET finished_at = now() - interval '8 days'")
-    assert db.run(conn, ops.prune_finished(7 * 86400, limit=10)) == 10
+    assert db.run(conn, core.prune_finished(7 * 86400, limit=10)) == 10
     assert _count(conn, "finished") == 20
 
 
@@ -74,7 +75,7 @@ def test_a_new_leader_does_not_declare_silent_workers_dead_until_it_has_watched(
     clock = Clock()
     settings = Settings(worker_dead_after_seconds=30)
     maintenance, duty = _duty(settings, "reap_workers", clock)
-    db.run(conn, ops.register_worker("quiet", "elsewhere", 1, ["default"], 1))
+    db.run(conn, core.register_worker("quiet", "elsewhere", 1, ["default"], 1))
     conn.execute("UPDATE rota.workers SET heartbeat_at = now() - interval '5 minutes'")
     maintenance.took_over()  # e.g. its own connection just came back
     result = TickResult()
@@ -88,15 +89,15 @@ def test_a_new_leader_does_not_declare_silent_workers_dead_until_it_has_watched(
 def test_claims_left_by_a_stopped_worker_are_requeued(conn: Conn) -> None:
     settings = Settings(heartbeat_seconds=1)
     load(conn, envelopes("a", 2))
-    db.run(conn, ops.register_worker("gone", "elsewhere", 1, ["default"], 1))
+    db.run(conn, core.register_worker("gone", "elsewhere", 1, ["default"], 1))
     (task, _) = claim(conn, 2, worker="gone")
-    db.run(conn, ops.stop_worker("gone"))  # then died before reporting
+    db.run(conn, core.stop_worker("gone"))  # then died before reporting
     conn.execute("UPDATE rota.workers SET stopped_at = now() - interval '10 seconds'")
     _, duty = _duty(settings, "reap_workers")
     result = TickResult()
     duty.run(conn, result)
     assert result.requeued_from_dead == 2
-    assert db.run(conn, ops.task_states([task.id]))[task.id].status == "pending"
+    assert db.run(conn, core.task_states([task.id]))[task.id].status == "pending"
 
 
 def test_promotion_is_atomic_and_a_lock_timeout_is_not_a_lost_connection(
@@ -107,7 +108,7 @@ def test_promotion_is_atomic_and_a_lock_timeout_is_not_a_lost_connection(
     load(conn, envelopes("alice", 1))
     (task,) = claim(conn, 1)
     due = datetime.now(UTC)
-    db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "again", retry_at=due)]))
+    db.transact(conn, core.fail([core.Failure(task.id, task.attempt, "again", retry_at=due)]))
     assert _count(conn, "scheduled") == 1
     clock = Clock()
     maintenance = Maintenance(settings, clock=clock)

@@ -7,7 +7,7 @@ import threading
 
 import psycopg
 
-from rota.migrate import applied_versions, migrate
+from rota.core.migrate import applied_versions, migrate
 from rota.sql import migrations
 from rota_tools.devservers import postgres_bindir
 

@@ -11,10 +11,10 @@ import psycopg
 import pytest
 import redis
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, core
+from rota.core import db, read
 from rota.errors import ValidationError
-from rota.ops import read
-from rota.story import task_story
+from rota.readmodel.story import task_story
 from tests.helpers import claim, envelopes, load, wait_for
 
 Conn = psycopg.Connection[Any]
@@ -28,7 +28,7 @@ def audit_rows(conn: Conn) -> list[tuple[Any, ...]]:
 
 
 def status(conn: Conn, task_id: Any) -> str:
-    return db.run(conn, ops.task_states([task_id]))[task_id].status
+    return db.run(conn, core.task_states([task_id]))[task_id].status
 
 
 def test_cancel_takes_waiting_tasks_at_once_and_running_ones_at_their_end(conn: Conn) -> None:
@@ -36,39 +36,39 @@ def test_cancel_takes_waiting_tasks_at_once_and_running_ones_at_their_end(conn: 
     (later,) = envelopes("alice", 1, eta=datetime.now(UTC) + timedelta(hours=1))
     (busy,) = envelopes("bob", 1, max_attempts=5)
     load(conn, [ready, later, busy])
-    got = db.transact(conn, ops.claim(["default"], 10, "w1"))
+    got = db.transact(conn, core.claim(["default"], 10, "w1"))
     claimed = next(t for t in got if t.id == busy.id)
     # The claim took the ready ones; put alice's back to have one waiting in line.
-    db.transact(conn, ops.release([t.token for t in got if t.id != busy.id]))
+    db.transact(conn, core.release([t.token for t in got if t.id != busy.id]))
 
-    outcomes = db.run(conn, ops.cancel([ready.id, later.id, busy.id], ME))
+    outcomes = db.run(conn, core.cancel([ready.id, later.id, busy.id], ME))
     assert outcomes == {ready.id: "cancelled", later.id: "cancelled", busy.id: "cancelling"}
     assert status(conn, ready.id) == status(conn, later.id) == "cancelled"
     assert claim(conn, 10) == []  # nothing left in line
     # The running one fails: not retried, although it has attempts left.
-    (failed,) = db.transact(conn, ops.fail([ops.Failure(claimed.id, claimed.attempt, "boom")]))
+    (failed,) = db.transact(conn, core.fail([core.Failure(claimed.id, claimed.attempt, "boom")]))
     assert failed.status == "cancelled"
     assert audit_rows(conn) == [(ME, "cancel", "task", 3)]
     # Cancelling what ended changes nothing.
-    assert db.run(conn, ops.cancel([ready.id], ME)) == {ready.id: "cancelled"}
+    assert db.run(conn, core.cancel([ready.id], ME)) == {ready.id: "cancelled"}
 
 
 def test_a_cancelled_running_task_that_succeeds_counts_as_succeeded(conn: Conn) -> None:
     load(conn, envelopes("alice", 1))
     (task,) = claim(conn, 1)
-    assert db.run(conn, ops.cancel([task.id], ME)) == {task.id: "cancelling"}
-    assert db.transact(conn, ops.complete([task.token])) == {task.id}
+    assert db.run(conn, core.cancel([task.id], ME)) == {task.id: "cancelling"}
+    assert db.transact(conn, core.complete([task.token])) == {task.id}
     assert status(conn, task.id) == "succeeded"
-    assert db.run(conn, ops.cancel([task.id], ME)) == {task.id: "succeeded"}
+    assert db.run(conn, core.cancel([task.id], ME)) == {task.id: "succeeded"}
 
 
 def test_a_cancelled_task_whose_lease_expires_is_not_requeued(conn: Conn) -> None:
     load(conn, envelopes("alice", 1))
     (task,) = claim(conn, 1, lease_seconds=0.1)
-    db.run(conn, ops.cancel([task.id], ME))
+    db.run(conn, core.cancel([task.id], ME))
 
     def expired() -> bool:
-        assert db.transact(conn, ops.requeue_expired()) == set()  # never back in line
+        assert db.transact(conn, core.requeue_expired()) == set()  # never back in line
         return status(conn, task.id) == "cancelled"
 
     wait_for(expired, what="the lease to expire")
@@ -78,36 +78,36 @@ def test_a_cancelled_task_whose_lease_expires_is_not_requeued(conn: Conn) -> Non
 def test_retry_runs_dead_tasks_again_with_a_fresh_attempt_budget(conn: Conn) -> None:
     load(conn, envelopes("alice", 2, max_attempts=1) + envelopes("bob", 1, max_attempts=1))
     for task in claim(conn, 10):
-        db.transact(conn, ops.fail([ops.Failure(task.id, task.attempt, "broken", final=True)]))
+        db.transact(conn, core.fail([core.Failure(task.id, task.attempt, "broken", final=True)]))
     dead = db.run(conn, read.tasks("dead", tenant="alice"))
     assert len(dead) == 2 and all(t.last_error == "broken" for t in dead)
 
-    assert db.run(conn, ops.retry([dead[0].id], ME)) == {dead[0].id}
-    assert db.run(conn, ops.retry([dead[0].id], ME)) == set()  # not dead any more
-    assert db.transact(conn, ops.promote_due()) == 1
+    assert db.run(conn, core.retry([dead[0].id], ME)) == {dead[0].id}
+    assert db.run(conn, core.retry([dead[0].id], ME)) == set()  # not dead any more
+    assert db.transact(conn, core.promote_due()) == 1
     (again,) = claim(conn, 10)
     assert again.id == dead[0].id and again.attempt == 1  # same id, attempts from 1
 
-    assert db.run(conn, ops.retry_dead(ME, tenant="bob")) == 1
-    assert db.run(conn, ops.retry_dead(ME, queue="default")) == 1  # alice's other one
-    assert db.run(conn, ops.retry_dead(ME)) == 0
+    assert db.run(conn, core.retry_dead(ME, tenant="bob")) == 1
+    assert db.run(conn, core.retry_dead(ME, queue="default")) == 1  # alice's other one
+    assert db.run(conn, core.retry_dead(ME)) == 0
     since = datetime.now(UTC) + timedelta(minutes=1)
-    assert db.run(conn, ops.retry_dead(ME, since=since)) == 0
+    assert db.run(conn, core.retry_dead(ME, since=since)) == 0
     actions = [(row[1], row[3]) for row in audit_rows(conn)]
     assert actions == [("retry", 1), ("retry", 0), ("retry", 1), ("retry", 1)]
 
 
 def test_bad_input_to_actions_is_refused_before_anything_is_written(conn: Conn) -> None:
     with pytest.raises(ValidationError):
-        ops.retry_dead(ME, tenant="bad tenant\n")
+        core.retry_dead(ME, tenant="bad tenant\n")
     with pytest.raises(ValidationError):
-        ops.retry_dead(ME, limit=10**9)
+        core.retry_dead(ME, limit=10**9)
     with pytest.raises(ValidationError):
-        ops.cancel(["not-a-uuid"], ME)  # type: ignore[list-item]
+        core.cancel(["not-a-uuid"], ME)  # type: ignore[list-item]
     with pytest.raises(ValidationError):
-        ops.patch_tenant("gold", {"weight": -1}, ME)
+        core.patch_tenant("gold", {"weight": -1}, ME)
     with pytest.raises(ValidationError):
-        ops.patch_tenant("gold", {"colour": "red"}, ME)
+        core.patch_tenant("gold", {"colour": "red"}, ME)
     with pytest.raises(ValidationError):
         read.tenants(sort="name; DROP TABLE rota.tasks")
     assert audit_rows(conn) == []
@@ -116,41 +116,41 @@ def test_bad_input_to_actions_is_refused_before_anything_is_written(conn: Conn) 
 def test_a_paused_queue_and_a_paused_tenant_wait_in_line(conn: Conn) -> None:
     load(conn, envelopes("alice", 2, queue="pdfs") + envelopes("bob", 2, queue="pdfs"))
     load(conn, envelopes("carol", 2, queue="mail"))
-    assert db.run(conn, ops.pause_queue("mail", True, ME)) is True
-    assert db.run(conn, ops.pause_tenant("alice", True, ME)) is True
-    assert db.run(conn, ops.pause_tenant("nobody", True, ME)) is False
+    assert db.run(conn, core.pause_queue("mail", True, ME)) is True
+    assert db.run(conn, core.pause_tenant("alice", True, ME)) is True
+    assert db.run(conn, core.pause_tenant("nobody", True, ME)) is False
     got = claim(conn, 10, queues=("pdfs", "mail"))
     assert sorted(t.tenant for t in got) == ["bob", "bob"]
-    db.run(conn, ops.pause_queue("mail", False, ME))
-    db.run(conn, ops.pause_tenant("alice", False, ME))
+    db.run(conn, core.pause_queue("mail", False, ME))
+    db.run(conn, core.pause_tenant("alice", False, ME))
     again = claim(conn, 10, queues=("pdfs", "mail"))
     assert sorted(t.tenant for t in again) == ["alice", "alice", "carol", "carol"]
     assert [r[1] for r in audit_rows(conn)] == ["pause", "pause", "resume", "resume"]
 
 
 def test_patching_a_tenant_changes_only_what_is_given(conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("gold", weight=2, concurrency_limit=5, capacity=100))
-    db.run(conn, ops.patch_tenant("gold", {"weight": 3}, ME))
+    db.transact(conn, core.configure_tenant("gold", weight=2, concurrency_limit=5, capacity=100))
+    db.run(conn, core.patch_tenant("gold", {"weight": 3}, ME))
     gold = db.run(conn, read.tenant("gold"))
     assert gold is not None
     assert (gold.weight, gold.concurrency_limit, gold.capacity) == (3.0, 5, 100)
-    db.run(conn, ops.patch_tenant("gold", {"concurrency_limit": None, "rate_limit": 5}, ME))
+    db.run(conn, core.patch_tenant("gold", {"concurrency_limit": None, "rate_limit": 5}, ME))
     gold = db.run(conn, read.tenant("gold"))
     assert gold is not None
     assert (gold.concurrency_limit, gold.rate_limit, gold.capacity) == (None, 5.0, 100)
-    db.run(conn, ops.patch_tenant("newcomer", {"capacity": 10}, ME))
+    db.run(conn, core.patch_tenant("newcomer", {"capacity": 10}, ME))
     assert db.run(conn, read.tenant("newcomer")) is not None
 
 
 def test_figures_per_queue_and_tenant_come_from_the_maintenance_counts(conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("big", weight=2, concurrency_limit=3))
+    db.transact(conn, core.configure_tenant("big", weight=2, concurrency_limit=3))
     load(conn, envelopes("big", 30, queue="pdfs") + envelopes("small", 5, queue="pdfs"))
     got = claim(conn, 6, queues=("pdfs",))
     for task in got[:4]:
-        db.transact(conn, ops.complete([task.token]))
+        db.transact(conn, core.complete([task.token]))
     conn.execute("UPDATE rota.finished SET finished_at = now() - interval '2 seconds'")
-    assert db.run(conn, ops.count_service()) == 4
-    assert db.run(conn, ops.refresh_stats()) > 0
+    assert db.run(conn, core.count_service()) == 4
+    assert db.run(conn, core.refresh_stats()) > 0
     (pdfs,) = db.run(conn, read.queues())
     assert (pdfs.name, pdfs.waiting, pdfs.running) == ("pdfs", 35 - len(got), len(got) - 4)
     assert pdfs.per_minute == pytest.approx(4 / 5)
@@ -183,7 +183,7 @@ def test_figures_per_queue_and_tenant_come_from_the_maintenance_counts(conn: Con
 
 def test_tenants_page_at_ten_thousand_tenants(conn: Conn) -> None:
     load(conn, [e for i in range(10_000) for e in envelopes(f"t{i:05d}", 1)])
-    db.run(conn, ops.refresh_stats())
+    db.run(conn, core.refresh_stats())
     page = db.run(conn, read.tenants(sort="name", descending=False, offset=9_990, limit=50))
     assert page.total == 10_000 and [t.name for t in page.rows][:2] == ["t09990", "t09991"]
     assert len(page.rows) == 10
@@ -242,8 +242,8 @@ def test_why_ready_estimates_a_place_deep_in_line(
 
 
 def test_why_held_back_by_its_tenant(conn: Conn, settings: Settings) -> None:
-    db.transact(conn, ops.configure_tenant("capped", concurrency_limit=1))
-    db.transact(conn, ops.configure_tenant("slow", rate_limit=0.5, rate_burst=1))
+    db.transact(conn, core.configure_tenant("capped", concurrency_limit=1))
+    db.transact(conn, core.configure_tenant("slow", rate_limit=0.5, rate_burst=1))
     capped = envelopes("capped", 2)
     slow = envelopes("slow", 2)
     load(conn, capped + slow)
@@ -252,8 +252,8 @@ def test_why_held_back_by_its_tenant(conn: Conn, settings: Settings) -> None:
     assert "at its concurrency limit: 1 running of 1" in waiting_capped.why
     waiting_slow = why(conn, settings, slow[1].id)
     assert "out of rate tokens (0.5/s): the next comes in" in waiting_slow.why
-    db.run(conn, ops.pause_queue("default", True, ME))
-    db.run(conn, ops.pause_tenant("capped", True, ME))
+    db.run(conn, core.pause_queue("default", True, ME))
+    db.run(conn, core.pause_tenant("capped", True, ME))
     paused = why(conn, settings, capped[1].id)
     assert "its queue default is paused" in paused.why
     assert "its tenant capped is paused" in paused.why
@@ -272,19 +272,19 @@ def test_why_scheduled_running_and_ended(conn: Conn, settings: Settings) -> None
     story = why(conn, settings, flaky.id)
     assert story.where == "running" and "on worker test-worker" in story.why
     assert "(attempt 1 of 3)" in story.why
-    db.transact(conn, ops.fail([ops.Failure(flaky.id, 1, "ValueError: bad page")]))
+    db.transact(conn, core.fail([core.Failure(flaky.id, 1, "ValueError: bad page")]))
     backoff = why(conn, settings, flaky.id)
     assert backoff.where == "scheduled"
     assert "retry backoff after attempt 1 of 3 failed (ValueError: bad page)" in backoff.why
     trace = "Traceback (most recent call last):\n  ...\nValueError: no"
     db.transact(
-        conn, ops.fail([ops.Failure(doomed.id, running[doomed.id].attempt, "ValueError: no",
+        conn, core.fail([core.Failure(doomed.id, running[doomed.id].attempt, "ValueError: no",
                                     traceback=trace)])
     )  # fmt: skip
     dead = why(conn, settings, doomed.id)
     assert dead.where == "dead" and dead.why == "dead after attempt 1 of 1: ValueError: no"
     assert dead.task.traceback == trace
-    db.run(conn, ops.cancel([later.id], ME))
+    db.run(conn, core.cancel([later.id], ME))
     cancelled = why(conn, settings, later.id)
     assert cancelled.where == "cancelled" and f"cancelled by {ME}" in cancelled.why
     assert [h[2] for h in cancelled.task.history] == ["cancel"]
@@ -293,7 +293,7 @@ def test_why_scheduled_running_and_ended(conn: Conn, settings: Settings) -> None
 def test_why_succeeded(conn: Conn, settings: Settings) -> None:
     load(conn, envelopes("a", 1))
     (task,) = claim(conn, 1)
-    db.transact(conn, ops.complete([task.token]))
+    db.transact(conn, core.complete([task.token]))
     story = why(conn, settings, task.id)
     assert story.where == "succeeded" and story.why.startswith("succeeded ")
 
@@ -331,7 +331,7 @@ def test_why_still_in_the_buffer_or_its_dead_letters(
 
 
 def test_dead_letters_replay_and_purge(app: App, conn: Conn, settings: Settings) -> None:
-    from rota import deadletters
+    from rota.buffer import deadletters
     from rota.loader import Loader
 
     parse_pdf = app.tasks["parse_pdf"]

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, core
+from rota.core import db
 from rota.errors import ValidationError
 from rota.loader import Loader
 from rota_tools.devservers import Server, local_pgbouncer
@@ -60,8 +61,8 @@ def test_rota_needs_the_readme_setup_behind_pgbouncer(pgbouncer: Server, databas
         # More runs than psycopg's prepare threshold: prepared statements work.
         claimed = []
         for _ in range(12):
-            got = db.run(conn, ops.claim(["default"], 10, "w"))
-            assert db.run(conn, ops.complete(t.token for t in got)) == {t.id for t in got}
+            got = db.run(conn, core.claim(["default"], 10, "w"))
+            assert db.run(conn, core.complete(t.token for t in got)) == {t.id for t in got}
             claimed += got
         # Fair order through the pooler too: b's three tasks among the first claims.
         assert [t.tenant for t in claimed[:6]].count("b") == 3
@@ -110,7 +111,7 @@ def test_producers_loaders_and_200_claimers_work_through_pgbouncer_in_transactio
         loader = Loader(pooled)
         assert loader.drain().loaded == 3300
         loader.close()
-        db.run(conn, ops.configure_tenant("limited", concurrency_limit=2))
+        db.run(conn, core.configure_tenant("limited", concurrency_limit=2))
 
         claimed: list[UUID] = []
         most_running, most_backends = [0], [0]
@@ -118,9 +119,9 @@ def test_producers_loaders_and_200_claimers_work_through_pgbouncer_in_transactio
 
         def claimer(number: int) -> None:
             with db.connect(pooled.database_url, pooled=True) as own:
-                while got := db.run(own, ops.claim(["default"], 5, f"w{number}")):
+                while got := db.run(own, core.claim(["default"], 5, f"w{number}")):
                     time.sleep(0.002)  # work: other claimers meet these tasks running
-                    completed = db.run(own, ops.complete(t.token for t in got))
+                    completed = db.run(own, core.complete(t.token for t in got))
                     assert completed == {t.id for t in got}
                     claimed.extend(t.id for t in got)
 

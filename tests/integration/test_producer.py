@@ -10,8 +10,9 @@ import psycopg
 import pytest
 import redis
 
-from rota import App, CapacityExceeded, EnqueueError, Settings, UnknownTask, db, ops
-from rota.buffer import all_streams
+from rota import App, CapacityExceeded, EnqueueError, Settings, UnknownTask, core
+from rota.buffer.streams import all_streams
+from rota.core import db
 from rota.loader import Loader
 from rota.producer.breaker import BreakerState
 
@@ -38,7 +39,7 @@ def test_enqueue_writes_to_the_buffer_and_the_loader_makes_it_claimable(
     task_id = parse_pdf.enqueue("a.pdf", tenant="alice", pages=3)
     assert _buffered(settings) == 1
     _drain(settings)
-    (task,) = db.run(conn, ops.claim(["pdfs"], 10, "w"))
+    (task,) = db.run(conn, core.claim(["pdfs"], 10, "w"))
     assert task.id == task_id
     assert (task.name, task.tenant, task.args, task.kwargs) == (
         "parse_pdf",
@@ -57,9 +58,9 @@ def test_enqueue_by_name_and_many(app: App, settings: Settings, conn: Conn) -> N
     with pytest.raises(UnknownTask, match="queue="):
         app.enqueue("mail.send", tenant="t1")
     _drain(settings)
-    counts = db.run(conn, ops.queue_counts())
+    counts = db.run(conn, core.queue_counts())
     assert counts["pdfs"]["ready"] == 600 and counts["mail"]["ready"] == 1
-    assert db.run(conn, ops.task_states([other]))[other].queue == "mail"
+    assert db.run(conn, core.task_states([other]))[other].queue == "mail"
 
 
 def test_a_tenants_tasks_keep_their_order_through_the_buffer(
@@ -68,7 +69,7 @@ def test_a_tenants_tasks_keep_their_order_through_the_buffer(
     parse_pdf = app.tasks["parse_pdf"]
     ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice") for i in range(20)]
     _drain(settings)
-    assert [t.id for t in db.run(conn, ops.claim(["pdfs"], 100, "w"))] == ids
+    assert [t.id for t in db.run(conn, core.claim(["pdfs"], 100, "w"))] == ids
 
 
 def test_idempotency_key_makes_a_retried_enqueue_one_task(
@@ -79,7 +80,7 @@ def test_idempotency_key_makes_a_retried_enqueue_one_task(
     again = parse_pdf.enqueue("a.pdf", tenant="alice", idempotency_key="upload-42")
     assert first == again
     _drain(settings)
-    assert db.run(conn, ops.queue_counts())["pdfs"]["ready"] == 1
+    assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 1
 
 
 def test_eta_and_countdown(app: App, settings: Settings, conn: Conn) -> None:
@@ -89,7 +90,7 @@ def test_eta_and_countdown(app: App, settings: Settings, conn: Conn) -> None:
     with pytest.raises(rota_validation_error()):
         parse_pdf.enqueue("c.pdf", tenant="alice", countdown=1, eta=datetime.now(UTC))
     _drain(settings)
-    states = db.run(conn, ops.task_states([later, at]))
+    states = db.run(conn, core.task_states([later, at]))
     assert {s.status for s in states.values()} == {"scheduled"}
 
 
@@ -136,7 +137,7 @@ def test_transactional_enqueue_commits_and_rolls_back_with_the_caller(
         dropped_too = parse_pdf.enqueue("c.pdf", tenant="alice", connection=conn)
         conn.rollback()
     with psycopg.connect(database_url, autocommit=True) as check:
-        states = db.run(check, ops.task_states([kept, dropped, dropped_too]))
+        states = db.run(check, core.task_states([kept, dropped, dropped_too]))
     assert set(states) == {kept}
 
 
@@ -154,8 +155,8 @@ def test_redis_down_falls_back_to_postgres_and_the_breaker_opens(
     ids = [app.enqueue("x.y", queue="q", tenant="alice") for _ in range(5)]
     assert app._core.breaker.state is BreakerState.OPEN
     assert app._core.fallbacks == 5
-    assert db.run(conn, ops.queue_counts())["q"]["ready"] == 5
-    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    assert db.run(conn, core.queue_counts())["q"]["ready"] == 5
+    assert set(db.run(conn, core.task_states(ids))) == set(ids)
     app.close()
 
 
@@ -175,7 +176,7 @@ def test_both_down_raises_and_reports_nothing_stored() -> None:
 
 
 def test_capacity_gives_backpressure(settings: Settings, conn: Conn) -> None:
-    db.transact(conn, ops.configure_tenant("small", capacity=5))
+    db.transact(conn, core.configure_tenant("small", capacity=5))
     # Decided from a cache (one query per 30 s here) plus what this process
     # enqueued since: no database round trip per call.
     app = App(settings.model_copy(update={"capacity_cache_seconds": 30}))
@@ -203,4 +204,4 @@ def test_async_twins(app: App, settings: Settings, conn: Conn, database_url: str
 
     ids = asyncio.run(main())
     _drain(settings)
-    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    assert set(db.run(conn, core.task_states(ids))) == set(ids)

@@ -18,11 +18,13 @@ import psycopg
 import pytest
 import redis
 import redis.cluster
-
-from rota import App, Settings, db, ops, redis_client
-from rota.buffer import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
-from rota.loader import Loader
 from rota_tools.devservers import RedisCluster, local_redis_cluster, wait_for_cluster
+
+from rota import App, Settings, core
+from rota.buffer import redis_client
+from rota.buffer.streams import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
+from rota.core import db
+from rota.loader import Loader
 from tests.helpers import wait_for
 
 Conn = psycopg.Connection[Any]
@@ -121,7 +123,7 @@ def test_enqueues_across_a_thousand_tenants_load_exactly_once_in_each_tenants_or
 
     stored = conn.execute("SELECT count(*), count(DISTINCT id) FROM rota.tasks").fetchone()
     assert stored == (len(ids), len(ids))
-    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    assert set(db.run(conn, core.task_states(ids))) == set(ids)
     in_line = _stored_in_order(conn)
     assert len(in_line) == TENANTS
     assert all(numbers == sorted(numbers) for numbers in in_line.values())
@@ -176,7 +178,7 @@ def test_stats_dead_letters_and_the_async_producer_work_on_a_cluster(
     summary = loader.drain()
     loader.close()
     assert (summary.loaded, summary.dead_lettered) == (30, 1)
-    assert set(db.run(conn, ops.task_states(ids))) == set(ids)
+    assert set(db.run(conn, core.task_states(ids))) == set(ids)
     # The console reads the same through its own client.
     from rota.console import data
 
@@ -242,7 +244,7 @@ def test_a_shard_whose_slot_moves_while_producing_loses_nothing(
 
 
 def _shard_of(tenant: str) -> int:
-    from rota.buffer import shard_for
+    from rota.buffer.streams import shard_for
 
     return shard_for(tenant, SHARDS)
 
@@ -323,7 +325,7 @@ def test_a_master_killed_while_producing_costs_no_acknowledged_task(
     loader = Loader(settings)
     loader.drain()
     loader.close()
-    stored = db.run(conn, ops.task_states(acknowledged))
+    stored = db.run(conn, core.task_states(acknowledged))
     assert set(stored) == set(acknowledged)
     counts = conn.execute("SELECT count(*), count(DISTINCT id) FROM rota.tasks").fetchone()
     assert counts == (len(acknowledged), len(acknowledged))

@@ -12,10 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, core
 from rota.consumer import Maintenance
+from rota.core import db
+from rota.core.migrate import migrate
 from rota.loader import Loader
-from rota.migrate import migrate
 from rota_tools.devservers import Server, local_postgres
 from tests.helpers import envelopes
 
@@ -84,7 +85,7 @@ def test_everything_belongs_to_rota_owner_and_nothing_to_public(owner: Conn) -> 
 
 
 def test_the_producer_enqueues_and_may_do_nothing_else(urls: dict[str, str], owner: Conn) -> None:
-    db.transact(owner, ops.configure_tenant("alice", capacity=1000))
+    db.transact(owner, core.configure_tenant("alice", capacity=1000))
     settings = Settings(database_url=urls["producer"], redis_url="redis://127.0.0.1:1/0")
     app = App(settings)
     try:
@@ -95,33 +96,33 @@ def test_the_producer_enqueues_and_may_do_nothing_else(urls: dict[str, str], own
         app.close()
     assert owner.execute("SELECT count(*) FROM rota.tasks").fetchone() == (2,)
     with db.connect(urls["producer"]) as conn:
-        assert db.run(conn, ops.tenant_backlogs())["alice"][0] == 1000
+        assert db.run(conn, core.tenant_backlogs())["alice"][0] == 1000
         _refused(conn, "SELECT payload FROM rota.tasks")
         _refused(conn, "DELETE FROM rota.tasks")
         _refused(conn, "UPDATE rota.tenants SET weight = 2")
         _refused(conn, "DELETE FROM rota.ready")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            db.run(conn, ops.claim(["q"], 10, "w"))
+            db.run(conn, core.claim(["q"], 10, "w"))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            db.run(conn, ops.configure_tenant("alice", weight=5))
+            db.run(conn, core.configure_tenant("alice", weight=5))
 
 
 def test_the_worker_claims_reports_and_maintains_through_functions_only(
     urls: dict[str, str], owner: Conn
 ) -> None:
-    db.transact(owner, ops.load(envelopes("alice", 3, backoff_base=0.001)))
-    db.transact(owner, ops.configure_tenant("alice", concurrency_limit=2))
-    w1 = ops.WorkerKey.new("w1")
+    db.transact(owner, core.load(envelopes("alice", 3, backoff_base=0.001)))
+    db.transact(owner, core.configure_tenant("alice", concurrency_limit=2))
+    w1 = core.WorkerKey.new("w1")
     with db.connect(urls["worker"]) as conn:
-        db.run(conn, ops.register_worker(w1, "host", 1, ["default"], 4, 0.5))
-        assert db.run(conn, ops.worker_heartbeat(w1))
-        tasks = db.run(conn, ops.claim(["default"], 10, w1))
+        db.run(conn, core.register_worker(w1, "host", 1, ["default"], 4, 0.5))
+        assert db.run(conn, core.worker_heartbeat(w1))
+        tasks = db.run(conn, core.claim(["default"], 10, w1))
         assert len(tasks) == 2  # the limit holds for this role too
-        assert db.run(conn, ops.extend_leases([t.token for t in tasks], 60, w1)) == {
+        assert db.run(conn, core.extend_leases([t.token for t in tasks], 60, w1)) == {
             t.id for t in tasks
         }
-        assert db.run(conn, ops.complete([tasks[0].token], w1)) == {tasks[0].id}
-        db.run(conn, ops.fail([ops.Failure(tasks[1].id, tasks[1].attempt, "boom")], w1))
+        assert db.run(conn, core.complete([tasks[0].token], w1)) == {tasks[0].id}
+        db.run(conn, core.fail([core.Failure(tasks[1].id, tasks[1].attempt, "boom")], w1))
         settings = Settings(database_url=urls["worker"])
         cron = App(settings)
         cron.periodic("* * * * *")(tick_task)
@@ -130,8 +131,8 @@ def test_the_worker_claims_reports_and_maintains_through_functions_only(
         deadline = time.monotonic() + 10
         while maintenance.tick(conn).promoted == 0:  # the retry falls due in a millisecond
             assert time.monotonic() < deadline
-        assert db.run(conn, ops.worker_claims(w1)) == []
-        db.run(conn, ops.stop_worker(w1))
+        assert db.run(conn, core.worker_claims(w1)) == []
+        db.run(conn, core.stop_worker(w1))
         for statement in (
             "UPDATE rota.tasks SET attempts = 0",
             "DELETE FROM rota.ready",
@@ -144,11 +145,11 @@ def test_the_worker_claims_reports_and_maintains_through_functions_only(
         ):
             _refused(conn, statement)
         for call in (
-            ops.configure_tenant("alice", weight=5),
-            ops.claim(["default"], 1, "w1"),  # as a worker, without its key
-            ops.complete([tasks[0].token]),
-            ops.worker_heartbeat("w1"),
-            ops.requeue_lost([tasks[0].id], "gone"),
+            core.configure_tenant("alice", weight=5),
+            core.claim(["default"], 1, "w1"),  # as a worker, without its key
+            core.complete([tasks[0].token]),
+            core.worker_heartbeat("w1"),
+            core.requeue_lost([tasks[0].id], "gone"),
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 db.run(conn, call)
@@ -156,19 +157,19 @@ def test_the_worker_claims_reports_and_maintains_through_functions_only(
 
 def _serving(owner: Conn, urls: dict[str, str], tenant: str) -> bool:
     """Whether a task of `tenant` loaded now is claimed by an honest worker."""
-    db.transact(owner, ops.load(envelopes(tenant, 1)))
-    honest = ops.WorkerKey.new(f"honest-{time.monotonic_ns()}")
+    db.transact(owner, core.load(envelopes(tenant, 1)))
+    honest = core.WorkerKey.new(f"honest-{time.monotonic_ns()}")
     with db.connect(urls["worker"]) as conn:
-        db.run(conn, ops.register_worker(honest, "host", 2, ["default"], 4, 5.0))
-        claimed = db.run(conn, ops.claim(["default"], 100, honest))
-        db.run(conn, ops.complete([t.token for t in claimed], honest))
+        db.run(conn, core.register_worker(honest, "host", 2, ["default"], 4, 5.0))
+        claimed = db.run(conn, core.claim(["default"], 100, honest))
+        db.run(conn, core.complete([t.token for t in claimed], honest))
     return tenant in {t.tenant for t in claimed}
 
 
 def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
     urls: dict[str, str], owner: Conn
 ) -> None:
-    db.transact(owner, ops.load(envelopes("alice", 2)))
+    db.transact(owner, core.load(envelopes("alice", 2)))
     (old,) = owner.execute("SELECT id FROM rota.tasks LIMIT 1").fetchone()  # type: ignore[misc]
     for role in ("producer", "loader"):
         with db.connect(urls[role]) as conn:
@@ -191,7 +192,7 @@ def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
             conn.execute("SELECT rota.enter_line_of(ARRAY[%s]::uuid[])", [old])
             (fresh,) = envelopes(f"{role}-twice", 1)
             with conn.transaction():
-                db.run(conn, ops.load([fresh]))
+                db.run(conn, core.load([fresh]))
                 for _ in range(2):
                     conn.execute("SELECT rota.enter_line_of(ARRAY[%s]::uuid[])", [fresh.id])
             places = owner.execute(
@@ -205,41 +206,41 @@ def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
 def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
     urls: dict[str, str], owner: Conn
 ) -> None:
-    db.transact(owner, ops.load(envelopes("carol", 3)))
-    victim, thief = ops.WorkerKey.new("victim"), ops.WorkerKey.new("thief")
+    db.transact(owner, core.load(envelopes("carol", 3)))
+    victim, thief = core.WorkerKey.new("victim"), core.WorkerKey.new("thief")
     with db.connect(urls["worker"]) as conn:
         for key in (victim, thief):
-            db.run(conn, ops.register_worker(key, "host", 3, ["default"], 4, 30.0))
-        held = db.run(conn, ops.claim(["default"], 3, victim))
+            db.run(conn, core.register_worker(key, "host", 3, ["default"], 4, 30.0))
+        held = db.run(conn, core.claim(["default"], 3, victim))
         tokens = [t.token for t in held]
         # The thief's key completes, fails, hands back or extends none of them.
-        assert db.run(conn, ops.complete(tokens, thief)) == set()
-        assert db.run(conn, ops.fail([ops.Failure(*tokens[0], "x")], thief)) == []
-        assert db.run(conn, ops.release(tokens, thief)) == set()
-        assert db.run(conn, ops.extend_leases(tokens, 60, thief)) == set()
-        assert db.run(conn, ops.worker_claims(thief)) == []
+        assert db.run(conn, core.complete(tokens, thief)) == set()
+        assert db.run(conn, core.fail([core.Failure(*tokens[0], "x")], thief)) == []
+        assert db.run(conn, core.release(tokens, thief)) == set()
+        assert db.run(conn, core.extend_leases(tokens, 60, thief)) == set()
+        assert db.run(conn, core.worker_claims(thief)) == []
         # Nor can it act as the victim without the victim's secret.
-        forged = ops.WorkerKey("victim", b"guessed")
+        forged = core.WorkerKey("victim", b"guessed")
         for call in (
-            ops.complete(tokens, forged),
-            ops.claim(["default"], 1, forged),
-            ops.stop_worker(forged),
-            ops.worker_heartbeat(forged),
+            core.complete(tokens, forged),
+            core.claim(["default"], 1, forged),
+            core.stop_worker(forged),
+            core.worker_heartbeat(forged),
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 db.run(conn, call)
         # A live worker is not declared dead, whoever asks.
-        assert db.transact(conn, ops.reap_workers(["victim"])) == set()
+        assert db.transact(conn, core.reap_workers(["victim"])) == set()
         # History younger than rota.limits stays, whatever interval is asked.
-        db.run(conn, ops.fail([ops.Failure(*tokens[1], "x", final=True)], victim))
-        assert db.run(conn, ops.complete([tokens[0]], victim)) == {tokens[0][0]}
-        assert db.run(conn, ops.prune_finished(0)) == 0
-        assert db.run(conn, ops.prune_dead(0)) == 0
-        db.run(conn, ops.stop_worker(thief))
-        assert db.run(conn, ops.prune_workers(0)) == 0  # stopped a moment ago: kept
-        assert db.run(conn, ops.worker_claims(victim)) == [tokens[2]]  # still its own
+        db.run(conn, core.fail([core.Failure(*tokens[1], "x", final=True)], victim))
+        assert db.run(conn, core.complete([tokens[0]], victim)) == {tokens[0][0]}
+        assert db.run(conn, core.prune_finished(0)) == 0
+        assert db.run(conn, core.prune_dead(0)) == 0
+        db.run(conn, core.stop_worker(thief))
+        assert db.run(conn, core.prune_workers(0)) == 0  # stopped a moment ago: kept
+        assert db.run(conn, core.worker_claims(victim)) == [tokens[2]]  # still its own
     # An admin may prune as it is told.
-    assert db.run(owner, ops.prune_finished(0)) == 1
+    assert db.run(owner, core.prune_finished(0)) == 1
     assert _serving(owner, urls, "bob")
 
 
@@ -262,14 +263,14 @@ def test_the_loader_loads_the_buffer_and_may_do_nothing_else(
         _refused(conn, "UPDATE rota.tasks SET attempts = 0")
         _refused(conn, "SELECT payload FROM rota.tasks")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            db.run(conn, ops.claim(["q"], 10, "w"))
+            db.run(conn, core.claim(["q"], 10, "w"))
 
 
 def test_the_admin_configures_tenants(urls: dict[str, str], owner: Conn) -> None:
     with db.connect(urls["admin"]) as conn:
-        db.transact(conn, ops.configure_tenant("carol", weight=3))
-        assert db.run(conn, ops.queue_counts()) is not None
-        assert db.run(conn, ops.prune_finished(3600)) == 0
+        db.transact(conn, core.configure_tenant("carol", weight=3))
+        assert db.run(conn, core.queue_counts()) is not None
+        assert db.run(conn, core.prune_finished(3600)) == 0
 
 
 def test_migrations_run_as_the_owner_role(urls: dict[str, str]) -> None:
@@ -278,7 +279,7 @@ def test_migrations_run_as_the_owner_role(urls: dict[str, str]) -> None:
 
 
 def test_print_roles_is_the_same_script() -> None:
-    from rota.migrate import roles_script
+    from rota.core.migrate import roles_script
 
     script = roles_script()
     assert "CREATE ROLE" in script and "GRANT EXECUTE" in script and "OWNER TO rota_owner" in script
@@ -286,7 +287,7 @@ def test_print_roles_is_the_same_script() -> None:
 
 def test_the_audit_log_is_append_only_for_admins(urls: dict[str, str]) -> None:
     with db.connect(urls["admin"]) as conn:
-        db.run(conn, ops.record("console:ops", "pause", "queue q", 0, {}))
+        db.run(conn, core.record("console:ops", "pause", "queue q", 0, {}))
         for statement in (
             "UPDATE rota.audit SET actor = 'nobody'",
             "DELETE FROM rota.audit",

@@ -15,10 +15,11 @@ import psycopg
 import pytest
 import redis
 
-from rota import App, Settings, db, ops
-from rota.buffer import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
-from rota.entries import TaskBatch
-from rota.envelope import envelope_template
+from rota import App, Settings, core
+from rota.buffer.entries import TaskBatch
+from rota.buffer.streams import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
+from rota.core import db
+from rota.model.envelope import envelope_template
 
 pytestmark = pytest.mark.spark
 
@@ -46,7 +47,7 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
 
     sink = run_streaming(settings, checkpoint=checkpoint, available_now=True, session=spark)
     assert sink.loaded == 705
-    assert db.run(conn, ops.queue_counts())["pdfs"]["ready"] == 705
+    assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 705
     dead = client.xrange(dead_letter_stream(settings.stream_prefix))
     assert len(dead) == 1 and b"not JSON" in dead[0][1][b"reason"]
     shards = all_streams(settings.stream_prefix, settings.shards)
@@ -57,7 +58,7 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     sink = run_streaming(settings, checkpoint=checkpoint, available_now=True, session=spark)
     assert sink.loaded == 40
     assert sum(client.xlen(s) for s in shards) == 0
-    states = db.run(conn, ops.task_states(first + second))
+    states = db.run(conn, core.task_states(first + second))
     assert len(states) == 745
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (745,)
 
@@ -100,7 +101,7 @@ def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
     sink.close()
     assert sink.loaded == 80
     assert conn.execute("SELECT tasks FROM rota.loader_batches").fetchone() == (80,)
-    claimed = db.run(conn, ops.claim(["pdfs"], 80, "w"))
+    claimed = db.run(conn, core.claim(["pdfs"], 80, "w"))
     for tenant in ("a", "b"):
         assert [t.args[0] for t in claimed if t.tenant == tenant] == list(range(40))
 
@@ -166,7 +167,7 @@ def test_rota_import_loads_good_rows_and_reports_bad_ones(
     assert any("JSON" in r or "Expecting" in r for r in reasons) and any(
         "cost" in r for r in reasons
     )
-    got = db.run(conn, ops.claim(["pdfs"], 10, "w"))
+    got = db.run(conn, core.claim(["pdfs"], 10, "w"))
     assert {(t.tenant, tuple(t.args)) for t in got} == {("alice", (1, 2)), ("bob", (3,))}
 
     jsonl = tmp_path / "tasks.jsonl"

@@ -11,9 +11,10 @@ import psycopg
 import pytest
 import redis
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, core
+from rota.core import db
+from rota.core.migrate import migrate
 from rota.loader import Loader
-from rota.migrate import migrate
 from rota_tools.devservers import (
     Server,
     TLSFiles,
@@ -74,7 +75,7 @@ def test_the_whole_path_over_verified_tls(
     finally:
         loader.close()
     with db.connect(settings.database_url) as conn:
-        claimed = db.run(conn, ops.claim(["q"], 100, "w"))
+        claimed = db.run(conn, core.claim(["q"], 100, "w"))
     assert sorted(t.id for t in claimed) == sorted(ids)
 
 
@@ -131,7 +132,7 @@ def acl_urls(redis_url: str) -> Iterator[dict[str, str]]:
 def test_each_component_works_with_its_redis_acl_and_is_refused_the_rest(
     acl_urls: dict[str, str], database_url: str, conn: psycopg.Connection[Any]
 ) -> None:
-    db.transact(conn, ops.configure_tenant("limited", capacity=100))
+    db.transact(conn, core.configure_tenant("limited", capacity=100))
     producer = App(Settings(database_url=database_url, redis_url=acl_urls["producer"]))
     try:
         producer.enqueue_many([producer.call("x.y", queue="q", tenant="limited")] * 3)

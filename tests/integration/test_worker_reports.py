@@ -7,8 +7,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import App, Settings, db, ops
+from rota import App, Settings, core
 from rota.consumer.worker import InFlight, Outcome, Worker
+from rota.core import db
 
 
 def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
@@ -17,8 +18,8 @@ def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
     parse_pdf = app.tasks["parse_pdf"]
     ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice", connection=conn) for i in range(3)]
     worker = Worker(app, queues=["pdfs"], maintenance=False)
-    db.run(conn, ops.register_worker(worker.key, "host", 1, ["pdfs"], 3))
-    claimed = db.run(conn, ops.claim(["pdfs"], 3, worker.key))
+    db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 3))
+    claimed = db.run(conn, core.claim(["pdfs"], 3, worker.key))
     assert [t.id for t in claimed] == ids
     for task, error in zip(claimed, [None, None, ValueError("bad page")], strict=True):
         worker.in_flight[task.id] = InFlight(task, timeout=None)
@@ -28,11 +29,11 @@ def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
     conn.execute("SELECT pg_terminate_backend(%s)", [lost.info.backend_pid])
     with pytest.raises(psycopg.OperationalError):
         worker._report(lost)
-    states = db.run(conn, ops.task_states(ids))
+    states = db.run(conn, core.task_states(ids))
     assert {s.status for s in states.values()} == {"running"}  # nothing reported yet
 
     with db.connect(settings.database_url) as again:
         worker._report(again)
-    states = db.run(conn, ops.task_states(ids))
+    states = db.run(conn, core.task_states(ids))
     assert [states[i].status for i in ids] == ["succeeded", "succeeded", "scheduled"]
     assert worker.processed == 3

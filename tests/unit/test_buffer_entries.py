@@ -8,9 +8,15 @@ from typing import Any
 import orjson
 import pytest
 
-from rota.buffer import ENTRY_MAX_TASKS, ENTRY_VERSION, decode_entry, encode_entries, shard_for
-from rota.entries import TaskBatch
-from rota.envelope import envelope_template
+from rota.buffer.entries import TaskBatch
+from rota.buffer.streams import (
+    ENTRY_MAX_TASKS,
+    ENTRY_VERSION,
+    decode_entry,
+    encode_entries,
+    shard_for,
+)
+from rota.model.envelope import envelope_template
 
 CAP = 1024
 WORK = envelope_template("app.work", "q", 3, 1.0, 60.0)

@@ -22,12 +22,12 @@ from rota.console.auth import (
     read_tokens,
     token_hash,
 )
+from rota.core.read import StoredTask
 from rota.errors import ValidationError
-from rota.jsondata import plain
-from rota.logs import JsonFormatter
-from rota.metrics import OTHER, TenantLabels
-from rota.ops.read import StoredTask
-from rota.story import InBuffer, why, why_in_buffer
+from rota.model.jsondata import plain
+from rota.readmodel.metrics import OTHER, TenantLabels
+from rota.readmodel.story import InBuffer, why, why_in_buffer
+from rota.runtime.logs import JsonFormatter
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
@@ -226,12 +226,12 @@ def test_plain_and_tables() -> None:
 
 
 def test_patching_a_tenant_is_checked_before_anything_runs() -> None:
-    from rota import ops
+    from rota import core
     from rota.errors import ValidationError
 
     with pytest.raises(ValidationError, match="unknown tenant settings"):
-        ops.patch_tenant("gold", {"speed": 3}, "me")
+        core.patch_tenant("gold", {"speed": 3}, "me")
     with pytest.raises(ValidationError, match="weight cannot be cleared"):
-        ops.patch_tenant("gold", {"weight": None}, "me")
+        core.patch_tenant("gold", {"weight": None}, "me")
     with pytest.raises(ValidationError):
-        ops.patch_tenant("gold", {"rate_limit": 0}, "me")
+        core.patch_tenant("gold", {"rate_limit": 0}, "me")

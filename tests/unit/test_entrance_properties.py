@@ -10,10 +10,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rota.buffer import ENTRY_VERSION, decode_entry
-from rota.entries import TaskBatch
-from rota.envelope import envelope_template, make_envelope, parse_envelope
+from rota.buffer.entries import TaskBatch
+from rota.buffer.streams import ENTRY_VERSION, decode_entry
 from rota.errors import ValidationError
+from rota.model.envelope import envelope_template, make_envelope, parse_envelope
 
 CAP = 4096
 

@@ -9,14 +9,14 @@ from uuid import UUID
 
 import pytest
 
-from rota.entries import TaskBatch
-from rota.envelope import (
+from rota.buffer.entries import TaskBatch
+from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
+from rota.model.envelope import (
     envelope_template,
     make_envelope,
     parse_envelope,
     task_id_for_key,
 )
-from rota.errors import InvalidName, NotJSONSerializable, PayloadTooLarge, ValidationError
 
 
 def _ok(**change: object) -> dict[str, object]:
@@ -133,7 +133,7 @@ def test_fast_ids_are_stdlib_uuids_in_every_way() -> None:
     import pickle
     import uuid
 
-    from rota.envelope import new_task_id, uuid_of_int
+    from rota.model.envelope import new_task_id, uuid_of_int
 
     minted = new_task_id()
     for value in (minted.int, 0, 2**128 - 1, uuid.uuid4().int):

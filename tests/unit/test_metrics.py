@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rota.figures import Figures
-from rota.metrics import figures_text
-from rota.ops.read import QueueRow, TopTenant
+from rota.core.read import QueueRow, TopTenant
+from rota.readmodel.figures import Figures
+from rota.readmodel.metrics import figures_text
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -58,7 +58,7 @@ def test_the_claim_loops_histogram_reads_as_prometheus_clients_own() -> None:
 
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from rota.metrics import WAIT_BUCKETS, LoopHistogram
+    from rota.readmodel.metrics import WAIT_BUCKETS, LoopHistogram
 
     theirs, ours = CollectorRegistry(), CollectorRegistry()
     reference = Histogram("w_seconds", "Wait.", ["queue"], buckets=WAIT_BUCKETS, registry=theirs)
@@ -79,7 +79,7 @@ def test_the_claim_loops_histogram_reads_as_prometheus_clients_own() -> None:
 
 
 def test_tenants_past_the_limit_share_one_series_and_one_cached_child() -> None:
-    from rota.metrics import WorkerMetrics
+    from rota.readmodel.metrics import WorkerMetrics
 
     metrics = WorkerMetrics(tenant_limit=2)
     for i in range(50):
@@ -90,7 +90,7 @@ def test_tenants_past_the_limit_share_one_series_and_one_cached_child() -> None:
 
 
 def test_queues_past_the_limit_share_one_series() -> None:
-    from rota.metrics import OTHER, QUEUE_SERIES
+    from rota.readmodel.metrics import OTHER, QUEUE_SERIES
 
     queues = [QueueRow(f"q{i:03d}", False, i, 0, 0, 1, 1.0, None, None) for i in range(80)]
     figures = Figures(datetime.now(UTC), queues=queues, tenants=[], buffer={},

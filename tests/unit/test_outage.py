@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from rota.outage import Outage, retrying
+from rota.runtime.outage import Outage, retrying
 
 
 class Clock:

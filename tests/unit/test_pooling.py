@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rota import Settings, db
+from rota import Settings
+from rota.core import db
 
 
 def test_a_pooled_connection_sends_no_startup_options_and_prepares_nothing() -> None:

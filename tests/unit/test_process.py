@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rota.process import tune_gc
+from rota.runtime.process import tune_gc
 
 
 @pytest.fixture

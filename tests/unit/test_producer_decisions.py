@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from rota import App, Settings
-from rota.buffer import all_streams, backlog_key, decode_entry
-from rota.effects import drive
-from rota.entries import TaskBatch
+from rota.buffer.entries import TaskBatch
+from rota.buffer.streams import all_streams, backlog_key, decode_entry
+from rota.core.effects import drive
 from rota.errors import CapacityExceeded, EnqueueError
 from rota.producer.breaker import BreakerState, CircuitBreaker
 from rota.producer.clients import queue_commands, result_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rota.redact import printable, redact
+from rota.runtime.redact import printable, redact
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_terminal_control_is_stripped() -> None:
 def test_text_logs_are_redacted_too() -> None:
     import logging
 
-    from rota.logs import TextFormatter
+    from rota.runtime.logs import TextFormatter
 
     try:
         raise OSError("cannot reach postgresql://u:pw@h/db")

@@ -14,12 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rota
-from rota import rules
-from rota.envelope import check_payload, dump_payload, make_envelope, task_id_for_key
 from rota.errors import InvalidName, NotJSONSerializable, ValidationError
+from rota.model import rules
+from rota.model.envelope import check_payload, dump_payload, make_envelope, task_id_for_key
 from rota.settings import Settings
 
-SCHEMA = (Path(rules.__file__).parent / "sql" / "schema.sql").read_text()
+SCHEMA = (Path(rules.__file__).parent.parent / "sql" / "schema.sql").read_text()
 
 
 @pytest.fixture
@@ -215,7 +215,7 @@ def _sql(number: float) -> str:
 
 
 def test_the_database_checks_are_the_rules() -> None:
-    """schema.sql's CHECKs spell the same patterns and bounds as rota/rules.py."""
+    """schema.sql's CHECKs spell the same patterns and bounds as rota/model/rules.py."""
     checks = {
         "queue_name_rule": f"'^{rules.QUEUE_PATTERN}$'",
         "tenant_name_rule": f"'^{rules.TENANT_PATTERN}$'",

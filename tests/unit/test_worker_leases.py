@@ -10,7 +10,7 @@ import pytest
 
 from rota import App, Settings
 from rota.consumer.worker import InFlight, StaleClaim, Worker
-from rota.ops import ClaimedTask
+from rota.core import ClaimedTask
 
 
 def _flight(claimed_at: float) -> InFlight:

@@ -10,15 +10,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import ops
+from rota import core
 from rota.consumer.reports import (
     UnknownTaskPolicy,
     Unreported,
     report,
     unreadable_claim,
 )
-from rota.db import Execute, Op
-from rota.effects import drive
+from rota.core.db import Execute, Op
+from rota.core.effects import drive
 from rota.sql import queries
 
 NAME_OF = {text: name for name, text in queries().items()}
@@ -97,7 +97,7 @@ def test_a_lost_connection_keeps_what_was_not_reported() -> None:
     def lost(params: dict[str, Any]) -> list[tuple[Any, ...]]:
         raise psycopg.OperationalError("server closed the connection")
 
-    failure = ops.Failure(uuid.uuid4(), 1, "boom")
+    failure = core.Failure(uuid.uuid4(), 1, "boom")
     done = tokens(2)
     unreported = Unreported(done=list(done), failed=[failure])
     database = FakeDatabase(complete=accept_all, fail=lost)
@@ -135,7 +135,7 @@ def test_stale_and_unknown_tasks_are_handed_back_without_using_an_attempt() -> N
 def test_a_task_whose_death_is_refused_too_is_left_to_its_lease() -> None:
     (token,) = tokens(1)
     database = FakeDatabase(fail=refuse({token[0]}))
-    unreported = Unreported(failed=[ops.Failure(*token, "boom")])
+    unreported = Unreported(failed=[core.Failure(*token, "boom")])
     assert database.run(report(unreported, POLICY)) == 1  # logged, not raised
     assert database.names() == ["fail", "fail"]
     assert not unreported

@@ -1,4 +1,4 @@
--- rota 0007: fair tags are computed by the loader (rota.ops.make_ready), and
+-- rota 0007: fair tags are computed by the loader (rota.core.make_ready), and
 -- tasks and their places in line are COPY'd straight into rota.tasks and
 -- rota.ready. The staged path (COPY into a temp table, then INSERT ... SELECT
 -- into both tables) wrote every row one at a time; COPY writes them a page at
@@ -52,7 +52,7 @@ BEGIN
 END
 $$;
 
--- Records what the tasks just made ready (rota.ops.make_ready) moved: each
+-- Records what the tasks just made ready (rota.core.make_ready) moved: each
 -- pair's finish tag and each queue's largest start tag; notifies once per queue.
 CREATE FUNCTION rota.save_fair_tags(
     p_queue_ids integer[], p_tenant_ids integer[], p_finish_tags double precision[],

@@ -1,4 +1,4 @@
--- Bounds at every entrance (rota/rules.py); these CHECKs are the last line.
+-- Bounds at every entrance (rota/model/rules.py); these CHECKs are the last line.
 -- NOT VALID: rows stored before are not rechecked (an upgrade never fails on
 -- an old row); every new or changed row is. A test compares them with the rules.
 ALTER TABLE rota.tasks

@@ -130,7 +130,7 @@ END
 $$;
 
 -- Due scheduled tasks (ETA reached, retry backoff over), back to pending; they
--- get their fair place in line from rota.ops.make_ready.
+-- get their fair place in line from rota.core.make_ready.
 CREATE FUNCTION rota.take_due(p_limit integer)
 RETURNS TABLE (id uuid, seq bigint, queue_id integer, tenant_id integer,
                cost double precision)

@@ -230,7 +230,7 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*) FROM pruned
 $$;
 
--- Operations (rota/ops/admin.py): every action is recorded here, with who
+-- Operations (rota/core/admin.py): every action is recorded here, with who
 -- did it, to what, and to how many tasks.
 CREATE TABLE rota.audit (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -1,0 +1,200 @@
+"""The buffer's dead-letter stream: what the loaders could not load, with why.
+
+Each dead letter holds the raw data (a whole task's JSON, an entry's task
+columns, or an unreadable entry's fields), the reason, and where it came
+from. Operators list them, replay them (loaded into PostgreSQL with the
+loaders' own checks and function; what is still refused stays, with the new
+reason) and purge them; both actions are recorded in rota.audit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import psycopg
+
+from rota import core
+from rota.buffer.entries import parse_batch
+from rota.buffer.redis_client import Client
+from rota.buffer.streams import check_entry_id, dead_letter_stream
+from rota.core import db
+from rota.errors import ValidationError
+from rota.loader.store import load_in_chunks
+from rota.model.envelope import TaskEnvelope, parse_envelope
+from rota.settings import Settings
+
+# Dead letters searched for a task id at most (newest first).
+SEARCH_MAX = 10_000
+MAX_LIST = 1000
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: str
+    at: datetime
+    reason: str
+    stream: str  # the shard it was read from
+    entry: str  # its entry id there
+    raw: str
+    task_ids: list[str] = field(default_factory=list)
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _task_ids(raw: bytes) -> list[str]:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return []
+    ids = data.get("id") if isinstance(data, dict) else None
+    if isinstance(ids, str):
+        return [ids]
+    if isinstance(ids, list):
+        return [i for i in ids if isinstance(i, str)]
+    return []
+
+
+def _letter(entry_id: bytes | str, fields: dict[bytes, bytes]) -> DeadLetter:
+    text_id = _text(entry_id)
+    raw = fields.get(b"raw", b"")
+    return DeadLetter(
+        text_id,
+        datetime.fromtimestamp(int(text_id.split("-")[0]) / 1000, UTC),
+        _text(fields.get(b"reason")),
+        _text(fields.get(b"stream")),
+        _text(fields.get(b"entry")),
+        _text(raw),
+        _task_ids(raw),
+    )
+
+
+def count(client: Client, prefix: str) -> int:
+    return int(client.xlen(dead_letter_stream(prefix)))
+
+
+def newest(
+    client: Client, prefix: str, limit: int = 50, before: str | None = None
+) -> list[DeadLetter]:
+    """Dead letters, newest first (`before`: an id, for the next page)."""
+    if not 1 <= limit <= MAX_LIST:
+        raise ValidationError(f"limit must be from 1 to {MAX_LIST}, got {limit}")
+    top = f"({check_entry_id(before)}" if before else "+"
+    entries: Any = client.xrevrange(dead_letter_stream(prefix), max=top, min="-", count=limit)
+    return [_letter(entry_id, fields) for entry_id, fields in entries]
+
+
+def get(client: Client, prefix: str, letter_id: str) -> DeadLetter | None:
+    check_entry_id(letter_id)
+    entries: Any = client.xrange(dead_letter_stream(prefix), min=letter_id, max=letter_id)
+    return _letter(*entries[0]) if entries else None
+
+
+def find_task(client: Client, prefix: str, task_id: str) -> DeadLetter | None:
+    """The newest dead letter that holds the task, among the last SEARCH_MAX."""
+    needle = task_id.encode()
+    last: str | None = None
+    seen = 0
+    while seen < SEARCH_MAX:
+        top = f"({last}" if last else "+"
+        entries: Any = client.xrevrange(dead_letter_stream(prefix), max=top, min="-", count=500)
+        if not entries:
+            return None
+        for entry_id, fields in entries:
+            if needle in fields.get(b"raw", b""):
+                return _letter(entry_id, fields)
+        seen += len(entries)
+        last = _text(entries[-1][0])
+    return None
+
+
+def _envelopes(letter: DeadLetter, settings: Settings) -> list[TaskEnvelope]:
+    """The tasks a dead letter holds, checked by today's rules (raises
+    ValidationError saying why they cannot be loaded)."""
+    raw = letter.raw.encode()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValidationError(f"not JSON: {exc}") from None
+    if isinstance(data, dict) and "templates" in data:
+        batch, bad = parse_batch(raw, settings.max_payload_bytes)
+        if bad:
+            raise ValidationError(bad[0][1])
+        envelopes = batch.envelopes()
+    elif isinstance(data, dict) and "payload" in data:
+        envelopes = [parse_envelope(data, settings.max_payload_bytes)]
+    else:
+        raise ValidationError("it holds no task (an unreadable entry)")
+    allowed = settings.allowed_queues
+    for envelope in envelopes:
+        if allowed is not None and envelope.queue not in allowed:
+            raise ValidationError(f"queue {envelope.queue!r} is not in ROTA_QUEUES")
+    return envelopes
+
+
+@dataclass
+class Replayed:
+    loaded: dict[str, int] = field(default_factory=dict)  # letter id: tasks stored
+    refused: dict[str, str] = field(default_factory=dict)  # letter id: why it stays
+    missing: list[str] = field(default_factory=list)
+
+
+def replay(
+    client: Client,
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    letter_ids: Sequence[str],
+    actor: str,
+) -> Replayed:
+    """Loads the tasks of dead letters into PostgreSQL, then deletes the
+    letters that loaded; a task already stored is not stored twice."""
+    result = Replayed()
+    for letter_id in letter_ids:
+        letter = get(client, settings.stream_prefix, letter_id)
+        if letter is None:
+            result.missing.append(letter_id)
+            continue
+        try:
+            envelopes = _envelopes(letter, settings)
+        except ValidationError as exc:
+            result.refused[letter_id] = str(exc)
+            continue
+        stored, refused = load_in_chunks(conn, envelopes, settings.loader_batch_size)
+        if refused:
+            result.refused[letter_id] = refused[0][1]
+            continue
+        result.loaded[letter_id] = stored
+    if result.loaded:
+        client.xdel(dead_letter_stream(settings.stream_prefix), *result.loaded)
+        detail = {"letters": list(result.loaded)}
+        db.run(conn, core.record(actor, "replay", "dead-letters", len(result.loaded), detail))
+    return result
+
+
+def purge(
+    client: Client,
+    conn: psycopg.Connection[Any],
+    prefix: str,
+    actor: str,
+    letter_ids: Sequence[str] = (),
+    everything: bool = False,
+) -> int:
+    """Deletes the dead letters named (or all of them); returns how many."""
+    stream = dead_letter_stream(prefix)
+    if everything:
+        removed = int(client.xlen(stream))
+        client.delete(stream)
+    elif letter_ids:
+        removed = int(client.xdel(stream, *[check_entry_id(i) for i in letter_ids]))
+    else:
+        return 0
+    detail: dict[str, Any] = {"all": True} if everything else {"letters": list(letter_ids)}
+    db.run(conn, core.record(actor, "purge", "dead-letters", removed, detail))
+    return removed

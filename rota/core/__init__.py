@@ -1,0 +1,126 @@
+"""The queue core's operations, each written once for sync and async use.
+
+Every function returns an operation for `rota.core.db.run` / `rota.core.db.arun`:
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        tasks = db.transact(conn, ops.claim(["pdfs"], limit=100, worker="w1"))
+        db.transact(conn, ops.complete([(t.id, t.attempt) for t in tasks]))
+
+One module per audience, each with its own file of SQL blocks (rota/sql/):
+`load` (producers and loaders), `work` (workers), `maintain` (the
+maintenance duties), `admin` (operators' actions) and `read` (the read model).
+"""
+
+from rota.core.admin import (
+    archive_rows,
+    archive_span,
+    cancel,
+    configure_tenant,
+    patch_tenant,
+    pause_queue,
+    pause_tenant,
+    record,
+    record_archive,
+    retry,
+    retry_dead,
+)
+from rota.core.load import (
+    TASK_COPY_TYPES,
+    count_loader_batch,
+    load,
+    record_loader_batch,
+    task_rows,
+    tenant_backlogs,
+)
+from rota.core.maintain import (
+    PRUNE_BATCH,
+    WorkerInfo,
+    archived_before,
+    count_service,
+    live_workers,
+    promote_due,
+    prune_dead,
+    prune_finished,
+    prune_loader_batches,
+    prune_workers,
+    queue_names,
+    reap_stopped_workers_claims,
+    reap_workers,
+    refresh_stats,
+    requeue_expired,
+    requeue_lost,
+    try_maintenance_lock,
+)
+from rota.core.read import TaskState, queue_counts, task_states
+from rota.core.work import (
+    ClaimedTask,
+    FailOutcome,
+    Failure,
+    WorkerKey,
+    claim,
+    complete,
+    defer_unknown,
+    extend_leases,
+    fail,
+    listen_ready,
+    register_worker,
+    release,
+    stop_worker,
+    worker_claims,
+    worker_heartbeat,
+)
+
+__all__ = [
+    "PRUNE_BATCH",
+    "TASK_COPY_TYPES",
+    "ClaimedTask",
+    "FailOutcome",
+    "Failure",
+    "TaskState",
+    "WorkerInfo",
+    "WorkerKey",
+    "archive_rows",
+    "archive_span",
+    "archived_before",
+    "cancel",
+    "claim",
+    "complete",
+    "configure_tenant",
+    "count_loader_batch",
+    "count_service",
+    "defer_unknown",
+    "extend_leases",
+    "fail",
+    "listen_ready",
+    "live_workers",
+    "load",
+    "patch_tenant",
+    "pause_queue",
+    "pause_tenant",
+    "promote_due",
+    "prune_dead",
+    "prune_finished",
+    "prune_loader_batches",
+    "prune_workers",
+    "queue_counts",
+    "queue_names",
+    "reap_stopped_workers_claims",
+    "reap_workers",
+    "record",
+    "record_archive",
+    "record_loader_batch",
+    "refresh_stats",
+    "register_worker",
+    "release",
+    "requeue_expired",
+    "requeue_lost",
+    "retry",
+    "retry_dead",
+    "stop_worker",
+    "task_rows",
+    "task_states",
+    "tenant_backlogs",
+    "try_maintenance_lock",
+    "worker_claims",
+    "worker_heartbeat",
+]

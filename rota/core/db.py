@@ -1,0 +1,207 @@
+"""Runs rota's database operations on sync and async psycopg connections alike.
+
+Each operation (rota.core) is written once, as a generator that yields the
+statements it needs (`Execute`, `Copy`) and receives their rows back (see
+rota.core.effects). `run` carries them out on a psycopg Connection, `arun` on an
+AsyncConnection.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+from uuid import UUID
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.adapt import Buffer, Dumper
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.postgres import types as pg_types
+from psycopg.pq import Format
+
+from rota.core.effects import adrive, drive
+
+T = TypeVar("T")
+Row: TypeAlias = tuple[Any, ...]
+Params: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
+
+
+@dataclass(frozen=True)
+class Execute:
+    """Run one statement; the operation receives its rows (empty if none)."""
+
+    query: str | pgsql.Composed
+    params: Params = None
+
+
+@dataclass(frozen=True)
+class Copy:
+    """COPY rows into the server in binary (`COPY ... FROM STDIN (FORMAT BINARY)`),
+    `types` naming each column's type (name a json column "text" to send JSON
+    text as it is: json's binary form is its text)."""
+
+    query: str
+    rows: Iterable[Sequence[Any]]
+    types: Sequence[str]
+
+
+Step: TypeAlias = Execute | Copy
+Op: TypeAlias = Generator[Step, list[Row], T]
+
+
+class UUIDArray(list[UUID]):
+    """Task ids for a `uuid[]` parameter, sent in one piece: psycopg's list
+    dumper calls a Python dumper per element, a cost a loader pays on every
+    task it loads and a worker on every task it reports."""
+
+
+_UUID = pg_types["uuid"]
+_ARRAY_HEADER = struct.Struct("!iiiii")  # dimensions, has nulls, element type, length, lower bound
+_UUID_LENGTH = struct.pack("!i", 16)
+
+
+class _UUIDArrayDumper(Dumper):
+    format = Format.BINARY
+    oid = _UUID.array_oid
+
+    def dump(self, obj: UUIDArray) -> Buffer:
+        if not obj:
+            return _ARRAY_HEADER.pack(0, 0, _UUID.oid, 0, 0)[:12]
+        head = _ARRAY_HEADER.pack(1, 0, _UUID.oid, len(obj), 1)
+        # An id given as text (from a web request, say) is parsed: a bad one
+        # raises ValueError here, before anything reaches the server.
+        values = (u if type(u) is UUID else UUID(str(u)) for u in obj)
+        return head + b"".join([_UUID_LENGTH + u.int.to_bytes(16, "big") for u in values])
+
+
+psycopg.adapters.register_dumper(UUIDArray, _UUIDArrayDumper)
+
+
+# Results come in binary: uuids and timestamps cost the client less CPU to
+# read than in text.
+def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
+    """Drives an operation on a sync connection, inside the caller's transaction."""
+
+    def execute(step: Step) -> list[Row]:
+        with conn.cursor(binary=True) as cur:
+            if isinstance(step, Copy):
+                with cur.copy(step.query) as copy:
+                    copy.set_types(step.types)
+                    for row in step.rows:
+                        copy.write_row(row)
+                return []
+            cur.execute(step.query, step.params)
+            return cur.fetchall() if cur.description else []
+
+    return drive(op, execute)
+
+
+async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
+    """Drives an operation on an async connection, inside the caller's transaction."""
+
+    async def execute(step: Step) -> list[Row]:
+        async with conn.cursor(binary=True) as cur:
+            if isinstance(step, Copy):
+                async with cur.copy(step.query) as copy:
+                    copy.set_types(step.types)
+                    for row in step.rows:
+                        await copy.write_row(row)
+                return []
+            await cur.execute(step.query, step.params)
+            return await cur.fetchall() if cur.description else []
+
+    return await adrive(op, execute)
+
+
+def transact(conn: psycopg.Connection[Any], op: Op[T]) -> T:
+    """Runs an operation in a transaction of its own (a savepoint if one is open)."""
+    with conn.transaction():
+        return run(conn, op)
+
+
+async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
+    async with conn.transaction():
+        return await arun(conn, op)
+
+
+# rota's statements are prepared (psycopg does so after a few runs) and their
+# plans do not depend on the values: a generic plan saves the claim the
+# planning that custom plans would spend on every call. A generic plan lives as
+# long as the session (until the next ANALYZE of its tables), so it must not
+# depend on the statistics either: planned while the queue was empty, the
+# claim would sort a sequential scan of the whole ready table on every call.
+# Every statement of rota's is driven by an index (tests/integration/
+# test_claim_plan.py). JIT is off: a scan that is still sequential (a small
+# table without an index for the filter) is costed at 1e10 when disabled,
+# which makes PostgreSQL JIT-compile such statements on every run; rota's
+# statements are short and never gain from it.
+SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
+CONNECTION_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
+
+
+def _options(url: str, synchronous_commit: bool, pooled: bool) -> dict[str, Any]:
+    """rota's session settings as startup options, unless the URL names its
+    own `options` or goes through a transaction pooler: PgBouncer refuses
+    most startup options, so behind it the settings go on the role instead
+    (README, "Behind PgBouncer"). Behind a transaction pooler a connection
+    prepares nothing either: its next transaction may run on another server
+    session, which never saw the statement."""
+    if pooled:
+        return {"prepare_threshold": None}
+    if "options" in conninfo_to_dict(url):
+        return {}
+    sync = "" if synchronous_commit else " -c synchronous_commit=off"
+    return {"options": CONNECTION_OPTIONS + sync}
+
+
+def connect(
+    url: str,
+    *,
+    autocommit: bool = True,
+    synchronous_commit: bool = True,
+    pooled: bool = False,
+    **kwargs: Any,
+) -> psycopg.Connection[Any]:
+    """`synchronous_commit=False` for workers' claims and reports only (see
+    Settings.worker_synchronous_commit); what a commit must not forget, such
+    as a load the buffer is then acknowledged for, keeps the default.
+    `pooled`: the URL goes through a pooler in transaction mode
+    (Settings.transaction_pooling)."""
+    return psycopg.connect(
+        url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
+    )
+
+
+def admin_connect(
+    url: str,
+    *,
+    pooled: bool = False,
+    statement_timeout: float | None = None,
+    **kwargs: Any,
+) -> psycopg.Connection[Any]:
+    """A connection for operators' reads and actions (the CLI, the console):
+    the server's own planner settings, not the claim path's generic plans
+    and index-only rule, so that an ad-hoc read is planned for what it reads.
+    `statement_timeout` (seconds) bounds each statement, unless the URL names
+    its own options or goes through a pooler (then set it on the role)."""
+    kwargs.setdefault("application_name", "rota-admin")
+    if pooled:
+        kwargs["prepare_threshold"] = None
+    elif statement_timeout is not None and "options" not in conninfo_to_dict(url):
+        kwargs["options"] = f"-c statement_timeout={int(statement_timeout * 1000)}"
+    return psycopg.connect(url, autocommit=True, **kwargs)
+
+
+async def aconnect(
+    url: str,
+    *,
+    autocommit: bool = True,
+    synchronous_commit: bool = True,
+    pooled: bool = False,
+    **kwargs: Any,
+) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(
+        url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
+    )

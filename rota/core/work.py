@@ -1,0 +1,270 @@
+"""Workers: claim in fair order, report outcomes, hold leases."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+from uuid import UUID
+
+import orjson
+
+from rota.core.db import Execute, Op, UUIDArray
+from rota.errors import ValidationError
+from rota.model.rules import check_queue
+from rota.runtime.redact import redact
+from rota.sql import query
+
+
+class ClaimedTask(NamedTuple):
+    """A claimed task (a tuple: built 100 at a time on the claim's hot path)."""
+
+    id: UUID
+    name: str
+    payload: dict[str, Any]
+    queue: str
+    tenant: str
+    attempt: int
+    max_attempts: int
+    lease_expires_at: datetime
+    enqueued_at: datetime
+
+    @property
+    def args(self) -> list[Any]:
+        return list(self.payload.get("args", []))
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.payload.get("kwargs", {}))
+
+    @property
+    def token(self) -> tuple[UUID, int]:
+        """The fencing token that completes, fails or extends this claim."""
+        return (self.id, self.attempt)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt: `error` is its one line, `traceback` the whole of it;
+    `retry_at` forces the next attempt's time (rota.Retry); `final` ends the
+    task at once (no retry can help, e.g. an unknown task)."""
+
+    task_id: UUID
+    attempt: int
+    error: str
+    retry_at: datetime | None = None
+    final: bool = False
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    id: UUID
+    status: str  # 'scheduled' (will retry) or 'dead'
+    run_at: datetime | None
+
+
+def claim(
+    queues: Sequence[str], limit: int, worker: str | WorkerKey, lease_seconds: float = 60.0
+) -> Op[list[ClaimedTask]]:
+    """Claims up to `limit` ready tasks of `queues` in fair order (SKIP LOCKED)
+    for `worker` (its id, or its key: see WorkerKey)."""
+    for queue in queues:
+        check_queue(queue)
+    if limit < 1:
+        raise ValidationError(f"claim limit must be >= 1, got {limit}")
+    params = {"queues": list(queues), "limit": limit, "lease_seconds": lease_seconds}
+    if isinstance(worker, WorkerKey):
+        rows = yield Execute(query("worker_claim"), _keyed(worker, params))
+    else:
+        rows = yield Execute(query("claim"), {**params, "worker": worker})
+    # The payload comes as text: orjson parses it several times faster than
+    # psycopg's default json loader.
+    return [ClaimedTask(row[0], row[1], orjson.loads(row[2]), *row[3:]) for row in rows]
+
+
+@dataclass(frozen=True)
+class WorkerKey:
+    """A registered worker and the secret it registered with. A worker's
+    claims and reports carry it, and the database (rota.check_worker) lets a
+    worker role claim and report only as, and for, the worker it registered;
+    without it (an owner's or admin's connection) they act on any task."""
+
+    id: str
+    secret: bytes
+
+    @classmethod
+    def new(cls, worker_id: str) -> WorkerKey:
+        return cls(worker_id, secrets.token_bytes(32))
+
+    def __repr__(self) -> str:
+        return f"WorkerKey({self.id!r}, secret=***)"
+
+
+def _as(
+    key: WorkerKey | None, plain: str, as_worker: str, params: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The statement `as_worker` with the worker's id and secret, when `key`
+    is given (it checks them first); else `plain`."""
+    if key is None:
+        return plain, params
+    return as_worker, _keyed(key, params)
+
+
+def _keyed(key: WorkerKey, params: dict[str, Any]) -> dict[str, Any]:
+    return {**params, "worker": key.id, "secret": key.secret}
+
+
+def token_params(tokens: Iterable[tuple[UUID, int]]) -> dict[str, list[Any]]:
+    ids, attempts = UUIDArray(), []
+    for task_id, attempt in tokens:
+        ids.append(task_id)
+        attempts.append(attempt)
+    return {"ids": ids, "attempts": attempts}
+
+
+def complete(
+    tokens: Iterable[tuple[UUID, int]], as_worker: WorkerKey | None = None
+) -> Op[set[UUID]]:
+    """Completes claimed tasks; returns the ids completed. A stale token is
+    refused, and so is, `as_worker`, a task another worker holds."""
+    rows = yield Execute(
+        *_as(as_worker, query("complete"), query("worker_complete"), token_params(tokens))
+    )
+    return {row[0] for row in rows}
+
+
+def fail(failures: Sequence[Failure], as_worker: WorkerKey | None = None) -> Op[list[FailOutcome]]:
+    """Fails claimed tasks: retry after backoff (or `retry_at`), or dead after the
+    last attempt (cancelled, if cancelled meanwhile). Stale tokens are refused
+    (absent from the result)."""
+    rows = yield Execute(
+        *_as(
+            as_worker,
+            query("fail"),
+            query("worker_fail"),
+            {
+                "ids": UUIDArray(f.task_id for f in failures),
+                "attempts": [f.attempt for f in failures],
+                "errors": [_text(f.error) for f in failures],
+                "retry_at": [f.retry_at for f in failures],
+                "final": [f.final for f in failures],
+                "tracebacks": [
+                    None if f.traceback is None else _text(f.traceback) for f in failures
+                ],
+            },
+        )
+    )
+    return [FailOutcome(*row) for row in rows]
+
+
+def _text(text: str) -> str:
+    """An error as stored: secrets masked (a handler's exception may show a
+    URL with its password); a text column cannot hold NUL, which an
+    exception's message can."""
+    return redact(text).replace("\x00", "\\x00")
+
+
+def defer_unknown(
+    tokens: Iterable[tuple[UUID, int]],
+    delay_seconds: float,
+    grace_seconds: float,
+    reason: str,
+    as_worker: WorkerKey | None = None,
+) -> Op[dict[UUID, str]]:
+    """Hands back tasks whose name the worker does not know: run again after
+    `delay_seconds` (no attempt used) until unknown for `grace_seconds`, then
+    dead with `reason`. Returns {id: 'scheduled' or 'dead'}."""
+    params = {
+        **token_params(tokens),
+        "delay": delay_seconds,
+        "grace": grace_seconds,
+        "reason": reason,
+    }
+    rows = yield Execute(
+        *_as(as_worker, query("defer_unknown"), query("worker_defer_unknown"), params)
+    )
+    return {row[0]: row[1] for row in rows}
+
+
+def worker_claims(worker: str | WorkerKey) -> Op[list[tuple[UUID, int]]]:
+    """The (task id, attempt) tokens a worker holds now."""
+    if isinstance(worker, WorkerKey):
+        rows = yield Execute(query("worker_claims_held"), _keyed(worker, {}))
+    else:
+        rows = yield Execute(query("worker_claims"), {"worker": worker})
+    return [(row[0], row[1]) for row in rows]
+
+
+def release(
+    tokens: Iterable[tuple[UUID, int]], as_worker: WorkerKey | None = None
+) -> Op[set[UUID]]:
+    """Hands claimed-but-unstarted tasks back at their place; no attempt is used."""
+    if as_worker is None:
+        rows = yield Execute(
+            query("requeue"), {**token_params(tokens), "consume": False, "reason": None}
+        )
+    else:
+        rows = yield Execute(query("worker_release"), _keyed(as_worker, token_params(tokens)))
+    return {row[0] for row in rows}
+
+
+def extend_leases(
+    tokens: Iterable[tuple[UUID, int]], lease_seconds: float, as_worker: WorkerKey | None = None
+) -> Op[set[UUID]]:
+    """Heartbeat: extends the leases; returns the ids still held by these tokens."""
+    params = {**token_params(tokens), "lease_seconds": lease_seconds}
+    rows = yield Execute(
+        *_as(as_worker, query("extend_leases"), query("worker_extend_leases"), params)
+    )
+    return {row[0] for row in rows}
+
+
+def register_worker(
+    worker: str | WorkerKey,
+    host: str,
+    pid: int,
+    queues: Sequence[str],
+    concurrency: int,
+    heartbeat_seconds: float | None = None,
+) -> Op[None]:
+    """Registers a worker; with a key, the worker proves itself with its
+    secret from then on. It can be declared dead only once silent for two
+    of its heartbeats."""
+    key = worker if isinstance(worker, WorkerKey) else None
+    yield Execute(
+        query("register_worker"),
+        {
+            "id": worker.id if isinstance(worker, WorkerKey) else worker,
+            "host": host,
+            "pid": pid,
+            "queues": list(queues),
+            "concurrency": concurrency,
+            "secret": None if key is None else key.secret,
+            "heartbeat_seconds": heartbeat_seconds,
+        },
+    )
+
+
+def worker_heartbeat(worker: str | WorkerKey) -> Op[bool]:
+    """False when the worker was declared dead meanwhile (it must stop)."""
+    if isinstance(worker, WorkerKey):
+        ((alive,),) = yield Execute(query("worker_beat"), _keyed(worker, {}))
+    else:
+        ((alive,),) = yield Execute(query("worker_heartbeat"), {"id": worker})
+    return bool(alive)
+
+
+def stop_worker(worker: str | WorkerKey) -> Op[None]:
+    if isinstance(worker, WorkerKey):
+        yield Execute(query("worker_stop"), _keyed(worker, {}))
+    else:
+        yield Execute(query("stop_worker"), {"id": worker})
+
+
+def listen_ready() -> Op[None]:
+    """Subscribes the connection to the NOTIFY sent when tasks become
+    claimable (the payload is the queue's name)."""
+    yield Execute(query("listen_ready"))

@@ -1,0 +1,1 @@
+"""The task model and its validation: envelopes, names and limits, JSON values."""

@@ -1,0 +1,363 @@
+"""Metrics through prometheus_client.
+
+- Live series of a running process: `WorkerMetrics` (claimed, completed,
+  failed, retried and dead tasks per queue; enqueue-to-start wait and run
+  time) and `LoaderMetrics` (passes, tasks by outcome, lag).
+- The overview's gauges (`rota stats --format prometheus`, the console's
+  /metrics): `FiguresCollector`, from rota.readmodel.figures.
+- `HealthServer`: /metrics, /healthz (alive) and /readyz (connected and
+  working) for `--metrics-port`.
+
+Per-tenant series are bounded: the first ROTA_METRICS_TENANTS tenants a
+process serves get their own label, the rest are summed under "other"; the
+overview's gauges name the top tenants by waiting tasks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import accumulate
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+OTHER = "other"
+# Queues named in the console's series (the deepest); the rest are summed as OTHER.
+QUEUE_SERIES = 50
+# Seconds: from a few milliseconds (an idle worker woken by NOTIFY) to hours.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+RUN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
+
+
+class TenantLabels:
+    """A tenant's label value: its name for the first `limit` tenants seen,
+    "other" for the rest, so that series stay bounded however many tenants."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._named: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, tenant: str) -> str:
+        if tenant in self._named:
+            return tenant
+        with self._lock:
+            if len(self._named) < self.limit:
+                self._named.add(tenant)
+                return tenant
+        return OTHER
+
+
+def process_registry() -> CollectorRegistry:
+    """A registry of its own (several workers may share a process, in tests),
+    with the process's CPU, memory and file figures."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+class LoopHistogram(Collector):
+    """A histogram by one label, observed by one thread (a worker's claim
+    loop, once per task): a bucket found by bisection and two additions,
+    where prometheus_client's Histogram takes a label lookup and a lock per
+    observation. A scrape may see a sum one observation ahead of the counts."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        label: str,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self.bounds = tuple(buckets)
+        self._edges = [str(float(b)) for b in self.bounds] + ["+Inf"]  # as Histogram writes them
+        # label value -> [count per bucket (the last: above every bound), sum]
+        self._series: dict[str, tuple[list[int], list[float]]] = {}
+        registry.register(self)
+
+    def observe(self, value: str, amount: float) -> None:
+        series = self._series.get(value)
+        if series is None:
+            series = self._series[value] = ([0] * (len(self.bounds) + 1), [0.0])
+        series[0][bisect_left(self.bounds, amount)] += 1
+        series[1][0] += amount
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, (counts, total) in list(self._series.items()):
+            cumulative = accumulate(list(counts))
+            family.add_metric([value], list(zip(self._edges, cumulative, strict=True)), total[0])
+        yield family
+
+
+class WorkerMetrics:
+    def __init__(self, tenant_limit: int, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry or process_registry()
+        self.tenant = TenantLabels(tenant_limit)
+        self.claimed = Counter("rota_tasks_claimed", "Tasks claimed.", ["queue"], registry=registry)
+        self.completed = Counter(
+            "rota_tasks_completed", "Tasks that succeeded.", ["queue", "tenant"], registry=registry
+        )
+        self.failed = Counter(
+            "rota_tasks_failed", "Failed attempts.", ["queue", "tenant"], registry=registry
+        )
+        self.retried = Counter(
+            "rota_tasks_retried", "Failed attempts to be retried.", ["queue"], registry=registry
+        )
+        self.dead = Counter(
+            "rota_tasks_dead", "Tasks dead (or cancelled) after failing.", ["queue"],
+            registry=registry,
+        )  # fmt: skip
+        self.wait = LoopHistogram(
+            "rota_task_wait_seconds", "From enqueue to the start of the attempt.", "queue",
+            WAIT_BUCKETS, registry,
+        )  # fmt: skip
+        self.run = LoopHistogram(
+            "rota_task_run_seconds", "Run time of an attempt.", "queue", RUN_BUCKETS, registry
+        )
+        # Each series' child, looked up once: labels() validates and locks.
+        self._ended: dict[tuple[bool, str, str], Any] = {}
+
+    def attempt(
+        self, queue: str, tenant: str, waited: float, ran: float, error: BaseException | None
+    ) -> None:
+        """An attempt that ran: its wait, run time, and how it ended (called
+        by the claim loop alone, once per task)."""
+        self.wait.observe(queue, waited)
+        self.run.observe(queue, ran)
+        key = (error is None, queue, self.tenant(tenant))
+        child = self._ended.get(key)
+        if child is None:
+            counter = self.completed if error is None else self.failed
+            child = self._ended[key] = counter.labels(queue, key[2])
+        child.inc()
+
+    def failure_ended(self, queue: str, retried: bool) -> None:
+        (self.retried if retried else self.dead).labels(queue).inc()
+
+
+class LoaderMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry = registry or process_registry()
+        self.passes = Counter("rota_loader_passes", "Loader passes.", registry=registry)
+        self.tasks = Counter(
+            "rota_loader_tasks", "Tasks by what loading did with them.", ["outcome"],
+            registry=registry,
+        )  # fmt: skip
+        self.lag = Gauge(
+            "rota_loader_lag_seconds",
+            "Age of the oldest buffer entry the last pass read (0 when it read none).",
+            registry=registry,
+        )
+        self.last_pass = float("-inf")  # monotonic time of the last pass that went through
+        self.stalled_after = 60.0
+
+    def passed(self, loaded: int, duplicates: int, dead_lettered: int, lag: float) -> None:
+        """A pass (or a Spark micro-batch) went through."""
+        self.passes.inc()
+        self.tasks.labels("loaded").inc(loaded)
+        self.tasks.labels("duplicate").inc(duplicates)
+        self.tasks.labels("dead_lettered").inc(dead_lettered)
+        self.lag.set(lag)
+        self.last_pass = time.monotonic()
+
+    def ready(self) -> bool:
+        """A pass went through lately (for /readyz)."""
+        return time.monotonic() - self.last_pass < self.stalled_after
+
+
+class FiguresCollector(Collector):
+    """The overview (rota.readmodel.figures) as gauges, read when scraped."""
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        figures = self.read()
+        queue_tasks = GaugeMetricFamily(
+            "rota_queue_tasks", "Tasks by queue and state.", labels=["queue", "state"]
+        )
+        throughput = GaugeMetricFamily(
+            "rota_queue_completed_per_minute", "Completions per minute (last 5 minutes).",
+            labels=["queue"],
+        )  # fmt: skip
+        oldest = GaugeMetricFamily(
+            "rota_queue_oldest_wait_seconds", "Wait of the oldest task in line.", labels=["queue"]
+        )
+        # The deepest queues by name, the rest summed as 'other': any producer
+        # may make a queue (without ROTA_QUEUES), and a series each would
+        # have no bound.
+        deepest = sorted(figures.queues, key=lambda q: -(q.waiting + q.running))
+        shown, rest = deepest[:QUEUE_SERIES], deepest[QUEUE_SERIES:]
+        for q in shown:
+            for state in ("waiting", "running", "scheduled", "dead"):
+                queue_tasks.add_metric([q.name, state], getattr(q, state))
+            throughput.add_metric([q.name], q.per_minute)
+            if q.oldest_wait_seconds is not None:
+                oldest.add_metric([q.name], q.oldest_wait_seconds)
+        if rest:
+            for state in ("waiting", "running", "scheduled", "dead"):
+                queue_tasks.add_metric([OTHER, state], sum(getattr(q, state) for q in rest))
+            throughput.add_metric([OTHER], sum(q.per_minute for q in rest))
+        tenant_tasks = GaugeMetricFamily(
+            "rota_tenant_tasks", "Top tenants' tasks by state (the rest under 'other').",
+            labels=["tenant", "state"],
+        )  # fmt: skip
+        named = {"waiting": 0, "running": 0}
+        for t in figures.tenants:
+            for state in named:
+                tenant_tasks.add_metric([t.name, state], getattr(t, state))
+                named[state] += getattr(t, state)
+        for state in named:
+            total = sum(getattr(q, state) for q in figures.queues)
+            tenant_tasks.add_metric([OTHER, state], max(0, total - named[state]))
+        workers = GaugeMetricFamily("rota_workers", "Live workers.")
+        workers.add_metric([], len(figures.workers))
+        buffer = GaugeMetricFamily(
+            "rota_buffer_entries", "Entries in a buffer shard not yet loaded.", labels=["shard"]
+        )
+        buffer_age = GaugeMetricFamily(
+            "rota_buffer_oldest_age_seconds", "Age of a shard's oldest entry.", labels=["shard"]
+        )
+        for shard, values in figures.buffer.items():
+            buffer.add_metric([shard], values.get("entries", 0))
+            if "oldest_age_seconds" in values:
+                buffer_age.add_metric([shard], values["oldest_age_seconds"])
+        letters = GaugeMetricFamily("rota_dead_letters", "Entries in the dead-letter stream.")
+        if figures.dead_letters is not None:
+            letters.add_metric([], figures.dead_letters)
+        up = GaugeMetricFamily("rota_server_up", "Whether a server answered.", labels=["server"])
+        for server in ("postgresql", "redis"):
+            up.add_metric([server], 0 if server in figures.unavailable else 1)
+        yield from (queue_tasks, throughput, oldest, tenant_tasks, workers, buffer, buffer_age,
+                    letters, up)  # fmt: skip
+
+
+def figures_text(figures: Any) -> str:
+    """The overview in the Prometheus text format."""
+    registry = CollectorRegistry()
+    registry.register(FiguresCollector(lambda: figures))
+    return generate_latest(registry).decode()
+
+
+class HealthServer:
+    """Serves /metrics, /healthz and /readyz on a port, in a thread."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ready: Callable[[], bool],
+        registry: CollectorRegistry = REGISTRY,
+        token: str | None = None,
+    ) -> None:
+        """With `token` (ROTA_METRICS_TOKEN), /metrics needs `Authorization:
+        Bearer TOKEN`; the health checks never do."""
+        server = self
+        expected = f"Bearer {token}".encode() if token else None
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+                    if expected is not None and not hmac.compare_digest(given, expected):
+                        self._send(401, b"a token is required\n")
+                        return
+                    self._send(200, generate_latest(server.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._send(200, b"ok\n")
+                elif path == "/readyz":
+                    ok = server.is_ready()
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+                else:
+                    self._send(404, b"not found\n")
+
+            def _send(self, status: int, body: bytes, kind: str = "text/plain") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass  # scrapes every few seconds: not worth a log line each
+
+        self.registry = registry
+        self.ready = ready
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def is_ready(self) -> bool:
+        try:
+            return bool(self.ready())
+        except Exception:
+            return False
+
+    def start(self) -> HealthServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def serve_health(
+    settings: Any,
+    host: str,
+    port: int,
+    ready: Callable[[], bool],
+    registry: CollectorRegistry = REGISTRY,
+) -> HealthServer:
+    """Starts the health server of a command's `--metrics-port`: beyond
+    loopback only with ROTA_METRICS_TOKEN, which /metrics then requires."""
+    from pydantic import SecretStr
+
+    from rota.errors import ValidationError
+
+    secret = settings.metrics_token
+    token = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
+    if token is None and not _loopback(host):
+        raise ValidationError(
+            f"--metrics-host {host} needs ROTA_METRICS_TOKEN (at least 16 characters): "
+            "/metrics shows queue and tenant names"
+        )
+    server = HealthServer(host, port, ready, registry, token)
+    server.start()
+    return server
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

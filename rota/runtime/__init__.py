@@ -1,0 +1,1 @@
+"""Process plumbing: the reconnect policy, signals and process titles, logging, redaction."""

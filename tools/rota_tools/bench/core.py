@@ -1,0 +1,464 @@
+"""Benchmarks of the PostgreSQL core: bulk fair loading and claiming.
+
+Each figure is reported beside its baseline measured in the same run, as the
+median of several runs: the machines are shared and noisy, so ratios matter
+more than absolute numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from rota import core
+from rota.core import db
+from rota.core.db import Copy, Op, Row, UUIDArray
+from rota.core.migrate import migrate
+from rota.model.envelope import TaskEnvelope, make_envelope
+from rota.runtime.process import tune_gc
+from rota_tools.bench.cpu import PostgresCost
+from rota_tools.sql import query
+from rota_tools.stats import percentile
+
+BATCH = 10_000
+QUEUE = "bench"
+FIFO = "fifo"  # the baseline's key among backlog sizes
+
+
+def skewed_tenant(i: int, tenants: int) -> str:
+    """1,000 tenants by default, one of them holding half the tasks."""
+    if i % 2 == 0 or tenants == 1:
+        return "t0000"
+    return f"t{1 + (i // 2) % (tenants - 1):04d}"
+
+
+def make_tasks(
+    count: int, tenants: int, start: int = 0, queue: str = QUEUE
+) -> Iterator[TaskEnvelope]:
+    now = datetime.now(UTC)
+    for i in range(start, start + count):
+        yield make_envelope(
+            name="bench.noop",
+            queue=queue,
+            tenant=skewed_tenant(i, tenants),
+            args=[i, "payload-padding-abcdefghij"],
+            now=now,
+        )
+
+
+def reset(conn: psycopg.Connection[Any]) -> None:
+    migrate(conn)
+    conn.execute(query("bench_reset"))
+
+
+def _load_batches(conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]]) -> float:
+    started = time.perf_counter()
+    for batch in batches:
+        db.transact(conn, core.load(batch))
+    return time.perf_counter() - started
+
+
+def _copy_only(step: Copy) -> Op[None]:
+    yield step
+
+
+def _raw_copy(
+    conn: psycopg.Connection[Any], batches: list[list[TaskEnvelope]], fair_index: bool = False
+) -> float:
+    """Baseline: COPY the rows the fair load COPYs into rota.tasks into a table
+    shaped like it, primary key only, in the same binary format. With
+    `fair_index`, each row also carries its place in line (block method: a
+    tenant's nth task at n), kept in a fair-order index: the ceiling of any
+    fair design, as it does no lookups, no locking and no second write."""
+    conn.execute(query("bench_indexed_setup") if fair_index else query("bench_raw_setup"))
+    queue_ids: defaultdict[str, int] = defaultdict(lambda: 1)
+    tenant_ids: defaultdict[str, int] = defaultdict(lambda: len(tenant_ids) + 1)
+    places: defaultdict[str, int] = defaultdict(int)
+
+    def placed(rows: Iterator[tuple[Any, ...]], batch: list[TaskEnvelope]) -> Iterator[Row]:
+        for row, task in zip(rows, batch, strict=True):
+            places[task.tenant] += 1
+            yield (*row, float(places[task.tenant]))
+
+    now = datetime.now(UTC)
+    started = time.perf_counter()
+    seq = itertools.count()
+    for batch in batches:
+        rows = core.task_rows(zip(seq, batch, strict=False), queue_ids, tenant_ids, now)
+        if fair_index:
+            types = (*core.TASK_COPY_TYPES, "float8")
+            copy = Copy(query("bench_indexed_copy"), placed(rows, batch), types)
+        else:
+            copy = Copy(query("bench_raw_copy"), rows, core.TASK_COPY_TYPES)
+        db.transact(conn, _copy_only(copy))
+    return time.perf_counter() - started
+
+
+def median_costs(costs: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Each measure's median over the runs (None if it could not be taken)."""
+    medians: dict[str, float | None] = {}
+    for key in costs[0] if costs else ():
+        values = [value for c in costs if (value := c[key]) is not None]
+        medians[key] = round(statistics.median(values), 1) if values else None
+    return medians
+
+
+def bench_load(url: str, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
+    """Fair bulk load vs raw COPY of the same rows, and vs the ceiling of any
+    fair design (one COPY into a table with a fair-order index), alternating,
+    `runs` times."""
+    raw_rates, indexed_rates, fair_rates = [], [], []
+    costs: list[dict[str, float | None]] = []
+    statements: list[dict[str, Any]] | None = None  # the last run's, with pg_stat_statements
+    with psycopg.connect(url, autocommit=True) as conn:
+        for run in range(runs):
+            rows = list(make_tasks(tasks, tenants, start=run * tasks))
+            batches = [rows[i : i + BATCH] for i in range(0, len(rows), BATCH)]
+            reset(conn)
+            raw_rates.append(tasks / _raw_copy(conn, batches))
+            reset(conn)  # drops the raw table too
+            indexed_rates.append(tasks / _raw_copy(conn, batches, fair_index=True))
+            reset(conn)
+            cost = PostgresCost(conn)
+            fair_rates.append(tasks / _load_batches(conn, batches))
+            costs.append(cost.per_task(tasks))
+            statements = cost.top_statements(tasks)
+    raw, indexed, fair = (
+        statistics.median(rates) for rates in (raw_rates, indexed_rates, fair_rates)
+    )
+    return {
+        "params": {"tasks": tasks, "tenants": tenants, "batch": BATCH, "runs": runs},
+        "raw_copy_rows_per_s": round(raw),
+        "fair_load_tasks_per_s": round(fair),
+        "fair_to_raw_ratio": round(fair / raw, 3),
+        # No fair design that keeps a claim index can beat this ratio.
+        "fair_index_copy_rows_per_s": round(indexed),
+        "fair_index_copy_to_raw_ratio": round(indexed / raw, 3),
+        "postgresql_per_task": median_costs(costs),
+        **({"postgresql_statements": statements} if statements else {}),
+        "runs": {
+            "raw_copy": [round(r) for r in raw_rates],
+            "fair_index_copy": [round(r) for r in indexed_rates],
+            "fair_load": [round(r) for r in fair_rates],
+        },
+        "goal": {"fair_to_raw_ratio_at_least": 0.8},
+    }
+
+
+class Filler:
+    """Tops a bench queue up to a backlog size, numbering tasks uniquely, and
+    claims from it as a worker does."""
+
+    def __init__(self, conn: psycopg.Connection[Any], tenants: int, queue: str = QUEUE) -> None:
+        self.conn, self.tenants, self.queue, self.next_number = conn, tenants, queue, 0
+
+    def waiting(self) -> int:
+        return int(db.run(self.conn, core.queue_counts()).get(self.queue, {}).get("ready", 0))
+
+    def fill(self, target: int) -> None:
+        self.add(max(0, target - self.waiting()))
+        self.conn.execute(query("bench_analyze_ready"))
+
+    def add(self, count: int) -> None:
+        rows = make_tasks(count, self.tenants, start=self.next_number, queue=self.queue)
+        self.next_number += count
+        while batch := list(itertools.islice(rows, BATCH)):
+            db.transact(self.conn, core.load(batch))
+
+    def claim(self, limit: int) -> Sequence[Any]:
+        return db.run(self.conn, core.claim([self.queue], limit, "bench"))
+
+    def finish(self, claimed: Sequence[Any]) -> int:
+        return len(db.run(self.conn, core.complete(t.token for t in claimed)))
+
+
+class FifoFiller:
+    """The same for the plain SKIP LOCKED baseline (its one queue)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def fill(self, target: int) -> None:
+        self.conn.execute(query("bench_fifo_setup"))
+        self.add(target)
+        self.conn.execute(query("bench_analyze_fifo"))
+
+    def add(self, count: int) -> None:
+        self.conn.execute(query("bench_fifo_fill"), {"count": count})
+
+    def claim(self, limit: int) -> Sequence[Any]:
+        return self.conn.execute(
+            query("bench_fifo_claim"), {"limit": limit}, prepare=True
+        ).fetchall()
+
+    def finish(self, claimed: Sequence[Any]) -> int:
+        return self.conn.execute(
+            query("bench_fifo_finish"), {"ids": UUIDArray(r[0] for r in claimed)}, prepare=True
+        ).rowcount
+
+    def drop(self) -> None:
+        self.conn.execute(query("bench_fifo_teardown"))
+
+
+def _queue_for(backlog: int) -> str:
+    return f"{QUEUE}-{backlog}"
+
+
+def _interleaved_claim_latencies(
+    fillers: Mapping[str, Filler | FifoFiller], sizes: dict[str, int], samples: int, limit: int
+) -> dict[str, list[float]]:
+    """Times claims as a worker makes them (statement, rows, commit), of fresh
+    tasks, taking turns between the queues (one per backlog size, and the
+    baseline's) so that the machine's drift hits every one alike. Claimed
+    tasks are finished and each queue topped up, untimed, before it falls 5%
+    below its size."""
+    times: dict[str, list[float]] = {key: [] for key in fillers}
+    taken = dict.fromkeys(fillers, 0)
+    for i in range(samples + 5):
+        for key, filler in fillers.items():
+            if taken[key] + limit > sizes[key] // 20:
+                filler.add(taken[key])
+                taken[key] = 0
+            started = time.perf_counter()
+            got = filler.claim(limit)
+            elapsed = time.perf_counter() - started
+            assert len(got) == limit, f"claimed {len(got)} of {limit}"
+            filler.finish(got)
+            taken[key] += limit
+            if i >= 5:  # the first executions plan and warm up
+                times[key].append(elapsed * 1000)
+    return times
+
+
+def _claim_worker(args: tuple[str, str, int, float]) -> int:
+    """Claims and finishes in a loop for `seconds`; `kind` is rota or the fifo baseline."""
+    kind, url, limit, seconds = args
+    done = 0
+    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
+        # Autocommit: each call is one statement, atomic on its own.
+        claimer = FifoFiller(conn) if kind == FIFO else Filler(conn, tenants=0)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            got = claimer.claim(limit)
+            if not got:
+                break
+            done += claimer.finish(got)
+    return done
+
+
+def claim_throughput(
+    kind: str,
+    url: str,
+    connections: int,
+    limit: int,
+    seconds: float,
+    on_start: Callable[[], None] | None = None,
+) -> float:
+    """Tasks/s claimed and completed by `connections` processes in `seconds`;
+    `on_start` is called once they are up, as the clock starts."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(connections, initializer=tune_gc) as pool:
+        pool.map(time.sleep, [0.0] * connections)  # workers up before the clock starts
+        if on_start is not None:
+            on_start()
+        started = time.perf_counter()
+        done = sum(pool.map(_claim_worker, [(kind, url, limit, seconds)] * connections))
+        elapsed = time.perf_counter() - started
+    return done / elapsed
+
+
+def churn(url: str, queue: str, tasks: int, connections: int, limit: int) -> float:
+    """Claims and completes `tasks` tasks of `queue` with `connections` processes;
+    returns tasks/s."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(connections, initializer=tune_gc) as pool:
+        started = time.perf_counter()
+        per = [(url, queue, limit, tasks // connections) for _ in range(connections)]
+        done = sum(pool.map(_churn_worker, per))
+        elapsed = time.perf_counter() - started
+    return done / elapsed
+
+
+def _churn_worker(args: tuple[str, str, int, int]) -> int:
+    url, queue, limit, quota = args
+    done = 0
+    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
+        claimer = Filler(conn, tenants=0, queue=queue)
+        while done < quota:
+            got = claimer.claim(min(limit, quota - done))
+            if not got:
+                break
+            done += claimer.finish(got)
+    return done
+
+
+def backlog_scaling(
+    url: str, backlogs: list[int], tenants: int, connections: int, limit: int, samples: int
+) -> dict[str, Any]:
+    """Claim latency at each backlog size (one queue each, measured in turns
+    with the plain FIFO baseline at the largest size), then again after the
+    largest queue had as many tasks claimed and completed (churn: dead tuples
+    for autovacuum)."""
+    sizes = sorted(backlogs)
+    smallest, largest = str(sizes[0]), str(sizes[-1])
+    size_of = {str(size): size for size in sizes}
+    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
+        reset(conn)
+        fillers = {key: Filler(conn, tenants, _queue_for(size)) for key, size in size_of.items()}
+        for key, filler in fillers.items():
+            filler.fill(size_of[key])
+        fifo = FifoFiller(conn)
+        fifo.fill(sizes[-1])
+        before = _interleaved_claim_latencies(
+            {**fillers, FIFO: fifo}, {**size_of, FIFO: sizes[-1]}, samples, limit
+        )
+        fifo.drop()
+        fillers[largest].fill(2 * sizes[-1])
+        churn_rate = churn(url, _queue_for(sizes[-1]), sizes[-1], connections, limit)
+        after = _interleaved_claim_latencies(
+            {key: fillers[key] for key in (smallest, largest)}, size_of, samples, limit
+        )
+    latency = {key: _latency_figures(before[key]) for key in size_of}
+    latency[f"{largest}_after_churn"] = _latency_figures(after[largest])
+    p50 = {key: statistics.median(times) for key, times in before.items()}
+    return {
+        "churn_tasks_per_s": round(churn_rate),
+        "claim_latency": latency,
+        # The plain SKIP LOCKED claim (no fairness, limits or leases) of as many
+        # tasks from as large a backlog, timed in the same turns: the baseline
+        # of the claim's absolute latency on this machine at this hour.
+        "fifo_baseline_claim_latency": {largest: _latency_figures(before[FIFO])},
+        "p50_ratio_to_fifo_baseline": round(p50[largest] / p50[FIFO], 3),
+        "p50_ratio_largest_to_smallest": round(p50[largest] / p50[smallest], 3),
+        # Against the smallest queue measured in the same turns after the churn
+        # (with one size only, against its own p50 before the churn).
+        "p50_ratio_after_churn_to_smallest": round(
+            statistics.median(after[largest])
+            / statistics.median(after[smallest] if smallest != largest else before[smallest]),
+            3,
+        ),
+    }
+
+
+def _latency_figures(times: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(statistics.median(times), 3),
+        "p99_ms": round(percentile(times, 0.99), 3),
+    }
+
+
+def bench_claim(
+    url: str,
+    backlogs: list[int],
+    tenants: int,
+    connections: int,
+    limit: int,
+    samples: int,
+    throughput_seconds: float,
+    runs: int,
+) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Throughput: claim + complete, `connections` processes, alternating
+        # with the plain FIFO baseline, `runs` times.
+        rates, fifo_rates = [], []
+        costs: list[dict[str, float | None]] = []
+        statements: list[dict[str, Any]] | None = None
+        size = max(backlogs[0], int(40_000 * throughput_seconds))
+        for _ in range(runs):
+            # Fresh tables for both, as the baseline's are: the effect of churn
+            # on claims is what backlog-scaling measures.
+            reset(conn)
+            filler = Filler(conn, tenants)
+            filler.fill(size)
+            cost = PostgresCost(conn)
+            rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
+            costs.append(cost.per_task(round(rates[-1] * throughput_seconds)))
+            statements = cost.top_statements(round(rates[-1] * throughput_seconds))
+            fifo = FifoFiller(conn)
+            fifo.fill(size)
+            fifo_rates.append(claim_throughput(FIFO, url, connections, limit, throughput_seconds))
+            fifo.drop()
+    return {
+        "params": {
+            "backlogs": backlogs,
+            "tenants": tenants,
+            "connections": connections,
+            "claim_size": limit,
+            "samples": samples,
+            "runs": runs,
+        },
+        "claim_complete_tasks_per_s": round(statistics.median(rates)),
+        "fifo_baseline_tasks_per_s": round(statistics.median(fifo_rates)),
+        "ratio_to_fifo_baseline": round(
+            statistics.median(rates) / statistics.median(fifo_rates), 3
+        ),
+        # PostgreSQL's CPU and WAL per task claimed and completed.
+        "postgresql_per_task": median_costs(costs),
+        **({"postgresql_statements": statements} if statements else {}),
+        "runs": {
+            "claim_complete_tasks_per_s": [round(r) for r in rates],
+            "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],
+        },
+        **backlog_scaling(url, backlogs, tenants, connections, limit, samples),
+        "goal": {
+            "claim_complete_tasks_per_s_at_least": 30_000,
+            "p50_ratio_at_most": 1.2,
+            "p50_ms_at_most": 2.0,
+        },
+    }
+
+
+def lock_pressure(
+    url: str, tenants: int, connections: int, limit: int, seconds: float
+) -> dict[str, Any]:
+    """Claimers racing while a sampler reads pg_locks and wait events: how many
+    relations one claiming backend holds, whether they stay on the lock
+    manager's fast path, and how often anyone waits on the lock manager."""
+    import threading
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        for i in range(0, tenants, max(1, tenants // 10)):  # a tenth of them limited
+            db.transact(
+                conn, core.configure_tenant(skewed_tenant(i, tenants), concurrency_limit=50)
+            )
+        Filler(conn, tenants).fill(max(20_000, int(40_000 * seconds)))
+    samples: list[tuple[int, int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(url, autocommit=True) as watcher:
+            while not stop.is_set():
+                row = watcher.execute(query("bench_lock_sample")).fetchone()
+                if row:
+                    samples.append((int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        rate = claim_throughput("rota", url, connections, limit, seconds)
+    finally:
+        stop.set()
+        sampler.join()
+    return {
+        "params": {
+            "tenants": tenants,
+            "connections": connections,
+            "claim_size": limit,
+            "seconds": seconds,
+        },
+        "claim_complete_tasks_per_s": round(rate),
+        "samples": len(samples),
+        "max_relations_locked_by_one_backend": max((s[0] for s in samples), default=0),
+        "locks_off_fast_path_seen": sum(s[1] for s in samples),
+        "lock_manager_waits_seen": sum(s[2] for s in samples),
+        "goal": {"max_relations_locked_by_one_backend_below": 16},
+    }

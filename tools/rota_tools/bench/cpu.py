@@ -1,0 +1,181 @@
+"""Where a benchmark's CPU went: seconds per process over a measured window.
+
+Linux's /proc for local processes (PostgreSQL as its postmaster and every
+child, exited ones included); Redis reports its own (INFO cpu), so it is
+measured wherever it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from rota.buffer import redis_client
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
+
+Probe = Callable[[], float | None]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third (state) on; None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | None:
+    """CPU seconds (user + system) a process has used; with its children that
+    have exited and been waited for, when asked. None if it is gone."""
+    fields = _stat(pid)
+    if fields is None:
+        return None
+    # From the state (field 3): utime is field 14, stime 15, cutime 16, cstime 17.
+    ticks = int(fields[11]) + int(fields[12])
+    if with_exited_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / CLOCK_TICKS
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and int(fields[1]) == parent:
+                found.append(int(entry.name))
+    return found
+
+
+def process_tree_seconds(pid: int) -> float | None:
+    """A server's CPU seconds: its own, its live children's, and those of the
+    children that have exited (PostgreSQL's backends come and go)."""
+    own = process_seconds(pid, with_exited_children=True)
+    if own is None:
+        return None
+    return own + sum(process_seconds(child) or 0.0 for child in _children(pid))
+
+
+def postgres_probe(conn: psycopg.Connection[Any]) -> Probe | None:
+    """A probe of the PostgreSQL server's CPU (every process of it), or None
+    when the server is not on this machine (its pids mean nothing here)."""
+    host = str(conninfo_to_dict(conn.info.dsn).get("host", ""))
+    if host.split(",")[0] not in LOCAL_HOSTS and not host.startswith("/"):
+        return None
+    backend = conn.info.backend_pid
+    fields = _stat(backend)
+    if fields is None or Path(f"/proc/{backend}/comm").read_text().strip() != "postgres":
+        return None
+    postmaster = int(fields[1])
+    return lambda: process_tree_seconds(postmaster)
+
+
+def redis_probe(client: redis_client.Client) -> Probe:
+    """Redis's CPU seconds, as it reports them (its forks' included)."""
+
+    def seconds() -> float | None:
+        info: Any = client.info("cpu")
+        return float(
+            sum(
+                info.get(key, 0.0)
+                for key in (
+                    "used_cpu_sys",
+                    "used_cpu_user",
+                    "used_cpu_sys_children",
+                    "used_cpu_user_children",
+                )
+            )
+        )
+
+    return seconds
+
+
+def pid_probe(pid: int) -> Probe:
+    return lambda: process_seconds(pid)
+
+
+class CpuMeter:
+    """Samples named probes at the start and end of a window."""
+
+    def __init__(self, probes: Mapping[str, Probe | None]) -> None:
+        self.probes = {name: probe for name, probe in probes.items() if probe is not None}
+        self.absent = sorted(name for name, probe in probes.items() if probe is None)
+        self.before: dict[str, float | None] = {}
+
+    def start(self) -> None:
+        self.before = {name: probe() for name, probe in self.probes.items()}
+
+    def report(self, elapsed: float) -> dict[str, Any]:
+        """Per process: CPU seconds in the window, and cores (seconds per
+        second of the window); the machine's cores beside them."""
+        used: dict[str, dict[str, float]] = {}
+        for name, probe in self.probes.items():
+            start, end = self.before.get(name), probe()
+            if start is None or end is None:
+                continue
+            seconds = end - start
+            used[name] = {"seconds": round(seconds, 2), "cores": round(seconds / elapsed, 2)}
+        total = sum(figures["seconds"] for figures in used.values())
+        return {
+            "per_process": used,
+            "all_cores": round(total / elapsed, 2),
+            "machine_cores": os.cpu_count(),
+            "busiest": max(used, key=lambda name: used[name]["seconds"], default=None),
+            "not_measured": self.absent,
+        }
+
+
+class PostgresCost:
+    """PostgreSQL's CPU (every process of the server: backends, WAL writer,
+    autovacuum) and the WAL it wrote over a window, per task: what a primary
+    spends per task, whatever the machine it runs on."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        from rota_tools.sql import query
+
+        self.conn = conn
+        self.query = query
+        self.probe = postgres_probe(conn)
+        self.cpu = self.probe() if self.probe else None
+        row = conn.execute(query("bench_wal_lsn")).fetchone()
+        self.lsn = row[0] if row else None
+        try:
+            conn.execute(query("bench_statements_reset"))
+            self.statements = True
+        except psycopg.Error:  # not preloaded (`--statements` starts a server that does)
+            self.statements = False
+
+    def per_task(self, tasks: int) -> dict[str, float | None]:
+        row = self.conn.execute(self.query("bench_wal_since"), {"lsn": self.lsn}).fetchone()
+        wal = int(row[0]) if row else None
+        cpu = self.probe() if self.probe else None
+        cpu_us = None if cpu is None or self.cpu is None else (cpu - self.cpu) * 1e6 / tasks
+        return {
+            "cpu_us": None if cpu_us is None else round(cpu_us, 1),
+            "wal_bytes": None if wal is None else round(wal / tasks, 1),
+        }
+
+    def top_statements(self, tasks: int, limit: int = 6) -> list[dict[str, Any]] | None:
+        """pg_stat_statements' busiest statements since the start, per task
+        (None without pg_stat_statements)."""
+        if not self.statements:
+            return None
+        rows = self.conn.execute(self.query("bench_statements_top"), {"limit": limit}).fetchall()
+        total = sum(float(ms) for _, _, ms in rows) or 1.0
+        return [
+            {
+                "query": text[:120],
+                "calls_per_task": round(calls / tasks, 4),
+                "exec_us_per_task": round(float(ms) * 1000 / tasks, 2),
+                "share_of_these": round(float(ms) / total, 3),
+            }
+            for text, calls, ms in rows
+        ]

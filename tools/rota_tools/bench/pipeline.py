@@ -1,0 +1,558 @@
+"""Benchmarks of the pipeline: enqueue into the buffer, buffer -> PostgreSQL, workers."""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from rota import App, Settings, core
+from rota.buffer import redis_client
+from rota.buffer.streams import all_streams
+from rota.core import db
+from rota.loader import Loader
+from rota.runtime.process import tune_gc
+from rota_tools.bench.core import reset, skewed_tenant
+from rota_tools.bench.cpu import CpuMeter, Probe, pid_probe, postgres_probe, redis_probe
+from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
+from rota_tools.sql import query
+from rota_tools.stats import percentile
+
+QUEUE = "bench"
+NOOP_APP = "rota_tools.bench.noop:app"
+
+
+def _app(settings: Settings) -> App:
+    app = App(settings)
+    app.task(name="noop", queue=QUEUE)(lambda i, pad: None)
+    return app
+
+
+def _flush_buffer(settings: Settings) -> None:
+    client = redis_client.connect(settings)
+    for stream in all_streams(settings.stream_prefix, settings.shards):
+        client.delete(stream)  # one key per command: on a cluster, each its own slot
+    client.close()
+
+
+def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
+
+    app = _app(settings)
+    noop = app.tasks["noop"]
+    client = redis_client.connect(settings)
+    many, plain = [], []
+    for _ in range(runs):
+        calls = [
+            noop.call(i, "payload-padding-abcdefghij", tenant=skewed_tenant(i, tenants))
+            for i in range(tasks)
+        ]
+        _flush_buffer(settings)
+        started = time.perf_counter()
+        for i in range(0, tasks, 10_000):
+            app.enqueue_many(calls[i : i + 10_000])
+        many.append(tasks / (time.perf_counter() - started))
+        # Baseline: plain redis-py pipelining, one XADD per task in 500s, of the
+        # same (already built) envelopes: no validation, no batching.
+        messages = [e.to_json() for e in app.batch(calls).envelopes()]
+        _flush_buffer(settings)
+        started = time.perf_counter()
+        for i in range(0, tasks, 500):
+            pipe = client.pipeline(transaction=False)
+            for j, message in enumerate(messages[i : i + 500]):
+                pipe.xadd(
+                    f"{settings.stream_prefix}:{{{(i + j) % settings.shards}}}", {b"e": message}
+                )
+            pipe.execute()
+        plain.append(tasks / (time.perf_counter() - started))
+    _flush_buffer(settings)
+    single = []
+    for i in range(2000):
+        started = time.perf_counter()
+        noop.enqueue(i, "payload-padding-abcdefghij", tenant=skewed_tenant(i, tenants))
+        single.append((time.perf_counter() - started) * 1000)
+    _flush_buffer(settings)
+    app.close()
+    client.close()
+
+    down = _app(
+        settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0", "redis_retries": 0})
+    )
+    down_noop = down.tasks["noop"]
+    with db.connect(settings.database_url) as conn:
+        reset(conn)
+    fallback_calls = [
+        down_noop.call(i, "pad", tenant=skewed_tenant(i, tenants)) for i in range(20_000)
+    ]
+    started = time.perf_counter()
+    for i in range(0, len(fallback_calls), 5_000):
+        down.enqueue_many(fallback_calls[i : i + 5_000])
+    fallback = len(fallback_calls) / (time.perf_counter() - started)
+    fallback_single = []
+    for i in range(200):
+        started = time.perf_counter()
+        down_noop.enqueue(i, "pad", tenant="single")
+        fallback_single.append((time.perf_counter() - started) * 1000)
+    down.close()
+    return {
+        "params": {"tasks": tasks, "tenants": tenants, "runs": runs, "shards": settings.shards},
+        "enqueue_many_tasks_per_s": round(statistics.median(many)),
+        "plain_pipelined_xadd_tasks_per_s": round(statistics.median(plain)),
+        "ratio_to_plain_pipelining": round(statistics.median(many) / statistics.median(plain), 3),
+        "single_enqueue_ms": {
+            "p50": round(statistics.median(single), 3),
+            "p99": round(percentile(single, 0.99), 3),
+        },
+        "fallback_enqueue_many_tasks_per_s": round(fallback),
+        "fallback_single_enqueue_ms": {
+            "p50": round(statistics.median(fallback_single), 3),
+            "p99": round(percentile(fallback_single, 0.99), 3),
+        },
+        "runs": {"enqueue_many": [round(r) for r in many], "plain": [round(r) for r in plain]},
+        "goal": {"enqueue_many_tasks_per_s_at_least": 100_000, "single_p99_ms_at_most": 1.0},
+    }
+
+
+def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
+    rows = conn.execute(query("bench_load_latencies")).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def _spark_loader(
+    settings: Settings, spark: Any, checkpoint: str, trigger_seconds: float, stop: threading.Event
+) -> threading.Thread:
+    """The streaming loader in a thread (not started), until `stop` is set."""
+    from rota.loader.spark import run_streaming
+
+    return threading.Thread(
+        target=run_streaming,
+        kwargs={
+            "settings": settings,
+            "checkpoint": checkpoint,
+            "trigger_seconds": trigger_seconds,
+            "should_stop": stop.is_set,
+            "session": spark,
+        },
+    )
+
+
+def _fill_buffer(app: App, tasks: int, tenants: int) -> None:
+    noop = app.tasks["noop"]
+    for i in range(0, tasks, 10_000):
+        app.enqueue_many(
+            [
+                noop.call(j, "pad", tenant=skewed_tenant(j, tenants))
+                for j in range(i, min(tasks, i + 10_000))
+            ]
+        )
+
+
+def _spark_sustained(
+    settings: Settings,
+    app: App,
+    spark: Any,
+    conn: psycopg.Connection[Any],
+    tasks: int,
+    tenants: int,
+    run: int,
+) -> tuple[float, list[int]]:
+    """The streaming query runs first (its start-up is not the steady rate), then
+    the backlog appears in the buffer at once, as it does for the Python engine
+    (which starts on a filled buffer): it is enqueued into streams the query
+    does not read and renamed onto its shards in one MULTI. The clock runs
+    until every task is claimable. Returns tasks/s and the micro-batch sizes."""
+
+    from rota.loader.spark import checkpoint_location
+
+    stop = threading.Event()
+    # Resolved once: the sink keys its ledger by it, and so does the read below.
+    checkpoint = checkpoint_location(
+        f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}-{uuid.uuid4().hex[:8]}"
+    )
+    streaming = _spark_loader(settings, spark, checkpoint, 0.2, stop)
+    streaming.start()
+    filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
+    fill_app = _app(filling)
+    client = redis_client.connect(settings)
+    try:
+        app.tasks["noop"].enqueue(0, "warm-up", tenant="warm-up")
+        while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < 1:
+            time.sleep(0.2)
+        _fill_buffer(fill_app, tasks, tenants)
+        # One MULTI on a single Redis; a cluster cannot span slots in one.
+        pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
+        for staged, live in zip(
+            all_streams(filling.stream_prefix, filling.shards),
+            all_streams(settings.stream_prefix, settings.shards),
+            strict=True,
+        ):
+            if client.exists(staged):  # a shard no tenant of the backlog maps to has none
+                # (The command, not the method: a cluster pipeline refuses `rename`,
+                # whose two keys here share their shard's slot.)
+                pipe.execute_command("RENAME", staged, live)
+        started = time.perf_counter()
+        pipe.execute()
+        # Done when the ledger says so (it commits with the tasks): 0.2 ms a
+        # poll, where counting ready tasks took 30 ms while the batch's
+        # uncommitted rows were in the index (PostgreSQL's time, on two cores).
+        while sum(_micro_batch_tasks(conn, checkpoint)) < tasks + 1:
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+    finally:
+        stop.set()
+        streaming.join()
+        fill_app.close()
+        client.close()
+    return tasks / elapsed, [n for n in _micro_batch_tasks(conn, checkpoint) if n > 0]
+
+
+def _micro_batch_tasks(conn: psycopg.Connection[Any], checkpoint: str) -> list[int]:
+    """The tasks each micro-batch of the query stored, in order (its loader ledger)."""
+    rows = conn.execute(query("bench_loader_batches"), {"query": checkpoint}).fetchall()
+    return [row[0] for row in rows]
+
+
+def _drain_worker(args: tuple[Settings, int]) -> int:
+    settings, number = args
+    loader = Loader(settings, consumer=f"bench-loader-{number}")
+    try:
+        return loader.drain().loaded
+    finally:
+        loader.close()
+
+
+def _parallel_drain(settings: Settings, loaders: int) -> float:
+    """Drains the buffer with `loaders` processes sharing the consumer group;
+    returns the seconds it took."""
+    Loader(settings).ensure_groups()
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(loaders, initializer=tune_gc) as pool:
+        pool.map(time.sleep, [0.0] * loaders)  # processes up before the clock starts
+        started = time.perf_counter()
+        pool.map(_drain_worker, [(settings, n) for n in range(loaders)])
+        return time.perf_counter() - started
+
+
+def bench_pipeline_load(
+    settings: Settings, engine: str, tasks: int, tenants: int, runs: int, loaders: int = 2
+) -> dict[str, Any]:
+    """Sustained buffer -> PostgreSQL tasks/s (buffer filled first), then the
+    enqueue -> claimable latency under a steady trickle with the loader running."""
+    app = _app(settings)
+    noop = app.tasks["noop"]
+    rates = []
+    micro_batches: list[list[int]] = []
+    spark = None
+    if engine == "spark":
+        from rota.loader.spark import spark_session
+
+        spark = spark_session("local[*]", "rota-bench")
+    warm_up_rate = 0.0
+    with db.connect(settings.database_url) as conn:
+        # Spark gets one untimed run first (run -1): the JVM compiles its hot
+        # paths during the first large micro-batches (runs 1-3 of a fresh JVM
+        # measured 42k, 50k, 55k tasks/s), and a sustained loader is past that.
+        for run in range(-1 if engine == "spark" else 0, runs):
+            reset(conn)
+            _flush_buffer(settings)
+            if engine == "python":
+                _fill_buffer(app, tasks, tenants)
+                rates.append(tasks / _parallel_drain(settings, loaders))
+            else:
+                rate, sizes = _spark_sustained(settings, app, spark, conn, tasks, tenants, run)
+                if run < 0:
+                    warm_up_rate = rate
+                else:
+                    rates.append(rate)
+                    micro_batches.append(sizes)
+            warm_up = 1 if engine == "spark" else 0
+            assert db.run(conn, core.queue_counts())[QUEUE]["ready"] == tasks + warm_up
+
+        # Latency: the loader runs; tasks trickle in at ~1,000/s for a few seconds.
+        reset(conn)
+        _flush_buffer(settings)
+        stop = threading.Event()
+        if engine == "python":
+            loader = Loader(settings, consumer="bench-latency")
+            runner = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
+        else:
+            runner = _spark_loader(
+                settings,
+                spark,
+                f"/tmp/rota-bench-ckpt-{os.getpid()}-lat-{uuid.uuid4().hex[:8]}",
+                0.1,
+                stop,
+            )
+        runner.start()
+        time.sleep(2 if engine == "python" else 15)  # Spark's first micro-batch is slow
+        sent = 0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            app.enqueue_many(
+                [
+                    noop.call(sent + k, "pad", tenant=skewed_tenant(sent + k, tenants))
+                    for k in range(20)
+                ]
+            )
+            sent += 20
+            time.sleep(0.02)
+        while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < sent:
+            time.sleep(0.1)
+        stop.set()
+        runner.join()
+        latencies = _latencies(conn)
+    app.close()
+    if spark is not None:
+        spark.stop()
+    return {
+        "params": {
+            "engine": engine,
+            "tasks": tasks,
+            "tenants": tenants,
+            "runs": runs,
+            "loaders": loaders if engine == "python" else 1,
+        },
+        "sustained_tasks_per_s": round(statistics.median(rates)),
+        "runs": [round(r) for r in rates],
+        **(
+            {"micro_batch_tasks": micro_batches, "warm_up_run_tasks_per_s": round(warm_up_rate)}
+            if engine == "spark"
+            else {}
+        ),
+        "enqueue_to_claimable_ms": {
+            "p50": round(statistics.median(latencies), 1),
+            "p99": round(percentile(latencies, 0.99), 1),
+            "tasks": len(latencies),
+        },
+        "goal": {
+            "python": {"tasks_per_s_at_least": 50_000, "p50_ms_at_most": 200},
+            "spark": {"tasks_per_s_at_least": 50_000, "p50_ms_at_most": 1000},
+        }[engine],
+    }
+
+
+def _start_latencies(conn: psycopg.Connection[Any]) -> list[float]:
+    """Enqueue -> start of every finished task, in milliseconds."""
+    rows = conn.execute(query("bench_start_latencies")).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def _finished(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute(query("bench_finished_count")).fetchone()[0])  # type: ignore[index]
+
+
+def _live_workers(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute(query("bench_live_workers")).fetchone()[0])  # type: ignore[index]
+
+
+def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -> dict[str, Any]:
+    from rota.model.envelope import make_envelope
+
+    throughput: dict[str, float] = {}
+    # The default (reports need no WAL flush), then reports waiting for it, as
+    # the peers' do (ROTA_WORKER_SYNCHRONOUS_COMMIT=true).
+    runs = [(str(n), n, settings) for n in (1, 2)] + [
+        (
+            f"{n}_synchronous_commit",
+            n,
+            settings.model_copy(update={"worker_synchronous_commit": True}),
+        )
+        for n in (1, 2)
+    ]
+    with db.connect(settings.database_url) as conn:
+        for key, processes, run_settings in runs:
+            reset(conn)
+            for i in range(0, tasks, 10_000):
+                db.transact(
+                    conn,
+                    core.load(
+                        [
+                            make_envelope(
+                                name="noop", queue=QUEUE, tenant=skewed_tenant(j, tenants), args=[j]
+                            )
+                            for j in range(i, min(tasks, i + 10_000))
+                        ]
+                    ),
+                )
+            workers = spawn_workers(
+                NOOP_APP, [QUEUE], processes, run_settings, concurrency=concurrency, batch_size=100
+            )
+            try:
+                while _finished(conn) < 100:  # workers up and running
+                    time.sleep(0.05)
+                begin_count, started = _finished(conn), time.perf_counter()
+                while _finished(conn) < tasks:
+                    time.sleep(0.05)
+                throughput[key] = (tasks - begin_count) / (time.perf_counter() - started)
+            finally:
+                stop_workers(workers)
+
+        # Start latency: idle workers, one task at a time, woken by NOTIFY.
+        reset(conn)
+        workers = spawn_workers(
+            NOOP_APP, [QUEUE], 1, settings, concurrency=concurrency, batch_size=100
+        )
+        try:
+            time.sleep(3)
+            for i in range(60):
+                db.transact(
+                    conn, core.load([make_envelope(name="noop", queue=QUEUE, tenant="t", args=[i])])
+                )
+                time.sleep(0.05)
+            while _finished(conn) < 60:
+                time.sleep(0.05)
+        finally:
+            stop_workers(workers)
+        starts = _start_latencies(conn)
+    figures: dict[str, Any] = {
+        "params": {
+            "tasks": tasks,
+            "tenants": tenants,
+            "concurrency": concurrency,
+            "claim_batch": 100,
+        },
+        "tasks_per_s": {f"{n}_process": round(throughput[str(n)]) for n in (1, 2)},
+        "synchronous_commit_tasks_per_s": {
+            f"{n}_process": round(throughput[f"{n}_synchronous_commit"]) for n in (1, 2)
+        },
+        "enqueue_to_start_ms": {
+            "p50": round(statistics.median(starts), 1),
+            "p99": round(percentile(starts, 0.99), 1),
+        },
+        "goal": {"start_p50_ms_at_most": 50, "ratio_to_pgqueuer_at_least": 2.0},
+    }
+    if importlib.util.find_spec("pgqueuer") is not None:
+        from rota_tools.bench.peers import pgqueuer_throughput
+
+        peer = {
+            f"{n}_process": pgqueuer_throughput(settings.database_url, tasks, n, 100)
+            for n in (1, 2)
+        }
+        figures["pgqueuer_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
+        figures["ratio_to_pgqueuer"] = {
+            k: round(throughput[k.split("_")[0]] / v, 2) for k, v in peer.items()
+        }
+        figures["synchronous_commit_ratio_to_pgqueuer"] = {
+            k: round(throughput[k.split("_")[0] + "_synchronous_commit"] / v, 2)
+            for k, v in peer.items()
+        }
+    else:
+        figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
+    if importlib.util.find_spec("procrastinate") is not None:
+        from rota_tools.bench.peers import procrastinate_throughput
+
+        # Far slower per job: a smaller run keeps the benchmark short.
+        peer_tasks = min(tasks, 5_000)
+        peer = {
+            f"{n}_process": procrastinate_throughput(
+                settings.database_url, peer_tasks, n, concurrency
+            )
+            for n in (1, 2)
+        }
+        figures["procrastinate_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
+        figures["procrastinate_tasks"] = peer_tasks
+        figures["ratio_to_procrastinate"] = {
+            k: round(throughput[k.split("_")[0]] / v, 2) for k, v in peer.items()
+        }
+    return figures
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"benchmark: {what} within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def bench_end_to_end(
+    settings: Settings,
+    tasks: int,
+    tenants: int,
+    rate: float,
+    concurrency: int,
+    fleet: Settings | None = None,
+    probes: dict[str, Probe] | None = None,
+) -> dict[str, Any]:
+    """The whole pipeline as deployed, each part its own process: a producer
+    at a steady rate (this process) -> Redis -> a Python loader -> 2 worker
+    processes. Enqueue -> start latency, throughput, and the CPU each used.
+    The loader and workers run with `fleet` (a pooler's URL, say) when given;
+    `probes` add processes to the CPU report."""
+    fleet = fleet or settings
+    app = _app(settings)
+    noop = app.tasks["noop"]
+    client = redis_client.connect(settings)
+    with db.connect(settings.database_url) as conn:
+        reset(conn)
+        _flush_buffer(settings)
+        loader = spawn_loader(fleet)
+        workers = spawn_workers(
+            NOOP_APP, [QUEUE], 2, fleet, concurrency=concurrency, batch_size=100
+        )
+        try:
+            # One task through the whole pipeline: every process is up. It is
+            # then forgotten, as the first task of a cold pipeline says nothing
+            # of the steady state.
+            _wait_until(lambda: _live_workers(conn) == len(workers), "the workers register")
+            probe = noop.enqueue(-1, "warm-up", tenant="bench-warm-up")
+            _wait_until(lambda: _finished(conn) == 1, "a first task runs")
+            conn.execute(query("bench_forget_finished"), {"id": probe})
+            meter = CpuMeter(
+                {
+                    "producer": pid_probe(os.getpid()),
+                    "loader": pid_probe(loader.pid),
+                    **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(workers, 1)},
+                    "postgresql": postgres_probe(conn),
+                    "redis": redis_probe(client),
+                    **(probes or {}),
+                }
+            )
+            meter.start()
+            started = time.perf_counter()
+            sent = 0
+            per_tick = max(1, int(rate / 50))
+            while sent < tasks:
+                n = min(per_tick, tasks - sent)
+                app.enqueue_many(
+                    [
+                        noop.call(sent + k, "pad", tenant=skewed_tenant(sent + k, tenants))
+                        for k in range(n)
+                    ]
+                )
+                sent += n
+                time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
+            while _finished(conn) < tasks:
+                time.sleep(0.05)
+            elapsed = time.perf_counter() - started
+            cpu = meter.report(elapsed)
+        finally:
+            stop_workers([loader, *workers])
+        starts = _start_latencies(conn)
+    app.close()
+    client.close()
+    return {
+        "params": {
+            "tasks": tasks,
+            "tenants": tenants,
+            "offered_rate": rate,
+            "concurrency": concurrency,
+            "workers": 2,
+            "loader": "python",
+            "database_pooling": fleet.database_pooling,
+            "listen": fleet.session_database_url is not None,
+        },
+        "tasks_per_s": round(tasks / elapsed),
+        "enqueue_to_start_ms": {
+            "p50": round(statistics.median(starts), 1),
+            "p99": round(percentile(starts, 0.99), 1),
+        },
+        "cpu": cpu,
+    }

@@ -1,0 +1,550 @@
+"""`rota bench` and `rota demo`: registered with the `rota` command through the
+`rota.commands` entry points (pyproject.toml); nothing in rota imports this."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import psycopg
+import typer
+
+from rota.cli.app import DatabaseUrl, RedisUrl, settings_from
+from rota.runtime.process import tune_gc
+from rota.settings import Settings
+from rota_tools.bench.compare import DEFAULT_STAGES, STAGES
+
+bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.", no_args_is_help=True)
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _stamped(scenario: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's figures with when and where they were measured."""
+    return {
+        "scenario": scenario,
+        "at": datetime.now(UTC).isoformat(),
+        "machine": _machine(),
+        **figures,
+    }
+
+
+def _report(scenario: str, figures: dict[str, Any], as_json: bool) -> None:
+    report = _stamped(scenario, figures)
+    if as_json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for key, value in report.items():
+            typer.echo(f"{key}: {value}")
+
+
+Local = Annotated[
+    bool | None,
+    typer.Option(
+        "--local/--no-local", help="start a throwaway PostgreSQL (default when no URL is set)"
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print the figures as JSON")]
+BesideCluster = Annotated[
+    bool,
+    typer.Option(
+        "--redis-cluster",
+        help="run again on a throwaway three-master Redis Cluster (same PostgreSQL) "
+        "and report both, with the cluster's ratios",
+    ),
+]
+
+
+def _beside_cluster(
+    settings: Settings, measure: Callable[[Settings], dict[str, Any]], cluster: bool
+) -> dict[str, Any]:
+    """`measure`'s figures; with `cluster`, also on a three-master cluster in
+    the same run, and each rate's ratio cluster / single Redis."""
+    from rota_tools.devservers import local_redis_cluster
+
+    single = measure(settings)
+    if not cluster:
+        return single
+    with local_redis_cluster(masters=3) as started:
+        clustered = measure(settings.model_copy(update={"redis_url": started.url}))
+    ratios = {
+        key: round(clustered[key] / value, 3)
+        for key, value in single.items()
+        if key.endswith("per_s") and isinstance(value, int | float) and value
+    }
+    return {**single, "redis_cluster": clustered, "redis_cluster_ratio": ratios}
+
+
+Statements = Annotated[
+    bool,
+    typer.Option(
+        "--statements",
+        help="start the throwaway PostgreSQL with pg_stat_statements and report "
+        "its busiest statements per task",
+    ),
+]
+
+
+@contextlib.contextmanager
+def bench_settings(
+    database_url: str | None, redis_url: str | None, local: bool | None, statements: bool = False
+) -> Iterator[Settings]:
+    """Settings for a benchmark, schema migrated: the given servers, or
+    throwaway local ones (with pg_stat_statements, if asked)."""
+    from rota.core.migrate import migrate as run_migrations
+    from rota_tools.devservers import local_postgres, local_redis
+
+    configured = database_url or "ROTA_DATABASE_URL" in os.environ
+    with contextlib.ExitStack() as stack:
+        if local if local is not None else not configured:
+            preload = {"shared_preload_libraries": "pg_stat_statements"} if statements else None
+            pg = stack.enter_context(local_postgres(preload))
+            rd = stack.enter_context(local_redis())
+            settings = settings_from(pg.url, rd.url)
+        else:
+            settings = settings_from(database_url, redis_url)
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            run_migrations(conn)
+        yield settings
+
+
+@bench_app.command("load")
+def bench_load(
+    engine: Annotated[str, typer.Option(help="core (bulk SQL vs raw COPY), python or spark")] = (
+        "core"
+    ),
+    tasks: int = 200_000,
+    loaders: Annotated[int, typer.Option(help="python engine: loader processes")] = 2,
+    tenants: int = 1000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    redis_cluster: BesideCluster = False,
+    statements: Statements = False,
+    as_json: AsJson = False,
+) -> None:
+    """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
+    buffer -> PostgreSQL pipeline's tasks/s and enqueue -> claimable latency."""
+    from rota_tools.bench.core import bench_load as run_core
+    from rota_tools.bench.pipeline import bench_pipeline_load
+
+    tune_gc()  # as in `rota loader` (and its Python loaders' processes)
+    with bench_settings(database_url, redis_url, local, statements) as settings:
+        if engine == "core":
+            figures = run_core(settings.database_url, tasks, tenants, runs)
+        elif engine in ("python", "spark"):
+            figures = _beside_cluster(
+                settings,
+                lambda s: bench_pipeline_load(s, engine, tasks, tenants, runs, loaders),
+                redis_cluster,
+            )
+        else:
+            raise typer.BadParameter(f"unknown engine {engine!r}")
+        _report("load", figures, as_json)
+
+
+@bench_app.command("enqueue")
+def bench_enqueue(
+    tasks: int = 200_000,
+    tenants: int = 1000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    redis_cluster: BesideCluster = False,
+    as_json: AsJson = False,
+) -> None:
+    """Producer: enqueue_many and single enqueue into the buffer, and the fallback."""
+    from rota_tools.bench.pipeline import bench_enqueue as run
+
+    with bench_settings(database_url, redis_url, local) as settings:
+        figures = _beside_cluster(settings, lambda s: run(s, tasks, tenants, runs), redis_cluster)
+        _report("enqueue", figures, as_json)
+
+
+@bench_app.command("import")
+def bench_import_command(
+    rows: int = 1_000_000,
+    tenants: int = 1000,
+    runs: int = 1,
+    master: Annotated[str, typer.Option(help="Spark master URL")] = "local[*]",
+    spark_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--spark-cluster", help="on a throwaway standalone cluster (a master, two workers)"
+        ),
+    ] = False,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """`rota import` of a generated Parquet file against a plain Spark JDBC
+    write of the same rows (same run), and the driver's peak memory."""
+    from rota_tools.bench.importing import bench_import
+    from rota_tools.devservers import local_spark_cluster
+
+    with bench_settings(database_url, None, local) as settings, contextlib.ExitStack() as stack:
+        if spark_cluster:
+            master = stack.enter_context(local_spark_cluster(workers=2, cores=1)).url
+        _report("import", bench_import(settings, rows, tenants, runs, master), as_json)
+
+
+@bench_app.command("work")
+def bench_work(
+    tasks: int = 50_000,
+    tenants: int = 1000,
+    concurrency: int = 8,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
+    and enqueue -> start latency with NOTIFY."""
+    from rota_tools.bench.pipeline import bench_work as run
+
+    with bench_settings(database_url, redis_url, local) as settings:
+        _report("work", run(settings, tasks, tenants, concurrency), as_json)
+
+
+def _fairness_command(scenario: str) -> None:
+    def command(
+        scale: Annotated[int, typer.Option(help="workload size multiplier")] = 100,
+        database_url: DatabaseUrl = None,
+        local: Local = None,
+        as_json: AsJson = False,
+    ) -> None:
+        from rota_tools.bench.fairness import bench_fairness
+
+        with bench_settings(database_url, None, local) as settings:
+            _report(scenario, bench_fairness(settings.database_url, scenario, scale), as_json)
+
+    command.__doc__ = f"Fairness: the {scenario} workload through rota, FIFO and PARTITION BY."
+    bench_app.command(scenario)(command)
+
+
+for _scenario in ("noisy-neighbour", "zipf", "weighted", "cost"):
+    _fairness_command(_scenario)
+
+
+@bench_app.command("end-to-end")
+def bench_end_to_end(
+    tasks: int = 20_000,
+    tenants: int = 100,
+    rate: float = 2000.0,
+    concurrency: int = 8,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    pgbouncer: Annotated[
+        bool,
+        typer.Option(
+            "--pgbouncer",
+            help="run again with the loader and workers behind a throwaway PgBouncer in "
+            "transaction mode, with LISTEN on a direct URL and without (polling)",
+        ),
+    ] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
+    from rota_tools.bench.pipeline import bench_end_to_end as run
+
+    with bench_settings(database_url, redis_url, local) as settings:
+        figures = run(settings, tasks, tenants, rate, concurrency)
+        if pgbouncer:
+            figures |= _behind_pgbouncer(
+                settings,
+                lambda fleet, probes: run(
+                    settings, tasks, tenants, rate, concurrency, fleet, probes
+                ),
+            )
+        _report("end-to-end", figures, as_json)
+
+
+def _behind_pgbouncer(
+    settings: Settings, measure: Callable[[Settings, dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """`measure` again with the fleet behind PgBouncer in transaction mode
+    (PostgreSQL must be on this machine): LISTEN on the direct URL, then
+    polling every ROTA_POLL_SECONDS."""
+    from psycopg.conninfo import make_conninfo
+
+    from rota_tools.bench.cpu import process_tree_seconds
+    from rota_tools.devservers import start_pgbouncer
+
+    bouncer = start_pgbouncer(settings.database_url, pool_mode="transaction")
+    try:
+        assert bouncer.process is not None
+        pid = bouncer.process.pid
+        probes = {"pgbouncer": lambda: process_tree_seconds(pid)}
+        # The same database, through the pooler.
+        url = make_conninfo(settings.database_url, host="127.0.0.1", port=str(bouncer.port))
+        pooled = settings.model_copy(
+            update={"database_url": url, "database_pooling": "transaction"}
+        )
+        listen = pooled.model_copy(update={"direct_database_url": settings.database_url})
+        return {
+            "pgbouncer_listen": measure(listen, probes),
+            "pgbouncer_poll": measure(pooled, probes),
+        }
+    finally:
+        bouncer.stop()
+
+
+@bench_app.command("shards")
+def bench_shards(
+    primaries: Annotated[int, typer.Option(help="simulate 1 .. this many primaries")] = 3,
+    scale: Annotated[int, typer.Option(help="fairness workload: 1 is 22,560 tasks")] = 1,
+    tasks: Annotated[int, typer.Option(help="throughput: tasks preloaded")] = 60_000,
+    tenants: Annotated[int, typer.Option(help="throughput: tenants")] = 300,
+    claimers: Annotated[int, typer.Option(help="throughput: claiming processes")] = 4,
+    as_json: AsJson = False,
+) -> None:
+    """Tenants spread over 1, 2 and 3 throwaway PostgreSQL instances: the fairness
+    bound kept by each way of choosing a shard, quiet tenants' waits, throughput."""
+    from rota.core.migrate import migrate as run_migrations
+    from rota_tools.bench.shards import bench_shards as run
+    from rota_tools.devservers import local_postgres
+
+    if not 1 <= primaries <= 8:
+        raise typer.BadParameter("from 1 to 8", param_hint="--primaries")
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(local_postgres()).url for _ in range(primaries)]
+        for url in urls:
+            with psycopg.connect(url, autocommit=True) as conn:
+                run_migrations(conn)
+        _report("shards", run(urls, scale * 250, tasks, tenants, claimers), as_json)
+
+
+@bench_app.command("lock-pressure")
+def bench_lock_pressure(
+    tenants: int = 1000,
+    connections: int = 8,
+    claim_size: int = 100,
+    seconds: float = 5.0,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Racing claimers (some tenants limited) while pg_locks is sampled."""
+    from rota_tools.bench.core import lock_pressure
+
+    with bench_settings(database_url, None, local) as settings:
+        _report(
+            "lock-pressure",
+            lock_pressure(settings.database_url, tenants, connections, claim_size, seconds),
+            as_json,
+        )
+
+
+@bench_app.command("backlog-scaling")
+def bench_backlog_scaling(
+    backlogs: str = "10000,100000,1000000",
+    tenants: int = 1000,
+    connections: int = 4,
+    claim_size: int = 100,
+    samples: int = 200,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Claim latency at 10k, 100k and 1M waiting, and after as many were churned."""
+    from rota_tools.bench.core import backlog_scaling
+
+    sizes = [int(b) for b in backlogs.split(",")]
+    with bench_settings(database_url, None, local) as settings:
+        figures = backlog_scaling(
+            settings.database_url, sizes, tenants, connections, claim_size, samples
+        )
+        _report("backlog-scaling", figures, as_json)
+
+
+@bench_app.command("claim")
+def bench_claim(
+    backlogs: str = "10000,100000,1000000",
+    tenants: int = 1000,
+    connections: int = 4,
+    claim_size: int = 100,
+    samples: int = 200,
+    seconds: float = 5.0,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    local: Local = None,
+    statements: Statements = False,
+    as_json: AsJson = False,
+) -> None:
+    """Claim + complete throughput (vs a plain FIFO baseline), and claim latency
+    by backlog and after churn."""
+    from rota_tools.bench.core import bench_claim as run
+
+    tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
+    sizes = [int(b) for b in backlogs.split(",")]
+    with bench_settings(database_url, None, local, statements) as settings:
+        figures = run(
+            settings.database_url, sizes, tenants, connections, claim_size, samples, seconds, runs
+        )
+        _report("claim", figures, as_json)
+
+
+@bench_app.command("console")
+def bench_console(
+    tasks: Annotated[int, typer.Option(help="tasks waiting")] = 1_000_000,
+    tenants: Annotated[int, typer.Option(help="tenants they belong to")] = 10_000,
+    connections: Annotated[int, typer.Option(help="claiming processes")] = 4,
+    seconds: Annotated[float, typer.Option(help="each claim run, cut into windows")] = 16.0,
+    runs: Annotated[int, typer.Option(help="claim runs, each from a full backlog")] = 12,
+    window: Annotated[float, typer.Option(help="seconds with, then without, a console")] = 4.0,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """The console over a big queue: each page's and API read's time, and
+    claim + complete with a console refreshing every 2 s against without."""
+    from rota_tools.bench.console import bench_console as run
+
+    tune_gc()
+    with bench_settings(database_url, redis_url, local) as settings:
+        figures = run(settings, tasks, tenants, connections, seconds, runs, window)
+        _report("console", figures, as_json)
+
+
+@bench_app.command("chaos")
+def bench_chaos(
+    rate: Annotated[float, typer.Option(help="tasks per second offered")] = 150.0,
+    baseline_seconds: float = 30.0,
+    settle_seconds: Annotated[float, typer.Option(help="under load after each fault")] = 20.0,
+    pg_pause_seconds: Annotated[float, typer.Option(help="PostgreSQL down this long")] = 10.0,
+    spark: Annotated[
+        bool, typer.Option("--spark/--no-spark", help="kill -9 a Spark loader too")
+    ] = True,
+    faults: Annotated[
+        bool, typer.Option("--faults/--no-faults", help="off: the same run, no faults")
+    ] = True,
+    as_json: AsJson = False,
+) -> None:
+    """Faults under load (kill -9 of each process, Redis and PostgreSQL
+    restarts): acknowledged vs ran, duplicates by cause, limit violations,
+    recovery times, throughput held. Throwaway servers."""
+    from rota_tools.bench.chaos import run_chaos
+
+    figures = run_chaos(
+        rate=rate,
+        baseline_seconds=baseline_seconds,
+        settle_seconds=settle_seconds,
+        pg_pause_seconds=pg_pause_seconds,
+        spark=spark,
+        faults_enabled=faults,
+    )
+    _report("chaos", figures, as_json)
+
+
+@bench_app.command("compare")
+def bench_compare(
+    baseline: Annotated[str, typer.Option(help="the commit to compare against (any git revision)")],
+    candidate: Annotated[
+        str | None,
+        typer.Option(help="a commit to compare instead of the working tree"),
+    ] = None,
+    stages: Annotated[
+        str, typer.Option(help="comma-separated, of: " + ", ".join(STAGES))
+    ] = ",".join(DEFAULT_STAGES),
+    rounds: Annotated[int, typer.Option(help="runs of each side per stage, alternating")] = 3,
+    set_args: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="STAGE=ARGS: extra arguments for a stage's runs"),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="seconds one run may take")] = 1200.0,
+    keep: Annotated[bool, typer.Option(help="keep the baseline's worktree")] = False,
+    database_url: Annotated[
+        str | None,
+        typer.Option(help="a PostgreSQL URL whose role may create databases (default: throwaway)"),
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="a Redis URL it may flush (default: throwaway)")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="also write the JSON report here")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """A/B: the baseline commit against the working tree (or --candidate),
+    alternating on the same servers; one table per stage with medians,
+    spreads, change, and whether the change is outside the spread."""
+    from rota_tools.bench import compare as ab
+    from rota_tools.devservers import local_postgres, local_redis
+
+    try:
+        chosen = ab.parse_stages(stages)
+        extra = ab.parse_extra_args(set_args or [])
+        if rounds < 1:
+            raise ab.CompareError("--rounds must be at least 1")
+        repo = ab.repository_root()
+    except ab.CompareError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if (database_url is None) != (redis_url is None):
+        raise typer.BadParameter("give both --database-url and --redis-url, or neither")
+
+    def log(line: str) -> None:
+        typer.echo(line, err=True)
+
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(ab.checkout(repo, baseline, "baseline", keep))
+        if candidate is None:
+            commit, label = ab.snapshot(repo)
+            new = stack.enter_context(ab.checkout(repo, commit, "candidate", keep, label))
+        else:
+            new = stack.enter_context(ab.checkout(repo, candidate, "candidate", keep))
+        if database_url is None or redis_url is None:
+            database_url = stack.enter_context(local_postgres()).url
+            redis_url = stack.enter_context(local_redis()).url
+        log(f"baseline {base.revision[:10]} ({base.tree}); candidate {new.revision} ({new.tree})")
+        results = ab.compare(
+            (base, new), chosen, rounds, database_url, redis_url, extra, timeout, log
+        )
+    names = (f"baseline {base.revision[:7]}", new.revision[:7] if candidate else "working tree")
+    figures = {
+        "baseline": base.revision,
+        "candidate": new.revision,
+        "rounds": rounds,
+        "stages": results,
+    }
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(_stamped("compare", figures), handle, indent=2)
+    if as_json:
+        _report("compare", figures, as_json)
+        return
+    for stage in chosen:
+        stage_report = results[stage]
+        typer.echo(ab.stage_table(stage, ab.STAGES[stage].metrics, stage_report["figures"], names))
+        for side, failures in stage_report["failures"].items():
+            typer.echo(f"  {side}: {len(failures)} failed run(s): {failures[-1]}")
+        typer.echo("")
+
+
+def demo(
+    flood: int = 100_000,
+    small_tenants: int = 50,
+    out: Annotated[str, typer.Option(help="where the chart goes")] = "demo-out",
+    as_json: AsJson = False,
+) -> None:
+    """The whole pipeline on local servers: a flood, quiet tenants, fair waits."""
+    tune_gc()
+    from rota_tools.demo import main as run_demo
+
+    result = run_demo(flood=flood, small_tenants=small_tenants, out=out)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
