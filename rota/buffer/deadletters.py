@@ -20,7 +20,7 @@ import psycopg
 from rota import core
 from rota.buffer.entries import parse_batch
 from rota.buffer.redis_client import Client
-from rota.buffer.streams import check_entry_id, dead_letter_stream
+from rota.buffer.streams import check_entry_id, dead_letter_stream, entry_seconds
 from rota.core import db
 from rota.errors import ValidationError
 from rota.loader.store import load_in_chunks
@@ -67,7 +67,7 @@ def _letter(entry_id: bytes | str, fields: dict[bytes, bytes]) -> DeadLetter:
     raw = fields.get(b"raw", b"")
     return DeadLetter(
         text_id,
-        datetime.fromtimestamp(int(text_id.split("-")[0]) / 1000, UTC),
+        datetime.fromtimestamp(entry_seconds(text_id), UTC),
         _text(fields.get(b"reason")),
         _text(fields.get(b"stream")),
         _text(fields.get(b"entry")),

@@ -222,7 +222,7 @@ def buffer_stats(client: Any, streams: list[str], group: str) -> dict[str, dict[
         pipe.xrange(stream, count=1)
     # Before any loader ran there is no consumer group: nothing is pending.
     replies: list[Any] = pipe.execute(raise_on_error=False)
-    now_ms = time.time() * 1000
+    now = time.time()
     stats: dict[str, dict[str, float | int]] = {}
     for i, stream in enumerate(streams):
         length, pending, first = replies[3 * i : 3 * i + 3]
@@ -233,11 +233,10 @@ def buffer_stats(client: Any, streams: list[str], group: str) -> dict[str, dict[
             pending = {"pending": 0}
         elif isinstance(pending, Exception):
             raise pending
-        oldest_ms = int(_entry_ms(first[0][0])) if first else None
         stats[stream] = {
             "entries": int(length),
             "pending": int(pending["pending"]),
-            "oldest_age_seconds": round((now_ms - oldest_ms) / 1000, 3) if oldest_ms else 0.0,
+            "oldest_age_seconds": round(oldest_age([e[0] for e in first[:1]], now), 3),
         }
     return stats
 
@@ -266,7 +265,17 @@ def next_entry_id(entry_id: str) -> str:
     return f"{ms}-{seq + 1}"
 
 
-def _entry_ms(entry_id: bytes | str) -> int:
-    """The time (ms since the epoch) in a stream entry's id, `<ms>-<seq>`."""
+def entry_seconds(entry_id: bytes | str) -> float:
+    """The stream's clock: the time (seconds since the epoch) in an entry's
+    id, `<ms>-<seq>`; Redis stamps it when the entry is added."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.split("-")[0])
+    return int(text.partition("-")[0]) / 1000
+
+
+def oldest_age(entry_ids: Iterable[bytes | str], now: float | None = None) -> float:
+    """How long (seconds, never negative) the oldest of these entries has
+    waited; 0.0 for none."""
+    oldest = min((entry_seconds(i) for i in entry_ids), default=None)
+    if oldest is None:
+        return 0.0
+    return max(0.0, (time.time() if now is None else now) - oldest)

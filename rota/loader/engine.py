@@ -33,6 +33,7 @@ from rota.buffer.streams import (
     backlog_key,
     buffer_stats,
     decode_entry,
+    oldest_age,
 )
 from rota.core import db
 from rota.loader.reading import BufferReader, Entry
@@ -185,9 +186,7 @@ class Loader:
             entries = reclaimed + fresh
             self._held = (entries, exhausted)
         result.entries = len(entries) + len(exhausted)
-        read = [entry_id for _, entry_id, _ in entries + exhausted]
-        oldest_ms = min((int(i.split("-")[0]) for i in read), default=None)
-        self.last_lag = 0.0 if oldest_ms is None else max(0.0, time.time() - oldest_ms / 1000)
+        self.last_lag = oldest_age(entry_id for _, entry_id, _ in entries + exhausted)
 
         dead: list[tuple[Entry, Rejected]] = [
             (

@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from rota import core
 from rota.buffer import redis_client
 from rota.buffer.entries import TaskBatch
-from rota.buffer.streams import Rejected, all_streams, entry_key
+from rota.buffer.streams import Rejected, all_streams, entry_key, oldest_age
 from rota.core import db
 from rota.loader.settle import BufferSettle, DeadLettersRefused
 from rota.loader.spark_session import SparkOptions
@@ -147,8 +147,7 @@ class BatchSink:
         self.loaded += stored
         self.dead_lettered += len(dead)
         self.batches += 1
-        oldest_ms = min((int(i.split("-")[0]) for i in first.values()), default=None)
-        lag = 0.0 if oldest_ms is None else max(0.0, time.time() - oldest_ms / 1000)
+        lag = oldest_age(first.values())
         if last:
             log.info(
                 "micro-batch %d: loaded %d task(s), %d dead-lettered; lag %.3f s",

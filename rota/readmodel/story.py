@@ -18,7 +18,7 @@ import redis
 
 from rota.buffer import deadletters
 from rota.buffer.redis_client import Client
-from rota.buffer.streams import all_streams
+from rota.buffer.streams import all_streams, oldest_age
 from rota.core import db
 from rota.core.read import AHEAD_CAP, StoredTask, stored_task
 from rota.settings import Settings
@@ -74,8 +74,7 @@ def find_in_buffer(client: Client, settings: Settings, task_id: UUID) -> InBuffe
 def _place(client: Client, settings: Settings, stream: str, entry: str) -> InBuffer:
     ahead: Any = client.xrange(stream, min="-", max=f"({entry}", count=AHEAD_CAP + 1)
     first: Any = client.xrange(stream, count=1)
-    oldest_ms = int(first[0][0].decode().split("-")[0]) if first else None
-    age = max(0.0, datetime.now(UTC).timestamp() - oldest_ms / 1000) if oldest_ms else 0.0
+    age = oldest_age(e[0] for e in first[:1])
     try:
         pending: Any = client.xpending_range(
             stream, settings.loader_group, min=entry, max=entry, count=1

@@ -163,3 +163,15 @@ def test_a_bad_task_is_refused_before_anything_is_added() -> None:
     with pytest.raises(Exception, match="cost"):
         batch.add(WORK, "alice", [1], cost=0)
     assert len(batch) == 2 and all(len(c) == 2 for c in (batch.payloads, batch.template))
+
+
+def test_the_stream_clock_reads_an_entry_ids_time() -> None:
+    from rota.buffer.streams import entry_seconds, oldest_age
+
+    assert entry_seconds("1700000000123-7") == 1700000000.123
+    assert entry_seconds(b"1700000000123-0") == 1700000000.123
+    assert entry_seconds("1700000000123") == 1700000000.123
+    ids = ["1700000005000-0", b"1700000001000-3", "1700000003000-1"]
+    assert oldest_age(ids, now=1700000011.0) == 10.0
+    assert oldest_age([], now=1.0) == 0.0
+    assert oldest_age(["1700000005000-0"], now=1700000000.0) == 0.0  # a clock behind Redis
