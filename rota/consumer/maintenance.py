@@ -25,7 +25,7 @@ from rota.app import App
 from rota.core import db
 from rota.errors import ValidationError
 from rota.model.envelope import make_envelope, task_id_for_key
-from rota.runtime.outage import Outage
+from rota.runtime.outage import Kept, Outage, rounds
 from rota.settings import Settings
 
 log = logging.getLogger("rota.maintenance")
@@ -284,24 +284,25 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
             "rota reaper holds a session-level lock: behind a transaction pooler, "
             "set ROTA_DIRECT_DATABASE_URL to a URL that reaches PostgreSQL directly"
         )
-    conn: psycopg.Connection[Any] | None = None
+    conn = Kept(lambda: db.connect(url, connect_timeout=settings.database_timeout_seconds))
+
+    def lead() -> float:
+        leadership.tick(conn.get())
+        return settings.maintenance_seconds
+
+    def lost(_error: BaseException) -> None:
+        conn.drop()
+        leadership.connection_lost()
+
     try:
-        while not stop.is_set():
-            try:
-                if conn is None:
-                    conn = db.connect(url, connect_timeout=settings.database_timeout_seconds)
-                leadership.tick(conn)
-                outage.recovered()
-            except psycopg.OperationalError as exc:
-                if conn is not None:
-                    conn.close()
-                conn = None
-                leadership.connection_lost()
-                stop.wait(outage.failed(exc))
-                continue
-            except Exception:
-                log.exception("maintenance failed; carrying on")
-            stop.wait(settings.maintenance_seconds)
+        rounds(
+            lead,
+            outage,
+            (psycopg.OperationalError,),
+            stop,
+            lost=lost,
+            carry_on="maintenance",
+            pause_after_crash=settings.maintenance_seconds,
+        )
     finally:
-        if conn is not None:
-            conn.close()
+        conn.drop()

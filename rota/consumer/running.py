@@ -20,7 +20,7 @@ from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceb
 from rota.core import db
 from rota.errors import Retry, ValidationError
 from rota.model.rules import check_delay
-from rota.runtime.outage import Outage
+from rota.runtime.outage import Kept, Outage, rounds
 from rota.settings import Settings
 
 log = logging.getLogger("rota.worker")
@@ -123,7 +123,6 @@ def listen(
     meanwhile). Without a session URL (behind a transaction pooler) it
     returns at once and the claim loop polls."""
     wanted = set(queues)
-    outage = Outage("PostgreSQL (LISTEN)", log)
     url = settings.session_database_url  # LISTEN needs a session: never a pooled one
     if url is None:
         log.info(
@@ -132,17 +131,18 @@ def listen(
             settings.poll_seconds,
         )
         return
-    while not stopping.is_set():
-        try:
-            with db.connect(url, connect_timeout=settings.database_timeout_seconds) as conn:
-                db.run(conn, core.listen_ready())
-                outage.recovered()
-                while not stopping.is_set():
-                    for note in conn.notifies(timeout=NOTIFY_WAIT_SECONDS):
-                        if note.payload in wanted:
-                            wake.set()
-        except psycopg.OperationalError as exc:
-            stopping.wait(outage.failed(exc))
+
+    def listening() -> None:
+        with db.connect(url, connect_timeout=settings.database_timeout_seconds) as conn:
+            db.run(conn, core.listen_ready())
+            outage.recovered()
+            while not stopping.is_set():
+                for note in conn.notifies(timeout=NOTIFY_WAIT_SECONDS):
+                    if note.payload in wanted:
+                        wake.set()
+
+    outage = Outage("PostgreSQL (LISTEN)", log)
+    rounds(listening, outage, (psycopg.OperationalError,), stopping)
 
 
 def heartbeat(
@@ -157,34 +157,39 @@ def heartbeat(
     holds their lock, which lives on this thread's connection: leadership is
     lost with it. Until `stopping`; reconnects after a lost connection."""
     last_beat = float("-inf")
-    outage = Outage("PostgreSQL (heartbeat and maintenance)", log)
-    conn: psycopg.Connection[Any] | None = None
-    while not stopping.is_set():
-        try:
-            if conn is None:
-                conn = db.connect(
-                    settings.database_url,
-                    pooled=settings.transaction_pooling,
-                    connect_timeout=settings.database_timeout_seconds,
-                    # Which worker holds the maintenance lock, in pg_stat_activity.
-                    application_name=f"rota-worker:{worker_id}"[-APPLICATION_NAME_MAX:],
-                )
-            if time.monotonic() - last_beat >= settings.heartbeat_seconds:
-                beat(conn)
-                last_beat = time.monotonic()
-            outage.recovered()
-            if leadership is not None:
-                leadership.tick(conn)
-        except psycopg.OperationalError as exc:
-            if conn is not None:
-                conn.close()
-            conn = None
-            if leadership is not None:
-                leadership.connection_lost()
-            stopping.wait(outage.failed(exc))
-            continue
-        except Exception:
-            log.exception("heartbeat or maintenance failed; carrying on")
-        stopping.wait(settings.maintenance_seconds)
-    if conn is not None:
-        conn.close()
+    conn = Kept(
+        lambda: db.connect(
+            settings.database_url,
+            pooled=settings.transaction_pooling,
+            connect_timeout=settings.database_timeout_seconds,
+            # Which worker holds the maintenance lock, in pg_stat_activity.
+            application_name=f"rota-worker:{worker_id}"[-APPLICATION_NAME_MAX:],
+        )
+    )
+
+    def beat_and_maintain() -> float:
+        nonlocal last_beat
+        if time.monotonic() - last_beat >= settings.heartbeat_seconds:
+            beat(conn.get())
+            last_beat = time.monotonic()
+        if leadership is not None:
+            leadership.tick(conn.get())
+        return settings.maintenance_seconds
+
+    def lost(_error: BaseException) -> None:
+        conn.drop()
+        if leadership is not None:
+            leadership.connection_lost()
+
+    try:
+        rounds(
+            beat_and_maintain,
+            Outage("PostgreSQL (heartbeat and maintenance)", log),
+            (psycopg.OperationalError,),
+            stopping,
+            lost=lost,
+            carry_on="heartbeat or maintenance",
+            pause_after_crash=settings.maintenance_seconds,
+        )
+    finally:
+        conn.drop()

@@ -45,7 +45,7 @@ from rota.consumer.running import (
 )
 from rota.core import db
 from rota.readmodel.metrics import WorkerMetrics
-from rota.runtime.outage import Outage, retrying
+from rota.runtime.outage import Kept, Outage, retrying, rounds
 from rota.task import Task
 
 log = logging.getLogger("rota.worker")
@@ -142,33 +142,27 @@ class Worker:
         for helper in helpers:
             helper.start()
         log.info("worker %s on queues %s, concurrency %d", self.id, queues, self.concurrency)
+        kept = Kept(self._connect)
+        kept.current = conn
         try:
-            while not self.stopping.is_set():
-                if conn is None:
-                    conn = retrying(
-                        self._connect, self.claims_outage, RECONNECT_ERRORS, self.stopping.wait
-                    )
-                    continue
-                try:
-                    self._step(conn, queues)
-                except RECONNECT_ERRORS as exc:
-                    # An outage: outcomes not yet reported are kept, and
-                    # reported after reconnecting.
-                    conn.close()
-                    conn = None
-                    self.stopping.wait(self.claims_outage.failed(exc))
-                except Exception:
-                    # Narrowed down to its task where it can be (claims and
-                    # reports); anything else is logged, and the worker carries on.
-                    log.exception("worker step failed; carrying on")
-                    self.wake.wait(self.settings.poll_seconds)
-            return self._shutdown(conn)
+            # An outage keeps the outcomes not yet reported, to report after
+            # reconnecting. Other failures are narrowed down to their task
+            # where they can be (claims and reports); anything else is logged.
+            rounds(
+                lambda: self._step(kept.get(), queues),
+                self.claims_outage,
+                RECONNECT_ERRORS,
+                self.stopping,
+                lost=kept.drop,
+                carry_on="worker step",
+                pause_after_crash=self.settings.poll_seconds,
+            )
+            return self._shutdown(kept.current)
         finally:
             self.stopping.set()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
-            if conn is not None:
-                conn.close()
+            kept.drop()
 
     def _connect(self) -> psycopg.Connection[Any]:
         """The connection that claims and reports."""

@@ -41,7 +41,7 @@ from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
 from rota.model.envelope import TaskEnvelope
 from rota.readmodel.metrics import LoaderMetrics
-from rota.runtime.outage import Outage
+from rota.runtime.outage import Outage, Polled, retrying, rounds
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")
@@ -272,22 +272,26 @@ class Loader:
         started = time.monotonic()
         deadline = None if max_seconds is None else started + max_seconds
         outage = Outage("the buffer or PostgreSQL (drain)", log)
+        stop = Polled(should_stop, STOP_CHECK_SECONDS)
         while not should_stop():
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            try:
-                result = self.pass_once()
-            except LOADER_OUTAGES as exc:
-                self._after_failure(exc)
-                delay = outage.failed(exc)
-                # Within a time budget an outage is waited out; without
-                # one (or past it) the drain fails, for cron to retry.
-                if deadline is None or time.monotonic() + delay >= deadline:
-                    summary.errors.append(f"{type(exc).__name__}: {exc}")
-                    break
-                time.sleep(delay)
-                continue
-            outage.recovered()
+            # Within a time budget an outage is waited out; without one (or
+            # past it) the drain fails, for cron to retry.
+            result = retrying(
+                self.pass_once,
+                outage,
+                LOADER_OUTAGES,
+                stop.wait,
+                deadline=time.monotonic() if deadline is None else deadline,
+                lost=self._after_failure,
+            )
+            if result is None:
+                if outage.last_error is not None and outage.down:
+                    summary.errors.append(
+                        f"{type(outage.last_error).__name__}: {outage.last_error}"
+                    )
+                break
             self._passed(result)
             summary.add(result)
             if result.entries == 0:
@@ -311,19 +315,14 @@ class Loader:
             self.settings.stream_prefix,
             self.settings.loader_group,
         )
-        while not should_stop():
-            try:
-                result = self.pass_once(block_ms=block_ms)
-            except LOADER_OUTAGES as exc:
-                self._after_failure(exc)
-                delay = outage.failed(exc)
-                deadline = time.monotonic() + delay
-                while not should_stop() and time.monotonic() < deadline:
-                    time.sleep(min(STOP_CHECK_SECONDS, delay))
-                continue
-            outage.recovered()
+
+        def one_pass() -> None:
+            result = self.pass_once(block_ms=block_ms)
             self._passed(result)
             summary.add(result)
+
+        stop = Polled(should_stop, STOP_CHECK_SECONDS)
+        rounds(one_pass, outage, LOADER_OUTAGES, stop, lost=self._after_failure)
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
 
@@ -343,7 +342,3 @@ class Loader:
             self.metrics.passed(
                 result.loaded, result.duplicates, result.dead_lettered, self.last_lag
             )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

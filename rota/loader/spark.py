@@ -42,7 +42,7 @@ from rota.loader.spark_source import SOURCE_NAME, BufferSource
 from rota.loader.store import load_entries
 from rota.model.envelope import TaskEnvelope
 from rota.readmodel.metrics import LoaderMetrics
-from rota.runtime.outage import Outage
+from rota.runtime.outage import Outage, Polled, retrying
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader.spark")
@@ -82,22 +82,23 @@ class BatchSink:
         """Loads the batch; through an outage of either server, tries again
         in place (the query goes on, the ledger keeps it exactly once) until
         it loads or the loader is stopped."""
-        while True:
-            try:
-                self._load_batch(frame, batch_id)
-            except OUTAGES as exc:
-                self.close()
-                if self.should_stop():
-                    raise
-                deadline = time.monotonic() + self.outage.failed(exc)
-                while time.monotonic() < deadline and not self.should_stop():
-                    time.sleep(0.05)
-                continue
-            except Exception:
-                self.close()  # whatever failed, the next attempt starts afresh
-                raise
-            self.outage.recovered()
-            return
+
+        def load() -> bool:
+            self._load_batch(frame, batch_id)
+            return True
+
+        try:
+            done = retrying(
+                load, self.outage, OUTAGES, Polled(self.should_stop).wait, lost=self._lost
+            )
+        except Exception:
+            self.close()  # whatever failed, the next attempt starts afresh
+            raise
+        if done is None and self.outage.last_error is not None:
+            raise self.outage.last_error  # stopped during an outage
+
+    def _lost(self, _error: BaseException) -> None:
+        self.close()
 
     def _load_batch(self, frame: DataFrame, batch_id: int) -> None:
         if self._conn is None or self._conn.closed:
@@ -267,10 +268,7 @@ def run_streaming(
             # A server lost or refusing: the query restarts from its
             # checkpoint once the outage passes; the ledger skips any batch
             # already loaded.
-            deadline = time.monotonic() + sink.outage.failed(RuntimeError(str(failure)))
-            while not should_stop() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if should_stop():
+            if Polled(should_stop, 0.1).wait(sink.outage.failed(RuntimeError(str(failure)))):
                 break
     finally:
         sink.close()

@@ -3,26 +3,42 @@
 A loop that loses PostgreSQL or Redis waits between attempts with exponential
 backoff and jitter (so a fleet does not reconnect in lockstep), and says so in
 its log twice: when the outage starts and when it ends, never once per try.
+Every loop runs through `rounds` (work again and again) or `retrying` (one
+thing until it succeeds), holding its connection in a `Kept`:
 
-    outage = Outage("PostgreSQL (claims)", log)
-    while running:
-        try:
-            work()
-        except psycopg.OperationalError as exc:
-            stop.wait(outage.failed(exc))
-            continue
-        outage.recovered()
+    conn = Kept(lambda: db.connect(url))
+    rounds(lambda: beat(conn.get()), Outage("PostgreSQL (heartbeat)", log),
+           (psycopg.OperationalError,), stop, lost=conn.drop)
+
+Outages are counted per loop for the metrics (`outages()`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+C = TypeVar("C", bound="Closable")
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class Stop(Protocol):
+    """What a loop stops on: a threading.Event, or a `Polled` check."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
 
 # The first retry comes after about BASE seconds; waits double up to CAP,
 # which bounds how long a loop may sleep on after its server is back.
@@ -51,6 +67,10 @@ class Outage:
         self._jitter = jitter
         self.since: float | None = None  # when the outage started
         self.attempts = 0
+        self.count = 0  # outages so far
+        self.last_error: BaseException | None = None
+        with _LOCK:
+            _LOOPS.add(self)
 
     @property
     def down(self) -> bool:
@@ -61,8 +81,10 @@ class Outage:
 
     def failed(self, error: BaseException) -> float:
         """Records a failed attempt; returns how long to wait before the next."""
+        self.last_error = error
         if self.since is None:
             self.since = self._clock()
+            self.count += 1
             self.log.warning("%s unavailable, reconnecting: %s", self.what, _one_line(error))
         delay: float = min(self.cap, self.base * 2.0 ** min(self.attempts, 30))
         self.attempts += 1
@@ -81,25 +103,118 @@ class Outage:
         self.attempts = 0
 
 
+_LOCK = threading.Lock()
+_LOOPS: weakref.WeakSet[Outage] = weakref.WeakSet()
+
+
+def outages() -> dict[str, tuple[int, bool]]:
+    """Per loop of this process (by what it reaches): outages so far, and
+    whether one is on now."""
+    with _LOCK:
+        loops = list(_LOOPS)
+    found: dict[str, tuple[int, bool]] = {}
+    for loop in loops:
+        count, down = found.get(loop.what, (0, False))
+        found[loop.what] = (count + loop.count, down or loop.down)
+    return found
+
+
+class Kept(Generic[C]):
+    """The connection a loop keeps: made when first needed, closed and
+    forgotten when lost (the next `get` makes a new one)."""
+
+    def __init__(self, connect: Callable[[], C]) -> None:
+        self._connect = connect
+        self.current: C | None = None
+
+    def get(self) -> C:
+        if self.current is None:
+            self.current = self._connect()
+        return self.current
+
+    def drop(self, _error: BaseException | None = None) -> None:
+        if self.current is not None:
+            with contextlib.suppress(Exception):  # already broken: best effort
+                self.current.close()
+            self.current = None
+
+
+class Polled:
+    """A `Stop` made of a check (`should_stop()`), polled while waiting."""
+
+    def __init__(self, should_stop: Callable[[], bool], every: float = 0.05) -> None:
+        self.should_stop, self.every = should_stop, every
+
+    def is_set(self) -> bool:
+        return self.should_stop()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.should_stop():
+            left = self.every if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self.every, left))
+        return True
+
+
+def rounds(
+    work: Callable[[], float | None],
+    outage: Outage,
+    errors: tuple[type[BaseException], ...],
+    stop: Stop,
+    *,
+    lost: Callable[[BaseException], None] | None = None,
+    carry_on: str | None = None,
+    pause_after_crash: float = 1.0,
+) -> None:
+    """Calls `work` round after round until `stop` is set; `work` returns how
+    long to wait before the next round (None: no wait). One of `errors` is a
+    lost server: `lost(error)` drops what the loop held, and the next round
+    comes after the outage's backoff. With `carry_on` (what the loop does,
+    for the log), any other exception is logged and the loop goes on after
+    `pause_after_crash`; without, it propagates."""
+    while not stop.is_set():
+        try:
+            pause = work()
+        except errors as exc:
+            if lost is not None:
+                lost(exc)
+            stop.wait(outage.failed(exc))
+            continue
+        except Exception:
+            if carry_on is None:
+                raise
+            outage.log.exception("%s failed; carrying on", carry_on)
+            pause = pause_after_crash
+        else:
+            outage.recovered()
+        if pause:
+            stop.wait(pause)
+
+
 def retrying(
     attempt: Callable[[], T],
     outage: Outage,
     errors: tuple[type[BaseException], ...],
     wait: Callable[[float], bool],
     deadline: float | None = None,
+    lost: Callable[[BaseException], None] | None = None,
 ) -> T | None:
     """Calls `attempt` until it succeeds, waiting per `outage` after each of
-    `errors`. `wait(seconds)` returns True to give up (a stop was asked for);
-    so does passing `deadline` (time.monotonic()). Returns None on giving up."""
+    `errors` (after `lost(error)`, if given). `wait(seconds)` returns True to
+    give up (a stop was asked for); so does `deadline` (time.monotonic()),
+    when the next attempt could not start before it. Returns None on giving
+    up (`outage.last_error` says why)."""
     while True:
         try:
             result = attempt()
         except errors as exc:
+            if lost is not None:
+                lost(exc)
             delay = outage.failed(exc)
-            if deadline is not None:
-                delay = min(delay, deadline - time.monotonic())
-                if delay <= 0:
-                    return None
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                return None  # the next attempt would start too late
             if wait(delay):
                 return None
             continue
