@@ -1,7 +1,9 @@
 """What the console's pages and its HTTP API show and do, written once: each
 function returns plain JSON-ready data (the API sends it as it is; a page
-renders it) from the read model (rota.core.read, rota.readmodel.story, rota.readmodel.figures),
-and each action goes through rota.core.admin, audited with its actor."""
+renders it) from the read model (rota.core.read, rota.readmodel.story,
+rota.readmodel.figures), and each action goes through rota.core.admin,
+audited with its actor. `Connections` is what they share: the servers, and
+answers kept for a moment."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -24,9 +26,8 @@ from rota.buffer import deadletters, redis_client
 from rota.core import db, read
 from rota.errors import ValidationError
 from rota.model.jsondata import plain
-from rota.readmodel.figures import Figures, postgres_figures, redis_figures
+from rota.readmodel.figures import Figures, gather
 from rota.readmodel.story import task_story
-from rota.runtime.redact import redact
 from rota.settings import Settings
 
 POOL_SIZE = 4
@@ -127,23 +128,13 @@ class Recent:
 
 
 def figures(c: Connections, top_tenants: int = 10) -> Figures:
-    """The overview, kept for a moment (`Recent`)."""
-    found: Figures = c.recent.get(("figures", top_tenants), lambda: _figures(c, top_tenants))
-    return found
+    """The overview (rota.readmodel.figures) over the console's connections,
+    kept for a moment (`Recent`)."""
 
+    def fetch() -> Figures:
+        return gather(c.settings, top_tenants, c.postgres, lambda: contextlib.nullcontext(c.redis))
 
-def _figures(c: Connections, top_tenants: int) -> Figures:
-    """The overview (what a server down keeps from it is said, not raised)."""
-    found = Figures(datetime.now(UTC))
-    try:
-        with c.postgres() as conn:
-            postgres_figures(conn, c.settings, top_tenants, found)
-    except psycopg.Error as exc:
-        found.unavailable["postgresql"] = redact(f"{type(exc).__name__}: {exc}".strip())
-    try:
-        redis_figures(c.redis, c.settings, found)
-    except (redis.RedisError, OSError) as exc:
-        found.unavailable["redis"] = redact(f"{type(exc).__name__}: {exc}".strip())
+    found: Figures = c.recent.get(("figures", top_tenants), fetch)
     return found
 
 

@@ -1,22 +1,35 @@
 """The operators' overview: queues, top tenants, workers, the buffer and its
 dead letters, gathered from both servers, with what could not be read said
-rather than raised. `rota stats`, the console's overview and the metrics
-read it."""
+rather than raised. `gather` is its one gatherer: `rota stats`, the
+console's overview page and API, and the overview's gauges all read it.
+
+Reading only: the per-queue and per-tenant figures come from rota.stats as
+maintenance last counted them (`counted_at` says when); a reader never
+recounts, so a role that may only read sees the overview too.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 import psycopg
 import redis
 
 from rota.buffer import deadletters, redis_client
 from rota.buffer.streams import all_streams, buffer_stats
-from rota.core import db, maintain, read
+from rota.core import db, read
 from rota.runtime.redact import redact
 from rota.settings import Settings
+
+# Where a gatherer gets its servers: a PostgreSQL connection and a Redis
+# client, each for the length of a `with`.
+PostgresSource: TypeAlias = Callable[[], AbstractContextManager[psycopg.Connection[Any]]]
+RedisSource: TypeAlias = Callable[[], AbstractContextManager[redis_client.Client]]
 
 
 @dataclass
@@ -32,57 +45,63 @@ class Figures:
     unavailable: dict[str, str] = field(default_factory=dict)  # server: why
 
 
-# A reader counts the figures itself only when maintenance has not for this
-# many intervals (no worker or reaper running, say): a count reads every
-# waiting task, and under load it would compete with the claims.
-STALE_INTERVALS = 12
+def gather(
+    settings: Settings,
+    top: int = 10,
+    postgres: PostgresSource | None = None,
+    redis_source: RedisSource | None = None,
+) -> Figures:
+    """The overview with the `top` tenants by waiting tasks. Without sources
+    it opens a connection and a client of its own, and closes them."""
+    figures = Figures(datetime.now(UTC))
+    try:
+        with (postgres or _own_postgres(settings))() as conn:
+            _postgres_figures(conn, top, figures)
+    except psycopg.Error as exc:
+        figures.unavailable["postgresql"] = _why(exc)
+    try:
+        with (redis_source or _own_redis(settings))() as client:
+            _redis_figures(client, settings, figures)
+    except (redis.RedisError, OSError) as exc:
+        figures.unavailable["redis"] = _why(exc)
+    return figures
 
 
-def _stale(queues: list[read.QueueRow], settings: Settings, now: datetime) -> bool:
-    """Whether maintenance has not counted lately."""
-    times = [q.counted_at for q in queues if q.counted_at is not None]
-    if not times:
-        return bool(queues)
-    return (now - min(times)).total_seconds() > STALE_INTERVALS * settings.stats_seconds
-
-
-def postgres_figures(
-    conn: psycopg.Connection[Any], settings: Settings, top: int, figures: Figures
-) -> None:
-    queues = db.run(conn, read.queues())
-    if _stale(queues, settings, figures.at):
-        db.run(conn, maintain.refresh_stats())
-        queues = db.run(conn, read.queues())
-    figures.queues = queues
+def _postgres_figures(conn: psycopg.Connection[Any], top: int, figures: Figures) -> None:
+    figures.queues = db.run(conn, read.queues())
     figures.tenants, figures.tenant_count = db.run(conn, read.top_tenants(max(1, top)))
     figures.workers = db.run(conn, read.workers())
     figures.loaders = db.run(conn, read.loader_batches())
 
 
-def redis_figures(client: redis_client.Client, settings: Settings, figures: Figures) -> None:
+def _redis_figures(client: redis_client.Client, settings: Settings, figures: Figures) -> None:
     streams = all_streams(settings.stream_prefix, settings.shards)
     figures.buffer = buffer_stats(client, streams, settings.loader_group)
     figures.dead_letters = deadletters.count(client, settings.stream_prefix)
 
 
-def gather(settings: Settings, top: int = 10) -> Figures:
-    figures = Figures(datetime.now(UTC))
-    try:
-        with db.admin_connect(
+def _why(exc: BaseException) -> str:
+    return redact(f"{type(exc).__name__}: {exc}".strip())
+
+
+def _own_postgres(settings: Settings) -> PostgresSource:
+    def connect() -> AbstractContextManager[psycopg.Connection[Any]]:
+        return db.admin_connect(
             settings.database_url,
             pooled=settings.transaction_pooling,
             connect_timeout=settings.database_timeout_seconds,
-        ) as conn:
-            postgres_figures(conn, settings, top, figures)
-    except psycopg.Error as exc:
-        figures.unavailable["postgresql"] = redact(f"{type(exc).__name__}: {exc}".strip())
-    client: redis_client.Client | None = None
-    try:
+        )
+
+    return connect
+
+
+def _own_redis(settings: Settings) -> RedisSource:
+    @contextlib.contextmanager
+    def connect() -> Iterator[redis_client.Client]:
         client = redis_client.connect(settings)
-        redis_figures(client, settings, figures)
-    except (redis.RedisError, OSError) as exc:
-        figures.unavailable["redis"] = redact(f"{type(exc).__name__}: {exc}".strip())
-    finally:
-        if client is not None:
+        try:
+            yield client
+        finally:
             client.close()
-    return figures
+
+    return connect

@@ -4,7 +4,8 @@
   failed, retried and dead tasks per queue; enqueue-to-start wait and run
   time) and `LoaderMetrics` (passes, tasks by outcome, lag).
 - The overview's gauges (`rota stats --format prometheus`, the console's
-  /metrics): `FiguresCollector`, from rota.readmodel.figures.
+  /metrics and its --metrics-port): `FiguresCollector`, from
+  rota.readmodel.figures, in the registry `overview_registry` builds.
 - `HealthServer`: /metrics, /healthz (alive) and /readyz (connected and
   working) for `--metrics-port`.
 
@@ -22,7 +23,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -36,6 +37,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # the figures' module reads Redis, which workers never load
+    from rota.readmodel.figures import Figures
 
 OTHER = "other"
 # Queues named in the console's series (the deepest); the rest are summed as OTHER.
@@ -188,7 +192,7 @@ class LoaderMetrics:
 class FiguresCollector(Collector):
     """The overview (rota.readmodel.figures) as gauges, read when scraped."""
 
-    def __init__(self, read: Callable[[], Any]) -> None:
+    def __init__(self, read: Callable[[], Figures]) -> None:
         self.read = read
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -252,11 +256,18 @@ class FiguresCollector(Collector):
                     letters, up)  # fmt: skip
 
 
-def figures_text(figures: Any) -> str:
+def overview_registry(read: Callable[[], Figures], *, process: bool) -> CollectorRegistry:
+    """The registry of the overview's gauges, each scrape calling `read`;
+    with `process`, the process's own CPU, memory and file figures too (a
+    server's /metrics; not a one-off `rota stats`)."""
+    registry = process_registry() if process else CollectorRegistry()
+    registry.register(FiguresCollector(read))
+    return registry
+
+
+def figures_text(figures: Figures) -> str:
     """The overview in the Prometheus text format."""
-    registry = CollectorRegistry()
-    registry.register(FiguresCollector(lambda: figures))
-    return generate_latest(registry).decode()
+    return generate_latest(overview_registry(lambda: figures, process=False)).decode()
 
 
 class HealthServer:
