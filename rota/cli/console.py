@@ -64,8 +64,7 @@ def dashboard(
     import uvicorn
 
     from rota.console.app import create_app
-    from rota.console.data import Connections, figures
-    from rota.readmodel.metrics import FiguresCollector, process_registry, serve_health
+    from rota.readmodel.metrics import serve_health
     from rota.runtime import logs
 
     logs.configure(log_level, log_format)
@@ -81,10 +80,8 @@ def dashboard(
     if (certfile is None) != (keyfile is None):
         raise ValidationError("--certfile and --keyfile go together")
     app_ = create_app(settings)  # a bad tokens file fails here, before listening
-    if metrics_port is not None:
-        conns = Connections(settings)
-        registry = process_registry()
-        registry.register(FiguresCollector(lambda: figures(conns)))
+    if metrics_port is not None:  # the console's own registry, on a port of its own
+        registry = app_.state.console.registry
         serve_health(settings, metrics_host, metrics_port, lambda: True, registry)
     scheme = "https" if certfile else "http"
     typer.echo(f"rota console on {scheme}://{host}:{port}/", err=True)
