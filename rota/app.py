@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from rota.producer import AsyncProducer, Producer, ProducerCore
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class App:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
@@ -47,6 +51,9 @@ class App:
         self._core: ProducerCore | None = None
         self._producer: Producer | None = None
         self._aproducer: AsyncProducer | None = None
+        # What enqueues take as now (the enqueue time, `countdown=`); the
+        # in-memory queue of rota.testing moves it.
+        self.clock: Callable[[], datetime] = _utc_now
 
     @classmethod
     def from_env(cls) -> App:
@@ -153,7 +160,7 @@ class App:
     def batch(self, calls: Iterable[TaskCall], now: datetime | None = None) -> TaskBatch:
         """Checks calls and collects them into a batch, all or nothing (raises a
         ValidationError subclass saying which call was wrong)."""
-        batch = TaskBatch(now or datetime.now(UTC))
+        batch = TaskBatch(now or self.clock())
         for call in calls:
             self._add(batch, call)
         return batch
