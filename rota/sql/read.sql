@@ -70,10 +70,7 @@ WITH s AS (
 ), rows AS (
     SELECT t.name, t.weight, t.paused, coalesce(s.waiting, 0) AS waiting,
            coalesce(s.running, 0) AS running, t.concurrency_limit, t.rate_limit,
-           CASE WHEN t.rate_limit IS NOT NULL
-                THEN least(t.rate_burst,
-                           t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
-           END AS tokens,
+           rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens,
            t.capacity, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.dead, 0) AS dead,
            extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
            coalesce(v.completed, 0) AS served,
@@ -106,10 +103,7 @@ LIMIT %(limit)s OFFSET %(offset)s
 -- name: tenant_detail
 SELECT t.name, t.id, t.weight, t.paused, t.concurrency_limit, t.running, t.rate_limit,
        t.rate_burst,
-       CASE WHEN t.rate_limit IS NOT NULL
-            THEN least(t.rate_burst,
-                       t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
-       END AS tokens,
+       rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens,
        t.capacity, b.backlog, t.created_at
 FROM rota.tenants t
 LEFT JOIN rota.tenant_backlog b ON b.tenant = t.name
@@ -138,10 +132,7 @@ SELECT t.id, q.name AS queue, tn.name AS tenant, t.name, t.payload::text, t.stat
        s.run_at,
        q.paused AS queue_paused, tn.paused AS tenant_paused, tn.concurrency_limit,
        tn.running AS tenant_running, tn.rate_limit,
-       CASE WHEN tn.rate_limit IS NOT NULL
-            THEN least(tn.rate_burst,
-                       tn.tokens + tn.rate_limit * extract(epoch FROM now() - tn.refilled_at))
-       END AS tokens,
+       rota.tokens_now(tn.rate_limit, tn.rate_burst, tn.tokens, tn.refilled_at) AS tokens,
        tn.capacity, t.seq, t.queue_id, t.tenant_id
 FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id

@@ -540,6 +540,18 @@ GROUP BY t.id;
 -- skip the admission's locking, counting and ranking.
 -- SECURITY DEFINER: a worker's role claims through it, holding no direct
 -- UPDATE or DELETE on the tables.
+-- A tenant's tokens now: its rate limit's bucket, refilled since it was last
+-- charged, up to its burst; NULL without a rate limit (least() would skip a
+-- NULL, so the CASE keeps it). Plain SQL, so the planner inlines it.
+CREATE FUNCTION rota.tokens_now(p_rate double precision, p_burst double precision,
+                                p_tokens double precision, p_refilled_at timestamptz)
+RETURNS double precision
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_rate IS NOT NULL
+                THEN least(p_burst, p_tokens + p_rate * extract(epoch FROM now() - p_refilled_at))
+           END
+$$;
+
 CREATE FUNCTION rota.claim(p_queues text[], p_limit integer, p_worker text,
                            p_lease_seconds double precision)
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
@@ -555,9 +567,7 @@ BEGIN
                coalesce(array_agg(t.id) FILTER (
                    WHERE t.paused
                       OR t.running >= t.concurrency_limit
-                      OR t.rate_limit IS NOT NULL
-                         AND least(t.rate_burst,
-                                   t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at)) < 1),
+                      OR rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) < 1),
                    '{}') AS blocked
         FROM rota.tenants t
         WHERE t.limited
@@ -584,11 +594,7 @@ BEGIN
         -- counters, so racing claims cannot both take the last free slot.
         SELECT t.id,
                t.concurrency_limit - t.running AS free_slots,
-               -- least() skips NULLs: without a rate limit the tokens must stay NULL.
-               CASE WHEN t.rate_limit IS NOT NULL
-                    THEN least(t.rate_burst,
-                               t.tokens + t.rate_limit * extract(epoch FROM now() - t.refilled_at))
-               END AS tokens
+               rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens
         FROM rota.tenants t
         WHERE t.limited AND t.id = ANY (ARRAY(
             SELECT DISTINCT c.tenant_id FROM candidates c
