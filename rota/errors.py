@@ -43,10 +43,6 @@ class EnqueueError(RotaError):
     """Neither the Redis buffer nor PostgreSQL could store the task: nothing was stored."""
 
 
-class LeaseLost(RotaError):
-    """The task's lease expired and another worker holds it now (stale attempt token)."""
-
-
 class Retry(RotaError):
     """Raised inside a task to run it again later, on purpose.
 
