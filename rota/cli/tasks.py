@@ -287,14 +287,14 @@ def letters_replay(
 ) -> None:
     """Load dead letters' tasks into PostgreSQL with the loaders' checks;
     those still refused stay, with why. Exit 1 if any was not replayed."""
-    from rota.buffer import deadletters
     from rota.core import db
+    from rota.loader import replay
 
     settings = settings_from(database_url, redis_url)
     client = redis_client.connect(settings)
     try:
         with db.admin_connect(settings.database_url) as conn:
-            result = deadletters.replay(client, conn, settings, ids, actor_or_default(actor))
+            result = replay.replay(client, conn, settings, ids, actor_or_default(actor))
     finally:
         client.close()
     rows = [(i, f"loaded {n} task(s)") for i, n in result.loaded.items()]

@@ -25,6 +25,7 @@ from rota.app import App
 from rota.buffer import deadletters, redis_client
 from rota.core import db, read
 from rota.errors import ValidationError
+from rota.loader.replay import replay as replay_letters
 from rota.model.jsondata import plain
 from rota.readmodel.figures import Figures, gather
 from rota.readmodel.story import task_story
@@ -275,7 +276,7 @@ def patch_tenant(c: Connections, name: str, changes: dict[str, Any], actor: str)
 
 def replay(c: Connections, letter_ids: list[str], actor: str) -> dict[str, Any]:
     with c.postgres() as conn:
-        result = deadletters.replay(c.redis, conn, c.settings, letter_ids, actor)
+        result = replay_letters(c.redis, conn, c.settings, letter_ids, actor)
     data: dict[str, Any] = plain(result)
     return data
 

@@ -333,6 +333,7 @@ def test_why_still_in_the_buffer_or_its_dead_letters(
 def test_dead_letters_replay_and_purge(app: App, conn: Conn, settings: Settings) -> None:
     from rota.buffer import deadletters
     from rota.loader import Loader
+    from rota.loader.replay import replay
 
     parse_pdf = app.tasks["parse_pdf"]
     ids = app.enqueue_many([parse_pdf.call(str(i), tenant="alice") for i in range(3)])
@@ -347,12 +348,12 @@ def test_dead_letters_replay_and_purge(app: App, conn: Conn, settings: Settings)
     assert deadletters.get(client, settings.stream_prefix, letters[0].id) == letters[0]
 
     # Still refused under the same rules: it stays, with why.
-    refused = deadletters.replay(
+    refused = replay(
         client, conn, settings.model_copy(update={"queues": "mail"}), [letters[0].id], ME
     )
     assert refused.loaded == {} and "ROTA_QUEUES" in refused.refused[letters[0].id]
     # With the queue allowed, it loads; the letter is gone.
-    done = deadletters.replay(client, conn, settings, [letters[0].id, "1-1"], ME)
+    done = replay(client, conn, settings, [letters[0].id, "1-1"], ME)
     assert done.loaded == {letters[0].id: 1} and done.missing == ["1-1"]
     assert deadletters.count(client, settings.stream_prefix) == 2
     assert len(claim(conn, 10, queues=("pdfs",))) == 1
