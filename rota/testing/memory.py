@@ -37,6 +37,7 @@ from rota.testing.records import Results, Run, Status, TaskRecord
 # itself for now would otherwise run forever).
 RUN_LIMIT = 10_000
 Ended = tuple[BaseException | None, Any]  # (the error, or None; the result)
+TaskFilter = str | Task[Any, Any] | None  # a task's name, or the task
 
 
 class InMemory:
@@ -254,7 +255,7 @@ class InMemory:
     def tasks(
         self,
         *statuses: Status,
-        task: str | Task[Any, Any] | None = None,
+        task: TaskFilter = None,
         tenant: str | None = None,
         queue: str | None = None,
     ) -> list[TaskRecord]:
@@ -270,21 +271,29 @@ class InMemory:
                 and (queue is None or r.queue == queue)
             ]
 
-    def waiting(self, **filters: Any) -> list[TaskRecord]:
+    def waiting(
+        self, *, task: TaskFilter = None, tenant: str | None = None, queue: str | None = None
+    ) -> list[TaskRecord]:
         """Tasks yet to run: in line, or scheduled (an ETA, a retry's backoff)."""
-        return self.tasks("pending", "scheduled", **filters)
+        return self.tasks("pending", "scheduled", task=task, tenant=tenant, queue=queue)
 
-    def failed(self, **filters: Any) -> list[TaskRecord]:
+    def failed(
+        self, *, task: TaskFilter = None, tenant: str | None = None, queue: str | None = None
+    ) -> list[TaskRecord]:
         """Waiting tasks whose last attempt failed: they will be retried."""
-        return [r for r in self.waiting(**filters) if r.attempts]
+        return [r for r in self.waiting(task=task, tenant=tenant, queue=queue) if r.attempts]
 
-    def done(self, **filters: Any) -> list[TaskRecord]:
+    def done(
+        self, *, task: TaskFilter = None, tenant: str | None = None, queue: str | None = None
+    ) -> list[TaskRecord]:
         """Tasks that succeeded."""
-        return self.tasks("succeeded", **filters)
+        return self.tasks("succeeded", task=task, tenant=tenant, queue=queue)
 
-    def dead(self, **filters: Any) -> list[TaskRecord]:
+    def dead(
+        self, *, task: TaskFilter = None, tenant: str | None = None, queue: str | None = None
+    ) -> list[TaskRecord]:
         """Tasks out of attempts (or failed for good), with their last error."""
-        return self.tasks("dead", **filters)
+        return self.tasks("dead", task=task, tenant=tenant, queue=queue)
 
     def get(self, task_id: UUID) -> TaskRecord:
         return self.line.tasks[task_id]
