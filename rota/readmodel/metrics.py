@@ -35,8 +35,14 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
+
+from rota.runtime.outage import outages
 
 if TYPE_CHECKING:  # the figures' module reads Redis, which workers never load
     from rota.readmodel.figures import Figures
@@ -70,11 +76,30 @@ class TenantLabels:
 
 def process_registry() -> CollectorRegistry:
     """A registry of its own (several workers may share a process, in tests),
-    with the process's CPU, memory and file figures."""
+    with the process's CPU, memory and file figures and its loops' outages."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
+    registry.register(OutageCollector())
     return registry
+
+
+class OutageCollector(Collector):
+    """Per loop of this process (what it reaches): outages so far, and
+    whether its server is unreachable now."""
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        counts = CounterMetricFamily(
+            "rota_outages", "Outages of a server a loop needs, by loop.", labels=["loop"]
+        )
+        down = GaugeMetricFamily(
+            "rota_outage_active", "1 while the loop's server is unreachable.", labels=["loop"]
+        )
+        for loop, (count, now) in sorted(outages().items()):
+            counts.add_metric([loop], count)
+            down.add_metric([loop], 1.0 if now else 0.0)
+        yield counts
+        yield down
 
 
 class LoopHistogram(Collector):

@@ -165,3 +165,18 @@ def test_every_loop_that_builds_an_outage_runs_through_the_policy() -> None:
         if "Outage" in names and not exempt and not names & {"rounds", "retrying"}:
             offenders.append(relative)
     assert offenders == []
+
+
+def test_a_process_registry_shows_its_loops_outages() -> None:
+    from prometheus_client import generate_latest
+
+    from rota.readmodel.metrics import process_registry
+
+    outage = Outage("Redis (metrics test)", logging.getLogger("t"))
+    outage.failed(ConnectionError("refused"))
+    text = generate_latest(process_registry()).decode()
+    assert 'rota_outages_total{loop="Redis (metrics test)"} 1.0' in text
+    assert 'rota_outage_active{loop="Redis (metrics test)"} 1.0' in text
+    outage.recovered()
+    text = generate_latest(process_registry()).decode()
+    assert 'rota_outage_active{loop="Redis (metrics test)"} 0.0' in text
