@@ -317,3 +317,29 @@ def test_a_body_past_the_limit_is_refused_unread(http: httpx.Client, conn: Conn)
     answer = http.post("/api/tasks", content=huge, headers={"Content-Type": "application/json"})
     assert answer.status_code == 413  # starlette>=1.6's max_body_size, which rota relies on
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == before
+
+
+def test_a_pages_handlers_run_alone(settings: Settings, conn: Conn) -> None:
+    """No app, no HTTP: a handler is a function of a request and the servers."""
+    from starlette.requests import Request
+
+    from rota.console.data import Connections
+    from rota.console.pages import overview, tenant
+
+    def request(**path_params: str) -> Request:
+        return Request({"type": "http", "method": "GET", "path": "/", "headers": [],
+                        "query_string": b"", "path_params": path_params})  # fmt: skip
+
+    load(conn, envelopes("alice", 2, queue="pdfs"))
+    db.run(conn, core.refresh_stats())
+    conns = Connections(settings)
+    try:
+        found = tenant.tenant(request(name="alice"), conns)
+        assert found is not None and found["tenant"]["queues"][0]["waiting"] == 2
+        assert tenant.tenant(request(name="nobody"), conns) is None
+        paused = tenant.pause(request(name="alice"), {}, conns, "console:test")
+        assert paused == {"found": True, "tenant": "alice", "paused": True}
+        figures = overview.overview(request(), conns)
+        assert figures["unavailable"] == {} and figures["queues"][0]["waiting"] == 2
+    finally:
+        conns.close()

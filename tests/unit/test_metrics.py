@@ -102,3 +102,33 @@ def test_queues_past_the_limit_share_one_series() -> None:
     rest = sum(range(80 - QUEUE_SERIES))  # the shallowest, waiting 0 .. 29
     assert got[("rota_queue_tasks", (("queue", OTHER), ("state", "waiting")))] == rest
     assert got[("rota_queue_tasks", (("queue", OTHER), ("state", "dead")))] == 80 - QUEUE_SERIES
+
+
+def test_the_overview_registry_reads_at_each_scrape_and_is_built_in_one_place() -> None:
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    import rota
+    from rota.readmodel.metrics import overview_registry
+
+    reads: list[int] = []
+
+    def read() -> Figures:
+        reads.append(1)
+        return Figures(datetime.now(UTC), dead_letters=len(reads))
+
+    served = overview_registry(read, process=True)
+    assert samples(generate_latest(served).decode())[("rota_dead_letters", ())] == 1
+    assert samples(generate_latest(served).decode())[("rota_dead_letters", ())] == 2
+    assert "process_cpu_seconds_total" in generate_latest(served).decode()
+    one_off = generate_latest(overview_registry(read, process=False)).decode()
+    assert "process_" not in one_off and "rota_dead_letters" in one_off
+
+    package = Path(rota.__file__).parent
+    builders = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "FiguresCollector(" in path.read_text()
+    )
+    assert builders == ["readmodel/metrics.py"]
