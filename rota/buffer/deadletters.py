@@ -89,7 +89,7 @@ def newest(
 def get(client: Client, prefix: str, letter_id: str) -> DeadLetter | None:
     check_entry_id(letter_id)
     entries: Any = client.xrange(dead_letter_stream(prefix), min=letter_id, max=letter_id)
-    return _letter(*entries[0]) if entries else None
+    return next((_letter(entry_id, fields) for entry_id, fields in entries), None)
 
 
 def find_task(client: Client, prefix: str, task_id: str) -> DeadLetter | None:
@@ -105,8 +105,8 @@ def find_task(client: Client, prefix: str, task_id: str) -> DeadLetter | None:
         for entry_id, fields in entries:
             if needle in fields.get(b"raw", b""):
                 return _letter(entry_id, fields)
+            last = _text(entry_id)  # the next page starts below the oldest read
         seen += len(entries)
-        last = _text(entries[-1][0])
     return None
 
 

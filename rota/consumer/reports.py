@@ -162,16 +162,17 @@ def send(
 
 def bury(token: Token, error: Exception, key: core.WorkerKey | None = None) -> Op[None]:
     """A task whose report the database refuses: dead, with the reason."""
+    task_id, attempt = token
     reason = f"its outcome could not be stored: {describe(error)}"
-    log.error("task %s: %s", token[0], reason)
+    log.error("task %s: %s", task_id, reason)
     try:
-        yield from core.fail([core.Failure(*token, reason, final=True)], key)
+        yield from core.fail([core.Failure(task_id, attempt, reason, final=True)], key)
     except psycopg.OperationalError:
         raise
     except Exception as exc:
         # Left to its lease: when it expires the task is requeued, and dead
         # once out of attempts.
-        log.error("task %s could not be marked dead either: %s", token[0], describe(exc))
+        log.error("task %s could not be marked dead either: %s", task_id, describe(exc))
 
 
 def unreadable_claim(
@@ -182,12 +183,14 @@ def unreadable_claim(
     worker's claims not in hand: one alone is the culprit and is dead with
     the reason; several are handed back (no attempt used). Returns how many
     claims of one task to make next, to single the culprit out (0: none)."""
-    taken = [t for t in (yield from core.worker_claims(worker)) if t[0] not in in_hand]
+    taken = [t for t in (yield from core.worker_claims(worker)) if t.task_id not in in_hand]
     if len(taken) == 1:
+        (culprit,) = taken
         reason = f"claimed, but could not be read: {describe(error)}"
-        log.error("task %s: %s", taken[0][0], reason)
+        log.error("task %s: %s", culprit.task_id, reason)
         key = worker if isinstance(worker, core.WorkerKey) else None
-        yield from core.fail([core.Failure(*taken[0], reason, final=True)], key)
+        failure = core.Failure(culprit.task_id, culprit.attempt, reason, final=True)
+        yield from core.fail([failure], key)
         return 0
     if taken:
         log.warning(

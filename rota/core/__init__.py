@@ -8,7 +8,9 @@ Every function returns an operation for `rota.core.db.run` / `rota.core.db.arun`
 
 One module per audience, each with its own file of SQL blocks (rota/sql/):
 `load` (producers and loaders), `work` (workers), `maintain` (the
-maintenance duties), `admin` (operators' actions) and `read` (the read model).
+maintenance duties), `admin` (operators' actions) and `read` and `stored`
+(the read model). Each reads its statements' rows by column name
+(rota.core.rows).
 """
 
 from rota.core.admin import (

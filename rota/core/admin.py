@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import orjson
 
-from rota.core.db import Execute, Op, UUIDArray
+from rota.core.db import Execute, Op, UUIDArray, select, value, values
+from rota.core.rows import Rows
 from rota.errors import ValidationError
 from rota.model.rules import check_queue, check_tenant, check_tenant_settings, check_time
 from rota.sql import query
@@ -39,7 +40,7 @@ def configure_tenant(
         rate_burst=rate_burst,
         capacity=capacity,
     )
-    return _one_value(
+    return value(
         query("configure_tenant"),
         {
             "name": name,
@@ -63,7 +64,7 @@ def patch_tenant(name: str, changes: dict[str, Any], actor: str) -> Op[int]:
         raise ValidationError("weight cannot be cleared; give a number")
     check_tenant_settings(**changes)
     params = {"name": name, "changes": orjson.dumps(changes).decode(), "actor": actor}
-    return _one_value(query("patch_tenant"), params)
+    return value(query("patch_tenant"), params)
 
 
 def cancel(task_ids: Sequence[UUID], actor: str) -> Op[dict[UUID, str]]:
@@ -74,8 +75,16 @@ def cancel(task_ids: Sequence[UUID], actor: str) -> Op[dict[UUID, str]]:
 
 
 def _cancel(params: dict[str, Any]) -> Op[dict[UUID, str]]:
-    rows = yield Execute(query("cancel"), params)
-    return {row[0]: row[1] for row in rows}
+    cancelled = yield from select(query("cancel"), params, _CANCELLED)
+    return {task.id: task.outcome for task in cancelled}
+
+
+class _Cancelled(NamedTuple):
+    id: UUID
+    outcome: str
+
+
+_CANCELLED = Rows(_Cancelled)
 
 
 def retry(task_ids: Sequence[UUID], actor: str) -> Op[set[UUID]]:
@@ -86,8 +95,7 @@ def retry(task_ids: Sequence[UUID], actor: str) -> Op[set[UUID]]:
 
 
 def _retry(params: dict[str, Any]) -> Op[set[UUID]]:
-    rows = yield Execute(query("retry"), params)
-    return {row[0] for row in rows}
+    return set((yield from values(query("retry"), params)))
 
 
 def retry_dead(
@@ -112,13 +120,12 @@ def retry_dead(
 
 
 def _retry_dead(params: dict[str, Any], actor: str) -> Op[int]:
-    rows = yield Execute(query("dead_ids"), params)
-    if not rows:
+    dead = yield from values(query("dead_ids"), params)
+    if not dead:
         return 0
     target = "dead " + " ".join(f"{k}={v}" for k, v in params.items() if v is not None)
-    retried = yield Execute(
-        query("retry"),
-        {"ids": UUIDArray(row[0] for row in rows), "actor": actor, "target": target},
+    retried = yield from values(
+        query("retry"), {"ids": UUIDArray(dead), "actor": actor, "target": target}
     )
     return len(retried)
 
@@ -127,13 +134,13 @@ def pause_queue(name: str, paused: bool, actor: str) -> Op[bool]:
     """Pauses (or resumes) a queue: its tasks stay in line, unclaimed; False
     if there is no such queue."""
     check_queue(name)
-    return _one_value(query("pause_queue"), {"name": name, "paused": paused, "actor": actor})
+    return value(query("pause_queue"), {"name": name, "paused": paused, "actor": actor})
 
 
 def pause_tenant(name: str, paused: bool, actor: str) -> Op[bool]:
     """Pauses (or resumes) a tenant in every queue; False if there is none."""
     check_tenant(name)
-    return _one_value(query("pause_tenant"), {"name": name, "paused": paused, "actor": actor})
+    return value(query("pause_tenant"), {"name": name, "paused": paused, "actor": actor})
 
 
 def record(actor: str, action: str, target: str, count: int, detail: dict[str, Any]) -> Op[None]:
@@ -157,11 +164,6 @@ def _check_ids(task_ids: Sequence[UUID]) -> None:
         raise ValidationError(f"at most {MAX_BULK} task ids at once")
 
 
-def _one_value(statement: str, params: dict[str, Any]) -> Op[Any]:
-    rows = yield Execute(statement, params)
-    return rows[0][0]
-
-
 # -- the archive (`rota archive`) ----------------------------------------------
 
 ArchiveRow = tuple[Any, ...]  # task_id, status, queue, tenant, name, payload, attempts,
@@ -171,11 +173,22 @@ ArchiveRow = tuple[Any, ...]  # task_id, status, queue, tenant, name, payload, a
 def archive_span(since: datetime | None, before: datetime) -> Op[tuple[Any, Any]]:
     """The first and the last end, in [since, before), of a task that
     succeeded, died or was cancelled ((None, None) when there is none)."""
-    rows = yield Execute(
+    (span,) = yield from select(
         query("archive_span"),
         {"since": since or datetime.min.replace(tzinfo=UTC), "before": before},
+        _SPAN,
     )
-    return rows[0][0], rows[0][1]
+    return span.least, span.greatest
+
+
+class _Span(NamedTuple):
+    """PostgreSQL names the archive_span block's columns after their functions."""
+
+    least: datetime | None
+    greatest: datetime | None
+
+
+_SPAN = Rows(_Span)
 
 
 def archive_rows(start: datetime, end: datetime) -> Op[list[ArchiveRow]]:

@@ -2,8 +2,8 @@
 
 Each operation (rota.core) is written once, as a generator that yields the
 statements it needs (`Execute`, `Copy`) and receives their rows back (see
-rota.core.effects). `run` carries them out on a psycopg Connection, `arun` on an
-AsyncConnection.
+rota.core.effects), built by column name as it asks (rota.core.rows). `run`
+carries them out on a psycopg Connection, `arun` on an AsyncConnection.
 """
 
 from __future__ import annotations
@@ -22,18 +22,23 @@ from psycopg.postgres import types as pg_types
 from psycopg.pq import Format
 
 from rota.core.effects import adrive, drive
+from rota.core.rows import ONLY, Shape
+from rota.core.rows import Row as Row
 
+R = TypeVar("R")
 T = TypeVar("T")
-Row: TypeAlias = tuple[Any, ...]
 Params: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
+Statement: TypeAlias = str | pgsql.Composed
 
 
 @dataclass(frozen=True)
 class Execute:
-    """Run one statement; the operation receives its rows (empty if none)."""
+    """Run one statement; the operation receives its rows (empty if none),
+    as `rows` builds them (else tuples, as psycopg returns them)."""
 
-    query: str | pgsql.Composed
+    query: Statement
     params: Params = None
+    rows: Shape[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,35 @@ class Copy:
 
 
 Step: TypeAlias = Execute | Copy
-Op: TypeAlias = Generator[Step, list[Row], T]
+Op: TypeAlias = Generator[Step, list[Any], T]
+
+
+def select(statement: Statement, params: Params, rows: Shape[R]) -> Op[list[R]]:
+    found: list[R] = yield Execute(statement, params, rows)
+    return found
+
+
+def first(statement: Statement, params: Params, rows: Shape[R]) -> Op[R | None]:
+    """The statement's first row (None: it has none)."""
+    found = yield from select(statement, params, rows)
+    return next(iter(found), None)
+
+
+def values(statement: Statement, params: Params = None) -> Op[list[Any]]:
+    """The values of the statement's only column."""
+    return select(statement, params, ONLY)
+
+
+def value(statement: Statement, params: Params = None) -> Op[Any]:
+    """The value of the statement's one row and only column."""
+    (found,) = yield from select(statement, params, ONLY)
+    return found
+
+
+def _built(step: Execute, description: Sequence[Any] | None, rows: list[Row]) -> list[Any]:
+    if step.rows is None or description is None:
+        return rows
+    return step.rows.build([column.name for column in description], rows)
 
 
 class UUIDArray(list[UUID]):
@@ -84,7 +117,7 @@ psycopg.adapters.register_dumper(UUIDArray, _UUIDArrayDumper)
 def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     """Drives an operation on a sync connection, inside the caller's transaction."""
 
-    def execute(step: Step) -> list[Row]:
+    def execute(step: Step) -> list[Any]:
         with conn.cursor(binary=True) as cur:
             if isinstance(step, Copy):
                 with cur.copy(step.query) as copy:
@@ -93,7 +126,7 @@ def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
                         copy.write_row(row)
                 return []
             cur.execute(step.query, step.params)
-            return cur.fetchall() if cur.description else []
+            return _built(step, cur.description, cur.fetchall()) if cur.description else []
 
     return drive(op, execute)
 
@@ -101,7 +134,7 @@ def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
 async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     """Drives an operation on an async connection, inside the caller's transaction."""
 
-    async def execute(step: Step) -> list[Row]:
+    async def execute(step: Step) -> list[Any]:
         async with conn.cursor(binary=True) as cur:
             if isinstance(step, Copy):
                 async with cur.copy(step.query) as copy:
@@ -110,7 +143,9 @@ async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
                         await copy.write_row(row)
                 return []
             await cur.execute(step.query, step.params)
-            return await cur.fetchall() if cur.description else []
+            if not cur.description:
+                return []
+            return _built(step, cur.description, await cur.fetchall())
 
     return await adrive(op, execute)
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
 
-from rota.core.db import Copy, Execute, Op, UUIDArray
+from rota.core.db import Copy, Execute, Op, UUIDArray, select, values
+from rota.core.rows import Rows
 from rota.model.envelope import TaskEnvelope
 from rota.sql import query
 
@@ -58,10 +59,10 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
         # Rare: a batch loaded again (a loader died before acknowledging it).
         # Checking first would cost every batch a probe of the whole table.
         yield Execute(query("load_rollback_to_savepoint"))
-        loaded = yield Execute(
+        loaded = yield from values(
             query("existing_tasks"), {"ids": UUIDArray(t.id for _, t in numbered)}
         )
-        numbered = _without(numbered, [row[0] for row in loaded])
+        numbered = _without(numbered, loaded)
         yield copy_tasks(numbered)
     # Their places in line (or on the schedule) are the database's to give.
     yield Execute(query("enter_line_of"), {"ids": UUIDArray(t.id for _, t in numbered)})
@@ -111,8 +112,17 @@ def task_rows(
 def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:
     """{tenant: (capacity, estimated waiting work)} of the tenants that have a
     capacity, for backpressure."""
-    rows = yield Execute(query("tenant_backlog"))
-    return {row[0]: (row[1], float(row[2])) for row in rows}
+    backlogs = yield from select(query("tenant_backlog"), None, _BACKLOGS)
+    return {b.tenant: (b.capacity, b.backlog) for b in backlogs}
+
+
+class _Backlog(NamedTuple):
+    tenant: str
+    capacity: int
+    backlog: float
+
+
+_BACKLOGS = Rows(_Backlog, backlog=float)
 
 
 def record_loader_batch(checkpoint: str, batch_id: int) -> Op[bool]:

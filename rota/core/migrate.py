@@ -12,14 +12,14 @@ from typing import Any
 
 import psycopg
 
+from rota.core import db
 from rota.sql import current_schema, migrations, query
 
 
 def applied_versions(conn: psycopg.Connection[Any]) -> list[int]:
-    exists = conn.execute(query("migrations_table_exists")).fetchone()
-    if not exists or not exists[0]:
+    if not db.run(conn, db.value(query("migrations_table_exists"))):
         return []
-    return [row[0] for row in conn.execute(query("applied_migrations"))]
+    return db.run(conn, db.values(query("applied_migrations")))
 
 
 ROLE_BLOCKS = ("create_roles", "own_schema", "grant_roles")
@@ -47,12 +47,11 @@ def migrate(
     """
     if roles:
         conn.execute(query("create_roles"))
-    ((have_roles,),) = conn.execute(query("roles_exist")).fetchall()
-    if not have_roles:
+    if not db.run(conn, db.value(query("roles_exist"))):
         return _apply(conn, target, step_by_step)
     if applied_versions(conn):
         conn.execute(query("own_schema"))
-    ((as_owner,),) = conn.execute(query("can_become_owner")).fetchall()
+    as_owner = db.run(conn, db.value(query("can_become_owner")))
     if as_owner:
         conn.execute(query("become_owner"))
     try:

@@ -11,7 +11,8 @@ from uuid import UUID
 
 import orjson
 
-from rota.core.db import Execute, Op, UUIDArray
+from rota.core.db import Execute, Op, UUIDArray, select, value, values
+from rota.core.rows import Rows
 from rota.errors import ValidationError
 from rota.model.rules import check_queue
 from rota.runtime.redact import redact
@@ -77,12 +78,15 @@ def claim(
         raise ValidationError(f"claim limit must be >= 1, got {limit}")
     params = {"queues": list(queues), "limit": limit, "lease_seconds": lease_seconds}
     if isinstance(worker, WorkerKey):
-        rows = yield Execute(query("worker_claim"), _keyed(worker, params))
+        claimed = yield from select(query("worker_claim"), _keyed(worker, params), _CLAIMED)
     else:
-        rows = yield Execute(query("claim"), {**params, "worker": worker})
-    # The payload comes as text: orjson parses it several times faster than
-    # psycopg's default json loader.
-    return [ClaimedTask(row[0], row[1], orjson.loads(row[2]), *row[3:]) for row in rows]
+        claimed = yield from select(query("claim"), {**params, "worker": worker}, _CLAIMED)
+    return claimed
+
+
+# The payload comes as text: orjson parses it several times faster than
+# psycopg's default json loader.
+_CLAIMED = Rows(ClaimedTask, payload=orjson.loads)
 
 
 @dataclass(frozen=True)
@@ -130,17 +134,15 @@ def complete(
 ) -> Op[set[UUID]]:
     """Completes claimed tasks; returns the ids completed. A stale token is
     refused, and so is, `as_worker`, a task another worker holds."""
-    rows = yield Execute(
-        *_as(as_worker, query("complete"), query("worker_complete"), token_params(tokens))
-    )
-    return {row[0] for row in rows}
+    statement = _as(as_worker, query("complete"), query("worker_complete"), token_params(tokens))
+    return set((yield from values(*statement)))
 
 
 def fail(failures: Sequence[Failure], as_worker: WorkerKey | None = None) -> Op[list[FailOutcome]]:
     """Fails claimed tasks: retry after backoff (or `retry_at`), or dead after the
     last attempt (cancelled, if cancelled meanwhile). Stale tokens are refused
     (absent from the result)."""
-    rows = yield Execute(
+    outcomes = yield from select(
         *_as(
             as_worker,
             query("fail"),
@@ -155,9 +157,13 @@ def fail(failures: Sequence[Failure], as_worker: WorkerKey | None = None) -> Op[
                     None if f.traceback is None else _text(f.traceback) for f in failures
                 ],
             },
-        )
+        ),
+        _FAIL_OUTCOMES,
     )
-    return [FailOutcome(*row) for row in rows]
+    return outcomes
+
+
+_FAIL_OUTCOMES = Rows(FailOutcome)
 
 
 def _text(text: str) -> str:
@@ -183,19 +189,34 @@ def defer_unknown(
         "grace": grace_seconds,
         "reason": reason,
     }
-    rows = yield Execute(
-        *_as(as_worker, query("defer_unknown"), query("worker_defer_unknown"), params)
-    )
-    return {row[0]: row[1] for row in rows}
+    statement = _as(as_worker, query("defer_unknown"), query("worker_defer_unknown"), params)
+    deferred = yield from select(*statement, _DEFERRED)
+    return {task.id: task.status for task in deferred}
 
 
-def worker_claims(worker: str | WorkerKey) -> Op[list[tuple[UUID, int]]]:
+class _Deferred(NamedTuple):
+    id: UUID
+    status: str  # 'scheduled' or 'dead'
+
+
+_DEFERRED = Rows(_Deferred)
+
+
+class Held(NamedTuple):
+    """A claim a worker holds: its (task id, attempt) token."""
+
+    task_id: UUID
+    attempt: int
+
+
+_HELD = Rows(Held)
+
+
+def worker_claims(worker: str | WorkerKey) -> Op[list[Held]]:
     """The (task id, attempt) tokens a worker holds now."""
     if isinstance(worker, WorkerKey):
-        rows = yield Execute(query("worker_claims_held"), _keyed(worker, {}))
-    else:
-        rows = yield Execute(query("worker_claims"), {"worker": worker})
-    return [(row[0], row[1]) for row in rows]
+        return select(query("worker_claims_held"), _keyed(worker, {}), _HELD)
+    return select(query("worker_claims"), {"worker": worker}, _HELD)
 
 
 def release(
@@ -203,12 +224,14 @@ def release(
 ) -> Op[set[UUID]]:
     """Hands claimed-but-unstarted tasks back at their place; no attempt is used."""
     if as_worker is None:
-        rows = yield Execute(
+        released = yield from values(
             query("requeue"), {**token_params(tokens), "consume": False, "reason": None}
         )
     else:
-        rows = yield Execute(query("worker_release"), _keyed(as_worker, token_params(tokens)))
-    return {row[0] for row in rows}
+        released = yield from values(
+            query("worker_release"), _keyed(as_worker, token_params(tokens))
+        )
+    return set(released)
 
 
 def extend_leases(
@@ -216,10 +239,8 @@ def extend_leases(
 ) -> Op[set[UUID]]:
     """Heartbeat: extends the leases; returns the ids still held by these tokens."""
     params = {**token_params(tokens), "lease_seconds": lease_seconds}
-    rows = yield Execute(
-        *_as(as_worker, query("extend_leases"), query("worker_extend_leases"), params)
-    )
-    return {row[0] for row in rows}
+    statement = _as(as_worker, query("extend_leases"), query("worker_extend_leases"), params)
+    return set((yield from values(*statement)))
 
 
 def register_worker(
@@ -251,9 +272,9 @@ def register_worker(
 def worker_heartbeat(worker: str | WorkerKey) -> Op[bool]:
     """False when the worker was declared dead meanwhile (it must stop)."""
     if isinstance(worker, WorkerKey):
-        ((alive,),) = yield Execute(query("worker_beat"), _keyed(worker, {}))
+        alive = yield from value(query("worker_beat"), _keyed(worker, {}))
     else:
-        ((alive,),) = yield Execute(query("worker_heartbeat"), {"id": worker})
+        alive = yield from value(query("worker_heartbeat"), {"id": worker})
     return bool(alive)
 
 

@@ -1,6 +1,6 @@
 """A task's story, wherever it is, and why it waits, in plain words.
 
-Looked for in PostgreSQL first (rota.core.read.stored_task), then in the
+Looked for in PostgreSQL first (rota.core.stored.stored_task), then in the
 Redis buffer (found by the time in its UUIDv7 id, or by a bounded scan), then
 in the dead-letter stream. Shared by `rota task show`, the console and its
 HTTP API.
@@ -20,7 +20,7 @@ from rota.buffer import deadletters
 from rota.buffer.redis_client import Client
 from rota.buffer.streams import all_streams, oldest_age
 from rota.core import db
-from rota.core.read import AHEAD_CAP, StoredTask, stored_task
+from rota.core.stored import AHEAD_CAP, StoredTask, stored_task
 from rota.settings import Settings
 
 # Around the time in a UUIDv7 id, the window of stream entries searched: a
@@ -74,14 +74,14 @@ def find_in_buffer(client: Client, settings: Settings, task_id: UUID) -> InBuffe
 def _place(client: Client, settings: Settings, stream: str, entry: str) -> InBuffer:
     ahead: Any = client.xrange(stream, min="-", max=f"({entry}", count=AHEAD_CAP + 1)
     first: Any = client.xrange(stream, count=1)
-    age = oldest_age(e[0] for e in first[:1])
+    age = oldest_age(entry_id for entry_id, _ in first)
     try:
         pending: Any = client.xpending_range(
             stream, settings.loader_group, min=entry, max=entry, count=1
         )
     except redis.ResponseError:  # no consumer group yet: no loader ever ran
         pending = []
-    deliveries = int(pending[0]["times_delivered"]) if pending else 0
+    deliveries = next((int(p["times_delivered"]) for p in pending), 0)
     return InBuffer(stream, entry, len(ahead), round(age, 3), deliveries)
 
 

@@ -31,11 +31,11 @@ ORDER BY q.name
 -- Per queue: the figures of rota.stats (refreshed by maintenance; `at` says
 -- when), and completions per minute over the last five minutes.
 SELECT q.name, q.paused,
-       coalesce(s.waiting, 0), coalesce(s.running, 0), coalesce(s.scheduled, 0),
-       coalesce(s.dead, 0),
+       coalesce(s.waiting, 0) AS waiting, coalesce(s.running, 0) AS running,
+       coalesce(s.scheduled, 0) AS scheduled, coalesce(s.dead, 0) AS dead,
        coalesce(v.completed, 0) / 5.0 AS per_minute,
        extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
-       s.at
+       s.at AS counted_at
 FROM rota.queues q
 LEFT JOIN (
     SELECT queue_id, sum(waiting) AS waiting, sum(running) AS running,
@@ -101,7 +101,7 @@ ORDER BY
 LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: tenant_detail
-SELECT t.name, t.id, t.weight, t.paused, t.concurrency_limit, t.running, t.rate_limit,
+SELECT t.name, t.id AS slot, t.weight, t.paused, t.concurrency_limit, t.running, t.rate_limit,
        t.rate_burst,
        rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens,
        t.capacity, b.backlog, t.created_at
@@ -110,15 +110,16 @@ LEFT JOIN rota.tenant_backlog b ON b.tenant = t.name
 WHERE t.name = %(name)s
 
 -- name: tenant_queues_stats
-SELECT q.name, q.paused, s.waiting, s.running, s.scheduled, s.dead,
-       extract(epoch FROM now() - s.oldest_enqueued_at), s.at
+SELECT q.name AS queue, q.paused AS queue_paused, s.waiting, s.running, s.scheduled, s.dead,
+       extract(epoch FROM now() - s.oldest_enqueued_at) AS oldest_wait_seconds, s.at
 FROM rota.stats s JOIN rota.queues q ON q.id = s.queue_id
 WHERE s.tenant_id = %(tenant_id)s
 ORDER BY q.name
 
 -- name: tenant_service
 -- Completions per minute and their mean wait, over the last hour.
-SELECT v.minute, sum(v.completed), sum(v.wait_seconds) / nullif(sum(v.completed), 0)
+SELECT v.minute, sum(v.completed) AS completed,
+       sum(v.wait_seconds) / nullif(sum(v.completed), 0) AS wait_seconds
 FROM rota.service v
 WHERE v.tenant_id = %(tenant_id)s AND v.minute >= now() - interval '1 hour'
 GROUP BY v.minute ORDER BY v.minute
@@ -142,7 +143,8 @@ LEFT JOIN rota.scheduled s ON s.task_id = t.id
 WHERE t.id = %(id)s
 
 -- name: finished_story
-SELECT f.task_id, q.name, tn.name, f.attempts, f.enqueued_at, f.started_at, f.finished_at
+SELECT f.task_id AS id, q.name AS queue, tn.name AS tenant, f.attempts, f.enqueued_at,
+       f.started_at, f.finished_at
 FROM rota.finished f
 JOIN rota.queues q ON q.id = f.queue_id
 JOIN rota.tenants tn ON tn.id = f.tenant_id
@@ -222,9 +224,9 @@ LIMIT %(limit)s
 
 -- name: task_rows
 -- The tasks with these ids, in the order given.
-SELECT t.id, q.name, tn.name, t.name,
-       CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END,
-       t.attempts, t.max_attempts, t.enqueued_at, coalesce(s.run_at, t.finished_at),
+SELECT t.id, q.name AS queue, tn.name AS tenant, t.name,
+       CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END AS state,
+       t.attempts, t.max_attempts, t.enqueued_at, coalesce(s.run_at, t.finished_at) AS at,
        t.last_error, t.traceback
 FROM unnest(%(ids)b::uuid[]) WITH ORDINALITY AS x(id, n)
 JOIN rota.tasks t ON t.id = x.id
@@ -236,8 +238,8 @@ ORDER BY x.n
 
 -- name: workers_view
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at,
-       extract(epoch FROM now() - w.heartbeat_at),
-       (SELECT count(*) FROM rota.running r WHERE r.worker = w.id)
+       extract(epoch FROM now() - w.heartbeat_at) AS silent_seconds,
+       (SELECT count(*) FROM rota.running r WHERE r.worker = w.id) AS running
 FROM rota.workers w
 WHERE w.stopped_at IS NULL
 ORDER BY w.started_at
@@ -248,7 +250,7 @@ FROM rota.audit a ORDER BY a.id DESC LIMIT %(limit)s
 
 -- name: loader_batches
 -- The Spark loaders' last micro-batch, per checkpoint.
-SELECT DISTINCT ON (b.query) b.query, b.batch_id, b.tasks, b.loaded_at
+SELECT DISTINCT ON (b.query) b.query AS checkpoint, b.batch_id, b.tasks, b.loaded_at
 FROM rota.loader_batches b
 ORDER BY b.query, b.batch_id DESC
 

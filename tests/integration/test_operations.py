@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from rota import App, Settings, core
-from rota.core import db, read
+from rota.core import db, read, stored
 from rota.errors import ValidationError
 from rota.readmodel.story import task_story
 from tests.helpers import claim, envelopes, load, wait_for
@@ -228,12 +228,12 @@ def test_why_ready_estimates_a_place_deep_in_line(
     # Past the exact count's cap the place comes from a sample: half of the
     # table's ~110 pages here, so the estimate is a real one, not a full
     # count; its spread is about ±10%, and the bound below is 4 of those.
-    monkeypatch.setattr(read, "AHEAD_SAMPLE_ROWS", (read.AHEAD_CAP + 2_000) // 2)
-    flood = envelopes("flood", read.AHEAD_CAP + 2_000)
+    monkeypatch.setattr(stored, "AHEAD_SAMPLE_ROWS", (stored.AHEAD_CAP + 2_000) // 2)
+    flood = envelopes("flood", stored.AHEAD_CAP + 2_000)
     load(conn, flood)
     conn.execute("ANALYZE rota.ready")
-    counted = why(conn, settings, flood[read.AHEAD_CAP // 2].id)
-    assert counted.task.ahead == read.AHEAD_CAP // 2 and not counted.task.ahead_estimated
+    counted = why(conn, settings, flood[stored.AHEAD_CAP // 2].id)
+    assert counted.task.ahead == stored.AHEAD_CAP // 2 and not counted.task.ahead_estimated
     last = why(conn, settings, flood[-1].id)
     truth = len(flood) - 1
     assert last.task.ahead_estimated

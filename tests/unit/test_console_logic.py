@@ -22,7 +22,7 @@ from rota.console.auth import (
     read_tokens,
     token_hash,
 )
-from rota.core.read import StoredTask
+from rota.core.stored import StoredTask
 from rota.errors import ValidationError
 from rota.model.jsondata import plain
 from rota.readmodel.metrics import OTHER, TenantLabels

@@ -1,5 +1,6 @@
 """The worker's reporting logic (rota.consumer.reports), driven by a fake
-database that answers each named statement as a test tells it."""
+database that answers each named statement as a test tells it, with rows of
+named columns (built as the real driver builds them)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from rota.sql import queries
 NAME_OF = {text: name for name, text in queries().items()}
 POLICY = UnknownTaskPolicy(retry_seconds=5.0, grace_seconds=600.0)
 
-Answer = Callable[[dict[str, Any]], list[tuple[Any, ...]]]
+Answer = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 
 class FakeDatabase:
@@ -34,12 +35,15 @@ class FakeDatabase:
         self.answers = answers
         self.ran: list[tuple[str, dict[str, Any]]] = []
 
-    def __call__(self, step: Any) -> list[tuple[Any, ...]]:
+    def __call__(self, step: Any) -> list[Any]:
         assert isinstance(step, Execute)
         name = NAME_OF[step.query]
         params = dict(step.params or {})  # type: ignore[arg-type]
         self.ran.append((name, params))
-        return self.answers[name](params)
+        rows = self.answers[name](params)
+        if not rows or step.rows is None:
+            return [tuple(row.values()) for row in rows]
+        return step.rows.build(list(rows[0]), [tuple(row.values()) for row in rows])
 
     def run(self, op: Op[Any]) -> Any:
         return drive(op, self)
@@ -52,17 +56,25 @@ def tokens(n: int) -> list[tuple[uuid.UUID, int]]:
     return [(uuid.uuid4(), 1) for _ in range(n)]
 
 
-def accept_all(params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    return [(task_id,) for task_id in params["ids"]]
+def accept_all(params: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"id": task_id} for task_id in params["ids"]]
+
+
+def dead(params: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"id": task_id, "status": "dead", "run_at": None} for task_id in params["ids"]]
+
+
+def held(claims: list[tuple[uuid.UUID, int]]) -> Answer:
+    return lambda _: [{"task_id": task_id, "attempt": attempt} for task_id, attempt in claims]
 
 
 def refuse(bad: set[uuid.UUID]) -> Answer:
     """Refuses any statement that carries one of `bad` (as a DataError would)."""
 
-    def answer(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def answer(params: dict[str, Any]) -> list[dict[str, Any]]:
         if bad & set(params["ids"]):
             raise psycopg.errors.DataError("value out of range")
-        return [(task_id, "dead", None) for task_id in params["ids"]]
+        return dead(params)
 
     return answer
 
@@ -72,13 +84,13 @@ def test_a_refused_batch_is_reported_one_at_a_time_and_the_culprit_is_dead() -> 
     culprit = done[2][0]
     final_failures: list[uuid.UUID] = []
 
-    def fail(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def fail(params: dict[str, Any]) -> list[dict[str, Any]]:
         final_failures.extend(
             i for i, final in zip(params["ids"], params["final"], strict=True) if final
         )
-        return [(i, "dead", None) for i in params["ids"]]
+        return dead(params)
 
-    def complete(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def complete(params: dict[str, Any]) -> list[dict[str, Any]]:
         if culprit in params["ids"]:
             raise psycopg.errors.DataError("the row cannot be written")
         return accept_all(params)
@@ -94,7 +106,7 @@ def test_a_refused_batch_is_reported_one_at_a_time_and_the_culprit_is_dead() -> 
 
 
 def test_a_lost_connection_keeps_what_was_not_reported() -> None:
-    def lost(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def lost(params: dict[str, Any]) -> list[dict[str, Any]]:
         raise psycopg.OperationalError("server closed the connection")
 
     failure = core.Failure(uuid.uuid4(), 1, "boom")
@@ -117,14 +129,19 @@ def test_stale_and_unknown_tasks_are_handed_back_without_using_an_attempt() -> N
     stale, unknown = tokens(2), tokens(1)
     seen: dict[str, dict[str, Any]] = {}
 
-    def record(name: str) -> Answer:
-        def answer(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def record(name: str, answer: Answer) -> Answer:
+        def recorded(params: dict[str, Any]) -> list[dict[str, Any]]:
             seen[name] = params
-            return [(i, "scheduled") for i in params["ids"]]
+            return answer(params)
 
-        return answer
+        return recorded
 
-    database = FakeDatabase(requeue=record("requeue"), defer_unknown=record("defer_unknown"))
+    def scheduled(params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"id": task_id, "status": "scheduled"} for task_id in params["ids"]]
+
+    database = FakeDatabase(
+        requeue=record("requeue", accept_all), defer_unknown=record("defer_unknown", scheduled)
+    )
     assert database.run(report(Unreported(stale=stale, unknown=unknown), POLICY)) == 0
     assert seen["requeue"]["consume"] is False
     assert list(seen["requeue"]["ids"]) == [t for t, _ in stale]
@@ -142,16 +159,16 @@ def test_a_task_whose_death_is_refused_too_is_left_to_its_lease() -> None:
 
 
 def test_an_unreadable_claim_of_one_task_kills_that_task() -> None:
-    held, (taken,) = tokens(1), tokens(1)
+    in_hand, (taken,) = tokens(1), tokens(1)
     failed: list[Any] = []
 
-    def fail(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def fail(params: dict[str, Any]) -> list[dict[str, Any]]:
         failed.append((list(params["ids"]), params["final"], params["errors"]))
-        return [(i, "dead", None) for i in params["ids"]]
+        return dead(params)
 
-    database = FakeDatabase(worker_claims=lambda _: [*held, taken], fail=fail)
+    database = FakeDatabase(worker_claims=held([*in_hand, taken]), fail=fail)
     error = ValueError("year 10000 is out of range")
-    assert database.run(unreadable_claim("w1", {held[0][0]}, error)) == 0
+    assert database.run(unreadable_claim("w1", {in_hand[0][0]}, error)) == 0
     ((ids, final, errors),) = failed
     assert ids == [taken[0]] and final == [True]
     assert "could not be read" in errors[0] and "year 10000" in errors[0]
@@ -159,7 +176,7 @@ def test_an_unreadable_claim_of_one_task_kills_that_task() -> None:
 
 def test_an_unreadable_claim_of_several_hands_them_back_to_single_the_culprit_out() -> None:
     taken = tokens(3)
-    database = FakeDatabase(worker_claims=lambda _: taken, requeue=accept_all)
+    database = FakeDatabase(worker_claims=held(taken), requeue=accept_all)
     assert database.run(unreadable_claim("w1", set(), ValueError("bad row"))) == 3
     assert database.names() == ["worker_claims", "requeue"]
     assert database.ran[1][1]["consume"] is False
