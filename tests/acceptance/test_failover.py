@@ -18,13 +18,13 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from rota_tools.devservers import Server, local_redis, start_postgres, start_postgres_standby
 
 from rota import App, Settings, core
 from rota.buffer import redis_client
 from rota.buffer.streams import all_streams
 from rota.core import db
 from rota.core.migrate import migrate
+from rota_tools.devservers import Server, local_redis, start_postgres, start_postgres_standby
 from tests.acceptance import failoverapp
 from tests.acceptance.workapp import LOG_TABLE
 from tests.helpers import wait_for

@@ -18,13 +18,13 @@ import psycopg
 import pytest
 import redis
 import redis.cluster
-from rota_tools.devservers import RedisCluster, local_redis_cluster, wait_for_cluster
 
 from rota import App, Settings, core
 from rota.buffer import redis_client
 from rota.buffer.streams import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
 from rota.core import db
 from rota.loader import Loader
+from rota_tools.devservers import RedisCluster, local_redis_cluster, wait_for_cluster
 from tests.helpers import wait_for
 
 Conn = psycopg.Connection[Any]
