@@ -11,7 +11,9 @@ from rota.cli.app import DatabaseUrl, RedisUrl, app, run_admin, settings_from
 from rota.cli.output import Actor, AsJson, actor_or_default, cell, emit, table
 from rota.errors import ValidationError
 
-TENANT_ACTIONS = ("list", "show", "pause", "resume")
+# `rota tenant NAME ...` changes a tenant, unless NAME is one of these words;
+# `rota tenant set NAME ...` changes any tenant, one named `list` too.
+TENANT_ACTIONS = ("list", "show", "pause", "resume", "set")
 
 
 def _pct(value: float | None) -> str:
@@ -23,7 +25,8 @@ def tenant(
     words: Annotated[
         list[str],
         typer.Argument(
-            help="NAME to create or change it; or list, show NAME, pause NAME, resume NAME"
+            help="NAME (or set NAME) to create or change it; or list, show NAME, "
+            "pause NAME, resume NAME"
         ),
     ],
     weight: Annotated[float | None, typer.Option(help="share of turns relative to others")] = None,
@@ -44,13 +47,20 @@ def tenant(
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Tenants: `rota tenant NAME --weight 3` changes only the options given
+    """Tenants: `rota tenant NAME --weight 3` (or `rota tenant set NAME ...`,
+    for a tenant named like an action) changes only the options given
     (--clear rate_limit removes a limit); `list`, `show NAME`, `pause NAME`,
     `resume NAME`."""
     from rota import core
     from rota.core import db, read
 
     action, names = (words[0], words[1:]) if words[0] in TENANT_ACTIONS else ("set", words)
+    changing = (weight, concurrency_limit, rate_limit, rate_burst, capacity, clear)
+    if action != "set" and any(option is not None for option in changing):
+        raise typer.BadParameter(
+            f"`rota tenant {action}` changes nothing; to change a tenant named "
+            f"{action!r}: rota tenant set {action} ..."
+        )
     if action == "list":
         if names:
             raise typer.BadParameter("`rota tenant list` takes no name")

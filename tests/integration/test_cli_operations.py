@@ -84,6 +84,16 @@ def test_tenants_change_only_what_is_given(settings: Settings, conn: Conn) -> No
     assert bad.returncode == 2 and "weight" in bad.stderr
 
 
+def test_a_tenant_named_like_an_action_is_changed_with_set(settings: Settings) -> None:
+    named_list = run_json(settings, "tenant", "set", "list", "--weight", "4")
+    assert named_list["tenant"] == "list" and named_list["now"]["weight"] == 4.0
+    assert run_json(settings, "tenant", "show", "list")["weight"] == 4.0
+    listing = run_json(settings, "tenant", "list")
+    assert [t["name"] for t in listing["rows"]] == ["list"]
+    ambiguous = rota("tenant", "list", "--weight", "2", **env_of(settings))
+    assert ambiguous.returncode == 2 and "rota tenant set list" in ambiguous.stderr
+
+
 def test_queues_prune_and_stats(app: App, settings: Settings, conn: Conn) -> None:
     load(conn, envelopes("alice", 2, queue="pdfs"))
     assert run_json(settings, "queue", "pause", "pdfs") == {"queue": "pdfs", "paused": True}
