@@ -110,20 +110,45 @@ def tenant(
     with db.admin_connect(settings_from(database_url).database_url) as conn:
         slot = db.run(conn, patch)
         shown = db.run(conn, read.tenant(name))
-    emit({"tenant": name, "slot": slot, "changed": changes, "now": shown}, as_json,
-         lambda: _tenant_text(shown) if shown else name)  # fmt: skip
+    emit(
+        {"tenant": name, "slot": slot, "changed": changes, "now": shown},
+        as_json,
+        lambda: _tenant_text(shown) if shown else name,
+    )
 
 
 def _tenant_table(page: Any) -> str:
     rows = [
-        (t.name, t.weight, "yes" if t.paused else "", t.waiting,
-         f"{t.running}/{t.concurrency_limit}" if t.concurrency_limit is not None else t.running,
-         t.tokens, t.capacity, t.dead, t.oldest_wait_seconds, t.served, _pct(t.share),
-         _pct(t.fair_share))
+        (
+            t.name,
+            t.weight,
+            "yes" if t.paused else "",
+            t.waiting,
+            f"{t.running}/{t.concurrency_limit}" if t.concurrency_limit is not None else t.running,
+            t.tokens,
+            t.capacity,
+            t.dead,
+            t.oldest_wait_seconds,
+            t.served,
+            _pct(t.share),
+            _pct(t.fair_share),
+        )
         for t in page.rows
-    ]  # fmt: skip
-    headers = ["tenant", "weight", "paused", "waiting", "running", "tokens", "capacity", "dead",
-               "oldest wait s", "served 5 min", "share", "fair share"]  # fmt: skip
+    ]
+    headers = [
+        "tenant",
+        "weight",
+        "paused",
+        "waiting",
+        "running",
+        "tokens",
+        "capacity",
+        "dead",
+        "oldest wait s",
+        "served 5 min",
+        "share",
+        "fair share",
+    ]
     return f"{page.total:,} tenant(s)\n" + table(headers, rows)
 
 
@@ -141,9 +166,11 @@ def _tenant_text(t: Any) -> str:
     ]
     per_queue = table(
         ["queue", "waiting", "running", "scheduled", "dead", "oldest wait s"],
-        [(q.queue, q.waiting, q.running, q.scheduled, q.dead, q.oldest_wait_seconds)
-         for q in t.queues],
-    )  # fmt: skip
+        [
+            (q.queue, q.waiting, q.running, q.scheduled, q.dead, q.oldest_wait_seconds)
+            for q in t.queues
+        ],
+    )
     served = sum(n for _, n, _ in t.service)
     return (
         f"tenant {t.name} (slot {t.slot}): "
@@ -162,11 +189,35 @@ def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> Non
     from rota.core import read
 
     rows = run_admin(database_url, read.queues())
-    emit(rows, as_json, lambda: table(
-        ["queue", "paused", "waiting", "running", "scheduled", "dead", "per min", "oldest wait s"],
-        [(q.name, "yes" if q.paused else "", q.waiting, q.running, q.scheduled, q.dead,
-          q.per_minute, q.oldest_wait_seconds) for q in rows],
-    ))  # fmt: skip
+    emit(
+        rows,
+        as_json,
+        lambda: table(
+            [
+                "queue",
+                "paused",
+                "waiting",
+                "running",
+                "scheduled",
+                "dead",
+                "per min",
+                "oldest wait s",
+            ],
+            [
+                (
+                    q.name,
+                    "yes" if q.paused else "",
+                    q.waiting,
+                    q.running,
+                    q.scheduled,
+                    q.dead,
+                    q.per_minute,
+                    q.oldest_wait_seconds,
+                )
+                for q in rows
+            ],
+        ),
+    )
 
 
 def _pause_queue(
@@ -222,8 +273,14 @@ def prune(
         detail = {"older_than_seconds": seconds, **pruned}
         total = pruned["finished"] + pruned["dead"]
         db.run(conn, core.record(actor_or_default(actor), "prune", "tasks", total, detail))
-    emit(pruned, as_json, lambda: f"pruned {pruned['finished']:,} finished and "
-         f"{pruned['dead']:,} dead or cancelled task(s)")  # fmt: skip
+    emit(
+        pruned,
+        as_json,
+        lambda: (
+            f"pruned {pruned['finished']:,} finished and "
+            f"{pruned['dead']:,} dead or cancelled task(s)"
+        ),
+    )
 
 
 @app.command()
@@ -256,12 +313,31 @@ def render_text(f: Any) -> str:
     if "postgresql" not in f.unavailable:
         parts.append(
             table(
-                ["queue", "paused", "waiting", "running", "scheduled", "dead", "per min",
-                 "oldest wait s"],
-                [(q.name, "yes" if q.paused else "", q.waiting, q.running, q.scheduled, q.dead,
-                  q.per_minute, q.oldest_wait_seconds) for q in f.queues],
+                [
+                    "queue",
+                    "paused",
+                    "waiting",
+                    "running",
+                    "scheduled",
+                    "dead",
+                    "per min",
+                    "oldest wait s",
+                ],
+                [
+                    (
+                        q.name,
+                        "yes" if q.paused else "",
+                        q.waiting,
+                        q.running,
+                        q.scheduled,
+                        q.dead,
+                        q.per_minute,
+                        q.oldest_wait_seconds,
+                    )
+                    for q in f.queues
+                ],
             )
-        )  # fmt: skip
+        )
         parts.append(f"top tenants by waiting ({f.tenant_count:,} in all)")
         parts.append(
             table(
@@ -274,9 +350,11 @@ def render_text(f: Any) -> str:
         parts.append(
             table(
                 ["shard", "entries", "read, not loaded", "oldest s"],
-                [(s, v.get("entries"), v.get("pending"), v.get("oldest_age_seconds"))
-                 for s, v in f.buffer.items()],
+                [
+                    (s, v.get("entries"), v.get("pending"), v.get("oldest_age_seconds"))
+                    for s, v in f.buffer.items()
+                ],
             )
-        )  # fmt: skip
+        )
         parts.append(f"dead letters: {f.dead_letters:,}")
     return "\n\n".join(parts)

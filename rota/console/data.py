@@ -289,8 +289,17 @@ def purge(c: Connections, letter_ids: list[str], everything: bool, actor: str) -
     return {"purged": removed}
 
 
-ENQUEUE_FIELDS = {"name", "tenant", "queue", "args", "kwargs", "eta", "countdown", "cost",
-                  "idempotency_key"}  # fmt: skip
+ENQUEUE_FIELDS = {
+    "name",
+    "tenant",
+    "queue",
+    "args",
+    "kwargs",
+    "eta",
+    "countdown",
+    "cost",
+    "idempotency_key",
+}
 
 
 def enqueue(c: Connections, body: Any) -> dict[str, Any]:

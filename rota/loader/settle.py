@@ -57,8 +57,11 @@ class BufferSettle:
                 unrecorded.add((stream, entry_id))
                 log.error(
                     "could not dead-letter %s %s (%s), left in the buffer: %s",
-                    stream, entry_id, reply, rejected.reason,
-                )  # fmt: skip
+                    stream,
+                    entry_id,
+                    reply,
+                    rejected.reason,
+                )
             else:
                 log.warning("dead-lettered %s %s: %s", stream, entry_id, rejected.reason)
         return unrecorded

@@ -152,8 +152,11 @@ class BatchSink:
         if last:
             log.info(
                 "micro-batch %d: loaded %d task(s), %d dead-lettered; lag %.3f s",
-                batch_id, stored, len(dead), lag,
-            )  # fmt: skip
+                batch_id,
+                stored,
+                len(dead),
+                lag,
+            )
         if self.metrics is not None:
             tasks = sum(len(envelopes) for _, envelopes in loaded)
             self.metrics.passed(stored, tasks - stored, len(dead), lag)

@@ -153,13 +153,18 @@ class WorkerMetrics:
             "rota_tasks_retried", "Failed attempts to be retried.", ["queue"], registry=registry
         )
         self.dead = Counter(
-            "rota_tasks_dead", "Tasks dead (or cancelled) after failing.", ["queue"],
+            "rota_tasks_dead",
+            "Tasks dead (or cancelled) after failing.",
+            ["queue"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.wait = LoopHistogram(
-            "rota_task_wait_seconds", "From enqueue to the start of the attempt.", "queue",
-            WAIT_BUCKETS, registry,
-        )  # fmt: skip
+            "rota_task_wait_seconds",
+            "From enqueue to the start of the attempt.",
+            "queue",
+            WAIT_BUCKETS,
+            registry,
+        )
         self.run = LoopHistogram(
             "rota_task_run_seconds", "Run time of an attempt.", "queue", RUN_BUCKETS, registry
         )
@@ -189,9 +194,11 @@ class LoaderMetrics:
         self.registry = registry = registry or process_registry()
         self.passes = Counter("rota_loader_passes", "Loader passes.", registry=registry)
         self.tasks = Counter(
-            "rota_loader_tasks", "Tasks by what loading did with them.", ["outcome"],
+            "rota_loader_tasks",
+            "Tasks by what loading did with them.",
+            ["outcome"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.lag = Gauge(
             "rota_loader_lag_seconds",
             "Age of the oldest buffer entry the last pass read (0 when it read none).",
@@ -226,9 +233,10 @@ class FiguresCollector(Collector):
             "rota_queue_tasks", "Tasks by queue and state.", labels=["queue", "state"]
         )
         throughput = GaugeMetricFamily(
-            "rota_queue_completed_per_minute", "Completions per minute (last 5 minutes).",
+            "rota_queue_completed_per_minute",
+            "Completions per minute (last 5 minutes).",
             labels=["queue"],
-        )  # fmt: skip
+        )
         oldest = GaugeMetricFamily(
             "rota_queue_oldest_wait_seconds", "Wait of the oldest task in line.", labels=["queue"]
         )
@@ -248,9 +256,10 @@ class FiguresCollector(Collector):
                 queue_tasks.add_metric([OTHER, state], sum(getattr(q, state) for q in rest))
             throughput.add_metric([OTHER], sum(q.per_minute for q in rest))
         tenant_tasks = GaugeMetricFamily(
-            "rota_tenant_tasks", "Top tenants' tasks by state (the rest under 'other').",
+            "rota_tenant_tasks",
+            "Top tenants' tasks by state (the rest under 'other').",
             labels=["tenant", "state"],
-        )  # fmt: skip
+        )
         named = {"waiting": 0, "running": 0}
         for t in figures.tenants:
             for state in named:
@@ -277,8 +286,17 @@ class FiguresCollector(Collector):
         up = GaugeMetricFamily("rota_server_up", "Whether a server answered.", labels=["server"])
         for server in ("postgresql", "redis"):
             up.add_metric([server], 0 if server in figures.unavailable else 1)
-        yield from (queue_tasks, throughput, oldest, tenant_tasks, workers, buffer, buffer_age,
-                    letters, up)  # fmt: skip
+        yield from (
+            queue_tasks,
+            throughput,
+            oldest,
+            tenant_tasks,
+            workers,
+            buffer,
+            buffer_age,
+            letters,
+            up,
+        )
 
 
 def overview_registry(read: Callable[[], Figures], *, process: bool) -> CollectorRegistry:

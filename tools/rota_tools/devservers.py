@@ -345,8 +345,9 @@ def start_pgbouncer(
         start_new_session=True,
     )
     _wait_for_port(port, process, "pgbouncer", log)
-    return Server(url=f"postgresql://rota@127.0.0.1:{port}", port=port, directory=directory,
-                  process=process)  # fmt: skip
+    return Server(
+        url=f"postgresql://rota@127.0.0.1:{port}", port=port, directory=directory, process=process
+    )
 
 
 def restart_redis(server: Server) -> Server:
@@ -377,13 +378,50 @@ def make_tls_files() -> TLSFiles:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-            "/CN=rota test CA", "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
-            "-keyout", str(key), "-out", str(csr))  # fmt: skip
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-            "-CAcreateserial", "-days", "2", "-extfile", str(extensions),
-            "-out", str(cert))  # fmt: skip
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rota test CA",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(extensions),
+        "-out",
+        str(cert),
+    )
     key.chmod(0o600)
     _, uid, gid = _as_postgres_user()
     if uid is not None and gid is not None:  # PostgreSQL reads its key as `postgres`

@@ -105,8 +105,14 @@ class Harness:
         self.start(name)
 
     def add_producer(self, rate: float, seconds_per_task: float) -> None:
-        command = [sys.executable, "-m", "rota_tools.bench.chaos", str(self.ids_dir), str(rate),
-                   str(seconds_per_task)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "rota_tools.bench.chaos",
+            str(self.ids_dir),
+            str(rate),
+            str(seconds_per_task),
+        ]
         self.processes["producer"] = Process("producer", command, self.workdir / "producer.log")
         self.start("producer")
 
@@ -268,8 +274,16 @@ def run_chaos(
             db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
         harness = Harness(workdir, pg, rd, settings)
         try:
-            return _run(harness, rate, seconds_per_task, baseline_seconds, settle_seconds,
-                        pg_pause_seconds, spark, faults_enabled)  # fmt: skip
+            return _run(
+                harness,
+                rate,
+                seconds_per_task,
+                baseline_seconds,
+                settle_seconds,
+                pg_pause_seconds,
+                spark,
+                faults_enabled,
+            )
         finally:
             for name in list(harness.processes):
                 harness.stop(name, timeout=20)
@@ -329,28 +343,49 @@ def _run(
     fault("kill -9 producer mid-burst", "producer", lambda: harness.kill("producer"))
     fault("kill -9 maintenance leader", "worker", kill_leader)
     fault("redis kill -9, restart from AOF", "redis", redis_crash)
-    fault(f"postgres -m immediate, back after {pg_pause_seconds:g} s", "postgres",
-          lambda: pg_outage(pg_pause_seconds))  # fmt: skip
-    fault("postgres unreachable past a lease", "postgres",
-          lambda: pg_outage(LEASE_SECONDS + 3))  # fmt: skip
+    fault(
+        f"postgres -m immediate, back after {pg_pause_seconds:g} s",
+        "postgres",
+        lambda: pg_outage(pg_pause_seconds),
+    )
+    fault("postgres unreachable past a lease", "postgres", lambda: pg_outage(LEASE_SECONDS + 3))
     if spark:
         harness.stop("loader")
         harness.add("loader", "loader", "run", "--checkpoint", str(harness.workdir / "ckpt"))
         time.sleep(settle_seconds * 2)  # the JVM's start
         fault("kill -9 loader (spark)", "loader", lambda: harness.kill("loader"))
         time.sleep(settle_seconds)  # the restarted JVM's start
-        fault("postgres -m immediate under the Spark loader", "postgres",
-              lambda: pg_outage(pg_pause_seconds))  # fmt: skip
+        fault(
+            "postgres -m immediate under the Spark loader",
+            "postgres",
+            lambda: pg_outage(pg_pause_seconds),
+        )
     fault_phase_end = time.time()
 
     harness.stop("producer")
-    drained = _wait(lambda: not any(_left(harness.settings)[k] for k in
-                                    ("buffer", "ready", "running", "scheduled")), 180)  # fmt: skip
+    drained = _wait(
+        lambda: (
+            not any(_left(harness.settings)[k] for k in ("buffer", "ready", "running", "scheduled"))
+        ),
+        180,
+    )
     left = _left(harness.settings)
     runs = harness.runs()
     overlaps = _leadership_overlaps(harness)
-    return _report(harness, runs, faults, baseline, baseline_start, baseline_end,
-                   fault_phase_end, drained, left, overlaps, always_up, rate)  # fmt: skip
+    return _report(
+        harness,
+        runs,
+        faults,
+        baseline,
+        baseline_start,
+        baseline_end,
+        fault_phase_end,
+        drained,
+        left,
+        overlaps,
+        always_up,
+        rate,
+    )
 
 
 def _report(

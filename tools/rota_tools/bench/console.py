@@ -52,10 +52,20 @@ class Console:
             "ROTA_DASHBOARD_TOKEN": TOKEN,
         }
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rota", "dashboard", "--port", str(self.port),
-             "--log-level", "warning"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rota",
+                "dashboard",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.http = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
         )
@@ -87,10 +97,13 @@ def _read_times(console: Console, paths: list[str], rounds: int) -> dict[str, di
                 raise RuntimeError(f"{path} answered {response.status_code}")
             times[path].append(elapsed)
     return {
-        path: {"p50_ms": round(statistics.median(t), 1), "max_ms": round(max(t), 1),
-               "p90_ms": round(percentile(t, 0.9), 1)}
+        path: {
+            "p50_ms": round(statistics.median(t), 1),
+            "max_ms": round(max(t), 1),
+            "p90_ms": round(percentile(t, 0.9), 1),
+        }
         for path, t in times.items()
-    }  # fmt: skip
+    }
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -106,9 +119,10 @@ def _console_cpu(console: Console, url: str) -> dict[int, float]:
     """CPU seconds used so far by the console's process and by the server
     processes of its database connections, by pid."""
     with db.admin_connect(url) as conn:
-        pids = [row[0] for row in conn.execute(
-            query("bench_backends_of"), {"application": APPLICATION_NAME}
-        )]  # fmt: skip
+        pids = [
+            row[0]
+            for row in conn.execute(query("bench_backends_of"), {"application": APPLICATION_NAME})
+        ]
     return {pid: _cpu_seconds(pid) for pid in [console.process.pid, *pids]}
 
 
@@ -139,11 +153,21 @@ def bench_console(
         console = Console(settings)
         try:
             paths = [
-                "/", "/api/overview", "/tenants", "/api/tenants", "/tenants?sort=name&page=100",
-                "/api/tenants?sort=served&page=50", f"/tenants/{tenant[0]}",
-                "/tasks?state=ready", f"/tasks/{deep[0]}", f"/api/tasks/{deep[0]}", "/workers",
-                "/dead-letters", "/tasks?state=dead", "/metrics",
-            ]  # fmt: skip
+                "/",
+                "/api/overview",
+                "/tenants",
+                "/api/tenants",
+                "/tenants?sort=name&page=100",
+                "/api/tenants?sort=served&page=50",
+                f"/tenants/{tenant[0]}",
+                "/tasks?state=ready",
+                f"/tasks/{deep[0]}",
+                f"/api/tasks/{deep[0]}",
+                "/workers",
+                "/dead-letters",
+                "/tasks?state=dead",
+                "/metrics",
+            ]
             _read_times(console, paths[:3], 1)  # warm up: plans, templates
             reads = _read_times(console, paths, 5)
             stats_stop = threading.Event()
@@ -168,14 +192,21 @@ def bench_console(
         without = sum(off for off, _ in pairs) / (len(pairs) * window)
         with_console = sum(on for _, on in pairs) / (len(pairs) * window)
         return {
-            "params": {"tasks": tasks, "tenants": tenants, "connections": connections,
-                       "seconds": seconds, "runs": runs, "refresh_seconds": REFRESH_SECONDS,
-                       "window_seconds": window},
+            "params": {
+                "tasks": tasks,
+                "tenants": tenants,
+                "connections": connections,
+                "seconds": seconds,
+                "runs": runs,
+                "refresh_seconds": REFRESH_SECONDS,
+                "window_seconds": window,
+            },
             "load_seconds": round(load_seconds, 1),
             "reads": reads,
             "slowest_read_p50_ms": slowest,
             "claim_complete_tasks_per_s": {
-                "without_console": round(without), "with_console": round(with_console),
+                "without_console": round(without),
+                "with_console": round(with_console),
             },
             # Each pair is two neighbouring windows of one claim run, one with the
             # console refreshing and one without: the median of their ratios.
@@ -188,7 +219,7 @@ def bench_console(
             "console_cpu_share": round(console_cpu / (console_seconds * (os.cpu_count() or 1)), 4),
             "goal": {"read_p50_ms_at_most": READ_GOAL_MS, "ratio_at_least": RATIO_GOAL},
             "met": {"reads": slowest <= READ_GOAL_MS, "ratio": ratio >= RATIO_GOAL},
-        }  # fmt: skip
+        }
 
 
 def _side_by_side(
@@ -231,9 +262,12 @@ def _side_by_side(
         console_cpu += sum(v - cpu_before.get(k, 0.0) for k, v in cpu_after.items())
         console_seconds += sum(plan) * window
         with db.admin_connect(url) as admin:
-            done = dict(admin.execute(query("bench_finished_per_window"), {
-                "start": start, "window": window, "windows": len(plan)
-            }).fetchall())  # fmt: skip
+            done = dict(
+                admin.execute(
+                    query("bench_finished_per_window"),
+                    {"start": start, "window": window, "windows": len(plan)},
+                ).fetchall()
+            )
         counts = [done.get(k, 0) for k in range(len(plan))]
         for k in range(0, len(plan), 2):
             first, second = counts[k], counts[k + 1]
