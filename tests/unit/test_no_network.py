@@ -9,8 +9,8 @@ import socket
 import psycopg
 import pytest
 import redis
-from rota_tools import devservers
 
+from rota_tools import devservers
 from tests.unit.conftest import NetworkInUnitTest
 
 
