@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from rota.app import App
@@ -33,6 +32,9 @@ from rota.contrib.connections import (
     server_cursors,
 )
 from rota.task import Task, TaskCall
+
+if TYPE_CHECKING:  # asyncio support needs greenlet (sqlalchemy[asyncio]); sync use does not
+    from sqlalchemy.ext.asyncio import AsyncSession
 
 __all__ = ["DifferentDatabase", "aenqueue", "enqueue", "enqueue_after_commit"]
 
