@@ -57,6 +57,7 @@ Op: TypeAlias = Generator[Step, list[Any], T]
 
 
 def select(statement: Statement, params: Params, rows: Shape[R]) -> Op[list[R]]:
+    """The statement's rows, as `rows` builds them by column name."""
     found: list[R] = yield Execute(statement, params, rows)
     return found
 

@@ -105,8 +105,9 @@ class Both(Generic[R, S]):
 
     def __init__(self, first: Rows[R], second: Rows[S]) -> None:
         self.first, self.second = first, second
-        self._first_leaves = frozenset(second.fields) | first.extra
-        self._second_leaves = frozenset(first.fields) | second.extra
+        unread = first.extra | second.extra
+        self._first_leaves = frozenset(second.fields) | unread
+        self._second_leaves = frozenset(first.fields) | unread
 
     def build(self, columns: Sequence[str], rows: list[Row]) -> list[tuple[R, S]]:
         firsts = self.first.read(columns, rows, self._first_leaves)
