@@ -13,7 +13,14 @@ import pytest
 import redis
 from sqlalchemy import Engine, String, create_engine, select
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
 
 from rota import App, EnqueueError, Settings, core
 from rota.buffer.streams import all_streams
@@ -182,3 +189,20 @@ def test_aenqueue_in_an_async_session(app: App, engine: Engine, database_url: st
     kept, dropped = asyncio.run(scenario())
     assert set(_states(database_url, [kept, dropped])) == {kept}
     assert _items(engine) == ["map"]
+
+
+def test_a_scoped_session_as_flask_sqlalchemy_has_it(
+    app: App, engine: Engine, settings: Settings
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    session = scoped_session(sessionmaker(engine))
+    session.add(Order(item="cap"))
+    session.flush()
+    enqueue_after_commit(session, parse_pdf, "a.pdf", tenant="alice")
+    assert _buffered(settings) == 0
+    session.commit()
+    assert _buffered(settings) == 1
+    enqueue_after_commit(session, parse_pdf, "b.pdf", tenant="alice")
+    session.remove()  # the request's teardown, uncommitted
+    assert _buffered(settings) == 1
+    assert _items(engine) == ["cap"]
