@@ -283,3 +283,42 @@ WHERE t.status = 'cancelled'
        OR t.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
 ORDER BY t.finished_at DESC
 LIMIT %(limit)s
+
+-- name: queue_history
+-- The charts' history per queue (rota.queue_history, a day at most) since a
+-- time, in buckets of `step` seconds: the largest backlog and oldest wait in
+-- each, the completions and deaths summed.
+SELECT to_timestamp(floor(extract(epoch FROM h.minute) / %(step)s) * %(step)s) AS at,
+       q.name AS queue, max(h.waiting) AS waiting,
+       max(h.oldest_wait_seconds) AS oldest_wait_seconds,
+       sum(h.completed) AS completed, sum(h.died) AS died
+FROM rota.queue_history h
+JOIN rota.queues q ON q.id = h.queue_id
+WHERE h.minute >= %(since)s
+GROUP BY 1, 2
+ORDER BY 1, 2
+
+-- name: tenant_history
+-- Some tenants' service (rota.service, by its tenant index) since a time, in
+-- buckets of `step` seconds: completions, and their mean wait.
+SELECT to_timestamp(floor(extract(epoch FROM v.minute) / %(step)s) * %(step)s) AS at,
+       t.name AS tenant, sum(v.completed) AS completed,
+       sum(v.wait_seconds) / nullif(sum(v.completed), 0) AS wait_seconds
+FROM rota.tenants t
+JOIN rota.service v ON v.tenant_id = t.id AND v.minute >= %(since)s
+WHERE t.name = ANY (%(names)b::text[])
+GROUP BY 1, 2
+ORDER BY 1, 2
+
+-- name: tenant_fair_share
+-- A tenant's fair share now, as the tenants page counts it: its weight among
+-- the tenants with work (waiting or running, or served in five minutes).
+WITH busy AS (
+    SELECT tenant_id FROM rota.stats GROUP BY tenant_id HAVING sum(waiting + running) > 0
+    UNION
+    SELECT tenant_id FROM rota.service WHERE minute >= now() - interval '5 minutes'
+)
+SELECT t.weight / nullif((SELECT sum(w.weight) FROM rota.tenants w
+                          WHERE w.id IN (SELECT tenant_id FROM busy)), 0) AS fair_share
+FROM rota.tenants t
+WHERE t.name = %(name)s AND t.id IN (SELECT tenant_id FROM busy)

@@ -1033,6 +1033,7 @@ CREATE TABLE rota.service (
     wait_seconds double precision NOT NULL,  -- summed enqueue -> start waits
     PRIMARY KEY (minute, queue_id, tenant_id)
 );
+CREATE INDEX service_tenant_minute ON rota.service (tenant_id, minute);
 CREATE TABLE rota.service_counted (
     only_row boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (only_row),
     up_to timestamptz NOT NULL
@@ -1094,11 +1095,26 @@ CREATE TABLE rota.stats (
     PRIMARY KEY (queue_id, tenant_id)
 );
 
--- Recounts rota.stats from the queue tables; returns the rows written.
+-- Per minute and queue: the figures of rota.stats as last counted in that
+-- minute, and the completions (rota.service) and deaths in it. A day is kept.
+CREATE TABLE rota.queue_history (
+    minute timestamptz NOT NULL,
+    queue_id integer NOT NULL,
+    waiting bigint NOT NULL,
+    running bigint NOT NULL,
+    oldest_wait_seconds double precision,
+    completed bigint NOT NULL DEFAULT 0,
+    died bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (minute, queue_id)
+);
+
+-- Recounts rota.stats from the queue tables, and writes this minute's
+-- history; returns the rows written to rota.stats.
 CREATE FUNCTION rota.refresh_stats() RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_rows bigint;
+    v_minute timestamptz := date_trunc('minute', now());
 BEGIN
     -- One refresh at a time; a second caller leaves it to the first.
     IF NOT pg_try_advisory_xact_lock(hashtext('rota.refresh_stats')) THEN
@@ -1133,6 +1149,34 @@ BEGIN
            now()
     FROM grouped g;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
+    -- The charts' history: this minute's row holds the minute's last count;
+    -- completions and deaths of this minute and the last are recounted (late
+    -- commits land), the deaths by the partial index of dead tasks.
+    INSERT INTO rota.queue_history AS h (minute, queue_id, waiting, running,
+                                         oldest_wait_seconds)
+    SELECT v_minute, q.id, coalesce(s.waiting, 0), coalesce(s.running, 0),
+           extract(epoch FROM now() - s.oldest)
+    FROM rota.queues q
+    LEFT JOIN (SELECT queue_id, sum(waiting) AS waiting, sum(running) AS running,
+                      min(oldest_enqueued_at) AS oldest
+               FROM rota.stats GROUP BY queue_id) s ON s.queue_id = q.id
+    ON CONFLICT (minute, queue_id) DO UPDATE
+    SET waiting = excluded.waiting, running = excluded.running,
+        oldest_wait_seconds = excluded.oldest_wait_seconds;
+    UPDATE rota.queue_history h
+    SET completed = coalesce(v.completed, 0), died = coalesce(d.died, 0)
+    FROM rota.queue_history x
+    LEFT JOIN (SELECT minute, queue_id, sum(completed) AS completed FROM rota.service
+               WHERE minute >= v_minute - interval '1 minute' GROUP BY 1, 2) v
+        ON v.minute = x.minute AND v.queue_id = x.queue_id
+    LEFT JOIN (SELECT date_trunc('minute', finished_at) AS minute, queue_id, count(*) AS died
+               FROM rota.tasks
+               WHERE status = 'dead' AND finished_at >= v_minute - interval '1 minute'
+               GROUP BY 1, 2) d
+        ON d.minute = x.minute AND d.queue_id = x.queue_id
+    WHERE x.minute >= v_minute - interval '1 minute'
+      AND h.minute = x.minute AND h.queue_id = x.queue_id;
+    DELETE FROM rota.queue_history WHERE minute < now() - interval '1 day';
     RETURN v_rows;
 END
 $$;
