@@ -286,3 +286,18 @@ def test_manage_py_rota_worker_runs_the_projects_tasks(rota_settings: Settings) 
             worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=30)
     assert worker.returncode == 0, out.decode()
+
+
+def test_settings_rota_is_checked(rota_settings: Settings) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.test import override_settings
+
+    from rota.contrib.django import rota_settings as from_django
+
+    with override_settings(ROTA={"redis_url": "redis://elsewhere:6379/1", "Shards": 8}):
+        made = from_django()
+    assert (made.redis_url, made.shards) == ("redis://elsewhere:6379/1", 8)
+    with override_settings(ROTA={"SHARDZ": 8}), pytest.raises(ImproperlyConfigured, match="SHARDZ"):
+        from_django()
+    with override_settings(ROTA={"SHARDS": 0}), pytest.raises(ImproperlyConfigured):
+        from_django()

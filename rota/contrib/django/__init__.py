@@ -65,7 +65,7 @@ def rota_settings() -> Settings:
     if not isinstance(options, Mapping):
         raise ImproperlyConfigured("settings.ROTA must be a dict of rota.Settings' fields")
     fields = {str(key).lower(): value for key, value in options.items()}
-    unknown = sorted(set(fields) - set(Settings.model_fields))
+    unknown = sorted(str(key) for key in options if str(key).lower() not in Settings.model_fields)
     if unknown:
         raise ImproperlyConfigured(f"settings.ROTA has no such rota settings: {unknown}")
     try:
