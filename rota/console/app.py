@@ -18,7 +18,18 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Route
 
 from rota.console.headers import SecurityHeaders
-from rota.console.pages import api, dead, health, overview, queue, session, task, tenant, workers
+from rota.console.pages import (
+    api,
+    charts,
+    dead,
+    health,
+    overview,
+    queue,
+    session,
+    task,
+    tenant,
+    workers,
+)
 from rota.console.web import Console, Do, Fetch
 from rota.core.read import TASK_STATES, TENANT_SORTS
 from rota.settings import Settings
@@ -28,6 +39,7 @@ MAX_BODY = 4 * 1024 * 1024
 # Each page at PATH, its data at /api PATH.
 PAGES: list[tuple[str, Fetch, str]] = [
     ("/", overview.overview, "overview.html"),
+    ("/charts", charts.charts, "charts.html"),
     ("/tenants", tenant.tenants, "tenants.html"),
     ("/tenants/{name}", tenant.tenant, "tenant.html"),
     ("/tasks", task.tasks, "tasks.html"),

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from rota.console.auth import COOKIE, CSRF_FIELD, SCOPES, Guard, Principal, read_tokens, token_hash
+from rota.console.charts import svg
 from rota.console.data import Connections, figures
 from rota.errors import EnqueueError, RotaError
 from rota.readmodel.metrics import overview_registry
@@ -27,6 +28,7 @@ from rota.runtime.redact import redact
 from rota.settings import Settings
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+TEMPLATES.env.globals["chart"] = svg
 REFRESH_SECONDS = 5
 PER_PAGE = 50
 

@@ -1,5 +1,6 @@
 """The overview (/): queues, top tenants, workers, the buffer and its dead
-letters, from the one gatherer (rota.readmodel.figures)."""
+letters, from the one gatherer (rota.readmodel.figures); and the queues'
+charts over ?window= (rota.console.history)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rota.console import data
+from rota.console import data, history
 
 
 def overview(request: Request, c: data.Connections) -> dict[str, Any]:
-    return data.overview(c)
+    window = history.window_of(request.query_params.get("window"))
+    found = data.overview(c)
+    if "postgresql" not in found.get("unavailable", {}):
+        found["charts"] = history.queue_charts(c, window)
+        found["window"] = window
+        found["windows"] = list(history.WINDOWS)
+    return found

@@ -1,5 +1,5 @@
 """Tenants (/tenants, /tenants/NAME): the list, sorted and paged, and one
-tenant's figures and dead tasks; pausing, resuming and changing its limits."""
+tenant's figures, charts (?window=) and dead tasks; pausing, resuming and changing its limits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rota.console import data
+from rota.console import data, history
 from rota.console.auth import CSRF_FIELD
 from rota.console.web import PER_PAGE, whole
 from rota.errors import RotaError
@@ -24,7 +24,13 @@ def tenants(request: Request, c: data.Connections) -> dict[str, Any]:
 
 
 def tenant(request: Request, c: data.Connections) -> dict[str, Any] | None:
-    return data.tenant(c, request.path_params["name"])
+    window = history.window_of(request.query_params.get("window"))
+    found = data.tenant(c, request.path_params["name"])
+    if found is not None:
+        found["charts"] = history.tenant_charts(c, request.path_params["name"], window)
+        found["window"] = window
+        found["windows"] = list(history.WINDOWS)
+    return found
 
 
 def pause(

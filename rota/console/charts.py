@@ -1,0 +1,169 @@
+"""Line charts drawn on the server, as SVG: no script, no library, nothing
+fetched. A chart is plain JSON-ready data (what the API sends), the same
+for every page:
+
+    {"id": "backlog", "title": "Backlog per queue", "unit": "tasks",
+     "times": ["2024-05-01T12:00:00+00:00", ...],          # bucket starts
+     "series": [{"name": "reports", "values": [12, None, ...]}, ...]}
+
+and `svg` turns it into a <figure>: axes, time labels, one <path> per
+series carrying `data-series="<name>"`, and a legend. Colours are CSS
+classes (s0..s7, other, dash) that the console's stylesheet sets for light
+and dark schemes: no inline style, which the console's CSP forbids. Names
+are user input (tenants, queues): every one is escaped."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from markupsafe import Markup, escape
+
+WIDTH, HEIGHT = 720, 220
+LEFT, RIGHT, TOP, BOTTOM = 56, 14, 12, 26
+COLOURS = 8  # s0..s7, then they repeat
+TIME_LABELS = 6
+Y_TICKS = 4
+
+
+# Durations a seconds axis tops out at: each a quarter of one it can tick.
+NICE_SECONDS = [1.0, 2.0, 4.0, 10.0, 20.0, 40.0, 60.0, 120.0, 240.0, 600.0, 1200.0, 2400.0]
+NICE_SECONDS += [3600.0 * h for h in (1, 2, 4, 8, 12, 24, 48, 96, 192)]
+
+
+def nice_top(value: float, unit: str) -> float:
+    """The axis's top: a duration whose quarters read well for seconds, a
+    nice number otherwise."""
+    if unit == "seconds":
+        return next((top for top in NICE_SECONDS if value <= top), nice_ceiling(value))
+    return nice_ceiling(value)
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten that is >= value
+    (1 for nothing above zero)."""
+    if not value > 0 or not math.isfinite(value):
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(value))
+    for step in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if value <= step * power * (1 + 1e-9):
+            return step * power
+    return 10.0 * power
+
+
+def number(value: float, unit: str = "") -> str:
+    """A tick's label: compact counts (1.5k, 2M), or a duration for seconds."""
+    if unit == "seconds":
+        for size, suffix in ((86_400.0, "d"), (3_600.0, "h"), (60.0, "m")):
+            if value >= size:
+                return f"{value / size:.3g}{suffix}"
+        return f"{value:.3g}s"
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def colour_class(index: int, name: str) -> str:
+    return "other" if name == "other" else f"s{index % COLOURS}"
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def path_data(values: Sequence[Any], xs: Sequence[float], y_of: Any) -> str:
+    """An SVG path through the values; a gap (None) lifts the pen, and a
+    point alone draws a dot (round caps on a zero-length line)."""
+    parts: list[str] = []
+    pen_down = False
+    for x, raw in zip(xs, values, strict=False):
+        value = _finite(raw)
+        if value is None:
+            pen_down = False
+            continue
+        y = y_of(value)
+        if pen_down:
+            parts.append(f"L{x:.1f},{y:.1f}")
+        else:
+            parts.append(f"M{x:.1f},{y:.1f}h0")
+            pen_down = True
+    return " ".join(parts)
+
+
+def svg(chart: Mapping[str, Any]) -> Markup:
+    """The chart as a <figure> holding its <svg> and legend."""
+    times: Sequence[str] = chart.get("times") or []
+    series: Sequence[Mapping[str, Any]] = chart.get("series") or []
+    unit = str(chart.get("unit", ""))
+    key = escape(chart.get("id", "chart"))
+    title = escape(chart.get("title", ""))
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    found = [v for s in series for v in map(_finite, s.get("values") or []) if v is not None]
+    top = nice_top(max(found, default=0.0), unit)
+    count = len(times)
+    xs = [LEFT + (plot_w * i / (count - 1) if count > 1 else plot_w / 2) for i in range(count)]
+
+    def y_of(value: float) -> float:
+        return TOP + plot_h * (1 - max(0.0, min(value, top)) / top)
+
+    caption = f' <span class="muted">({escape(unit)})</span>' if unit else ""
+    out = [
+        f'<figure class="chart" id="chart-{key}"><figcaption>{title}{caption}</figcaption>',
+        f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{title}" '
+        f'data-chart="{key}" xmlns="http://www.w3.org/2000/svg"><title>{title}</title>',
+        '<g class="gridlines">',
+    ]
+    for i in range(Y_TICKS + 1):
+        value = top * i / Y_TICKS
+        y = y_of(value)
+        out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        out.append(
+            f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
+            f"{escape(number(value, unit))}</text>"
+        )
+    out.append('</g><g class="axis">')
+    out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{TOP + plot_h}" y2="{TOP + plot_h}"/>')
+    labels = max(1, min(TIME_LABELS, count))
+    for n in range(labels):
+        i = round(n * (count - 1) / (labels - 1)) if labels > 1 else 0
+        if i >= count:
+            break
+        anchor = "start" if i == 0 and count > 1 else "end" if i == count - 1 else "middle"
+        out.append(
+            f'<text class="tick" x="{xs[i]:.1f}" y="{HEIGHT - 8}" text-anchor="{anchor}">'
+            f"{escape(_clock(times[i]))}</text>"
+        )
+    out.append("</g>")
+    if not found:
+        out.append(
+            f'<text class="empty" x="{LEFT + plot_w / 2:.1f}" y="{TOP + plot_h / 2:.1f}" '
+            'text-anchor="middle">no data in this window yet</text>'
+        )
+    legend = []
+    for index, one in enumerate(series):
+        name = str(one.get("name", ""))
+        values = one.get("values") or []
+        cls = colour_class(index, name) + (" dash" if one.get("dashed") else "")
+        last = next((v for v in map(_finite, reversed(values)) if v is not None), None)
+        latest = "" if last is None else number(last, unit)
+        out.append(
+            f'<path class="line {cls}" data-series="{escape(name)}" '
+            f'd="{path_data(values, xs, y_of)}">'
+            f"<title>{escape(name)} {escape(latest)}</title></path>"
+        )
+        legend.append(
+            f'<li data-series="{escape(name)}"><span class="swatch {cls}"></span>'
+            f'{escape(name)} <span class="muted">{escape(latest)}</span></li>'
+        )
+    out.append("</svg>")
+    out.append(f'<ul class="legend">{"".join(legend)}</ul></figure>')
+    return Markup("".join(out))
+
+
+def _clock(time: str) -> str:
+    """HH:MM of an ISO 8601 time (UTC, as the console's times are)."""
+    return time[11:16] if len(time) >= 16 else time
