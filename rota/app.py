@@ -25,6 +25,7 @@ from rota.errors import UnknownTask, ValidationError
 from rota.model.envelope import check_run, envelope_template, task_id_for_key
 from rota.model.rules import (
     check_idempotency_key,
+    check_priority,
     check_task_name,
     check_tenant,
     check_timeout,
@@ -74,6 +75,7 @@ class App:
         backoff_max: float | None = None,
         timeout: float | None = None,
         cost: float = 1.0,
+        priority: int = 0,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -87,9 +89,11 @@ class App:
         backoff_max: float | None = None,
         timeout: float | None = None,
         cost: float = 1.0,
+        priority: int = 0,
     ) -> Any:
         """Registers a task. `backoff` is the first retry delay in seconds (it
-        doubles per attempt, with jitter); `timeout` bounds one run."""
+        doubles per attempt, with jitter); `timeout` bounds one run; `priority`
+        (0-9, higher first, within a tenant) is its runs' default."""
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or function.__name__
@@ -115,6 +119,7 @@ class App:
                 ),
                 timeout=check_timeout(timeout),
                 cost=cost,
+                priority=check_priority(priority),
             )
             # Checked once here, so a bad option fails at import, not at enqueue.
             template = envelope_template(
@@ -197,7 +202,7 @@ class App:
                     options.backoff_max,
                 )
                 self.check_queue_allowed(template.queue)
-            default_cost = options.cost
+            default_cost, default_priority = options.cost, options.priority
         else:
             settings = self.settings
             template = envelope_template(
@@ -208,7 +213,7 @@ class App:
                 settings.default_backoff_max_seconds,
             )
             self.check_queue_allowed(template.queue)
-            default_cost = 1.0
+            default_cost, default_priority = 1.0, 0
         batch.add(
             template,
             call.tenant,
@@ -226,6 +231,7 @@ class App:
             if call.countdown is None and call.eta is None
             else resolve_eta(call.eta, call.countdown, batch.enqueued_at),
             self.settings.max_payload_bytes,
+            call.priority if call.priority is not None else default_priority,
         )
 
     # -- enqueueing ----------------------------------------------------------
@@ -266,11 +272,13 @@ class App:
         countdown: float | None = None,
         cost: float | None = None,
         idempotency_key: str | None = None,
+        priority: int | None = None,
     ) -> TaskCall:
         """One run of a task by name, for `enqueue_many` (queue= for tasks that
-        are not registered in this app)."""
+        are not registered in this app). `priority` (0-9, higher first) orders
+        the tenant's own tasks, never the tenants."""
         return TaskCall(
-            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key
+            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key, priority
         )
 
     def enqueue(self, name: str, *call_args: Any, connection: Any = None, **options: Any) -> UUID:

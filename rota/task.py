@@ -16,7 +16,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 # Keyword names that are enqueue options, not task arguments.
-RESERVED = frozenset({"tenant", "eta", "countdown", "cost", "idempotency_key", "connection"})
+RESERVED = frozenset(
+    {"tenant", "eta", "countdown", "cost", "idempotency_key", "connection", "priority"}
+)
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class TaskOptions:
     backoff_max: float
     timeout: float | None
     cost: float
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class TaskCall:
     countdown: float | None = None
     cost: float | None = None
     idempotency_key: str | None = None
+    priority: int | None = None  # within the tenant: 0 (default) to 9, higher first
 
 
 # Distinct call shapes whose verdict a task remembers; past it, new shapes
@@ -131,6 +135,7 @@ class Task(Generic[P, R]):
         countdown: float | None = None,
         cost: float | None = None,
         idempotency_key: str | None = None,
+        priority: int | None = None,
         **kwargs: Any,
     ) -> TaskCall:
         return TaskCall(
@@ -143,11 +148,12 @@ class Task(Generic[P, R]):
             countdown,
             cost,
             idempotency_key,
+            priority,
         )
 
     def enqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
         """Enqueues one run: arguments and options (`tenant=`, `eta=`/`countdown=`,
-        `cost=`, `idempotency_key=`) as for `call`; returns the task id once the
+        `cost=`, `idempotency_key=`, `priority=`) as for `call`; returns the task id once the
         task is stored. `connection=`: in that psycopg transaction."""
         return self.app.enqueue_many([self.call(*args, **options)], connection=connection)[0]
 

@@ -24,6 +24,7 @@ def envelopes(
     eta: datetime | None = None,
     max_attempts: int = 3,
     backoff_base: float = 1.0,
+    priority: int = 0,
 ) -> list[TaskEnvelope]:
     return [
         make_envelope(
@@ -35,6 +36,7 @@ def envelopes(
             eta=eta,
             max_attempts=max_attempts,
             backoff_base=backoff_base,
+            priority=priority,
         )
         for i in range(count)
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired
 from uuid import UUID
 
 import orjson
@@ -20,6 +20,7 @@ from rota.model.envelope import (
     Backoff,
     Cost,
     EnvelopeTemplate,
+    Priority,
     QueueName,
     TaskEnvelope,
     TaskName,
@@ -30,10 +31,14 @@ from rota.model.envelope import (
     new_task_id,
     parse_envelope,
 )
+from rota.model.rules import check_priority
 
-# A batch's per-task columns, in the JSON of a buffer entry.
+# A batch's per-task columns, in the JSON of a buffer entry; "priority" is
+# written only when a task has one (an entry without it, every entry written
+# before priorities, means 0 for all).
 TASK_COLUMNS = ("template", "id", "tenant", "payload", "cost", "eta")
 ENTRY_KEYS = frozenset({"enqueued_at", "templates", *TASK_COLUMNS})
+PRIORITY = "priority"
 
 
 @dataclass(slots=True)
@@ -52,6 +57,7 @@ class TaskBatch:
     payloads: list[str] = field(default_factory=list)
     costs: list[float] = field(default_factory=list)
     etas: list[datetime | None] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
     _last: tuple[EnvelopeTemplate | None, int] = field(default=(None, -1), repr=False)
     _index: dict[EnvelopeTemplate, int] = field(default_factory=dict, repr=False)
 
@@ -72,10 +78,12 @@ class TaskBatch:
         cost: float = 1.0,
         eta: datetime | None = None,
         max_payload_bytes: int = 256 * 1024,
+        priority: int = 0,
     ) -> UUID:
         """Checks one run of `template` and appends it (nothing, if it raises a
         ValidationError subclass); returns its task id."""
         tenant, cost, eta, payload = check_run(tenant, cost, eta, args, kwargs, max_payload_bytes)
+        priority = check_priority(priority)
         last, index = self._last
         if template is not last:
             index = self._index_of(template)
@@ -87,6 +95,7 @@ class TaskBatch:
         self.payloads.append(payload)
         self.costs.append(cost)
         self.etas.append(eta)
+        self.priorities.append(priority)
         return task_id
 
     def _index_of(self, template: EnvelopeTemplate) -> int:
@@ -112,14 +121,22 @@ class TaskBatch:
             [self.payloads[i] for i in indices],
             [self.costs[i] for i in indices],
             [self.etas[i] for i in indices],
+            [self.priorities[i] for i in indices],
         )
 
     def envelopes(self) -> list[TaskEnvelope]:
         templates = self.templates
         enqueued_at = self.enqueued_at
         envelopes = []
-        for index, task_id, tenant, payload, cost, eta in zip(
-            self.template, self.ids, self.tenants, self.payloads, self.costs, self.etas, strict=True
+        for index, task_id, tenant, payload, cost, eta, priority in zip(
+            self.template,
+            self.ids,
+            self.tenants,
+            self.payloads,
+            self.costs,
+            self.etas,
+            self.priorities,
+            strict=True,
         ):
             t = templates[index]
             envelopes.append(
@@ -135,23 +152,25 @@ class TaskBatch:
                     t.backoff_base,
                     t.backoff_max,
                     eta,
+                    priority,
                 )
             )
         return envelopes
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "enqueued_at": self.enqueued_at,
-                "templates": [t.as_row() for t in self.templates],
-                "template": self.template,
-                "id": self.ids,
-                "tenant": self.tenants,
-                "payload": self.payloads,
-                "cost": self.costs,
-                "eta": self.etas,
-            }
-        )
+        columns: dict[str, Any] = {
+            "enqueued_at": self.enqueued_at,
+            "templates": [t.as_row() for t in self.templates],
+            "template": self.template,
+            "id": self.ids,
+            "tenant": self.tenants,
+            "payload": self.payloads,
+            "cost": self.costs,
+            "eta": self.etas,
+        }
+        if any(self.priorities):  # else left out: every task is at 0
+            columns[PRIORITY] = self.priorities
+        return orjson.dumps(columns)
 
     @classmethod
     def from_checked_json(cls, raw: str | bytes) -> TaskBatch:
@@ -167,6 +186,7 @@ class TaskBatch:
             d["payload"],
             d["cost"],
             [datetime.fromisoformat(e) if e else None for e in d["eta"]],
+            d.get(PRIORITY) or [0] * len(d["id"]),
         )
 
 
@@ -195,6 +215,7 @@ class _EntryColumns(TypedDict):
     payload: list[str]
     cost: list[Cost]
     eta: list[Time | None]
+    priority: NotRequired[list[Priority]]
 
 
 _ENTRY = TypeAdapter(_EntryColumns)
@@ -214,7 +235,8 @@ def parse_batch(
 
 
 def _validated_batch(columns: _EntryColumns, max_payload_bytes: int) -> TaskBatch:
-    _check_same_length([columns[key] for key in TASK_COLUMNS])  # type: ignore[literal-required]
+    priorities = columns.get("priority") or [0] * len(columns["id"])
+    _check_same_length([*(columns[key] for key in TASK_COLUMNS), priorities])  # type: ignore[literal-required]
     templates = [EnvelopeTemplate(*row) for row in columns["templates"]]
     if any(index >= len(templates) for index in columns["template"]):
         raise ValidationError("a task names a template the entry does not have")
@@ -229,6 +251,7 @@ def _validated_batch(columns: _EntryColumns, max_payload_bytes: int) -> TaskBatc
         columns["payload"],
         columns["cost"],
         columns["eta"],
+        priorities,
     )
 
 
@@ -241,21 +264,22 @@ def _parse_task_by_task(
         columns = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"entry is not JSON: {exc}") from None
-    if not isinstance(columns, dict) or set(columns) != ENTRY_KEYS:
-        raise ValidationError(f"entry must be a JSON object with the keys {sorted(ENTRY_KEYS)}")
+    if not isinstance(columns, dict) or set(columns) - {PRIORITY} != ENTRY_KEYS:
+        raise ValidationError(
+            f"entry must be a JSON object with the keys {sorted(ENTRY_KEYS)} (and {PRIORITY!r})"
+        )
     templates = columns["templates"]
-    if not isinstance(templates, list) or not all(
-        isinstance(columns[key], list) for key in TASK_COLUMNS
-    ):
+    keys = (*TASK_COLUMNS, PRIORITY) if PRIORITY in columns else TASK_COLUMNS
+    if not isinstance(templates, list) or not all(isinstance(columns[key], list) for key in keys):
         raise ValidationError("the entry's templates and task columns must be JSON lists")
-    _check_same_length([columns[key] for key in TASK_COLUMNS])
+    _check_same_length([columns[key] for key in keys])
     good: list[int] = []
     bad: list[tuple[bytes, str]] = []
     for i in range(len(columns["id"])):
         index = columns["template"][i]
         template = templates[index] if type(index) is int and 0 <= index < len(templates) else None
         if not isinstance(template, list) or len(template) != 5:
-            task = {key: columns[key][i] for key in TASK_COLUMNS}
+            task = {key: columns[key][i] for key in keys}
             bad.append((orjson.dumps(task), f"task names no valid template: {index!r:.40}"))
             continue
         task = {
@@ -270,6 +294,7 @@ def _parse_task_by_task(
             "backoff_base": template[3],
             "backoff_max": template[4],
             "eta": columns["eta"][i],
+            **({PRIORITY: columns[PRIORITY][i]} if PRIORITY in columns else {}),
         }
         try:
             parse_envelope(task, max_payload_bytes)
@@ -283,7 +308,7 @@ def _parse_task_by_task(
     kept = {
         "enqueued_at": columns["enqueued_at"],
         "templates": [templates[i] for i in used],
-        **{key: [columns[key][i] for i in good] for key in TASK_COLUMNS},
+        **{key: [columns[key][i] for i in good] for key in keys},
         "template": template,
     }
     try:

@@ -22,6 +22,9 @@ TASK_COPY_TYPES = (
     "uuid", "int8", "int4", "int4", "text", "text", "float8", "int4", "float8", "float8",
     "text", "timestamptz", "timestamptz", "text",
 )  # fmt: skip
+# With the tasks' priorities (copy_tasks_priority), used only when a task of
+# the chunk has one: tasks at 0 (most) cost the load nothing more.
+TASK_COPY_TYPES_PRIORITY = (*TASK_COPY_TYPES, "int2")
 
 
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
@@ -46,11 +49,13 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     queue_id = dict(zip(queues, queue_ids, strict=True))
     tenant_id = dict(zip(tenants, tenant_ids, strict=True))
     numbered = _without(list(zip(seqs, tasks, strict=True)), already_ran)
+    urgent = any(t.priority for t in tasks)
 
     def copy_tasks(numbered: list[tuple[int, TaskEnvelope]]) -> Copy:
-        return Copy(
-            query("copy_tasks"), task_rows(numbered, queue_id, tenant_id, now), TASK_COPY_TYPES
-        )
+        rows = task_rows(numbered, queue_id, tenant_id, now, urgent)
+        if urgent:
+            return Copy(query("copy_tasks_priority"), rows, TASK_COPY_TYPES_PRIORITY)
+        return Copy(query("copy_tasks"), rows, TASK_COPY_TYPES)
 
     yield Execute(query("load_savepoint"))
     try:
@@ -98,8 +103,19 @@ def task_rows(
     queue_id: dict[str, int],
     tenant_id: dict[str, int],
     now: datetime,
+    priority: bool = False,
 ) -> Iterator[tuple[Any, ...]]:
-    """The rows of the copy_tasks block (column types TASK_COPY_TYPES)."""
+    """The rows of the copy_tasks block (column types TASK_COPY_TYPES), or
+    with `priority` of copy_tasks_priority (TASK_COPY_TYPES_PRIORITY)."""
+    if priority:
+        for seq, t in numbered:
+            yield (
+                t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.name, t.payload, t.cost,
+                t.max_attempts, t.backoff_base, t.backoff_max,
+                "scheduled" if t.eta is not None and t.eta > now else "pending",
+                t.eta, t.enqueued_at, t.tenant, t.priority,
+            )  # fmt: skip
+        return
     for seq, t in numbered:
         yield (
             t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.name, t.payload, t.cost,

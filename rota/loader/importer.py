@@ -2,10 +2,11 @@
 an archive migration) with fair sequencing, and reports rejected rows.
 
 Columns: name, tenant (required); queue, args, kwargs, cost, eta, max_attempts,
-idempotency_key (optional). In CSV, args and kwargs are JSON text; in Parquet
-and JSON lines they may also be arrays and maps. Rows are validated on the
-executors with the producer's rules; valid ones are loaded in batches through
-the core's bulk SQL, rejected ones written with their reason.
+idempotency_key, priority (0-9, within the tenant) (optional). In CSV, args
+and kwargs are JSON text; in Parquet and JSON lines they may also be arrays
+and maps. Rows are validated on the executors with the producer's rules;
+valid ones are loaded in batches through the core's bulk SQL, rejected ones
+written with their reason.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def validate_row(
     allowed = defaults["allowed_queues"]
     if allowed is not None and queue not in allowed:
         raise ValidationError(f"queue {queue!r} is not in ROTA_QUEUES")
-    cost, attempts = row.get("cost"), row.get("max_attempts")
+    cost, attempts, priority = row.get("cost"), row.get("max_attempts"), row.get("priority")
     return make_envelope(
         name=row.get("name"),  # type: ignore[arg-type]
         queue=queue,
@@ -86,6 +87,7 @@ def validate_row(
         max_attempts=defaults["max_attempts"] if attempts is None else _number(attempts, int),
         eta=eta,
         max_payload_bytes=defaults["max_payload_bytes"],
+        priority=0 if priority is None else _number(priority, int),
     )
 
 

@@ -33,6 +33,8 @@ from rota.model.rules import (
     MAX_ATTEMPTS,
     MAX_COST,
     MAX_DELAY_SECONDS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     QUEUE_PATTERN,
     TASK_NAME_MAX,
     TASK_PATTERN,
@@ -41,6 +43,7 @@ from rota.model.rules import (
     check_delay,
     check_json_integers,
     check_max_attempts,
+    check_priority,
     check_queue,
     check_task_name,
     check_tenant,
@@ -65,6 +68,7 @@ TaskName = Annotated[str, StringConstraints(pattern=f"^{TASK_PATTERN}$", max_len
 Cost = Annotated[float, Field(gt=0, le=MAX_COST, allow_inf_nan=False, strict=True)]
 Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS, strict=True)]
 Backoff = Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False, strict=True)]
+Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)]
 Time = Annotated[AwareDatetime, AfterValidator(_in_time_range)]
 
 _JSON_OPTIONS = (
@@ -153,6 +157,8 @@ class TaskEnvelope:
     backoff_base: Backoff = 1.0
     backoff_max: Backoff = 3600.0
     eta: Time | None = None
+    # Within its tenant only (docs/architecture.md, "Fairness"); absent means 0.
+    priority: Priority = 0
     v: Literal[1] = ENVELOPE_VERSION
 
     def to_json(self) -> bytes:
@@ -243,6 +249,7 @@ def make_envelope(
     eta: datetime | None = None,
     max_payload_bytes: int = 256 * 1024,
     now: datetime | None = None,
+    priority: int = 0,
 ) -> TaskEnvelope:
     """Checks one task and builds its envelope; raises a ValidationError subclass."""
     t = envelope_template(name, queue, max_attempts, backoff_base, backoff_max)
@@ -259,6 +266,7 @@ def make_envelope(
         t.backoff_base,
         t.backoff_max,
         eta,
+        check_priority(priority),
     )
 
 

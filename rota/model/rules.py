@@ -37,6 +37,9 @@ MAX_ATTEMPTS = 10_000
 # years, so that now + delay is far from any timestamp limit.
 MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
 MAX_TIMEOUT_SECONDS = 7 * 86_400.0
+# A task's priority within its tenant: 0 (normal, the default) to 9, higher
+# first. It orders a tenant's own tasks only, never the tenants.
+MIN_PRIORITY, MAX_PRIORITY = PRIORITY_RANGE = (0, 9)
 # Every time a task carries (eta, enqueued_at) lies in [EARLIEST, LATEST).
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST = datetime(2200, 1, 1, tzinfo=UTC)
@@ -158,6 +161,12 @@ def check_cost(cost: Any) -> float:
     if (type(cost) is float or type(cost) is int) and 0 < cost <= MAX_COST:
         return float(cost)  # the usual case, without the general check's calls
     return float(check_number("cost", cost, 0, MAX_COST, low_open=True))
+
+
+def check_priority(value: Any) -> int:
+    if type(value) is int and MIN_PRIORITY <= value <= MAX_PRIORITY:
+        return value  # the usual case, without the general check's calls
+    return int(check_number("priority", value, MIN_PRIORITY, MAX_PRIORITY, integer=True))
 
 
 def check_max_attempts(value: Any) -> int:

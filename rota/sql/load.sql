@@ -26,6 +26,11 @@ SELECT id FROM rota.tasks WHERE id = ANY (%(ids)b::uuid[])
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
                  backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
 
+-- name: copy_tasks_priority
+-- copy_tasks with the tasks' priorities (rota.core.TASK_COPY_TYPES_PRIORITY).
+COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
+                 backoff_max, status, eta, enqueued_at, tenant, priority) FROM STDIN (FORMAT BINARY)
+
 -- name: enter_line_of
 -- The tasks this transaction just loaded, in line or on the schedule.
 SELECT rota.enter_line_of(%(ids)b::uuid[])

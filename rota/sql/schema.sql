@@ -98,7 +98,9 @@ CREATE TABLE rota.tasks (
     -- The last failure's whole traceback (last_error is its one line).
     traceback text,
     -- Cancelled while running: the attempt ends as 'cancelled', not retried.
-    cancel_requested boolean NOT NULL DEFAULT false
+    cancel_requested boolean NOT NULL DEFAULT false,
+    -- Within its tenant: 0 (normal) to 9, higher first (0024).
+    priority smallint NOT NULL DEFAULT 0
 ) WITH (fillfactor = 90);
 
 -- The bounds of rota/model/rules.py, the last line after every entrance's checks
@@ -116,7 +118,8 @@ ALTER TABLE rota.tasks
         CHECK (eta >= '2000-01-01 00:00:00+00' AND eta < '2200-01-01 00:00:00+00') NOT VALID,
     ADD CONSTRAINT enqueued_at_bounded
         CHECK (enqueued_at >= '2000-01-01 00:00:00+00'
-               AND enqueued_at < '2200-01-01 00:00:00+00') NOT VALID;
+               AND enqueued_at < '2200-01-01 00:00:00+00') NOT VALID,
+    ADD CONSTRAINT priority_bounded CHECK (priority >= 0 AND priority <= 9) NOT VALID;
 ALTER TABLE rota.tenants
     ADD CONSTRAINT concurrency_limit_bounded CHECK (concurrency_limit <= 1000000) NOT VALID,
     ADD CONSTRAINT rate_limit_bounded CHECK (rate_limit <= 1e6) NOT VALID,
@@ -128,7 +131,8 @@ CREATE TABLE rota.ready (
     vtime double precision NOT NULL,
     tenant_id integer NOT NULL,
     seq bigint NOT NULL,
-    task_id uuid NOT NULL
+    task_id uuid NOT NULL,
+    priority smallint NOT NULL DEFAULT 0
 ) WITH (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 10000,
@@ -141,6 +145,10 @@ CREATE TABLE rota.ready (
     vacuum_truncate = false
 );
 CREATE INDEX ready_fair_order ON rota.ready (queue_id, vtime, tenant_id, seq);
+-- A tenant's urgent tasks, best first, for the claim's swap (rota.claim):
+-- partial, so tasks at priority 0 (most) cost the load and the claim nothing.
+CREATE INDEX ready_urgent ON rota.ready (queue_id, tenant_id, priority DESC, vtime, seq)
+    WHERE priority > 0;
 
 -- Small (in-flight tasks only): no index beyond the key is worth its upkeep.
 CREATE TABLE rota.running (
@@ -154,7 +162,8 @@ CREATE TABLE rota.running (
     claimed_at timestamptz NOT NULL DEFAULT now(),
     lease_expires_at timestamptz NOT NULL,
     -- Whether the tenant's running counter includes this task.
-    counted boolean NOT NULL
+    counted boolean NOT NULL,
+    priority smallint NOT NULL DEFAULT 0
 ) WITH (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
@@ -475,8 +484,8 @@ BEGIN
       AND t.cancel_requested AND t.status = 'pending';
 
     RETURN QUERY
-    INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
-    SELECT r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id
+    INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
+    SELECT r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id, r.priority
     FROM unnest(v_rows) r JOIN rota.tasks t ON t.id = r.task_id
     WHERE t.id = ANY (ARRAY(SELECT (x).task_id FROM unnest(v_rows) x)) AND t.status = 'pending'
     RETURNING task_id;
@@ -575,7 +584,8 @@ BEGIN
         SELECT c.*, q.name AS queue
         FROM rota.queues q
         CROSS JOIN LATERAL (
-            SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id
+            SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id,
+                   r.priority
             FROM rota.ready r
             -- `+ 0` hides the column's statistics from this filter: when one
             -- tenant holds the whole backlog they make the planner expect no row
@@ -604,11 +614,12 @@ BEGIN
     ), admitted AS MATERIALIZED (
         -- Unlimited tenants' candidates as they are; a limited tenant's, in its
         -- order, as many as it has free slots and tokens.
-        SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, false AS counted
+        SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, c.priority,
+               false AS counted
         FROM candidates c
         WHERE c.tenant_id <> ALL ((SELECT limited FROM limits)::integer[])
         UNION ALL
-        SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id,
+        SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, c.priority,
                l.free_slots IS NOT NULL
         FROM (
             SELECT candidates.*,
@@ -618,6 +629,74 @@ BEGIN
         ) c
         JOIN limited l ON l.id = c.tenant_id
         WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
+    ), urgent AS MATERIALIZED (
+        -- Priority (docs/architecture.md, "Fairness"): the slots are the
+        -- admitted ones; a tenant's own waiting tasks of a higher priority
+        -- than a slot's task may take it. Per admitted tenant and queue, at
+        -- most as many as its slots, best first, from the partial index
+        -- ready_urgent; looked for only when the queues hold an urgent task
+        -- at all (one probe of that index), so claims without any cost what
+        -- they cost before.
+        SELECT u.row_id, u.queue_id, u.vtime, u.tenant_id, u.seq, u.task_id, u.priority
+        FROM (SELECT a.queue_id, a.tenant_id, count(*) AS slots, min(a.priority) AS lowest
+              FROM admitted a GROUP BY a.queue_id, a.tenant_id) s
+        CROSS JOIN LATERAL (
+            SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id,
+                   r.priority
+            FROM rota.ready r
+            WHERE r.queue_id = s.queue_id AND r.tenant_id = s.tenant_id
+              AND r.priority > 0 AND r.priority > s.lowest
+              AND r.ctid <> ALL (ARRAY(SELECT a.row_id FROM admitted a))
+            ORDER BY r.priority DESC, r.vtime, r.seq
+            LIMIT s.slots
+            FOR UPDATE SKIP LOCKED
+        ) u
+        WHERE EXISTS (SELECT FROM rota.ready x
+                      WHERE x.queue_id = ANY (ARRAY(SELECT DISTINCT a.queue_id FROM admitted a))
+                        AND x.priority > 0)
+    ), ranked AS MATERIALIZED (
+        -- A tenant's slots go to its best tasks among its admitted and urgent
+        -- ones: highest priority first, then earliest in line.
+        SELECT p.*,
+               row_number() OVER (PARTITION BY p.queue_id, p.tenant_id
+                                  ORDER BY p.priority DESC, p.vtime, p.seq) AS best,
+               count(*) FILTER (WHERE p.slot) OVER (PARTITION BY p.queue_id, p.tenant_id)
+                   AS slots
+        FROM (
+            SELECT a.row_id, a.queue_id, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority,
+                   true AS slot
+            FROM admitted a
+            WHERE (a.queue_id, a.tenant_id) IN (SELECT u.queue_id, u.tenant_id FROM urgent u)
+            UNION ALL
+            SELECT u.row_id, u.queue_id, u.vtime, u.tenant_id, u.seq, u.task_id, u.priority, false
+            FROM urgent u
+        ) p
+    ), swaps AS MATERIALIZED (
+        -- Each admitted task that lost its slot pairs with an urgent task that
+        -- won one, the earliest slot with the best: the urgent task runs in
+        -- the slot (and keeps the slot's place while it runs), the other
+        -- waits at the urgent task's place. The tenant's places, and so its
+        -- share, are unchanged.
+        SELECT l.row_id AS slot_row, w.row_id, w.vtime, w.seq, w.task_id, w.priority
+        FROM (SELECT r.row_id, r.queue_id, r.tenant_id,
+                     row_number() OVER (PARTITION BY r.queue_id, r.tenant_id
+                                        ORDER BY r.vtime, r.seq) AS n
+              FROM ranked r WHERE r.slot AND r.best > r.slots) l
+        JOIN (SELECT r.*,
+                     row_number() OVER (PARTITION BY r.queue_id, r.tenant_id
+                                        ORDER BY r.best) AS n
+              FROM ranked r WHERE NOT r.slot AND r.best <= r.slots) w
+          ON w.queue_id = l.queue_id AND w.tenant_id = l.tenant_id AND w.n = l.n
+    ), picked AS MATERIALIZED (
+        -- The tasks claimed: the admitted ones, but in a swapped slot its urgent task.
+        SELECT a.row_id, a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority,
+               a.counted
+        FROM admitted a
+        WHERE a.row_id <> ALL (ARRAY(SELECT s.slot_row FROM swaps s))
+        UNION ALL
+        SELECT s.row_id, a.queue_id, a.queue, a.vtime, a.tenant_id, s.seq, s.task_id, s.priority,
+               a.counted
+        FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
     ), charged AS (
         UPDATE rota.tenants t
         SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
@@ -628,18 +707,23 @@ BEGIN
         -- The ANY keeps the planner on the key, even with a plan made on few tenants.
         WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
     ), taken AS (
-        DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
+        DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM picked))
+    ), moved AS (
+        UPDATE rota.ready r SET vtime = s.vtime
+        FROM swaps s
+        WHERE r.ctid = ANY (ARRAY(SELECT slot_row FROM swaps)) AND r.ctid = s.slot_row
     ), claimed AS MATERIALIZED (
-        SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.counted,
+        SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
         FROM rota.tasks t
-        JOIN admitted a ON a.task_id = t.id
-        WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+        JOIN picked a ON a.task_id = t.id
+        WHERE t.id = ANY (ARRAY(SELECT task_id FROM picked))
     ), leased AS (
         INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
-                                  lease_expires_at, counted)
-        SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted
+                                  lease_expires_at, counted, priority)
+        SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
+               priority
         FROM claimed
     )
     SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
@@ -675,7 +759,7 @@ $$;
 -- get their fair place in line from rota.core.make_ready.
 CREATE FUNCTION rota.take_due(p_limit integer)
 RETURNS TABLE (id uuid, seq bigint, queue_id integer, tenant_id integer,
-               cost double precision)
+               cost double precision, priority smallint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
@@ -689,9 +773,10 @@ BEGIN
     ), promoted AS (
         UPDATE rota.tasks t SET status = 'pending'
         WHERE t.id = ANY (ARRAY(SELECT task_id FROM due)) AND t.status = 'scheduled'
-        RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost
+        RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.priority
     )
-    SELECT p.id, p.seq, p.queue_id, p.tenant_id, p.cost FROM promoted p ORDER BY p.seq;
+    SELECT p.id, p.seq, p.queue_id, p.tenant_id, p.cost, p.priority FROM promoted p
+    ORDER BY p.seq;
 END
 $$;
 
@@ -1189,7 +1274,8 @@ $$;
 -- notifies each queue once. Called only by rota's definer functions: the tags
 -- come from these rules, never from a caller.
 CREATE FUNCTION rota.enter_line(p_ids uuid[], p_seqs bigint[], p_queue_ids integer[],
-                                p_tenant_ids integer[], p_costs double precision[])
+                                p_tenant_ids integer[], p_costs double precision[],
+                                p_priorities smallint[])
 RETURNS void
 -- Custom plans: the arrays' sizes decide the joins (a generic plan, which
 -- rota's sessions otherwise force, guesses them).
@@ -1208,17 +1294,17 @@ BEGIN
     WITH starts AS MATERIALIZED (
         SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
     ), placed AS MATERIALIZED (
-        SELECT x.queue_id, x.tenant_id, x.seq, x.id,
+        SELECT x.queue_id, x.tenant_id, x.seq, x.id, x.priority,
                s.start + sum(x.cost / s.weight) OVER w - x.cost / s.weight AS vtime,
                s.start + sum(x.cost / s.weight) OVER w AS finish
-        FROM unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs)
-             AS x(id, seq, queue_id, tenant_id, cost)
+        FROM unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs, p_priorities)
+             AS x(id, seq, queue_id, tenant_id, cost, priority)
         JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
         WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
                      ROWS UNBOUNDED PRECEDING)
     ), ready AS (
-        INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id)
-        SELECT queue_id, vtime, tenant_id, seq, id FROM placed
+        INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
+        SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
     ), tags AS (
         INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
         SELECT queue_id, tenant_id, max(finish) FROM placed GROUP BY 1, 2 ORDER BY 1, 2
@@ -1242,13 +1328,14 @@ DECLARE
     v_queues integer[];
     v_tenants integer[];
     v_costs double precision[];
+    v_priorities smallint[];
 BEGIN
     SELECT array_agg(d.id ORDER BY d.seq), array_agg(d.seq ORDER BY d.seq),
            array_agg(d.queue_id ORDER BY d.seq), array_agg(d.tenant_id ORDER BY d.seq),
-           array_agg(d.cost ORDER BY d.seq)
-    INTO v_ids, v_seqs, v_queues, v_tenants, v_costs
+           array_agg(d.cost ORDER BY d.seq), array_agg(d.priority ORDER BY d.seq)
+    INTO v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities
     FROM rota.take_due(least(greatest(p_limit, 1), 100000)) d;
-    PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs);
+    PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities);
     RETURN coalesce(cardinality(v_ids), 0);
 END
 $$;
@@ -1417,10 +1504,11 @@ DECLARE
     v_queues integer[];
     v_tenants integer[];
     v_costs double precision[];
+    v_priorities smallint[];
 BEGIN
     SELECT l.seq INTO v_after FROM rota.lined l WHERE l.xact = pg_current_xact_id();
     WITH fresh AS MATERIALIZED (
-        SELECT t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta
+        SELECT t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.status, t.eta, t.priority
         FROM rota.tasks t
         WHERE t.id = ANY (p_ids) AND t.loaded_at = now() AND t.attempts = 0
           AND t.status IN ('pending', 'scheduled')
@@ -1434,8 +1522,9 @@ BEGIN
            array_agg(f.seq ORDER BY f.seq) FILTER (WHERE f.status = 'pending'),
            array_agg(f.queue_id ORDER BY f.seq) FILTER (WHERE f.status = 'pending'),
            array_agg(f.tenant_id ORDER BY f.seq) FILTER (WHERE f.status = 'pending'),
-           array_agg(f.cost ORDER BY f.seq) FILTER (WHERE f.status = 'pending')
-    INTO v_last, v_ids, v_seqs, v_queues, v_tenants, v_costs
+           array_agg(f.cost ORDER BY f.seq) FILTER (WHERE f.status = 'pending'),
+           array_agg(f.priority ORDER BY f.seq) FILTER (WHERE f.status = 'pending')
+    INTO v_last, v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities
     FROM fresh f;
     IF v_last IS NULL THEN
         RETURN;
@@ -1446,7 +1535,7 @@ BEGIN
     IF random() < 0.01 THEN
         DELETE FROM rota.lined WHERE pg_xact_status(xact) IS DISTINCT FROM 'in progress';
     END IF;
-    PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs);
+    PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities);
 END
 $$;
 

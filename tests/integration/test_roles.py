@@ -184,7 +184,7 @@ def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
                 "INSERT INTO rota.scheduled VALUES (now(), gen_random_uuid())",
                 "SELECT rota.fair_starts(ARRAY[1], ARRAY[1])",
                 "SELECT rota.enter_line(ARRAY[gen_random_uuid()], ARRAY[1::bigint], ARRAY[1],"
-                " ARRAY[1], ARRAY[1::float8])",
+                " ARRAY[1], ARRAY[1::float8], ARRAY[0::int2])",
             ):
                 _refused(conn, statement)
             # Putting a task loaded earlier in line again, or one loaded in
