@@ -409,12 +409,7 @@ def tenant_history(
 def tenant_fair_share(name: str) -> Op[float | None]:
     """A tenant's fair share now (None without work)."""
     check_tenant(name)
-    return _fair_share(name)
-
-
-def _fair_share(name: str) -> Op[float | None]:
-    shares = yield from values(query("tenant_fair_share"), {"name": name})
-    return _float(shares[0]) if shares else None
+    return first(query("tenant_fair_share"), {"name": name}, Rows(_float, ["fair_share"]))
 
 
 def _check_step(step: Any) -> None:
