@@ -47,6 +47,26 @@ def test_the_claim_reads_ready_through_its_fair_order_index(conn: Conn, tenants:
     assert ("Index Scan", "tasks", "tasks_pkey") in scans, scans
 
 
+@pytest.mark.parametrize("urgent", [0, 300], ids=["no-urgent-task", "urgent-tasks"])
+def test_urgent_tasks_are_found_through_their_partial_index(conn: Conn, urgent: int) -> None:
+    _backlog(conn)
+    load(conn, [e for t in range(0, 50, 5) for e in envelopes(f"t{t}", urgent // 10, priority=5)])
+    conn.execute("ANALYZE rota.ready")
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_analyze = on")
+    plan = _claim_plan(conn)
+    nodes = _plan_nodes(plan)
+    scans = [
+        (n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "ready"
+    ]
+    assert not [s for s in scans if s[0] == "Seq Scan"], scans
+    assert ("Index Scan", "ready_fair_order") in scans, scans
+    # The probe: one look at the partial index; the claimed tenants' urgent
+    # tasks (50 tenants in a claim of 100) are looked for only when it finds one.
+    loops = sorted(n["Actual Loops"] for n in nodes if n.get("Index Name") == "ready_urgent")
+    assert loops == ([0, 1] if not urgent else [1, 50]), loops
+
+
 def _claim_plan(conn: Conn) -> dict[str, Any]:
     """The plan of the statement inside rota.claim, as workers run it (a
     generic plan), from auto_explain's report of nested statements."""

@@ -175,3 +175,39 @@ def test_the_stream_clock_reads_an_entry_ids_time() -> None:
     assert oldest_age(ids, now=1700000011.0) == 10.0
     assert oldest_age([], now=1.0) == 0.0
     assert oldest_age(["1700000005000-0"], now=1700000000.0) == 0.0  # a clock behind Redis
+
+
+def test_priorities_travel_in_the_entry_only_when_a_task_has_one() -> None:
+    plain = _batch(3)
+    assert "priority" not in orjson.loads(plain.to_json())  # as every entry before priorities
+    urgent = _batch(3)
+    urgent.add(WORK, "bob", [9], priority=9)
+    columns = orjson.loads(urgent.to_json())
+    assert columns["priority"] == [0, 0, 0, 9]
+    good, rejected = decode_entry(_entry(columns), CAP)
+    assert not rejected and [e.priority for e in good.envelopes()] == [0, 0, 0, 9]
+    assert TaskBatch.from_checked_json(urgent.to_json()).envelopes() == urgent.envelopes()
+    assert good.select([3, 0]).priorities == [9, 0]
+
+
+def test_an_entry_written_before_priorities_loads_every_task_at_0() -> None:
+    columns = orjson.loads(_batch(4).to_json())
+    assert set(columns) == {"enqueued_at", "templates", "template", "id", "tenant", "payload",
+                            "cost", "eta"}  # fmt: skip
+    good, rejected = decode_entry(_entry(columns), CAP)
+    assert not rejected and [e.priority for e in good.envelopes()] == [0, 0, 0, 0]
+    assert TaskBatch.from_checked_json(orjson.dumps(columns)).priorities == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("value", [10, -1, 2.0, "3", True])
+def test_a_task_with_a_bad_priority_is_rejected_and_the_others_kept(value: object) -> None:
+    batch = _batch(3)
+    batch.add(WORK, "bob", [9], priority=4)
+    columns = orjson.loads(batch.to_json())
+    columns["priority"][1] = value
+    good, rejected = decode_entry(_entry(columns), CAP)
+    assert [e.priority for e in good.envelopes()] == [0, 0, 4]
+    assert len(rejected) == 1 and "priority" in rejected[0].reason
+    columns["priority"].pop()
+    good, rejected = decode_entry(_entry(columns), CAP)
+    assert not good and "differ in length" in rejected[0].reason

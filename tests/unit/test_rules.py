@@ -65,6 +65,11 @@ def _enqueue_batch(app: rota.App, **options: Any) -> Any:
         {"tenant": "alice\n"},
         {"tenant": "x" * 1_000_000},
         {"tenant": None},
+        {"priority": 10},
+        {"priority": -1},
+        {"priority": 1.0},
+        {"priority": "1"},
+        {"priority": True},
     ],
 )
 def test_bad_enqueue_options_get_a_validation_error(app: rota.App, options: dict[str, Any]) -> None:
@@ -97,6 +102,8 @@ def test_good_enqueue_options_pass(app: rota.App) -> None:
         {"name": "evil\n"},
         {"name": "x" * 300},
         {"queue": "pdfs\n"},
+        {"priority": 10},
+        {"priority": -1},
     ],
 )
 def test_bad_task_declarations_are_refused(app: rota.App, options: dict[str, Any]) -> None:
@@ -113,7 +120,15 @@ def test_max_attempts_zero_is_refused_not_silently_three(app: rota.App) -> None:
 
 
 def test_parameters_that_clash_with_enqueue_options_are_refused(app: rota.App) -> None:
-    for clash in ("tenant", "cost", "eta", "countdown", "idempotency_key", "connection"):
+    for clash in (
+        "tenant",
+        "cost",
+        "eta",
+        "countdown",
+        "idempotency_key",
+        "connection",
+        "priority",
+    ):
         namespace: dict[str, Any] = {}
         exec(f"def task({clash}): ...", namespace)
         with pytest.raises(ValidationError, match=clash):
@@ -236,6 +251,8 @@ def test_the_database_checks_are_the_rules() -> None:
     assert f"rate_limit <= {_sql(rules.MAX_RATE_LIMIT)}" in SCHEMA
     assert f"rate_burst <= {_sql(rules.MAX_RATE_BURST)}" in SCHEMA
     assert f"capacity <= {rules.MAX_CAPACITY}" in SCHEMA
+    low, high = rules.PRIORITY_RANGE
+    assert f"CHECK (priority >= {low} AND priority <= {high})" in SCHEMA
     for bound in (rules.EARLIEST, rules.LATEST):
         assert SCHEMA.count(f"'{bound:%Y-%m-%d %H:%M:%S}+00'") == 2  # eta and enqueued_at
     # The regexes PostgreSQL applies accept and refuse what Python does.
@@ -287,3 +304,21 @@ def test_integers_are_refused_exactly_when_one_is_past_64_bits(args: list[Any]) 
             rules.check_json_integers(text)
     else:
         rules.check_json_integers(text)
+
+
+@pytest.mark.parametrize("bad", [10, -1])
+def test_a_priority_out_of_range_says_the_range(app: rota.App, bad: int) -> None:
+    with pytest.raises(ValidationError, match=r"priority must be an integer in \[0, 9\], got"):
+        _enqueue_batch(app, priority=bad)
+
+
+def test_priority_defaults_to_the_tasks_own_and_a_call_may_change_it(app: rota.App) -> None:
+    assert _enqueue_batch(app).priorities == [0]
+    assert _enqueue_batch(app, priority=9).priorities == [9]
+
+    @app.task(priority=5)
+    def urgent() -> None: ...
+
+    calls = [urgent.call(tenant="a"), urgent.call(tenant="a", priority=0)]
+    calls.append(app.call("elsewhere.task", queue="q", tenant="a", priority=2))
+    assert app.batch(calls).priorities == [5, 0, 2]
