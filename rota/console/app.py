@@ -31,7 +31,6 @@ from rota.console.pages import (
     workers,
 )
 from rota.console.web import Console, Do, Fetch
-from rota.core.read import TASK_STATES, TENANT_SORTS
 from rota.settings import Settings
 
 MAX_BODY = 4 * 1024 * 1024
@@ -98,7 +97,5 @@ def create_app(settings: Settings) -> Starlette:
         Middleware(SecurityHeaders),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, max_body_size=MAX_BODY, middleware=middleware)
-    app.state.states = TASK_STATES
-    app.state.sorts = TENANT_SORTS
     app.state.console = console
     return app
