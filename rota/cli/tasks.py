@@ -87,9 +87,12 @@ def render_story(story: Any) -> str:
     if task is not None:
         lines += [
             f"name {task.name or '-'}  queue {task.queue}  tenant {task.tenant}  "
-            f"attempts {task.attempts}/{task.max_attempts}",
+            f"attempts {task.attempts}/{task.max_attempts}  priority {task.priority}",
             f"enqueued {cell(task.enqueued_at)}  ended {cell(task.finished_at)}",
         ]
+        if task.ahead is not None:
+            about = "about " if task.ahead_estimated else ""
+            lines.append(f"place {about}{task.ahead:,} claimable task(s) ahead in fair order")
         if task.payload:
             lines.append(f"arguments {task.payload}")
         if task.traceback:

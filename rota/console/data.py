@@ -299,6 +299,7 @@ ENQUEUE_FIELDS = {
     "countdown",
     "cost",
     "idempotency_key",
+    "priority",
 }
 
 
@@ -339,6 +340,7 @@ def enqueue(c: Connections, body: Any) -> dict[str, Any]:
                 countdown=item.get("countdown"),
                 cost=item.get("cost"),
                 idempotency_key=item.get("idempotency_key"),
+                priority=item.get("priority"),
             )
         )
     ids = producer.enqueue_many(calls)

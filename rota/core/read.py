@@ -36,6 +36,7 @@ class TaskState:
     attempts: int
     last_error: str | None
     finished_at: datetime | None
+    priority: int | None  # None once succeeded (its record keeps none)
 
 
 _STATES = Rows(TaskState)

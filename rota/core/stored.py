@@ -53,11 +53,17 @@ class StoredTask:
     rate_limit: float | None = None
     tokens: float | None = None
     capacity: int | None = None
-    ahead: int | None = None  # ready: claimable tasks ahead of it in its queue
+    priority: int = 0  # within its tenant: 0 (normal) to 9, higher first
+    ahead: int | None = None  # ready: claimable tasks ahead of it (of its turn, if urgent)
     ahead_estimated: bool = False  # past AHEAD_CAP: `ahead` is from a sample
     queue_workers: int = 0  # live workers that claim its queue
     history: tuple[tuple[datetime, str, str], ...] = ()  # (when, who, what) from the audit
     started_at: datetime | None = None  # succeeded: when its last attempt started
+    # Ready and urgent: its tenant's tasks that run before it (more urgent, or
+    # as urgent and earlier), and the lower-priority ones ahead of it in line
+    # that it runs before (past AHEAD_CAP: AHEAD_CAP + 1).
+    urgent_before: int = 0
+    lower_ahead: int = 0
 
 
 def stored_task(task_id: UUID) -> Op[StoredTask | None]:
@@ -76,9 +82,13 @@ def _stored_task(task_id: UUID) -> Op[StoredTask | None]:
         return None if done is None else dataclasses.replace(done, history=history)
     task, kept = found
     workers = yield from value(query("queue_workers"), {"queue": task.queue})
-    ahead, estimated = None, False
+    ahead, estimated, turn = None, False, None
     if task.status == "pending" and task.worker is None:
         mine = {"queue_id": kept.queue_id, "tenant_id": kept.tenant_id, "seq": kept.seq}
+        if task.priority > 0:  # it runs at one of its tenant's turns: count from there
+            turn = yield from first(query("urgent_turn"), {**mine, "cap": AHEAD_CAP + 1}, _TURN)
+            if turn is not None and turn.turn_seq is not None:
+                mine["seq"] = turn.turn_seq
         place = yield from first(query("place_in_line"), {**mine, "cap": AHEAD_CAP + 1}, _PLACE)
         ahead = None if place is None else int(place.ahead)
         if place is not None and place.ahead > AHEAD_CAP:
@@ -90,7 +100,13 @@ def _stored_task(task_id: UUID) -> Op[StoredTask | None]:
             # At least what was counted: a small sample can undercount.
             ahead, estimated = max(AHEAD_CAP + 1, round(float(scaled))), True
     return dataclasses.replace(
-        task, history=history, ahead=ahead, ahead_estimated=estimated, queue_workers=int(workers)
+        task,
+        history=history,
+        ahead=ahead,
+        ahead_estimated=estimated,
+        queue_workers=int(workers),
+        urgent_before=0 if turn is None else int(turn.better),
+        lower_ahead=0 if turn is None else int(turn.lower_ahead),
     )
 
 
@@ -105,6 +121,12 @@ class _Kept(NamedTuple):
 class _Place(NamedTuple):
     vtime: float
     ahead: int
+
+
+class _Turn(NamedTuple):
+    better: int
+    lower_ahead: int
+    turn_seq: int | None
 
 
 class _Entry(NamedTuple):
@@ -135,4 +157,5 @@ def _finished(
 _STORY = Both(Rows(StoredTask), Rows(_Kept))
 _FINISHED = Rows(_finished)
 _PLACE = Rows(_Place)
+_TURN = Rows(_Turn)
 _HISTORY = Rows(_Entry)

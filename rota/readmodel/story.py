@@ -218,6 +218,18 @@ def _why_ready(task: StoredTask) -> str:
     else:
         place = f"in line, with {task.ahead:,} claimable tasks ahead of it"
     text = f"ready: {place} in queue {task.queue} (fair order)"
+    if task.priority > 0 and task.lower_ahead:
+        turn = (
+            "its tenant's next turn"
+            if not task.urgent_before
+            else f"the turn of its tenant after its {task.urgent_before:,} more urgent task(s)"
+        )
+        lower = f"{task.lower_ahead:,}" if task.lower_ahead <= AHEAD_CAP else f"over {AHEAD_CAP:,}"
+        text = (
+            f"ready, priority {task.priority}: runs at {turn}, ahead of {lower} "
+            f"lower-priority task(s) of tenant {task.tenant}; that turn is {place} "
+            f"in queue {task.queue} (fair order)"
+        )
     if held:
         text += "; held back: " + "; ".join(held)
     elif task.queue_workers:

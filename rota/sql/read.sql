@@ -5,14 +5,14 @@
 -- name: task_state
 SELECT t.id, q.name AS queue, tn.name AS tenant,
        CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END AS status,
-       t.attempts, t.last_error, t.finished_at
+       t.attempts, t.last_error, t.finished_at, t.priority
 FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id
 LEFT JOIN rota.running r ON r.task_id = t.id
 WHERE t.id = ANY (%(ids)b::uuid[])
 UNION ALL
-SELECT f.task_id, q.name, tn.name, 'succeeded', f.attempts, NULL, f.finished_at
+SELECT f.task_id, q.name, tn.name, 'succeeded', f.attempts, NULL, f.finished_at, NULL
 FROM rota.finished f
 JOIN rota.queues q ON q.id = f.queue_id
 JOIN rota.tenants tn ON tn.id = f.tenant_id
@@ -134,7 +134,7 @@ SELECT t.id, q.name AS queue, tn.name AS tenant, t.name, t.payload::text, t.stat
        q.paused AS queue_paused, tn.paused AS tenant_paused, tn.concurrency_limit,
        tn.running AS tenant_running, tn.rate_limit,
        rota.tokens_now(tn.rate_limit, tn.rate_burst, tn.tokens, tn.refilled_at) AS tokens,
-       tn.capacity, t.seq, t.queue_id, t.tenant_id
+       tn.capacity, t.priority, t.seq, t.queue_id, t.tenant_id
 FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id
@@ -163,6 +163,33 @@ SELECT m.vtime,
             WHERE a.queue_id = %(queue_id)s
               AND (a.vtime, a.tenant_id, a.seq) < (m.vtime, m.tenant_id, m.seq)
             LIMIT %(cap)s) x) AS ahead
+FROM mine m
+
+-- name: urgent_turn
+-- An urgent ready task (priority above 0), which runs at one of its tenant's
+-- turns rather than at its own place (rota.claim): its tenant's tasks in its
+-- queue that run before it (a higher priority, or its own and earlier: from
+-- ready_urgent), its tenant's lower-priority tasks ahead of it in line that
+-- it runs before, counted up to a cap, and the tenant's row whose turn it
+-- takes (its seq): the tenant's (better + 1)-th in line.
+WITH mine AS (
+    SELECT r.vtime, r.seq, r.priority FROM rota.ready r
+    WHERE r.queue_id = %(queue_id)s AND r.tenant_id = %(tenant_id)s AND r.seq = %(seq)s
+), better AS (
+    SELECT count(*) AS n FROM rota.ready r, mine m
+    WHERE r.queue_id = %(queue_id)s AND r.tenant_id = %(tenant_id)s AND r.priority > 0
+      AND (r.priority > m.priority
+           OR (r.priority = m.priority AND (r.vtime, r.seq) < (m.vtime, m.seq)))
+)
+SELECT (SELECT n FROM better) AS better,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM rota.ready r
+            WHERE r.queue_id = %(queue_id)s AND r.tenant_id = %(tenant_id)s
+              AND r.priority < m.priority AND (r.vtime, r.seq) < (m.vtime, m.seq)
+            LIMIT %(cap)s) x) AS lower_ahead,
+       (SELECT r.seq FROM rota.ready r
+        WHERE r.queue_id = %(queue_id)s AND r.tenant_id = %(tenant_id)s
+        ORDER BY r.vtime, r.seq OFFSET (SELECT n FROM better) LIMIT 1) AS turn_seq
 FROM mine m
 
 -- name: ready_rows

@@ -129,6 +129,26 @@ def test_enqueue_over_http_checks_like_the_sdk(http: httpx.Client, settings: Set
     assert http.post("/api/tasks", content=b"{not json").status_code == 400
 
 
+def test_a_tasks_page_shows_its_priority_and_place(http: httpx.Client, conn: Conn) -> None:
+    load(conn, envelopes("flood", 20))
+    (urgent,) = envelopes("flood", 1, priority=4)
+    load(conn, [urgent])
+    page = http.get(f"/tasks/{urgent.id}").text
+    assert '<td id="priority">4</td>' in page
+    assert "0 claimable ahead; runs before 20 lower-priority task(s) of its tenant" in page
+    story = http.get(f"/api/tasks/{urgent.id}").json()
+    assert story["task"]["priority"] == 4 and "its tenant's next turn" in story["why"]
+
+
+def test_enqueue_over_http_with_a_priority(http: httpx.Client, conn: Conn) -> None:
+    task = {"name": "x.y", "queue": "q", "tenant": "acme", "priority": 7}
+    created = http.post("/api/tasks", json=task)
+    assert created.status_code == 201
+    for bad in (10, -1, "7", 7.5):
+        response = http.post("/api/tasks", json={**task, "priority": bad})
+        assert response.status_code == 400 and "priority" in response.json()["error"], bad
+
+
 def test_actions_through_the_api_are_audited(http: httpx.Client, conn: Conn) -> None:
     load(conn, envelopes("alice", 2, queue="pdfs"))
     ids = [row[0] for row in conn.execute("SELECT id FROM rota.tasks ORDER BY seq")]

@@ -222,6 +222,33 @@ def test_why_ready_counts_the_claimable_tasks_ahead(conn: Conn, settings: Settin
     assert last.task.ahead == 50
 
 
+def test_why_an_urgent_task_runs_at_its_tenants_next_turn(conn: Conn, settings: Settings) -> None:
+    load(conn, envelopes("flood", 50) + envelopes("quiet", 3))
+    urgent = envelopes("flood", 2, priority=9)
+    load(conn, urgent)
+    story = why(conn, settings, urgent[0].id)
+    assert story.where == "ready" and story.task.priority == 9
+    assert story.task.lower_ahead == 50 and story.task.urgent_before == 0
+    # Its tenant's next turn is the first in line.
+    assert story.task.ahead == 0
+    assert story.why.startswith(
+        "ready, priority 9: runs at its tenant's next turn, ahead of 50 lower-priority task(s) "
+        "of tenant flood; that turn is in line, with 0 claimable tasks ahead of it"
+    )
+    second = why(conn, settings, urgent[1].id)
+    assert second.task.urgent_before == 1 and second.task.ahead == 2  # flood, quiet, then it
+    assert "after its 1 more urgent task(s)" in second.why
+    plain = why(conn, settings, envelopes_of(conn, "quiet")[0])
+    assert plain.task.priority == 0 and plain.why.startswith("ready: in line, with 1 claimable")
+    states = db.run(conn, core.task_states([urgent[0].id]))
+    assert states[urgent[0].id].priority == 9
+
+
+def envelopes_of(conn: Conn, tenant: str) -> list[Any]:
+    rows = conn.execute("SELECT id FROM rota.tasks WHERE tenant = %s ORDER BY seq", [tenant])
+    return [task_id for (task_id,) in rows]
+
+
 def test_why_ready_estimates_a_place_deep_in_line(
     conn: Conn, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

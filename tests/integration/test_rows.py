@@ -121,7 +121,8 @@ def test_a_stored_task_reads_every_column_of_its_story_by_name(conn: Conn) -> No
     # kept; the task's other fields are found afterwards.
     assert set(columns) - fields == {"seq", "queue_id", "tenant_id"}
     assert fields - set(columns) == {
-        "ahead", "ahead_estimated", "queue_workers", "history", "started_at"
+        "ahead", "ahead_estimated", "queue_workers", "history", "started_at",
+        "urgent_before", "lower_ahead",
     }  # fmt: skip
     # A column taken straight from rota.tasks keeps its name there: the
     # task's fields are named as the table's columns.

@@ -322,3 +322,16 @@ def test_priority_defaults_to_the_tasks_own_and_a_call_may_change_it(app: rota.A
     calls = [urgent.call(tenant="a"), urgent.call(tenant="a", priority=0)]
     calls.append(app.call("elsewhere.task", queue="q", tenant="a", priority=2))
     assert app.batch(calls).priorities == [5, 0, 2]
+
+
+def test_an_imported_row_may_carry_a_priority() -> None:
+    from rota.loader.importer import validate_row
+
+    defaults = {"queue": "q", "allowed_queues": None, "max_attempts": 3, "max_payload_bytes": 1024}
+    row = {"name": "x.y", "tenant": "t"}
+    assert validate_row(row, defaults).priority == 0
+    assert validate_row({**row, "priority": 7}, defaults).priority == 7
+    assert validate_row({**row, "priority": "3"}, defaults).priority == 3  # CSV: text
+    for bad in (10, -1, "10", 2.5):
+        with pytest.raises(ValidationError, match="priority"):
+            validate_row({**row, "priority": bad}, defaults)
