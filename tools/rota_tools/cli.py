@@ -382,6 +382,9 @@ def bench_claim(
     samples: int = 200,
     seconds: float = 5.0,
     runs: int = 3,
+    priorities: Annotated[
+        str, typer.Option(help="the tasks' priorities in turn, e.g. 0,0,0,5,9 (mixed)")
+    ] = "0",
     database_url: DatabaseUrl = None,
     local: Local = None,
     statements: Statements = False,
@@ -393,9 +396,18 @@ def bench_claim(
 
     tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
     sizes = [int(b) for b in backlogs.split(",")]
+    levels = [int(p) for p in priorities.split(",")]
     with bench_settings(database_url, None, local, statements) as settings:
         figures = run(
-            settings.database_url, sizes, tenants, connections, claim_size, samples, seconds, runs
+            settings.database_url,
+            sizes,
+            tenants,
+            connections,
+            claim_size,
+            samples,
+            seconds,
+            runs,
+            levels,
         )
         _report("claim", figures, as_json)
 

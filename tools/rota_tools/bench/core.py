@@ -41,8 +41,9 @@ def skewed_tenant(i: int, tenants: int) -> str:
 
 
 def make_tasks(
-    count: int, tenants: int, start: int = 0, queue: str = QUEUE
+    count: int, tenants: int, start: int = 0, queue: str = QUEUE, priorities: Sequence[int] = (0,)
 ) -> Iterator[TaskEnvelope]:
+    """Task i is at priority priorities[i % len(priorities)] (mixed: 0,0,0,5,9)."""
     now = datetime.now(UTC)
     for i in range(start, start + count):
         yield make_envelope(
@@ -51,6 +52,7 @@ def make_tasks(
             tenant=skewed_tenant(i, tenants),
             args=[i, "payload-padding-abcdefghij"],
             now=now,
+            priority=priorities[i % len(priorities)],
         )
 
 
@@ -157,8 +159,15 @@ class Filler:
     """Tops a bench queue up to a backlog size, numbering tasks uniquely, and
     claims from it as a worker does."""
 
-    def __init__(self, conn: psycopg.Connection[Any], tenants: int, queue: str = QUEUE) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        tenants: int,
+        queue: str = QUEUE,
+        priorities: Sequence[int] = (0,),
+    ) -> None:
         self.conn, self.tenants, self.queue, self.next_number = conn, tenants, queue, 0
+        self.priorities = priorities
 
     def waiting(self) -> int:
         return int(db.run(self.conn, core.queue_counts()).get(self.queue, {}).get("ready", 0))
@@ -168,7 +177,9 @@ class Filler:
         self.conn.execute(query("bench_analyze_ready"))
 
     def add(self, count: int) -> None:
-        rows = make_tasks(count, self.tenants, start=self.next_number, queue=self.queue)
+        rows = make_tasks(
+            count, self.tenants, self.next_number, self.queue, priorities=self.priorities
+        )
         self.next_number += count
         while batch := list(itertools.islice(rows, BATCH)):
             db.transact(self.conn, core.load(batch))
@@ -301,7 +312,13 @@ def _churn_worker(args: tuple[str, str, int, int]) -> int:
 
 
 def backlog_scaling(
-    url: str, backlogs: list[int], tenants: int, connections: int, limit: int, samples: int
+    url: str,
+    backlogs: list[int],
+    tenants: int,
+    connections: int,
+    limit: int,
+    samples: int,
+    priorities: Sequence[int] = (0,),
 ) -> dict[str, Any]:
     """Claim latency at each backlog size (one queue each, measured in turns
     with the plain FIFO baseline at the largest size), then again after the
@@ -312,7 +329,10 @@ def backlog_scaling(
     size_of = {str(size): size for size in sizes}
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         reset(conn)
-        fillers = {key: Filler(conn, tenants, _queue_for(size)) for key, size in size_of.items()}
+        fillers = {
+            key: Filler(conn, tenants, _queue_for(size), priorities)
+            for key, size in size_of.items()
+        }
         for key, filler in fillers.items():
             filler.fill(size_of[key])
         fifo = FifoFiller(conn)
@@ -364,7 +384,10 @@ def bench_claim(
     samples: int,
     throughput_seconds: float,
     runs: int,
+    priorities: Sequence[int] = (0,),
 ) -> dict[str, Any]:
+    """`priorities`: the tasks' priorities, in turn (0,0,0,5,9: a fifth at 5,
+    a fifth at 9): with urgent tasks waiting, claims swap slots within tenants."""
     with psycopg.connect(url, autocommit=True) as conn:
         # Throughput: claim + complete, `connections` processes, alternating
         # with the plain FIFO baseline, `runs` times.
@@ -376,7 +399,7 @@ def bench_claim(
             # Fresh tables for both, as the baseline's are: the effect of churn
             # on claims is what backlog-scaling measures.
             reset(conn)
-            filler = Filler(conn, tenants)
+            filler = Filler(conn, tenants, priorities=priorities)
             filler.fill(size)
             cost = PostgresCost(conn)
             rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
@@ -394,6 +417,7 @@ def bench_claim(
             "claim_size": limit,
             "samples": samples,
             "runs": runs,
+            "priorities": list(priorities),
         },
         "claim_complete_tasks_per_s": round(statistics.median(rates)),
         "fifo_baseline_tasks_per_s": round(statistics.median(fifo_rates)),
@@ -407,7 +431,7 @@ def bench_claim(
             "claim_complete_tasks_per_s": [round(r) for r in rates],
             "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],
         },
-        **backlog_scaling(url, backlogs, tenants, connections, limit, samples),
+        **backlog_scaling(url, backlogs, tenants, connections, limit, samples, priorities),
         "goal": {
             "claim_complete_tasks_per_s_at_least": 30_000,
             "p50_ratio_at_most": 1.2,
