@@ -25,12 +25,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The whole suite on TEST_WORKERS processes (pytest-xdist), each with its own
+# servers; tests sharing a module's fixture stay on one, slow ones go first
+# (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install lint typecheck
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-# The unit tier: no servers (fakeredis stands in for Redis), seconds.
+# The unit tier: no servers, no network (tests/unit/conftest.py refuses
+# sockets; fakeredis stands in for Redis), seconds.
 test-fast: $(STAMP)
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit -q
 
 demo: install
 	$(PY) -m rota demo

@@ -6,12 +6,15 @@ runs the same, longer, with a Spark loader too, and reports the figures."""
 
 from __future__ import annotations
 
+import pytest
+
 from rota_tools.bench.chaos import LIMIT, run_chaos
 
 
+@pytest.mark.slow(reason="seven faults one after another under load, each given time to settle")
 def test_every_acknowledged_task_runs_through_every_fault() -> None:
     report = run_chaos(
-        rate=100.0, baseline_seconds=8.0, settle_seconds=8.0, pg_pause_seconds=10.0, spark=False
+        rate=100.0, baseline_seconds=4.0, settle_seconds=5.0, pg_pause_seconds=2.0, spark=False
     )
     assert report["drained"], report["left_at_end"]
     assert report["acknowledged"] > 1000, report

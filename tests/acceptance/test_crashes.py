@@ -24,6 +24,10 @@ from rota_tools.devservers import local_redis, restart_redis
 from tests.helpers import pending_idle_past_reclaim, wait_for
 
 CHILD = Path(__file__).with_name("loader_child.py")
+SPARK_LOADER = [
+    pytest.mark.spark,
+    pytest.mark.slow(reason="a Spark loader in a subprocess: its JVM and first micro-batch"),
+]
 
 
 def _env(settings: Settings) -> dict[str, str]:
@@ -123,10 +127,10 @@ def test_redis_killed_mid_burst_every_acknowledged_task_is_stored_once(
     ("engine", "signum"),
     [
         ("python", signal.SIGTERM),
-        pytest.param("spark", signal.SIGTERM, marks=pytest.mark.spark),
+        pytest.param("spark", signal.SIGTERM, marks=SPARK_LOADER),
         # A SparkContext puts its own handler on SIGINT (Ctrl-C), which
         # cancelled the batch in hand until rota's replaced it.
-        pytest.param("spark", signal.SIGINT, marks=pytest.mark.spark),
+        pytest.param("spark", signal.SIGINT, marks=SPARK_LOADER),
     ],
     ids=["python-SIGTERM", "spark-SIGTERM", "spark-SIGINT"],
 )

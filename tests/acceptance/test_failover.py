@@ -256,9 +256,7 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
                         synchronous is False or len(states) == len(acknowledged)
                     )
 
-                wait_for(
-                    settled, timeout=120, what="every acknowledged task run on the new primary"
-                )
+                wait_for(settled, timeout=90, what="every acknowledged task run on the new primary")
                 if not synchronous:
                     # What is missing now stays missing: the buffer is drained.
                     redis = redis_client.connect(settings)

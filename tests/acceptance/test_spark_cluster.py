@@ -22,7 +22,10 @@ from rota.core import db
 from rota_tools.devservers import SparkCluster, local_spark_cluster
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow(reason="a standalone Spark cluster: a JVM per driver and executor, per run"),
+]
 Conn = psycopg.Connection[Any]
 
 
@@ -66,10 +69,10 @@ def _run_loader(
         stderr=subprocess.PIPE,
     )
     try:
-        wait_for(lambda: _stored(conn) >= until, timeout=180, what=f"{until} tasks loaded")
+        wait_for(lambda: _stored(conn) >= until, timeout=120, what=f"{until} tasks loaded")
     finally:
         loader.send_signal(signal.SIGTERM)
-        _, errors = loader.communicate(timeout=120)
+        _, errors = loader.communicate(timeout=60)
     assert loader.returncode == 0, errors.decode()
 
 
@@ -113,10 +116,10 @@ def test_rota_import_on_a_cluster_loads_a_file_once(
     pq.write_table(table, path, row_group_size=2_000)  # several row groups: several tasks
     before = _tasks_run_on_executors(spark_cluster)
     command = [sys.executable, "-m", "rota", "import", str(path), "--master", spark_cluster.url]
-    first = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=300)
+    first = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["loaded"] == rows
-    again = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=300)
+    again = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert (json.loads(again.stdout)["loaded"], json.loads(again.stdout)["duplicates"]) == (0, rows)
     assert _stored(conn) == rows

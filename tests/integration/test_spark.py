@@ -256,6 +256,7 @@ def test_parquet_timestamps_are_instants_and_bad_bounds_are_refused_not_replaced
     assert row == (at,)  # a zone-less timestamp is read as UTC
 
 
+@pytest.mark.slow(reason="two `rota import` runs, each starting its own JVM")
 def test_rota_import_keeps_sparks_own_output_out_of_the_terminal_and_fails_in_one_line(
     settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
@@ -266,7 +267,7 @@ def test_rota_import_keeps_sparks_own_output_out_of_the_terminal_and_fails_in_on
     command = [sys.executable, "-m", "rota", "import", str(csv)]
     done = subprocess.run(
         [*command, "--conf", "spark.sql.shuffle.partitions=2"],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["loaded"] == 1
@@ -275,7 +276,7 @@ def test_rota_import_keeps_sparks_own_output_out_of_the_terminal_and_fails_in_on
 
     failed = subprocess.run(
         [*command, "--conf", "spark.sql.files.maxPartitionBytes=lots"],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert failed.returncode == 2
     [line] = failed.stderr.strip().splitlines()
