@@ -6,8 +6,11 @@ queueing (docs/architecture.md, "Fairness"): each queue has a virtual clock
 `V` (the smallest start tag waiting, or the largest given), each tenant a
 weight `w` (1 unless given) and per queue a finish tag `F`; a task of cost
 `c` entering the line starts at `S = max(V, F)` and moves `F` to `S + c/w`;
-the next task run is the lowest `(S, tenant slot, arrival)`. A scheduled
+the next turn is the lowest `(S, tenant slot, arrival)`. A scheduled
 task gets its place when it falls due. With `w = c = 1` that is round-robin.
+Priority is within a tenant, as `rota.claim` has it: a turn runs the
+tenant's most urgent task waiting in that queue (then the earliest), and the
+task whose turn it was takes that task's place.
 
 A failed attempt is decided as `rota.fail` (rota/sql/schema.sql) decides it,
 and its backoff is `rota.backoff_seconds`'; tests/unit/test_testing.py pins
@@ -112,10 +115,26 @@ class Line:
                     best = heap
             if best is None:
                 return None
-            record = heapq.heappop(best)[3]
+            record = self._most_urgent(best, heapq.heappop(best), known)
             record.status = "running"
             record.attempts += 1
             return record
+
+    def _most_urgent(self, heap: list[Entry], turn: Entry, known: Container[str]) -> TaskRecord:
+        """The task that runs at `turn`: its tenant's most urgent waiting
+        one, which swaps places with the turn's own task when more urgent."""
+        _, slot, _, record = turn
+        rival = min(
+            (i for i, e in enumerate(heap) if e[1] == slot and e[3].name in known),
+            key=lambda i: (-heap[i][3].priority, heap[i][0], heap[i][2]),
+            default=None,
+        )
+        if rival is None or heap[rival][3].priority <= record.priority:
+            return record
+        urgent = heap[rival]
+        heap[rival] = (urgent[0], slot, urgent[2], record)  # the turn's task, at its place
+        heapq.heapify(heap)
+        return urgent[3]
 
     def complete(self, record: TaskRecord, result: object, now: datetime) -> Outcome:
         with self.lock:

@@ -35,6 +35,7 @@ class TaskRecord:
     backoff_max: float
     enqueued_at: datetime
     eta: datetime | None
+    priority: int = 0  # 0..9, higher runs first within its tenant
     status: Status = "pending"
     attempts: int = 0
     run_at: datetime | None = None
@@ -59,6 +60,7 @@ class TaskRecord:
             e.backoff_max,
             e.enqueued_at,
             e.eta,
+            e.priority,
             arrival=arrival,
         )
 

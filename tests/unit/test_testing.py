@@ -496,3 +496,32 @@ def test_the_retry_rules_are_rota_fails() -> None:
     assert backoff_seconds(3, 10, 3600, lambda: 1.0) == 40
     assert backoff_seconds(40, 1, 60, lambda: 1.0) == 60
     assert backoff_seconds(10_000, 1, 1e30, lambda: 1.0) == 2.0**60  # the exponent stops at 60
+
+
+def test_priority_runs_a_tenants_urgent_task_at_its_next_turn(
+    queue: InMemory, app: rota.App
+) -> None:
+    @app.task
+    def job(n: int) -> None: ...
+
+    app.enqueue_many([job.call(n, tenant="flood") for n in range(5)])
+    job.enqueue(0, tenant="steady")
+    job.enqueue(1, tenant="steady")
+    job.enqueue(99, tenant="flood", priority=9)  # behind flood's own backlog
+    job.enqueue(98, tenant="flood", priority=5)
+    order = [(r.task.tenant, r.task.args[0]) for r in queue.run_all()]
+    # The tenants' turns are as without priorities; flood's turns run its
+    # most urgent tasks first, each displaced task taking the urgent one's
+    # place (as rota.claim swaps them).
+    assert [t for t, _ in order] == ["flood", "steady", "flood", "steady"] + ["flood"] * 5
+    assert [n for t, n in order if t == "flood"] == [99, 98, 2, 3, 4, 0, 1]
+
+
+def test_everything_urgent_is_no_more_than_a_share(queue: InMemory, app: rota.App) -> None:
+    @app.task
+    def job(n: int) -> None: ...
+
+    app.enqueue_many([job.call(n, tenant="loud", priority=9) for n in range(4)])
+    app.enqueue_many([job.call(n, tenant="calm") for n in range(4)])
+    order = "".join(r.task.tenant[0] for r in queue.run_all())
+    assert order == "lclclclc"
