@@ -105,7 +105,7 @@ def test_bench_enqueue(settings: Settings) -> None:
 
 
 def test_bench_work(settings: Settings) -> None:
-    report = bench(settings, "work", "--tasks", "2000", "--tenants", "20")
+    report = bench(settings, "work", "--tasks", "500", "--tenants", "20")
     assert set(report["tasks_per_s"]) == {"1_process", "2_process"}
     assert report["enqueue_to_start_ms"]["p50"] > 0
 
