@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rota.console.data import Connections
-from rota.core import db, read
+from rota.core import db, history, read
 from rota.errors import ValidationError
 from rota.model.rules import check_tenant
 
@@ -107,14 +107,14 @@ def queue_charts(c: Connections, window: str) -> dict[str, dict[str, Any]]:
     def fetch() -> dict[str, dict[str, Any]]:
         axis = Axis(window)
         with c.postgres() as conn:
-            points = db.run(conn, read.queue_history(axis.since, axis.step))
+            points = db.run(conn, history.queue_history(axis.since, axis.step))
         return _queue_charts(axis, points)
 
     found: dict[str, dict[str, Any]] = c.recent.get(("queue-charts", window), fetch)
     return found
 
 
-def _queue_charts(axis: Axis, points: Sequence[read.QueuePoint]) -> dict[str, dict[str, Any]]:
+def _queue_charts(axis: Axis, points: Sequence[history.QueuePoint]) -> dict[str, dict[str, Any]]:
     completed, died = axis.empty(), axis.empty()
     waiting: dict[str, Values] = {}
     oldest: dict[str, Values] = {}
@@ -149,9 +149,9 @@ def service_chart(c: Connections, window: str, names: Sequence[str]) -> dict[str
         with c.postgres() as conn:
             top, _ = db.run(conn, read.top_tenants(TOP_TENANTS))
             shown = list(dict.fromkeys([*names, *(t.name for t in top)]))
-            totals = db.run(conn, read.queue_history(axis.since, axis.step))
+            totals = db.run(conn, history.queue_history(axis.since, axis.step))
             points = (
-                db.run(conn, read.tenant_history(shown, axis.since, axis.step)) if shown else []
+                db.run(conn, history.tenant_history(shown, axis.since, axis.step)) if shown else []
             )
         total = _queue_charts(axis, totals)["throughput"]["series"][0]["values"]
         by_tenant = _tenant_rates(axis, points, total)
@@ -176,7 +176,7 @@ def _zeros(total: Values) -> Values:
 
 
 def _tenant_rates(
-    axis: Axis, points: Sequence[read.TenantPoint], total: Values
+    axis: Axis, points: Sequence[history.TenantPoint], total: Values
 ) -> dict[str, Values]:
     """Each tenant's completions per minute: 0 where maintenance counted
     and it had none, a gap where nothing was counted."""
@@ -196,9 +196,9 @@ def tenant_charts(c: Connections, name: str, window: str) -> dict[str, dict[str,
     def fetch() -> dict[str, dict[str, Any]]:
         axis = Axis(window)
         with c.postgres() as conn:
-            totals = db.run(conn, read.queue_history(axis.since, axis.step))
-            points = db.run(conn, read.tenant_history([name], axis.since, axis.step))
-            share = db.run(conn, read.tenant_fair_share(name))
+            totals = db.run(conn, history.queue_history(axis.since, axis.step))
+            points = db.run(conn, history.tenant_history([name], axis.since, axis.step))
+            share = db.run(conn, history.tenant_fair_share(name))
         total = _queue_charts(axis, totals)["throughput"]["series"][0]["values"]
         completed = _tenant_rates(axis, points, total).get(name) or _zeros(total)
         waits = axis.empty()

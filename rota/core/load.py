@@ -19,9 +19,21 @@ from rota.sql import query
 # json column) and the status (an enum) go as text: in binary COPY their form
 # is their text, and the text dumper skips psycopg's JSON wrapper.
 TASK_COPY_TYPES = (
-    "uuid", "int8", "int4", "int4", "text", "text", "float8", "int4", "float8", "float8",
-    "text", "timestamptz", "timestamptz", "text",
-)  # fmt: skip
+    "uuid",
+    "int8",
+    "int4",
+    "int4",
+    "text",
+    "text",
+    "float8",
+    "int4",
+    "float8",
+    "float8",
+    "text",
+    "timestamptz",
+    "timestamptz",
+    "text",
+)
 # With the tasks' priorities (copy_tasks_priority), used only when a task of
 # the chunk has one: tasks at 0 (most) cost the load nothing more.
 TASK_COPY_TYPES_PRIORITY = (*TASK_COPY_TYPES, "int2")
@@ -110,19 +122,40 @@ def task_rows(
     if priority:
         for seq, t in numbered:
             yield (
-                t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.name, t.payload, t.cost,
-                t.max_attempts, t.backoff_base, t.backoff_max,
+                t.id,
+                seq,
+                queue_id[t.queue],
+                tenant_id[t.tenant],
+                t.name,
+                t.payload,
+                t.cost,
+                t.max_attempts,
+                t.backoff_base,
+                t.backoff_max,
                 "scheduled" if t.eta is not None and t.eta > now else "pending",
-                t.eta, t.enqueued_at, t.tenant, t.priority,
-            )  # fmt: skip
+                t.eta,
+                t.enqueued_at,
+                t.tenant,
+                t.priority,
+            )
         return
     for seq, t in numbered:
         yield (
-            t.id, seq, queue_id[t.queue], tenant_id[t.tenant], t.name, t.payload, t.cost,
-            t.max_attempts, t.backoff_base, t.backoff_max,
+            t.id,
+            seq,
+            queue_id[t.queue],
+            tenant_id[t.tenant],
+            t.name,
+            t.payload,
+            t.cost,
+            t.max_attempts,
+            t.backoff_base,
+            t.backoff_max,
             "scheduled" if t.eta is not None and t.eta > now else "pending",
-            t.eta, t.enqueued_at, t.tenant,
-        )  # fmt: skip
+            t.eta,
+            t.enqueued_at,
+            t.tenant,
+        )
 
 
 def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:

@@ -79,9 +79,14 @@ class QueueRow:
 
 
 _QUEUES = Rows(
-    QueueRow, waiting=int, running=int, scheduled=int, dead=int, per_minute=float,
+    QueueRow,
+    waiting=int,
+    running=int,
+    scheduled=int,
+    dead=int,
+    per_minute=float,
     oldest_wait_seconds=_float,
-)  # fmt: skip
+)
 
 
 def queues() -> Op[list[QueueRow]]:
@@ -109,12 +114,21 @@ class TenantRow:
 
 _TENANT_PAGE = Both(
     Rows(
-        TenantRow, weight=float, waiting=int, running=int, rate_limit=_float, tokens=_float,
-        scheduled=int, dead=int, oldest_wait_seconds=_float, served=int, share=_float,
+        TenantRow,
+        weight=float,
+        waiting=int,
+        running=int,
+        rate_limit=_float,
+        tokens=_float,
+        scheduled=int,
+        dead=int,
+        oldest_wait_seconds=_float,
+        served=int,
+        share=_float,
         fair_share=_float,
     ),
     Rows(int, ["total"]),
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -188,9 +202,14 @@ class TenantQueue:
 
 
 _TENANT_QUEUES = Rows(
-    TenantQueue, extra=["at"], waiting=int, running=int, scheduled=int, dead=int,
+    TenantQueue,
+    extra=["at"],
+    waiting=int,
+    running=int,
+    scheduled=int,
+    dead=int,
     oldest_wait_seconds=_float,
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -214,9 +233,15 @@ class TenantDetail:
 
 
 _TENANT_DETAIL = Rows(
-    TenantDetail, slot=int, weight=float, running=int, rate_limit=_float, rate_burst=float,
-    tokens=_float, backlog=_float,
-)  # fmt: skip
+    TenantDetail,
+    slot=int,
+    weight=float,
+    running=int,
+    rate_limit=_float,
+    rate_burst=float,
+    tokens=_float,
+    backlog=_float,
+)
 
 
 def tenant(name: str) -> Op[TenantDetail | None]:
@@ -362,57 +387,3 @@ def _check_page(offset: Any, limit: Any) -> None:
         raise ValidationError(f"offset must be an integer >= 0, got {offset!r}")
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValidationError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
-
-
-@dataclass(frozen=True)
-class QueuePoint:
-    at: datetime  # the bucket's start
-    queue: str
-    waiting: int  # the largest backlog counted in the bucket
-    oldest_wait_seconds: float | None
-    completed: int
-    died: int
-
-
-_QUEUE_POINTS = Rows(QueuePoint, waiting=int, oldest_wait_seconds=_float, completed=int, died=int)
-
-
-def queue_history(since: datetime, step_seconds: int) -> Op[list[QueuePoint]]:
-    """Each queue's backlog, oldest wait, completions and deaths since a time
-    (a day is kept), in buckets of `step_seconds`."""
-    _check_step(step_seconds)
-    return select(query("queue_history"), {"since": since, "step": step_seconds}, _QUEUE_POINTS)
-
-
-@dataclass(frozen=True)
-class TenantPoint:
-    at: datetime  # the bucket's start
-    tenant: str
-    completed: int
-    wait_seconds: float | None  # mean enqueue -> start wait
-
-
-_TENANT_POINTS = Rows(TenantPoint, completed=int, wait_seconds=_float)
-
-
-def tenant_history(
-    names: Sequence[str], since: datetime, step_seconds: int
-) -> Op[list[TenantPoint]]:
-    """Some tenants' completions and mean wait since a time, in buckets."""
-    _check_step(step_seconds)
-    for name in names:
-        check_tenant(name)
-    _check_page(0, max(1, len(names)))
-    params = {"names": list(names), "since": since, "step": step_seconds}
-    return select(query("tenant_history"), params, _TENANT_POINTS)
-
-
-def tenant_fair_share(name: str) -> Op[float | None]:
-    """A tenant's fair share now (None without work)."""
-    check_tenant(name)
-    return first(query("tenant_fair_share"), {"name": name}, Rows(_float, ["fair_share"]))
-
-
-def _check_step(step: Any) -> None:
-    if type(step) is not int or not 60 <= step <= 86_400:
-        raise ValidationError(f"a step must be whole seconds from 60 to 86400, got {step!r}")

@@ -146,12 +146,29 @@ def _finished(
 ) -> StoredTask:
     """A task that succeeded, from its record (rota.finished)."""
     return StoredTask(
-        id=id, queue=queue, tenant=tenant, name="", payload="", status="succeeded",
-        attempts=int(attempts), max_attempts=int(attempts), cost=1.0, eta=None,
-        enqueued_at=enqueued_at, loaded_at=None, finished_at=finished_at, last_error=None,
-        traceback=None, cancel_requested=False, worker=None, attempt=None, claimed_at=None,
-        lease_expires_at=None, run_at=None, started_at=started_at,
-    )  # fmt: skip
+        id=id,
+        queue=queue,
+        tenant=tenant,
+        name="",
+        payload="",
+        status="succeeded",
+        attempts=int(attempts),
+        max_attempts=int(attempts),
+        cost=1.0,
+        eta=None,
+        enqueued_at=enqueued_at,
+        loaded_at=None,
+        finished_at=finished_at,
+        last_error=None,
+        traceback=None,
+        cancel_requested=False,
+        worker=None,
+        attempt=None,
+        claimed_at=None,
+        lease_expires_at=None,
+        run_at=None,
+        started_at=started_at,
+    )
 
 
 _STORY = Both(Rows(StoredTask), Rows(_Kept))

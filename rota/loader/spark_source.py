@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import redis
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
@@ -68,13 +69,20 @@ class BufferStreamReader(DataSourceStreamReader):
                 if isinstance(limit, ReadMaxRows)
                 else None
             )
+            # One snapshot of every shard (a transaction, on one Redis): a
+            # writer spreading a batch over the shards is seen whole or not
+            # at all. A cluster's shards live on different nodes: read apart.
+            pipe = client.pipeline(transaction=isinstance(client, redis.Redis))
             for stream in self.streams:
                 begin = start.get(stream, "0-0")
                 if per_stream is None:
-                    last: Any = client.xrevrange(stream, count=1)
+                    pipe.xrevrange(stream, count=1)
                 else:
-                    page: Any = client.xrange(stream, min=f"({begin}", count=per_stream)
-                    last = page[-1:]
+                    pipe.xrange(stream, min=f"({begin}", count=per_stream)
+            replies: list[Any] = pipe.execute()
+            for stream, reply in zip(self.streams, replies, strict=True):
+                begin = start.get(stream, "0-0")
+                last = reply[:1] if per_stream is None else reply[-1:]
                 if last:
                     entry_id = last[0][0].decode()
                     if entry_key(entry_id) > entry_key(begin):

@@ -63,8 +63,12 @@ def browser() -> Iterator[WebDriver]:
     assert chromium and driver, "Debian's chromium and chromium-driver (infra/install-servers.sh)"
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                 "--window-size=1400,1000"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(flag)
     session = webdriver.Chrome(service=Service(driver), options=options)
     session.implicitly_wait(5)

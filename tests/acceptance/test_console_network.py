@@ -26,12 +26,28 @@ def test_the_console_over_https_with_a_tokens_file(database_url: str, tmp_path: 
     tokens.write_text(f"ops read,act {token_hash(OPS)}\n")
     port = free_port()
     console = subprocess.Popen(
-        [sys.executable, "-m", "rota", "dashboard", "--host", "0.0.0.0", "--port", str(port),
-         "--certfile", str(tls.cert), "--keyfile", str(tls.key)],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "ROTA_DATABASE_URL": database_url,
-             "ROTA_CONSOLE_TOKENS_FILE": str(tokens)},
+        [
+            sys.executable,
+            "-m",
+            "rota",
+            "dashboard",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--certfile",
+            str(tls.cert),
+            "--keyfile",
+            str(tls.key),
+        ],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "ROTA_DATABASE_URL": database_url,
+            "ROTA_CONSOLE_TOKENS_FILE": str(tokens),
+        },
         stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=str(tls.ca)) as client:
 
@@ -66,8 +82,12 @@ def test_forwarded_headers_are_believed_only_from_a_trusted_proxy(
     database_url: str, trusted: bool
 ) -> None:
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "ROTA_DATABASE_URL": database_url,
-           "ROTA_DASHBOARD_TOKEN": OPS}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "ROTA_DATABASE_URL": database_url,
+        "ROTA_DASHBOARD_TOKEN": OPS,
+    }
     proxy = ["--trusted-proxy", "127.0.0.1"] if trusted else []
     console = subprocess.Popen(
         [sys.executable, "-m", "rota", "dashboard", "--port", str(port), *proxy],
@@ -87,8 +107,7 @@ def test_forwarded_headers_are_believed_only_from_a_trusted_proxy(
             # A client saying it is behind TLS: believed only from the proxy
             # named by --trusted-proxy (the session cookie is then Secure).
             said = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "10.9.9.9"}
-            login = client.post("/login", data={"token": OPS}, headers=said,
-                                follow_redirects=False)  # fmt: skip
+            login = client.post("/login", data={"token": OPS}, headers=said, follow_redirects=False)
             assert login.status_code == 303
             assert ("secure" in login.headers["set-cookie"].lower()) is trusted
     finally:

@@ -43,10 +43,26 @@ def test_a_worker_counts_what_it_runs_and_says_when_it_is_ready(
 ) -> None:
     port = free_port()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "rota", "worker", "--app", "tests.acceptance.workapp:app",
-         "--queues", "work", "--metrics-port", str(port), "--log-format", "json"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rota",
+            "worker",
+            "--app",
+            "tests.acceptance.workapp:app",
+            "--queues",
+            "work",
+            "--metrics-port",
+            str(port),
+            "--log-format",
+            "json",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: answers(port, "/readyz") == 200, what="the worker to be ready")
         assert answers(port, "/healthz") == 200
@@ -80,10 +96,23 @@ def test_a_loader_counts_its_passes(env: dict[str, str], producer: App) -> None:
     env = {**env, "ROTA_SHARDS": str(producer.settings.shards)}
     port = free_port()
     loader = subprocess.Popen(
-        [sys.executable, "-m", "rota", "loader", "run", "--engine", "python",
-         "--metrics-port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rota",
+            "loader",
+            "run",
+            "--engine",
+            "python",
+            "--metrics-port",
+            str(port),
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: answers(port, "/healthz") == 200, what="the loader to listen")
         producer.enqueue_many([producer.tasks["sleep"].call(0, tenant=f"t{i}") for i in range(40)])

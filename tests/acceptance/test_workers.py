@@ -242,9 +242,12 @@ def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
         }
         workers = [start_worker(pooled, "--concurrency", "4") for _ in range(2)]
         reaper = subprocess.Popen(
-            [sys.executable, "-m", "rota", "reaper"], env=pooled, cwd=ROOT,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            [sys.executable, "-m", "rota", "reaper"],
+            env=pooled,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             wait_for(
                 lambda: all(

@@ -159,9 +159,17 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
 
 def test_bench_shards(settings: Settings) -> None:
     report = bench(
-        settings, "shards", "--primaries", "2", "--tasks", "2000", "--tenants", "20",
-        "--claimers", "2",
-    )  # fmt: skip
+        settings,
+        "shards",
+        "--primaries",
+        "2",
+        "--tasks",
+        "2000",
+        "--tenants",
+        "20",
+        "--claimers",
+        "2",
+    )
     one, two = report["results"]["1_primaries"], report["results"]["2_primaries"]
     assert one["head"]["displacement_vs_one_primary"]["max"] == 0  # the reference itself
     assert one["head"]["tasks"] == two["synced-head"]["tasks"] == report["params"]["workload_tasks"]
@@ -176,9 +184,17 @@ def test_bench_shards(settings: Settings) -> None:
 
 def test_bench_statements(settings: Settings) -> None:
     report = bench(
-        settings, "load", "--tasks", "2000", "--tenants", "20", "--runs", "1", "--local",
+        settings,
+        "load",
+        "--tasks",
+        "2000",
+        "--tenants",
+        "20",
+        "--runs",
+        "1",
+        "--local",
         "--statements",
-    )  # fmt: skip
+    )
     statements = report["postgresql_statements"]
     assert statements and all(s["exec_us_per_task"] >= 0 for s in statements)
     assert any("rota." in s["query"] for s in statements)
@@ -188,9 +204,19 @@ def test_bench_console(settings: Settings) -> None:
     report = bench(
         # A backlog that outlasts the run on a fast, quiet machine too; windows
         # long enough for completions in each on a busy one.
-        settings, "console", "--tasks", "200000", "--tenants", "100", "--seconds", "2",
-        "--window", "0.5", "--runs", "1",
-    )  # fmt: skip
+        settings,
+        "console",
+        "--tasks",
+        "200000",
+        "--tenants",
+        "100",
+        "--seconds",
+        "2",
+        "--window",
+        "0.5",
+        "--runs",
+        "1",
+    )
     assert report["scenario"] == "console"
     assert set(report["reads"]) >= {"/", "/api/overview", "/tenants", "/metrics"}
     assert all(r["p50_ms"] > 0 for r in report["reads"].values())
@@ -208,13 +234,30 @@ def test_bench_compare_runs_both_sides_alternately(
     given servers: each side runs in its own worktree, A B then B A."""
     done = subprocess.run(
         [
-            sys.executable, "-m", "rota", "bench", "compare", "--baseline", "HEAD",
-            "--stages", "enqueue", "--rounds", "2",
-            "--set", "enqueue=--tasks 2000 --tenants 20",
-            "--database-url", postgres_server.url, "--redis-url", redis_server.url, "--json",
+            sys.executable,
+            "-m",
+            "rota",
+            "bench",
+            "compare",
+            "--baseline",
+            "HEAD",
+            "--stages",
+            "enqueue",
+            "--rounds",
+            "2",
+            "--set",
+            "enqueue=--tasks 2000 --tenants 20",
+            "--database-url",
+            postgres_server.url,
+            "--redis-url",
+            redis_server.url,
+            "--json",
         ],
-        capture_output=True, text=True, check=False, timeout=240,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     head = subprocess.run(

@@ -110,10 +110,14 @@ def test_a_console_token_is_made_once_and_only_its_hash_kept(tmp_path: Path) -> 
     assert "scopes must be some of read, enqueue, act, metrics" in bad.stderr
     (tmp_path / "broken").write_text("wall read\n")
     refused = rota(
-        "dashboard", "--host", "0.0.0.0", "--port", str(_free_port()),
+        "dashboard",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(_free_port()),
         ROTA_CONSOLE_TOKENS_FILE=str(tmp_path / "broken"),
         ROTA_DATABASE_URL="postgresql://rota@127.0.0.1:1/x",
-    )  # fmt: skip
+    )
     assert refused.returncode == 2 and "broken:1: expected `NAME SCOPES SHA256`" in refused.stderr
 
 

@@ -28,9 +28,10 @@ class Console:
     def __init__(self, settings: Settings) -> None:
         self.port = free_port()
         self.server = uvicorn.Server(
-            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port,
-                           log_level="warning")
-        )  # fmt: skip
+            uvicorn.Config(
+                create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
@@ -79,8 +80,16 @@ def test_every_page_answers(http: httpx.Client, conn: Conn) -> None:
     (task,) = claim(conn, 1, queues=("pdfs",))
     db.transact(conn, core.fail([core.Failure(task.id, 1, "ValueError: bad", traceback="Tb")]))
     db.run(conn, core.refresh_stats())
-    for path in ["/", "/tenants", "/tenants/alice", "/tasks?state=dead", "/tasks?state=ready",
-                 f"/tasks/{task.id}", "/workers", "/dead-letters"]:  # fmt: skip
+    for path in [
+        "/",
+        "/tenants",
+        "/tenants/alice",
+        "/tasks?state=dead",
+        "/tasks?state=ready",
+        f"/tasks/{task.id}",
+        "/workers",
+        "/dead-letters",
+    ]:
         response = http.get(path)
         assert response.status_code == 200, path
         assert "rota" in response.text
@@ -111,8 +120,9 @@ def test_enqueue_over_http_checks_like_the_sdk(http: httpx.Client, settings: Set
     assert created.status_code == 201
     (task_id,) = created.json()["ids"]
     assert http.get(f"/api/tasks/{task_id}").json()["where"] == "buffer"
-    many = http.post("/api/tasks", json=[{"name": "x.y", "queue": "q", "tenant": f"t{i}"}
-                                         for i in range(5)])  # fmt: skip
+    many = http.post(
+        "/api/tasks", json=[{"name": "x.y", "queue": "q", "tenant": f"t{i}"} for i in range(5)]
+    )
     assert many.status_code == 201 and len(many.json()["ids"]) == 5
     for bad in [
         {"name": "x.y", "queue": "q"},  # no tenant
@@ -196,8 +206,9 @@ def test_cross_site_posts_are_refused(browser: httpx.Client, console: Console, c
     assert db.run(conn, core.task_states(ids))[ids[0]].status == "pending"
     # The console's own form.
     own = {"Origin": console.url}
-    done = browser.post(f"/actions/tasks/{ids[0]}/cancel", data={"csrf": csrf, "back": "/"},
-                        headers=own)  # fmt: skip
+    done = browser.post(
+        f"/actions/tasks/{ids[0]}/cancel", data={"csrf": csrf, "back": "/"}, headers=own
+    )
     assert done.status_code == 303
     assert db.run(conn, core.task_states(ids))[ids[0]].status == "cancelled"
     api = browser.post(f"/api/tasks/{ids[1]}/cancel", headers={"X-CSRF-Token": csrf})
@@ -219,8 +230,11 @@ def test_metrics_and_health(http: httpx.Client, conn: Conn) -> None:
     db.run(conn, core.refresh_stats())
     text = http.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in families.values() for s in f.samples}  # fmt: skip
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
     assert samples[("rota_queue_tasks", (("queue", "pdfs"), ("state", "waiting")))] == 3
     assert samples[("rota_tenant_tasks", (("state", "waiting"), ("tenant", "alice")))] == 3
     assert samples[("rota_server_up", (("server", "redis"),))] == 1
@@ -228,8 +242,9 @@ def test_metrics_and_health(http: httpx.Client, conn: Conn) -> None:
 
 
 def test_the_console_says_when_redis_is_down(settings: Settings, conn: Conn) -> None:
-    broken = settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0",
-                                         "dashboard_token": TOKEN})  # fmt: skip
+    broken = settings.model_copy(
+        update={"redis_url": "redis://127.0.0.1:1/0", "dashboard_token": TOKEN}
+    )
     load(conn, envelopes("alice", 1))
     with (
         Console(broken) as running,
@@ -347,8 +362,16 @@ def test_a_pages_handlers_run_alone(settings: Settings, conn: Conn) -> None:
     from rota.console.pages import overview, tenant
 
     def request(**path_params: str) -> Request:
-        return Request({"type": "http", "method": "GET", "path": "/", "headers": [],
-                        "query_string": b"", "path_params": path_params})  # fmt: skip
+        return Request(
+            {
+                "type": "http",
+                "method": "GET",
+                "path": "/",
+                "headers": [],
+                "query_string": b"",
+                "path_params": path_params,
+            }
+        )
 
     load(conn, envelopes("alice", 2, queue="pdfs"))
     db.run(conn, core.refresh_stats())

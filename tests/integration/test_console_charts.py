@@ -13,7 +13,7 @@ import httpx
 import psycopg
 
 from rota import core
-from rota.core import db, read
+from rota.core import db, history
 from tests.helpers import claim, envelopes, load
 from tests.integration.test_console import browser, console, http  # noqa: F401 (fixtures)
 
@@ -86,18 +86,18 @@ def test_maintenance_keeps_each_queues_history_per_minute(conn: Conn) -> None:
 def test_history_reads_bucket_the_window(conn: Conn) -> None:
     _seed(conn)
     since = _minute(29)
-    points = db.run(conn, read.queue_history(since, 300))
+    points = db.run(conn, history.queue_history(since, 300))
     assert {p.queue for p in points} == {"pdfs"}
     assert sum(p.completed for p in points) == 29 * 50
     assert all(p.at.timestamp() % 300 == 0 for p in points)
     assert max(p.waiting for p in points) == 1000 - 10
-    tenants = db.run(conn, read.tenant_history(["small", "nobody"], since, 60))
+    tenants = db.run(conn, history.tenant_history(["small", "nobody"], since, 60))
     assert {p.tenant for p in tenants} == {"small"} and len(tenants) == 29
     assert all(p.completed == 2 and p.wait_seconds == 1.5 for p in tenants)
     db.run(conn, core.refresh_stats())
-    share = db.run(conn, read.tenant_fair_share("small"))
+    share = db.run(conn, history.tenant_fair_share("small"))
     assert share == 0.5
-    assert db.run(conn, read.tenant_fair_share("nobody")) is None
+    assert db.run(conn, history.tenant_fair_share("nobody")) is None
 
 
 def _series(chart: dict[str, Any]) -> list[str]:

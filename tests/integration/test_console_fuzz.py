@@ -23,18 +23,51 @@ TOKEN = "fuzz-token-0123456789"
 Conn = psycopg.Connection[Any]
 
 READS = [
-    "/api/overview", "/api/tenants", "/api/tenants/{}", "/api/tasks", "/api/tasks/{}",
-    "/api/workers", "/api/dead-letters", "/", "/tenants", "/tenants/{}", "/tasks",
-    "/tasks/{}", "/workers", "/dead-letters", "/find",
-]  # fmt: skip
+    "/api/overview",
+    "/api/tenants",
+    "/api/tenants/{}",
+    "/api/tasks",
+    "/api/tasks/{}",
+    "/api/workers",
+    "/api/dead-letters",
+    "/",
+    "/tenants",
+    "/tenants/{}",
+    "/tasks",
+    "/tasks/{}",
+    "/workers",
+    "/dead-letters",
+    "/find",
+]
 ACTIONS = [
-    "/api/tasks", "/api/tasks/{}/cancel", "/api/tasks/{}/retry", "/api/tasks/cancel",
-    "/api/tasks/retry", "/api/dead/retry", "/api/queues/{}/pause", "/api/queues/{}/resume",
-    "/api/tenants/{}/pause", "/api/tenants/{}", "/api/dead-letters/replay",
+    "/api/tasks",
+    "/api/tasks/{}/cancel",
+    "/api/tasks/{}/retry",
+    "/api/tasks/cancel",
+    "/api/tasks/retry",
+    "/api/dead/retry",
+    "/api/queues/{}/pause",
+    "/api/queues/{}/resume",
+    "/api/tenants/{}/pause",
+    "/api/tenants/{}",
+    "/api/dead-letters/replay",
     "/api/dead-letters/purge",
-]  # fmt: skip
-PARAMS = ["page", "per_page", "sort", "order", "prefix", "state", "tenant", "queue", "limit",
-          "before", "id", "next", "done"]  # fmt: skip
+]
+PARAMS = [
+    "page",
+    "per_page",
+    "sort",
+    "order",
+    "prefix",
+    "state",
+    "tenant",
+    "queue",
+    "limit",
+    "before",
+    "id",
+    "next",
+    "done",
+]
 
 # Text that no rule accepts as a task id, queue or tenant name (it holds a
 # character none allows), but otherwise anything.
@@ -46,25 +79,43 @@ numbers_as_text = st.one_of(
 param_values = st.one_of(st.text(max_size=200), numbers_as_text)
 json_values = st.recursive(
     st.one_of(
-        st.none(), st.booleans(), st.integers(min_value=-(10**40), max_value=10**40),
-        st.floats(allow_nan=False), st.text(max_size=50),
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(10**40), max_value=10**40),
+        st.floats(allow_nan=False),
+        st.text(max_size=50),
     ),
-    lambda kids: st.lists(kids, max_size=5)
-    | st.dictionaries(st.text(max_size=10), kids, max_size=5),
+    lambda kids: (
+        st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=10), kids, max_size=5)
+    ),
     max_leaves=30,
-)  # fmt: skip
+)
 # Bodies no endpoint accepts: not JSON, or JSON of the wrong shape, or far too deep.
 bad_bodies = st.one_of(
     st.binary(max_size=200).filter(lambda b: not b.strip().startswith((b"{", b"["))),
     json_values.filter(lambda v: not isinstance(v, dict)).map(lambda v: json.dumps(v).encode()),
     st.dictionaries(
-        st.sampled_from(["ids", "name", "queue", "tenant", "all", "eta", "args", "weight",
-                         "concurrency_limit", "rate_limit", "capacity", "countdown"]),
+        st.sampled_from(
+            [
+                "ids",
+                "name",
+                "queue",
+                "tenant",
+                "all",
+                "eta",
+                "args",
+                "weight",
+                "concurrency_limit",
+                "rate_limit",
+                "capacity",
+                "countdown",
+            ]
+        ),
         st.one_of(bad_names, st.integers(min_value=10**20, max_value=10**30), st.just([[[]]])),
         min_size=1,
     ).map(lambda d: json.dumps(d).encode()),
     st.integers(min_value=50, max_value=3000).map(lambda n: ("[" * n + "]" * n).encode()),
-)  # fmt: skip
+)
 tokens = st.one_of(
     st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=255), max_size=100),
     st.just(TOKEN[:-1]),

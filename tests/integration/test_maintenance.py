@@ -33,23 +33,34 @@ def _count(conn: Conn, table: str, where: str = "true") -> int:
 
 
 def test_retention_prunes_what_is_old_and_keeps_the_rest(conn: Conn) -> None:
-    settings = Settings(finished_retention="7d", dead_retention="30d", worker_retention="1d",
-                        loader_ledger_retention="1d")  # fmt: skip
+    settings = Settings(
+        finished_retention="7d",
+        dead_retention="30d",
+        worker_retention="1d",
+        loader_ledger_retention="1d",
+    )
     load(conn, envelopes("a", 6, max_attempts=1))
     tasks = claim(conn, 6)
     db.run(conn, core.complete([t.token for t in tasks[:3]]))
     db.run(conn, core.fail([core.Failure(t.id, t.attempt, "boom") for t in tasks[3:]]))
     # Two of each are old, one is recent.
-    conn.execute("UPDATE rota.finished SET finished_at = now() - interval '8 days' "
-                 "WHERE task_id = ANY(%s)", [[t.id for t in tasks[:2]]])  # fmt: skip
-    conn.execute("UPDATE rota.tasks SET finished_at = now() - interval '31 days' "
-                 "WHERE id = ANY(%s)", [[t.id for t in tasks[3:5]]])  # fmt: skip
+    conn.execute(
+        "UPDATE rota.finished SET finished_at = now() - interval '8 days' WHERE task_id = ANY(%s)",
+        [[t.id for t in tasks[:2]]],
+    )
+    conn.execute(
+        "UPDATE rota.tasks SET finished_at = now() - interval '31 days' WHERE id = ANY(%s)",
+        [[t.id for t in tasks[3:5]]],
+    )
     for name, stopped in (("old", "now() - interval '2 days'"), ("new", "now()")):
         db.run(conn, core.register_worker(name, "h", 1, ["default"], 1))
         conn.execute(f"UPDATE rota.workers SET stopped_at = {stopped} WHERE id = %s", [name])
     for batch in range(150):
-        conn.execute("INSERT INTO rota.loader_batches (query, batch_id, tasks, loaded_at) "
-                     "VALUES ('ckpt', %s, 1, now() - interval '2 days')", [batch])  # fmt: skip
+        conn.execute(
+            "INSERT INTO rota.loader_batches (query, batch_id, tasks, loaded_at) "
+            "VALUES ('ckpt', %s, 1, now() - interval '2 days')",
+            [batch],
+        )
     maintenance = Maintenance(settings)
     for name in ("prune_finished", "prune_dead", "prune_workers", "prune_loader_ledger"):
         (duty,) = [d for d in maintenance.duties if d.name == name]

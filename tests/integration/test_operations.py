@@ -305,9 +305,11 @@ def test_why_scheduled_running_and_ended(conn: Conn, settings: Settings) -> None
     assert "retry backoff after attempt 1 of 3 failed (ValueError: bad page)" in backoff.why
     trace = "Traceback (most recent call last):\n  ...\nValueError: no"
     db.transact(
-        conn, core.fail([core.Failure(doomed.id, running[doomed.id].attempt, "ValueError: no",
-                                    traceback=trace)])
-    )  # fmt: skip
+        conn,
+        core.fail(
+            [core.Failure(doomed.id, running[doomed.id].attempt, "ValueError: no", traceback=trace)]
+        ),
+    )
     dead = why(conn, settings, doomed.id)
     assert dead.where == "dead" and dead.why == "dead after attempt 1 of 1: ValueError: no"
     assert dead.task.traceback == trace

@@ -78,8 +78,12 @@ def test_every_read_gets_rows_of_their_declared_types(conn: Conn) -> None:
     ids = [doomed.id, running.id, done.id, scheduled.id, waiting[2].id]
     states = db.run(conn, core.task_states(ids))
     assert {s.status for s in states.values()} == {
-        "dead", "running", "succeeded", "scheduled", "cancelled"
-    }  # fmt: skip
+        "dead",
+        "running",
+        "succeeded",
+        "scheduled",
+        "cancelled",
+    }
     for task_id in ids:
         check_typed(states[task_id])
         story = db.run(conn, stored.stored_task(task_id))
@@ -121,9 +125,14 @@ def test_a_stored_task_reads_every_column_of_its_story_by_name(conn: Conn) -> No
     # kept; the task's other fields are found afterwards.
     assert set(columns) - fields == {"seq", "queue_id", "tenant_id"}
     assert fields - set(columns) == {
-        "ahead", "ahead_estimated", "queue_workers", "history", "started_at",
-        "urgent_before", "lower_ahead",
-    }  # fmt: skip
+        "ahead",
+        "ahead_estimated",
+        "queue_workers",
+        "history",
+        "started_at",
+        "urgent_before",
+        "lower_ahead",
+    }
     # A column taken straight from rota.tasks keeps its name there: the
     # task's fields are named as the table's columns.
     result = cur.pgresult

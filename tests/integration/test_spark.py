@@ -267,8 +267,11 @@ def test_rota_import_keeps_sparks_own_output_out_of_the_terminal_and_fails_in_on
     command = [sys.executable, "-m", "rota", "import", str(csv)]
     done = subprocess.run(
         [*command, "--conf", "spark.sql.shuffle.partitions=2"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["loaded"] == 1
     for noise in ("WARN", "log4j", "WARNING", "setLogLevel"):
@@ -276,8 +279,11 @@ def test_rota_import_keeps_sparks_own_output_out_of_the_terminal_and_fails_in_on
 
     failed = subprocess.run(
         [*command, "--conf", "spark.sql.files.maxPartitionBytes=lots"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert failed.returncode == 2
     [line] = failed.stderr.strip().splitlines()
     assert line.startswith("rota: Spark failed:") and "spark.sql.files.maxPartitionBytes" in line

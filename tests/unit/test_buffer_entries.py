@@ -192,8 +192,16 @@ def test_priorities_travel_in_the_entry_only_when_a_task_has_one() -> None:
 
 def test_an_entry_written_before_priorities_loads_every_task_at_0() -> None:
     columns = orjson.loads(_batch(4).to_json())
-    assert set(columns) == {"enqueued_at", "templates", "template", "id", "tenant", "payload",
-                            "cost", "eta"}  # fmt: skip
+    assert set(columns) == {
+        "enqueued_at",
+        "templates",
+        "template",
+        "id",
+        "tenant",
+        "payload",
+        "cost",
+        "eta",
+    }
     good, rejected = decode_entry(_entry(columns), CAP)
     assert not rejected and [e.priority for e in good.envelopes()] == [0, 0, 0, 0]
     assert TaskBatch.from_checked_json(orjson.dumps(columns)).priorities == [0, 0, 0, 0]

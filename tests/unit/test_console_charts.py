@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rota.console import charts, history
-from rota.core import read
+from rota.core import history as core_history
 from rota.errors import ValidationError
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -135,7 +135,7 @@ def test_queue_charts_keep_the_top_queues_and_sum_the_rest() -> None:
     now = T0 + timedelta(minutes=14, seconds=30)
     axis = history.Axis("15m", now)
     points = [
-        read.QueuePoint(axis.times[i], f"q{n}", n * 10 + i, float(n), 6, 1)
+        core_history.QueuePoint(axis.times[i], f"q{n}", n * 10 + i, float(n), 6, 1)
         for n in range(history.TOP_QUEUES + 2)
         for i in (axis.count - 2, axis.count - 1)
     ]

@@ -34,12 +34,30 @@ NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
 def stored(**fields: Any) -> StoredTask:
     base: dict[str, Any] = dict(
-        id=uuid.uuid4(), queue="pdfs", tenant="acme", name="app.parse", payload="{}",
-        status="pending", attempts=0, max_attempts=3, cost=1.0, eta=None,
-        enqueued_at=NOW - timedelta(minutes=1), loaded_at=None, finished_at=None,
-        last_error=None, traceback=None, cancel_requested=False, worker=None, attempt=None,
-        claimed_at=None, lease_expires_at=None, run_at=None, queue_workers=2, ahead=7,
-    )  # fmt: skip
+        id=uuid.uuid4(),
+        queue="pdfs",
+        tenant="acme",
+        name="app.parse",
+        payload="{}",
+        status="pending",
+        attempts=0,
+        max_attempts=3,
+        cost=1.0,
+        eta=None,
+        enqueued_at=NOW - timedelta(minutes=1),
+        loaded_at=None,
+        finished_at=None,
+        last_error=None,
+        traceback=None,
+        cancel_requested=False,
+        worker=None,
+        attempt=None,
+        claimed_at=None,
+        lease_expires_at=None,
+        run_at=None,
+        queue_workers=2,
+        ahead=7,
+    )
     return StoredTask(**{**base, **fields})
 
 
@@ -65,14 +83,22 @@ def test_why_a_ready_task_waits() -> None:
 def test_why_other_states() -> None:
     soon = stored(status="scheduled", run_at=NOW + timedelta(seconds=30), eta=NOW)
     assert why(soon, NOW) == "scheduled: waits for its ETA; it is due in 30.0 s"
-    retry = stored(status="scheduled", attempts=1, last_error="KeyError: 'x'",
-                   run_at=NOW + timedelta(minutes=5))  # fmt: skip
+    retry = stored(
+        status="scheduled",
+        attempts=1,
+        last_error="KeyError: 'x'",
+        run_at=NOW + timedelta(minutes=5),
+    )
     assert why(retry, NOW) == (
         "scheduled: waits for its retry backoff after attempt 1 of 3 failed (KeyError: 'x'); "
         "it is due in 5.0 min"
     )
-    running = stored(worker="w1", attempt=2, claimed_at=NOW - timedelta(seconds=3),
-                     lease_expires_at=NOW + timedelta(seconds=57))  # fmt: skip
+    running = stored(
+        worker="w1",
+        attempt=2,
+        claimed_at=NOW - timedelta(seconds=3),
+        lease_expires_at=NOW + timedelta(seconds=57),
+    )
     assert why(running, NOW).startswith("running on worker w1 for 3.0 s (attempt 2 of 3)")
     dead = stored(status="dead", attempts=3, last_error="ValueError: no")
     assert why(dead, NOW) == "dead after attempt 3 of 3: ValueError: no"
@@ -93,8 +119,15 @@ def request(headers: dict[str, str] | None = None, cookie: str | None = None) ->
     raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     if cookie is not None:
         raw.append((b"cookie", f"{COOKIE}={cookie}".encode()))
-    scope = {"type": "http", "method": "POST", "path": "/", "headers": raw,
-             "scheme": "http", "server": ("127.0.0.1", 8377), "query_string": b""}  # fmt: skip
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/",
+        "headers": raw,
+        "scheme": "http",
+        "server": ("127.0.0.1", 8377),
+        "query_string": b"",
+    }
     return Request(scope)
 
 
@@ -207,8 +240,9 @@ def test_metric_labels_stay_bounded() -> None:
 
 
 def test_json_logs_hide_passwords() -> None:
-    record = logging.LogRecord("rota.x", logging.WARNING, __file__, 1,
-                               "cannot reach postgresql://u:pw@host/db", None, None)  # fmt: skip
+    record = logging.LogRecord(
+        "rota.x", logging.WARNING, __file__, 1, "cannot reach postgresql://u:pw@host/db", None, None
+    )
     entry = json.loads(JsonFormatter().format(record))
     assert entry["level"] == "warning" and entry["logger"] == "rota.x"
     assert "pw" not in entry["message"] and "u:***@host" in entry["message"]
@@ -217,11 +251,15 @@ def test_json_logs_hide_passwords() -> None:
 def test_plain_and_tables() -> None:
     task_id = uuid.uuid4()
     assert plain({"id": task_id, "at": NOW, "rows": (1, 2)}) == {
-        "id": str(task_id), "at": NOW.isoformat(), "rows": [1, 2]
-    }  # fmt: skip
+        "id": str(task_id),
+        "at": NOW.isoformat(),
+        "rows": [1, 2],
+    }
     assert table(["a", "bb"], [(1, None), (1234, 2.5)]).splitlines() == [
-        "a      bb", "1      -", "1,234  2.5"
-    ]  # fmt: skip
+        "a      bb",
+        "1      -",
+        "1,234  2.5",
+    ]
     assert table(["a"], []) == "a\n(none)"
 
 

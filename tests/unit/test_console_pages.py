@@ -24,8 +24,14 @@ from rota.errors import RotaError, ValidationError
 
 
 def request(query: str = "", **path_params: str) -> Request:
-    scope = {"type": "http", "method": "GET", "path": "/", "headers": [],
-             "query_string": query.encode(), "path_params": path_params}  # fmt: skip
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/",
+        "headers": [],
+        "query_string": query.encode(),
+        "path_params": path_params,
+    }
     return Request(scope)
 
 
@@ -92,11 +98,20 @@ def test_a_tasks_ids_come_from_the_path_or_the_body() -> None:
 
 
 def test_a_tenants_limits_from_a_form_or_json() -> None:
-    form = {"csrf": "x", "back": "/t", "weight": "2.5", "concurrency_limit": "3.0",
-            "capacity": " ", "rate_limit": 4}  # fmt: skip
+    form = {
+        "csrf": "x",
+        "back": "/t",
+        "weight": "2.5",
+        "concurrency_limit": "3.0",
+        "capacity": " ",
+        "rate_limit": 4,
+    }
     assert tenant.changes(form) == {
-        "weight": 2.5, "concurrency_limit": 3, "capacity": None, "rate_limit": 4
-    }  # fmt: skip
+        "weight": 2.5,
+        "concurrency_limit": 3,
+        "capacity": None,
+        "rate_limit": 4,
+    }
     assert isinstance(tenant.changes(form)["concurrency_limit"], int)
     with pytest.raises(RotaError, match="weight must be a number"):
         tenant.changes({"weight": "heavy"})

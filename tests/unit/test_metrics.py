@@ -72,8 +72,11 @@ def test_the_claim_loops_histogram_reads_as_prometheus_clients_own() -> None:
 
     def histogram_lines(registry: CollectorRegistry) -> set[str]:
         text = generate_latest(registry).decode()
-        return {line for line in text.splitlines() if line.startswith("w_seconds_")
-                and not line.startswith("w_seconds_created")}  # fmt: skip
+        return {
+            line
+            for line in text.splitlines()
+            if line.startswith("w_seconds_") and not line.startswith("w_seconds_created")
+        }
 
     assert histogram_lines(ours) == histogram_lines(theirs)
 
@@ -93,8 +96,9 @@ def test_queues_past_the_limit_share_one_series() -> None:
     from rota.readmodel.metrics import OTHER, QUEUE_SERIES
 
     queues = [QueueRow(f"q{i:03d}", False, i, 0, 0, 1, 1.0, None, None) for i in range(80)]
-    figures = Figures(datetime.now(UTC), queues=queues, tenants=[], buffer={},
-                      dead_letters=0, unavailable={})  # fmt: skip
+    figures = Figures(
+        datetime.now(UTC), queues=queues, tenants=[], buffer={}, dead_letters=0, unavailable={}
+    )
     got = samples(figures_text(figures))
     named = {dict(labels)["queue"] for name, labels in got if name == "rota_queue_tasks"}
     assert len(named) == QUEUE_SERIES + 1 and OTHER in named and "q079" in named  # the deepest
