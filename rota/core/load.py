@@ -39,6 +39,19 @@ TASK_COPY_TYPES = (
 TASK_COPY_TYPES_PRIORITY = (*TASK_COPY_TYPES, "int2")
 
 
+class _Prepared(NamedTuple):
+    """What a load learns before its rows go in (load.sql's load_prepare)."""
+
+    queue_ids: list[int]
+    tenant_ids: list[int]
+    now: datetime
+    seqs: list[int]
+    already_ran: list[UUID]
+
+
+_PREPARED = Rows(_Prepared)
+
+
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     """Bulk-loads tasks with their fair positions: COPY into rota.tasks, then
     their places in line, computed by the database (rota.enter_line_of).
@@ -49,18 +62,17 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
         return 0
     queues = sorted({t.queue for t in tasks})
     tenants = sorted({t.tenant for t in tasks})
-    ((queue_ids, tenant_ids, now, seqs, already_ran),) = yield Execute(
-        query("load_prepare"),
-        {
-            "queues": queues,
-            "tenants": tenants,
-            "count": len(tasks),
-            "ids": UUIDArray(t.id for t in tasks),
-        },
-    )
-    queue_id = dict(zip(queues, queue_ids, strict=True))
-    tenant_id = dict(zip(tenants, tenant_ids, strict=True))
-    numbered = _without(list(zip(seqs, tasks, strict=True)), already_ran)
+    params = {
+        "queues": queues,
+        "tenants": tenants,
+        "count": len(tasks),
+        "ids": UUIDArray(t.id for t in tasks),
+    }
+    (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
+    queue_id = dict(zip(queues, ready.queue_ids, strict=True))
+    tenant_id = dict(zip(tenants, ready.tenant_ids, strict=True))
+    now = ready.now
+    numbered = _without(list(zip(ready.seqs, tasks, strict=True)), ready.already_ran)
     urgent = any(t.priority for t in tasks)
 
     def copy_tasks(numbered: list[tuple[int, TaskEnvelope]]) -> Copy:

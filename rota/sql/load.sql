@@ -7,9 +7,11 @@
 -- first sight), the transaction's time (a task whose ETA is later waits
 -- scheduled), one sequence number per task in arrival order, and the tasks
 -- that already ran (a batch loaded again must not bring them back).
-SELECT n.queue_ids, n.tenant_ids, now(),
-       ARRAY(SELECT nextval('rota.task_seq') FROM generate_series(1, %(count)s) ORDER BY 1),
+SELECT n.queue_ids, n.tenant_ids, now() AS now,
+       ARRAY(SELECT nextval('rota.task_seq') FROM generate_series(1, %(count)s) ORDER BY 1)
+           AS seqs,
        ARRAY(SELECT task_id FROM rota.finished WHERE task_id = ANY (%(ids)b::uuid[]))
+           AS already_ran
 FROM rota.name_ids(%(queues)b::text[], %(tenants)b::text[]) n
 
 -- name: load_savepoint

@@ -207,7 +207,4 @@ def fine(items, task):
 def test_no_query_result_is_read_by_position(path: Path) -> None:
     """Rows are read by column name (rota.core.rows): an operation asks for
     its rows as a class, or for a one-column statement's values."""
-    # rota.core.load's load_prepare: load.sql gives two of its columns the
-    # same name (two ARRAY(...) subqueries), so they cannot be read by name yet.
-    allowed = {"load.py": ["unpacked: ((queue_ids, tenant_ids, now, seqs, already_ran),)"]}
-    assert positional_reads(path.read_text()) == allowed.get(path.name, [])
+    assert positional_reads(path.read_text()) == []
