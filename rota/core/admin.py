@@ -178,14 +178,12 @@ def archive_span(since: datetime | None, before: datetime) -> Op[tuple[Any, Any]
         {"since": since or datetime.min.replace(tzinfo=UTC), "before": before},
         _SPAN,
     )
-    return span.least, span.greatest
+    return span.first, span.last
 
 
 class _Span(NamedTuple):
-    """PostgreSQL names the archive_span block's columns after their functions."""
-
-    least: datetime | None
-    greatest: datetime | None
+    first: datetime | None
+    last: datetime | None
 
 
 _SPAN = Rows(_Span)

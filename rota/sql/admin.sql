@@ -39,7 +39,7 @@ VALUES (%(actor)s, %(action)s, %(target)s, %(detail)s::jsonb, %(count)s)
 -- name: archive_span
 -- The first and the last end, in [since, before), of a task that succeeded,
 -- died or was cancelled: the span `rota archive` reads.
-SELECT least(f.first, t.first), greatest(f.last, t.last)
+SELECT least(f.first, t.first) AS first, greatest(f.last, t.last) AS last
 FROM (SELECT min(finished_at) AS first, max(finished_at) AS last FROM rota.finished
       WHERE finished_at >= %(since)s AND finished_at < %(before)s) f,
      (SELECT min(finished_at) AS first, max(finished_at) AS last FROM rota.tasks
