@@ -21,6 +21,7 @@ from rota.sql import query
 TASK_STATES = ("ready", "running", "scheduled", "dead", "cancelled")
 TENANT_SORTS = ("name", "waiting", "running", "dead", "oldest_wait", "served", "weight")
 MAX_PAGE = 1000
+MAX_OFFSET = 10**9  # past any real listing; beyond a bigint, PostgreSQL would refuse it
 
 
 def _float(value: Any) -> float | None:
@@ -383,7 +384,7 @@ def ping() -> Op[None]:
 
 
 def _check_page(offset: Any, limit: Any) -> None:
-    if type(offset) is not int or offset < 0:
-        raise ValidationError(f"offset must be an integer >= 0, got {offset!r}")
+    if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
+        raise ValidationError(f"offset must be an integer from 0 to {MAX_OFFSET}, got {offset!r}")
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
         raise ValidationError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")

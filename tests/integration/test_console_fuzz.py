@@ -171,6 +171,15 @@ def test_reads_answer_bad_input_with_a_4xx(
     assert _snapshot(conn) == before
 
 
+@pytest.mark.parametrize("page", ["1000000000000000000", "-1", "0"])
+def test_an_absurd_page_is_a_400(client: TestClient, page: str) -> None:
+    """Found by the fuzzing above: a page past a bigint's offset was a 500."""
+    answer = client.get(
+        "/api/tenants", params={"page": page}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert answer.status_code == 400, answer.text[:300]
+
+
 @FUZZ
 @given(path=st.sampled_from(ACTIONS), name=bad_names, body=bad_bodies)
 def test_actions_refuse_bad_input_and_change_nothing(
