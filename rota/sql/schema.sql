@@ -802,11 +802,17 @@ BEGIN
             -- The ANY keeps the planner on the key, even with a plan made on few tenants.
             WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
         ), taken AS (
-            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM picked))
+            -- The displaced tasks' rows go too, and come back at their new
+            -- places (moved): a row of ready is never updated in place, so a
+            -- racing claim's SKIP LOCKED skips it rather than following it to
+            -- a new version that its row ids (ctid) would not name.
+            DELETE FROM rota.ready
+            WHERE ctid = ANY (ARRAY(SELECT row_id FROM picked UNION ALL
+                                    SELECT slot_row FROM swaps))
         ), moved AS (
-            UPDATE rota.ready r SET vtime = s.vtime
-            FROM swaps s
-            WHERE r.ctid = ANY (ARRAY(SELECT slot_row FROM swaps)) AND r.ctid = s.slot_row
+            INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
+            SELECT a.queue_id, s.vtime, a.tenant_id, a.seq, a.task_id, a.priority
+            FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
         ), claimed AS MATERIALIZED (
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,

@@ -57,6 +57,39 @@ def test_eight_racing_claimers_never_claim_a_task_twice(database_url: str) -> No
     assert len(set(claimed)) == 4000
 
 
+def test_racing_claims_that_swap_urgent_tasks_never_claim_a_task_twice(
+    database_url: str,
+) -> None:
+    """Priorities make claims move a tenant's displaced tasks to new places
+    while others claim: each task still runs once, and no claim fails."""
+    priorities = [0, 0, 0, 5, 9]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        load(
+            conn,
+            [
+                e
+                for t in range(20)
+                for n in range(len(priorities))
+                for e in envelopes(f"t{t}", 40, priority=priorities[(t + n) % 5])
+            ],
+        )
+    claimed: list[Any] = []
+    lock = threading.Lock()
+
+    def work(conn: psycopg.Connection[Any], number: int) -> None:
+        while True:
+            got = db.transact(conn, core.claim(["default"], 25, f"w{number}"))
+            if not got:
+                return
+            with lock:
+                claimed.extend(t.id for t in got)
+            db.transact(conn, core.complete(t.token for t in got))
+
+    assert _race(database_url, work) == []
+    assert len(claimed) == 4000
+    assert len(set(claimed)) == 4000
+
+
 def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
     limits = {"a": 1, "b": 2, "c": 3}
     with psycopg.connect(database_url, autocommit=True) as conn:
