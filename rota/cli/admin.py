@@ -189,34 +189,26 @@ def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> Non
     from rota.core import read
 
     rows = run_admin(database_url, read.queues())
-    emit(
-        rows,
-        as_json,
-        lambda: table(
-            [
-                "queue",
-                "paused",
-                "waiting",
-                "running",
-                "scheduled",
-                "dead",
-                "per min",
-                "oldest wait s",
-            ],
-            [
-                (
-                    q.name,
-                    "yes" if q.paused else "",
-                    q.waiting,
-                    q.running,
-                    q.scheduled,
-                    q.dead,
-                    q.per_minute,
-                    q.oldest_wait_seconds,
-                )
-                for q in rows
-            ],
-        ),
+    emit(rows, as_json, lambda: _queue_table(rows))
+
+
+def _queue_table(queues: Any) -> str:
+    """The queues and their figures, as `rota queue list` and `rota stats` print them."""
+    return table(
+        ["queue", "paused", "waiting", "running", "scheduled", "dead", "per min", "oldest wait s"],
+        [
+            (
+                q.name,
+                "yes" if q.paused else "",
+                q.waiting,
+                q.running,
+                q.scheduled,
+                q.dead,
+                q.per_minute,
+                q.oldest_wait_seconds,
+            )
+            for q in queues
+        ],
     )
 
 
@@ -311,33 +303,7 @@ def render_text(f: Any) -> str:
     for server, why in f.unavailable.items():
         parts.append(f"{server} unavailable: {why}")
     if "postgresql" not in f.unavailable:
-        parts.append(
-            table(
-                [
-                    "queue",
-                    "paused",
-                    "waiting",
-                    "running",
-                    "scheduled",
-                    "dead",
-                    "per min",
-                    "oldest wait s",
-                ],
-                [
-                    (
-                        q.name,
-                        "yes" if q.paused else "",
-                        q.waiting,
-                        q.running,
-                        q.scheduled,
-                        q.dead,
-                        q.per_minute,
-                        q.oldest_wait_seconds,
-                    )
-                    for q in f.queues
-                ],
-            )
-        )
+        parts.append(_queue_table(f.queues))
         parts.append(f"top tenants by waiting ({f.tenant_count:,} in all)")
         parts.append(
             table(

@@ -131,28 +131,8 @@ def task_rows(
 ) -> Iterator[tuple[Any, ...]]:
     """The rows of the copy_tasks block (column types TASK_COPY_TYPES), or
     with `priority` of copy_tasks_priority (TASK_COPY_TYPES_PRIORITY)."""
-    if priority:
-        for seq, t in numbered:
-            yield (
-                t.id,
-                seq,
-                queue_id[t.queue],
-                tenant_id[t.tenant],
-                t.name,
-                t.payload,
-                t.cost,
-                t.max_attempts,
-                t.backoff_base,
-                t.backoff_max,
-                "scheduled" if t.eta is not None and t.eta > now else "pending",
-                t.eta,
-                t.enqueued_at,
-                t.tenant,
-                t.priority,
-            )
-        return
     for seq, t in numbered:
-        yield (
+        row = (
             t.id,
             seq,
             queue_id[t.queue],
@@ -168,6 +148,7 @@ def task_rows(
             t.enqueued_at,
             t.tenant,
         )
+        yield (*row, t.priority) if priority else row
 
 
 def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:

@@ -37,9 +37,9 @@ def _race(database_url: str, work: Any) -> list[BaseException]:
     return errors
 
 
-def test_eight_racing_claimers_never_claim_a_task_twice(database_url: str) -> None:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        load(conn, [e for t in range(20) for e in envelopes(f"t{t}", 200)])
+def _claim_everything(database_url: str) -> list[Any]:
+    """Races CLAIMERS claimers, each claiming and completing until nothing is
+    left; the ids claimed (asserting that no claimer failed)."""
     claimed: list[Any] = []
     lock = threading.Lock()
 
@@ -53,6 +53,13 @@ def test_eight_racing_claimers_never_claim_a_task_twice(database_url: str) -> No
             db.transact(conn, core.complete(t.token for t in got))
 
     assert _race(database_url, work) == []
+    return claimed
+
+
+def test_eight_racing_claimers_never_claim_a_task_twice(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        load(conn, [e for t in range(20) for e in envelopes(f"t{t}", 200)])
+    claimed = _claim_everything(database_url)
     assert len(claimed) == 4000
     assert len(set(claimed)) == 4000
 
@@ -73,19 +80,7 @@ def test_racing_claims_that_swap_urgent_tasks_never_claim_a_task_twice(
                 for e in envelopes(f"t{t}", 40, priority=priorities[(t + n) % 5])
             ],
         )
-    claimed: list[Any] = []
-    lock = threading.Lock()
-
-    def work(conn: psycopg.Connection[Any], number: int) -> None:
-        while True:
-            got = db.transact(conn, core.claim(["default"], 25, f"w{number}"))
-            if not got:
-                return
-            with lock:
-                claimed.extend(t.id for t in got)
-            db.transact(conn, core.complete(t.token for t in got))
-
-    assert _race(database_url, work) == []
+    claimed = _claim_everything(database_url)
     assert len(claimed) == 4000
     assert len(set(claimed)) == 4000
 
