@@ -9,14 +9,15 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -30,6 +31,7 @@ from tests.helpers import envelopes, load, wait_for
 ROOT = Path(__file__).parent.parent.parent
 SHOTS = ROOT / "build" / "screenshots"
 TOKEN = "browser-test-token-0123"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -79,8 +81,38 @@ def browser() -> Iterator[WebDriver]:
         session.quit()
 
 
+def steady(act: Callable[[], T], tries: int = 20) -> T:
+    """Runs `act` again when the page's live refresh (base.html swaps #main
+    every few seconds) replaced an element it held between finding and using."""
+    for _ in range(tries - 1):
+        try:
+            return act()
+        except StaleElementReferenceException:
+            continue
+    return act()
+
+
 def text_of(browser: WebDriver, css: str) -> str:
-    return str(browser.find_element(By.CSS_SELECTOR, css).text)
+    """The element's text, read in one script so that no refresh falls
+    between finding it and reading it ("" while it is not on the page)."""
+    script = "var e = document.querySelector(arguments[0]); return e ? e.innerText : ''"
+    return str(browser.execute_script(script, css))
+
+
+def rows_of(browser: WebDriver, css: str) -> list[str]:
+    """The texts of every element `css` selects, read in one script."""
+    script = "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText)"
+    return [str(text) for text in browser.execute_script(script, css)]
+
+
+def type_into(browser: WebDriver, element_id: str, text: str, submit: bool = False) -> None:
+    def act() -> None:
+        box = browser.find_element(By.ID, element_id)
+        box.send_keys(text)
+        if submit:
+            box.submit()
+
+    steady(act)
 
 
 def test_an_operator_finds_a_task_reads_why_and_retries_a_dead_one(
@@ -110,9 +142,7 @@ def test_an_operator_finds_a_task_reads_why_and_retries_a_dead_one(
         wait_for(lambda: text_of(browser, "#total-waiting") not in ("", "0"), what="figures")
         browser.save_screenshot(str(SHOTS / "overview.png"))
 
-        box = browser.find_element(By.ID, "find-task")
-        box.send_keys(str(quiet))
-        box.submit()
+        type_into(browser, "find-task", str(quiet), submit=True)
         wait_for(lambda: str(quiet) in text_of(browser, "#task-id"), what="the task page")
         why = text_of(browser, "#why")
         assert why.startswith("ready: in line, with 1 claimable tasks ahead of it in queue reports")
@@ -122,9 +152,8 @@ def test_an_operator_finds_a_task_reads_why_and_retries_a_dead_one(
         browser.get(dashboard + "/tasks?state=dead")
         assert "ValueError: bug" in text_of(browser, "#tasks")
         browser.save_screenshot(str(SHOTS / "dead.png"))
-        browser.find_element(
-            By.CSS_SELECTOR, f"form[action='/actions/tasks/{dead}/retry'] button"
-        ).click()
+        retry = f"form[action='/actions/tasks/{dead}/retry'] button"
+        steady(lambda: browser.find_element(By.CSS_SELECTOR, retry).click())
         wait_for(lambda: "Done" in text_of(browser, "#done"), what="the retry to be done")
         browser.get(f"{dashboard}/tasks/{dead}")
 
@@ -153,14 +182,15 @@ def test_the_tenants_page_with_ten_thousand_tenants(
     started = time.monotonic()
     browser.get(dashboard + "/tenants")
     loaded = time.monotonic() - started
-    assert "(10,000)" in browser.find_element(By.TAG_NAME, "h1").text
-    rows = browser.find_elements(By.CSS_SELECTOR, "#tenants tr")
+    assert "(10,000)" in text_of(browser, "h1")
+    rows = rows_of(browser, "#tenants tr")
     assert len(rows) == 51  # the header and one page
-    assert rows[1].text.split()[0].startswith("tenant-") and " 3 " in f" {rows[1].text} "
-    browser.find_element(By.ID, "next").click()
+    assert rows[1].split()[0].startswith("tenant-") and "3" in rows[1].split()
+    steady(lambda: browser.find_element(By.ID, "next").click())
     wait_for(lambda: "page 2 of 200" in browser.page_source, what="the second page")
     browser.get(dashboard + "/tenants?sort=name&order=asc&prefix=tenant-0999")
-    names = [r.text.split()[0] for r in browser.find_elements(By.CSS_SELECTOR, "#tenants tr")[1:]]
+    rows = rows_of(browser, "#tenants tr")
+    names = [row.split()[0] for row in rows[1:]]
     assert names == [f"tenant-0999{i}" for i in range(10)]
     browser.save_screenshot(str(SHOTS / "tenants.png"))
     print(f"tenants page with 10,000 tenants: {loaded * 1000:.0f} ms")

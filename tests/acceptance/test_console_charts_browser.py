@@ -15,7 +15,14 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from rota import core
 from rota.core import db
-from tests.acceptance.test_console_browser import ROOT, SHOTS, TOKEN, browser, dashboard  # noqa: F401
+from tests.acceptance.test_console_browser import (  # noqa: F401
+    ROOT,
+    SHOTS,
+    TOKEN,
+    browser,
+    dashboard,
+    type_into,
+)
 from tests.helpers import envelopes, load, wait_for
 
 QUEUES = ("reports", "emails")
@@ -66,16 +73,20 @@ def seed_an_hour(conn: psycopg.Connection[Any]) -> None:
 
 
 def series_of(driver: WebDriver, chart: str) -> list[str]:
-    paths = driver.find_elements(By.CSS_SELECTOR, f"svg[data-chart='{chart}'] path[data-series]")
-    return [str(p.get_attribute("data-series")) for p in paths]
+    script = "return Array.from(document.querySelectorAll(arguments[0]), p => p.dataset.series)"
+    paths = f"svg[data-chart='{chart}'] path[data-series]"
+    return [str(name) for name in driver.execute_script(script, paths)]
 
 
 def drawn(driver: WebDriver, chart: str, series: str) -> bool:
-    path = driver.find_element(
-        By.CSS_SELECTOR, f"svg[data-chart='{chart}'] path[data-series='{series}']"
+    """Whether the series' line has a path over 100 px wide (read in one
+    script, so that the page's refresh cannot fall between its steps)."""
+    script = (
+        "var p = document.querySelector(arguments[0]);"
+        " return p && p.getAttribute('d') ? p.getBBox().width : 0"
     )
-    box = driver.execute_script("return arguments[0].getBBox().width", path)
-    return bool(path.get_attribute("d")) and float(box) > 100
+    path = f"svg[data-chart='{chart}'] path[data-series='{series}']"
+    return float(driver.execute_script(script, path)) > 100
 
 
 def test_the_charts_show_who_is_starved_and_since_when(
@@ -96,9 +107,7 @@ def test_the_charts_show_who_is_starved_and_since_when(
     browser.save_screenshot(str(SHOTS / "overview-charts.png"))
 
     browser.get(dashboard + "/charts")
-    box = browser.find_element(By.ID, "chart-tenant")
-    box.send_keys("starved-co")
-    box.submit()
+    type_into(browser, "chart-tenant", "starved-co", submit=True)
     wait_for(lambda: "tenant=starved-co" in browser.current_url, what="the search")
     service = series_of(browser, "service")
     assert service[0] == "starved-co" and service[-1] == "other"
@@ -110,12 +119,11 @@ def test_the_charts_show_who_is_starved_and_since_when(
     browser.save_screenshot(str(ROOT / "docs" / "console-charts.png"))
 
     # The same lines in the dark scheme: other colours, from the stylesheet.
-    stroke = "return getComputedStyle(arguments[0]).stroke"
-    line = browser.find_element(By.CSS_SELECTOR, "svg[data-chart='service'] path.s0")
+    line = "svg[data-chart='service'] path.s0"
+    stroke = "return getComputedStyle(document.querySelector(arguments[0])).stroke"
     light = browser.execute_script(stroke, line)
     dark_scheme = [{"name": "prefers-color-scheme", "value": "dark"}]
     browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": dark_scheme})
-    line = browser.find_element(By.CSS_SELECTOR, "svg[data-chart='service'] path.s0")
     dark = browser.execute_script(stroke, line)
     assert light and dark and light != dark
     browser.save_screenshot(str(SHOTS / "charts-dark.png"))
