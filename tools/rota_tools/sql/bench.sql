@@ -128,8 +128,9 @@ ANALYZE rota_bench_fifo_ready, rota_bench_fifo_body
 ANALYZE rota_bench_fair
 
 -- name: bench_load_latencies
--- Enqueue -> claimable (loaded) of every task, in milliseconds.
+-- Enqueue -> claimable (loaded) of every task but the warm-up tenant's, in milliseconds.
 SELECT extract(epoch FROM loaded_at - enqueued_at) * 1000 FROM rota.tasks
+WHERE tenant IS DISTINCT FROM %(warm_up)s
 
 -- name: bench_loader_batches
 -- The tasks each micro-batch of a Spark loader query stored, in order.
