@@ -105,6 +105,13 @@ def rows_of(browser: WebDriver, css: str) -> list[str]:
     return [str(text) for text in browser.execute_script(script, css)]
 
 
+def log_in(browser: WebDriver) -> None:
+    """Logs in on the login page the browser shows, and waits for the overview."""
+    type_into(browser, "token", TOKEN)
+    steady(lambda: browser.find_element(By.ID, "login").click())
+    wait_for(lambda: "Overview" in browser.title, what="the overview")
+
+
 def type_into(browser: WebDriver, element_id: str, text: str, submit: bool = False) -> None:
     def act() -> None:
         box = browser.find_element(By.ID, element_id)
@@ -136,9 +143,7 @@ def test_an_operator_finds_a_task_reads_why_and_retries_a_dead_one(
     try:
         browser.get(dashboard + "/")
         assert "Log in" in browser.title
-        browser.find_element(By.ID, "token").send_keys(TOKEN)
-        browser.find_element(By.ID, "login").click()
-        wait_for(lambda: "Overview" in browser.title, what="the overview")
+        log_in(browser)
         wait_for(lambda: text_of(browser, "#total-waiting") not in ("", "0"), what="figures")
         browser.save_screenshot(str(SHOTS / "overview.png"))
 
@@ -176,9 +181,7 @@ def test_the_tenants_page_with_ten_thousand_tenants(
     load(conn, [e for i in range(10_000) for e in envelopes(f"tenant-{i:05d}", 1 + i % 3)])
     db.run(conn, core.refresh_stats())
     browser.get(dashboard + "/login")
-    browser.find_element(By.ID, "token").send_keys(TOKEN)
-    browser.find_element(By.ID, "login").click()
-    wait_for(lambda: "Overview" in browser.title, what="the login to land")
+    log_in(browser)
     started = time.monotonic()
     browser.get(dashboard + "/tenants")
     loaded = time.monotonic() - started

@@ -18,9 +18,9 @@ from rota.core import db
 from tests.acceptance.test_console_browser import (  # noqa: F401
     ROOT,
     SHOTS,
-    TOKEN,
     browser,
     dashboard,
+    log_in,
     type_into,
 )
 from tests.helpers import envelopes, load, wait_for
@@ -96,9 +96,7 @@ def test_the_charts_show_who_is_starved_and_since_when(
 ) -> None:
     seed_an_hour(conn)
     browser.get(dashboard + "/login")
-    browser.find_element(By.ID, "token").send_keys(TOKEN)
-    browser.find_element(By.ID, "login").click()
-    wait_for(lambda: "Overview" in browser.title, what="the overview")
+    log_in(browser)
 
     assert series_of(browser, "throughput") == ["completed", "died"]
     assert series_of(browser, "backlog") == ["reports", "emails"]
