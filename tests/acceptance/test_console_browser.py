@@ -197,3 +197,18 @@ def test_the_tenants_page_with_ten_thousand_tenants(
     assert names == [f"tenant-0999{i}" for i in range(10)]
     browser.save_screenshot(str(SHOTS / "tenants.png"))
     print(f"tenants page with 10,000 tenants: {loaded * 1000:.0f} ms")
+
+
+def test_the_overview_refreshes_itself_while_open(
+    conn: psycopg.Connection[Any], dashboard: str, browser: WebDriver
+) -> None:
+    load(conn, envelopes("acme", 3))
+    db.run(conn, core.refresh_stats())
+    browser.get(dashboard + "/login")
+    log_in(browser)
+    wait_for(lambda: text_of(browser, "#total-waiting") == "3", what="the first figures")
+    load(conn, envelopes("globex", 4))
+    db.run(conn, core.refresh_stats())
+    # No reload: the page's own refresh (every few seconds) brings the new figure.
+    wait_for(lambda: text_of(browser, "#total-waiting") == "7", what="the refreshed figures")
+    assert browser.execute_script("return performance.getEntriesByType('navigation').length") == 1
