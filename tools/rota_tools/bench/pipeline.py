@@ -407,7 +407,10 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
             NOOP_APP, [QUEUE], 1, settings, concurrency=concurrency, batch_size=100
         )
         try:
-            time.sleep(3)
+            deadline = time.monotonic() + 60
+            while conn.execute(query("bench_listening")).fetchone() != (1,):  # up and listening
+                assert time.monotonic() < deadline, "the worker did not LISTEN within 60 s"
+                time.sleep(0.05)
             for i in range(60):
                 db.transact(
                     conn, core.load([make_envelope(name="noop", queue=QUEUE, tenant="t", args=[i])])

@@ -234,3 +234,8 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND query NOT LIKE '%%pg_stat_statements%%' AND query NOT LIKE '%%pg_wal_lsn%%'
 ORDER BY total_exec_time DESC
 LIMIT %(limit)s
+
+-- name: bench_listening
+-- How many sessions of this database wait on rota's LISTEN (idle workers).
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'idle' AND query LIKE '%%LISTEN rota_ready%%'
