@@ -126,6 +126,16 @@ def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
+def _warm_up(app: App, conn: psycopg.Connection[Any]) -> None:
+    """Enqueues the warm-up task and waits until the running loader has loaded
+    it: the loader is up (Spark's first micro-batch is slow)."""
+    app.tasks["noop"].enqueue(0, "warm-up", tenant=WARM_UP)
+    deadline = time.monotonic() + 120
+    while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < 1:
+        assert time.monotonic() < deadline, "the loader loaded nothing in 120 s"
+        time.sleep(0.05)
+
+
 def _spark_loader(
     settings: Settings, spark: Any, checkpoint: str, trigger_seconds: float, stop: threading.Event
 ) -> threading.Thread:
@@ -183,9 +193,7 @@ def _spark_sustained(
     fill_app = _app(filling)
     client = redis_client.connect(settings)
     try:
-        app.tasks["noop"].enqueue(0, "warm-up", tenant=WARM_UP)
-        while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < 1:
-            time.sleep(0.2)
+        _warm_up(app, conn)
         _fill_buffer(fill_app, tasks, tenants)
         # One MULTI on a single Redis; a cluster cannot span slots in one.
         pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
@@ -294,11 +302,7 @@ def bench_pipeline_load(
         runner.start()
         # The trickle starts once the loader has loaded a task (Spark's first
         # micro-batch is slow); that task is left out of the latencies.
-        noop.enqueue(0, "warm-up", tenant=WARM_UP)
-        deadline = time.monotonic() + 120
-        while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < 1:
-            assert time.monotonic() < deadline, "the loader loaded nothing in 120 s"
-            time.sleep(0.05)
+        _warm_up(app, conn)
         sent = 0
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
