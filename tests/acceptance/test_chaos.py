@@ -11,7 +11,7 @@ import pytest
 from rota_tools.bench.chaos import LIMIT, run_chaos
 
 
-@pytest.mark.slow(reason="seven faults one after another under load, each given time to settle")
+@pytest.mark.slow(reason="seven faults one after another under load, each until it recovers")
 def test_every_acknowledged_task_runs_through_every_fault() -> None:
     report = run_chaos(
         rate=100.0, baseline_seconds=4.0, settle_seconds=5.0, pg_pause_seconds=2.0, spark=False

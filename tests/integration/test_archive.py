@@ -3,7 +3,6 @@ retention that waits for it (Spark in local mode, real PostgreSQL)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,15 +20,6 @@ pytestmark = pytest.mark.spark
 Conn = psycopg.Connection[Any]
 TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 DAY_1, DAY_2, DAY_3 = (TODAY - timedelta(days=n) for n in (3, 2, 1))
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from rota.loader.spark import spark_session
-
-    session = spark_session("local[2]", "rota-archive-tests")
-    yield session
-    session.stop()
 
 
 def _ended(app: App, conn: Conn) -> dict[str, set[UUID]]:

@@ -338,9 +338,9 @@ def _owner_now(settings: Settings, key: str) -> str:
 
 @pytest.mark.spark
 def test_the_spark_loader_loads_a_clusters_shards_exactly_once_in_order(
-    cluster_settings: Settings, conn: Conn, tmp_path: Any
+    cluster_settings: Settings, conn: Conn, tmp_path: Any, spark: Any
 ) -> None:
-    from rota.loader.spark import run_streaming, spark_session
+    from rota.loader.spark import run_streaming
 
     app = _app(cluster_settings)
     parse_pdf = app.tasks["parse_pdf"]
@@ -350,19 +350,13 @@ def test_the_spark_loader_loads_a_clusters_shards_exactly_once_in_order(
             [parse_pdf.call(f"s{t}", number, tenant=f"s{t}") for t in range(TENANTS)]
         )
     app.close()
-    session = spark_session("local[2]", "rota-cluster-tests")
-    try:
-        checkpoint = str(tmp_path / "checkpoint")
-        sink = run_streaming(
-            cluster_settings, checkpoint=checkpoint, available_now=True, session=session
-        )
-        assert sink.loaded == len(ids)
-        again = run_streaming(
-            cluster_settings, checkpoint=checkpoint, available_now=True, session=session
-        )
-        assert again.loaded == 0  # restarted from its checkpoint: nothing twice
-    finally:
-        session.stop()
+    checkpoint = str(tmp_path / "checkpoint")
+    sink = run_streaming(cluster_settings, checkpoint=checkpoint, available_now=True, session=spark)
+    assert sink.loaded == len(ids)
+    again = run_streaming(
+        cluster_settings, checkpoint=checkpoint, available_now=True, session=spark
+    )
+    assert again.loaded == 0  # restarted from its checkpoint: nothing twice
     counts = conn.execute("SELECT count(*), count(DISTINCT id) FROM rota.tasks").fetchone()
     assert counts == (len(ids), len(ids))
     in_line = _stored_in_order(conn)

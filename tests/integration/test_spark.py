@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,6 @@ from rota.core import db
 from rota.model.envelope import envelope_template
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from rota.loader.spark import spark_session
-
-    session = spark_session("local[2]", "rota-tests")
-    yield session
-    session.stop()
 
 
 def test_streaming_loads_once_and_restarts_from_its_checkpoint(

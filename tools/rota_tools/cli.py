@@ -439,7 +439,9 @@ def bench_console(
 def bench_chaos(
     rate: Annotated[float, typer.Option(help="tasks per second offered")] = 150.0,
     baseline_seconds: float = 30.0,
-    settle_seconds: Annotated[float, typer.Option(help="under load after each fault")] = 20.0,
+    settle_seconds: Annotated[
+        float, typer.Option(help="under load after each fault, at most (until throughput is back)")
+    ] = 20.0,
     pg_pause_seconds: Annotated[float, typer.Option(help="PostgreSQL down this long")] = 10.0,
     spark: Annotated[
         bool, typer.Option("--spark/--no-spark", help="kill -9 a Spark loader too")

@@ -314,13 +314,21 @@ def _run(
     faults: list[Fault] = []
     always_up = True
 
+    def recovered(since: float) -> bool:
+        """Every process is up and some whole second since `since` completed
+        at least 90% of the baseline's tasks per second."""
+        per_second = _completions_per_second(harness.runs(), since, time.time())
+        return all(harness.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
+
     def fault(name: str, cause: str, act: Any) -> None:
         nonlocal always_up
         started = time.time()
         if faults_enabled:
             act()  # else the same schedule without the fault, as a reference
-        faults.append(Fault(name, started, time.time(), cause))
-        time.sleep(settle_seconds)
+        ended = time.time()
+        faults.append(Fault(name, started, ended, cause))
+        # Under load until the pipeline is back, `settle_seconds` at most.
+        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
         always_up = always_up and all(harness.alive().values())
 
     def pg_outage(pause: float) -> None:
