@@ -53,7 +53,10 @@ def test_bench_load_core(settings: Settings) -> None:
 
 def test_bench_load_python_engine(settings: Settings) -> None:
     report = bench(
-        settings, "load", "--engine", "python", "--tasks", "3000", "--tenants", "50", "--runs", "1"
+        settings,
+        "load",
+        *("--engine", "python", "--tasks", "3000", "--tenants", "50", "--runs", "1"),
+        *("--trickle-seconds", "1"),
     )
     assert report["sustained_tasks_per_s"] > 0
     assert report["enqueue_to_claimable_ms"]["tasks"] > 0
@@ -62,7 +65,10 @@ def test_bench_load_python_engine(settings: Settings) -> None:
 @pytest.mark.spark
 def test_bench_load_spark_engine(settings: Settings) -> None:
     report = bench(
-        settings, "load", "--engine", "spark", "--tasks", "3000", "--tenants", "50", "--runs", "1"
+        settings,
+        "load",
+        *("--engine", "spark", "--tasks", "3000", "--tenants", "50", "--runs", "1"),
+        *("--trickle-seconds", "1"),
     )
     assert report["sustained_tasks_per_s"] > 0
     # The warm-up task, then the whole backlog, which appears at once, in one micro-batch.

@@ -130,6 +130,9 @@ def bench_load(
     loaders: Annotated[int, typer.Option(help="python engine: loader processes")] = 2,
     tenants: int = 1000,
     runs: int = 3,
+    trickle_seconds: Annotated[
+        float, typer.Option(help="python/spark: the latency phase's trickle (1,000 tasks/s)")
+    ] = 5.0,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
@@ -149,7 +152,9 @@ def bench_load(
         elif engine in ("python", "spark"):
             figures = _beside_cluster(
                 settings,
-                lambda s: bench_pipeline_load(s, engine, tasks, tenants, runs, loaders),
+                lambda s: bench_pipeline_load(
+                    s, engine, tasks, tenants, runs, loaders, trickle_seconds
+                ),
                 redis_cluster,
             )
         else:

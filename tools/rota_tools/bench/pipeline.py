@@ -250,7 +250,13 @@ def _parallel_drain(settings: Settings, loaders: int) -> float:
 
 
 def bench_pipeline_load(
-    settings: Settings, engine: str, tasks: int, tenants: int, runs: int, loaders: int = 2
+    settings: Settings,
+    engine: str,
+    tasks: int,
+    tenants: int,
+    runs: int,
+    loaders: int = 2,
+    trickle_seconds: float = 5.0,
 ) -> dict[str, Any]:
     """Sustained buffer -> PostgreSQL tasks/s (buffer filled first), then the
     enqueue -> claimable latency under a steady trickle with the loader running."""
@@ -284,7 +290,7 @@ def bench_pipeline_load(
             warm_up = 1 if engine == "spark" else 0
             assert db.run(conn, core.queue_counts())[QUEUE]["ready"] == tasks + warm_up
 
-        # Latency: the loader runs; tasks trickle in at ~1,000/s for a few seconds.
+        # Latency: the loader runs; tasks trickle in at ~1,000/s for `trickle_seconds`.
         reset(conn)
         _flush_buffer(settings)
         stop = threading.Event()
@@ -304,7 +310,7 @@ def bench_pipeline_load(
         # micro-batch is slow); that task is left out of the latencies.
         _warm_up(app, conn)
         sent = 0
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + trickle_seconds
         while time.monotonic() < deadline:
             app.enqueue_many(
                 [
@@ -329,6 +335,7 @@ def bench_pipeline_load(
             "tenants": tenants,
             "runs": runs,
             "loaders": loaders if engine == "python" else 1,
+            "trickle_seconds": trickle_seconds,
         },
         "sustained_tasks_per_s": round(statistics.median(rates)),
         "runs": [round(r) for r in rates],
