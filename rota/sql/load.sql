@@ -21,7 +21,12 @@ SAVEPOINT rota_load
 ROLLBACK TO SAVEPOINT rota_load
 
 -- name: existing_tasks
+-- The tasks of a batch stored meanwhile: in the table, or already run. A task
+-- can finish after load_prepare looked (it was running then, in the table):
+-- gone from the table by now, it must not be loaded again.
 SELECT id FROM rota.tasks WHERE id = ANY (%(ids)b::uuid[])
+UNION ALL
+SELECT task_id FROM rota.finished WHERE task_id = ANY (%(ids)b::uuid[])
 
 -- name: copy_tasks
 -- Binary; rota.core.TASK_COPY_TYPES names the column types.

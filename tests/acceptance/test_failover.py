@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from uuid import UUID
 
 import psycopg
@@ -133,13 +134,20 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
             "ROTA_WORKER_SYNCHRONOUS_COMMIT": "true",
         }
 
+        # Each process's log goes to a file, read once it has exited: a pipe
+        # nobody reads until then fills (64 KiB: the loader's line per batch
+        # does within a slow run) and blocks the process in its next log
+        # write, for good (even SIGTERM is then never acted on).
+        logs: list[IO[bytes]] = []
+
         def start(*args: str) -> subprocess.Popen[bytes]:
+            logs.append(tempfile.TemporaryFile())  # noqa: SIM115 - closed in the finally below
             return subprocess.Popen(
                 [sys.executable, "-m", "rota", *args],
                 env=env,
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+                stderr=logs[-1],
             )
 
         worker = ["worker", "--app", "tests.acceptance.failoverapp:app", "--queues", "work"]
@@ -292,10 +300,18 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
             print("not yet succeeded", unsettled)
             for process in processes:
                 process.terminate()
-            for process in processes:
-                process.wait(timeout=60)
-                if process.stderr is not None:
-                    print(process.args[3:5], process.stderr.read().decode()[-3000:])
+            deaf = []  # did not stop on SIGTERM: killed, so as to leave none behind
+            for process, log in zip(processes, logs, strict=True):
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    deaf.append(process.args[3:5])
+                    process.kill()
+                    process.wait()
+                log.seek(0)
+                print(process.args[3:5], log.read().decode(errors="replace")[-3000:])
+                log.close()
+            assert not deaf, f"still running 60 s after SIGTERM: {deaf}"
 
 
 @pytest.mark.parametrize("pair", [True], indirect=True, ids=["synchronous"])

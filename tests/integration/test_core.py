@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from rota import core
 from rota.core import db
 from rota.core.db import UUIDArray
+from rota.core.effects import drive
 from rota.errors import InvalidName, ValidationError
 from rota.model.envelope import make_envelope, new_task_id
 from tests.helpers import claim, drain_order, envelopes, load, wait_for, waiting_on_a_lock
@@ -57,6 +59,35 @@ def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: st
     counts = db.run(conn, core.queue_counts())["default"]
     assert counts["ready"] == 25
     assert sorted(drain_order(conn)) == ["alice"] * 20 + ["bob"] * 5
+
+
+def test_a_task_finishing_while_its_batch_is_loaded_again_is_not_loaded_again(
+    conn: Conn, database_url: str
+) -> None:
+    # A cron tick is offered again while it runs: the load's first look finds
+    # it running (not finished), it finishes, then the COPY fails on another
+    # task of the batch and the load looks again. The task must not come back.
+    x, y = envelopes("alice", 2)
+    load(conn, [x])
+    with db.connect(database_url) as other:
+        (running,) = claim(other, limit=1)
+        load(conn, [y])  # loading [x, y] again fails on y
+        statements = itertools.count()
+
+        def execute(request: Any) -> Any:
+            def one() -> Any:
+                return (yield request)
+
+            outcome = db.run(conn, one())
+            if next(statements) == 0:  # load_prepare has looked
+                assert db.transact(other, core.complete([running.token])) == {x.id}
+            return outcome
+
+        with conn.transaction():
+            assert drive(core.load([x, y]), execute) == 0
+    assert conn.execute("SELECT count(*) FROM rota.tasks WHERE id = %s", [x.id]).fetchone() == (0,)
+    finished = conn.execute("SELECT count(*) FROM rota.finished WHERE task_id = %s", [x.id])
+    assert finished.fetchone() == (1,)
 
 
 def test_a_flood_does_not_push_a_small_tenant_back(conn: Conn) -> None:
