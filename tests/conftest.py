@@ -113,16 +113,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = sorted(items, key=rank)  # stable: each rank in collection order
 
 
+_UNGROUPED = (
+    "pytest-xdist's --dist loadgroup did not group the tests (their node ids carry no"
+    " @group), so shared fixtures would be built on every worker: install the pytest"
+    " that pyproject.toml asks for"
+)
+_ungrouped: list[str] = []
+
+
 @pytest.hookimpl(trylast=True)  # after xdist marked the groups in the node ids
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not session.config.getoption("loadgroup", False):
         return
-    for item in session.items:
-        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
-            raise pytest.UsageError(
-                "pytest-xdist's --dist loadgroup did not group the tests (their node ids carry"
-                " no @group): install the pytest that pyproject.toml asks for"
-            )
+    if any(
+        item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid
+        for item in session.items
+    ):
+        _ungrouped.append(_UNGROUPED)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _ungrouped:  # failing here, in each test, is what a worker can show
+        pytest.fail(_ungrouped[0], pytrace=False)
 
 
 def _replace_db(url: str, name: str) -> str:
