@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from types import TracebackType
+from typing import IO, Any
 
 import psycopg
 
@@ -105,3 +110,123 @@ def pending_idle_past_reclaim(settings: Any) -> bool:
         return pending > 0 and idle == pending
     finally:
         client.close()
+
+
+class LoggedProcess:
+    """A child process whose stdout and stderr go to temporary files, never to
+    pipes: a pipe nobody reads until the child exits fills (64 KiB: a loader's
+    line per batch does within a slow run) and blocks the child in its next
+    write for good, where even SIGTERM is never acted on.
+
+    `output()` and `errors()` are what it wrote so far (during the run, or all
+    of it after). `stop()` signals it and waits, and kills it if it does not
+    exit in time; as a context manager it is killed and reaped on exit if still
+    running. Once reaped, its text is kept and the files closed. `pid`,
+    `args`, `returncode`, `poll`, `wait`, `send_signal`, `terminate` and `kill`
+    are the Popen's."""
+
+    def __init__(self, args: Sequence[str | os.PathLike[str]], **popen: Any) -> None:
+        self._files: tuple[IO[bytes], IO[bytes]] = (
+            tempfile.TemporaryFile(),  # noqa: SIM115 - closed once the process is reaped
+            tempfile.TemporaryFile(),  # noqa: SIM115
+        )
+        self._text: tuple[str, str] | None = None  # (stdout, stderr), once reaped
+        try:
+            self.process = subprocess.Popen(
+                args, stdout=self._files[0], stderr=self._files[1], **popen
+            )
+        except BaseException:
+            for file in self._files:
+                file.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def args(self) -> Any:
+        return self.process.args
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def output(self) -> str:
+        """What it wrote to stdout so far."""
+        return self._read(0)
+
+    def errors(self) -> str:
+        """What it wrote to stderr so far."""
+        return self._read(1)
+
+    def poll(self) -> int | None:
+        returncode = self.process.poll()
+        if returncode is not None:
+            self._keep_text()
+        return returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        returncode = self.process.wait(timeout)
+        self._keep_text()
+        return returncode
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def terminate(self) -> None:
+        self.process.terminate()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self, signum: int | None = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Sends `signum` if it still runs (None: sends nothing, one was sent
+        already) and returns its exit code once it exits. Still running after
+        `timeout` seconds: it is killed and reaped, and TimeoutExpired raised."""
+        try:
+            if signum is not None and self.process.poll() is None:
+                self.process.send_signal(signum)
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print(f"still running {timeout} s after the stop signal, killed: {self.args}")
+            print(f"its stderr ends:\n{self.errors()[-3000:]}")
+            raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Kills it if it still runs, reaps it, and keeps its text."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.wait()
+
+    def __enter__(self) -> LoggedProcess:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _read(self, which: int) -> str:
+        if self._text is not None:
+            return self._text[which]
+        # pread: the child shares the file's offset, which a seek would move.
+        fd = self._files[which].fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+    def _keep_text(self) -> None:
+        if self._text is None:
+            self._text = (self._read(0), self._read(1))
+            for file in self._files:
+                file.close()
+
+
+def start_logged(args: Sequence[str | os.PathLike[str]], **popen: Any) -> LoggedProcess:
+    """Starts `args` (Popen's other arguments but stdout and stderr allowed)
+    with its stdout and stderr in temporary files: see LoggedProcess."""
+    return LoggedProcess(args, **popen)

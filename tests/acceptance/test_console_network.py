@@ -5,7 +5,6 @@ a client that is not a trusted proxy."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from rota.console.auth import token_hash
 from rota_tools.devservers import free_port, make_tls_files
-from tests.helpers import wait_for
+from tests.helpers import start_logged, wait_for
 
 ROOT = Path(__file__).parent.parent.parent
 OPS = "operator-token-0123456"
@@ -25,7 +24,7 @@ def test_the_console_over_https_with_a_tokens_file(database_url: str, tmp_path: 
     tokens = tmp_path / "tokens"
     tokens.write_text(f"ops read,act {token_hash(OPS)}\n")
     port = free_port()
-    console = subprocess.Popen(
+    console = start_logged(
         [
             sys.executable,
             "-m",
@@ -46,7 +45,6 @@ def test_the_console_over_https_with_a_tokens_file(database_url: str, tmp_path: 
             "ROTA_DATABASE_URL": database_url,
             "ROTA_CONSOLE_TOKENS_FILE": str(tokens),
         },
-        stderr=subprocess.PIPE,
     )
     try:
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=str(tls.ca)) as client:
@@ -73,8 +71,7 @@ def test_the_console_over_https_with_a_tokens_file(database_url: str, tmp_path: 
             else:
                 raise AssertionError("the console answered plain HTTP")
     finally:
-        console.terminate()
-        console.wait(timeout=30)
+        console.stop(timeout=30)  # SIGTERM; killed if it has not stopped by then
 
 
 @pytest.mark.parametrize("trusted", [False, True], ids=["untrusted", "trusted-proxy"])
@@ -89,10 +86,8 @@ def test_forwarded_headers_are_believed_only_from_a_trusted_proxy(
         "ROTA_DASHBOARD_TOKEN": OPS,
     }
     proxy = ["--trusted-proxy", "127.0.0.1"] if trusted else []
-    console = subprocess.Popen(
-        [sys.executable, "-m", "rota", "dashboard", "--port", str(port), *proxy],
-        env=env,
-        stderr=subprocess.PIPE,
+    console = start_logged(
+        [sys.executable, "-m", "rota", "dashboard", "--port", str(port), *proxy], env=env
     )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
@@ -111,5 +106,4 @@ def test_forwarded_headers_are_believed_only_from_a_trusted_proxy(
             assert login.status_code == 303
             assert ("secure" in login.headers["set-cookie"].lower()) is trusted
     finally:
-        console.terminate()
-        console.wait(timeout=30)
+        console.stop(timeout=30)  # SIGTERM; killed if it has not stopped by then

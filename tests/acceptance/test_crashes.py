@@ -21,7 +21,7 @@ from rota.core import db
 from rota.loader import Loader
 from rota.producer.breaker import BreakerState
 from rota_tools.devservers import local_redis, restart_redis
-from tests.helpers import pending_idle_past_reclaim, wait_for
+from tests.helpers import pending_idle_past_reclaim, start_logged, wait_for
 
 CHILD = Path(__file__).with_name("loader_child.py")
 SPARK_LOADER = [
@@ -144,7 +144,8 @@ def test_a_running_loader_stops_on_a_signal_after_the_batch_in_hand(
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
     spark = ["--master", "local[2]", "--checkpoint", str(tmp_path / "checkpoint")]
-    loader = subprocess.Popen(
+    ids: list[UUID] = []
+    with start_logged(
         [
             sys.executable,
             "-m",
@@ -156,12 +157,7 @@ def test_a_running_loader_stops_on_a_signal_after_the_batch_in_hand(
             *(spark if engine == "spark" else []),
         ],
         env=_env(settings),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    ids: list[UUID] = []
-    try:
+    ) as loader:  # killed on the way out if it still runs
         deadline = time.monotonic() + 120  # Spark's session and first batch take a while
         # Enqueue in bursts until the loader has loaded some and is still at it.
         while db.run(conn, core.queue_counts()).get("pdfs", {}).get("ready", 0) == 0:
@@ -171,10 +167,8 @@ def test_a_running_loader_stops_on_a_signal_after_the_batch_in_hand(
             )
             time.sleep(0.1)
         ids += app.enqueue_many([parse_pdf.call(str(i), tenant="late") for i in range(2000)])
-        loader.send_signal(signum)
-        stdout, stderr = loader.communicate(timeout=60)
-    finally:
-        loader.kill()
+        loader.stop(signum, timeout=60)
+    stdout, stderr = loader.output(), loader.errors()
     assert loader.returncode == 0, stderr[-3000:]
 
     def stored() -> tuple[int, int]:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -28,7 +27,7 @@ from rota.core.migrate import migrate
 from rota_tools.devservers import Server, local_redis, start_postgres, start_postgres_standby
 from tests.acceptance import failoverapp
 from tests.acceptance.workapp import LOG_TABLE
-from tests.helpers import wait_for
+from tests.helpers import LoggedProcess, start_logged, wait_for
 
 ROOT = Path(__file__).parent.parent.parent
 # Every process works against the new primary this soon after the promotion.
@@ -134,21 +133,10 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
             "ROTA_WORKER_SYNCHRONOUS_COMMIT": "true",
         }
 
-        # Each process's log goes to a file, read once it has exited: a pipe
-        # nobody reads until then fills (64 KiB: the loader's line per batch
-        # does within a slow run) and blocks the process in its next log
-        # write, for good (even SIGTERM is then never acted on).
-        logs: list[IO[bytes]] = []
-
-        def start(*args: str) -> subprocess.Popen[bytes]:
-            logs.append(tempfile.TemporaryFile())  # noqa: SIM115 - closed in the finally below
-            return subprocess.Popen(
-                [sys.executable, "-m", "rota", *args],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=logs[-1],
-            )
+        # Each process's log goes to a file (start_logged), read once it has
+        # exited: a pipe nobody read until then would fill and block it.
+        def start(*args: str) -> LoggedProcess:
+            return start_logged([sys.executable, "-m", "rota", *args], env=env, cwd=ROOT)
 
         worker = ["worker", "--app", "tests.acceptance.failoverapp:app", "--queues", "work"]
         processes = [start("loader", "run", "--engine", "python"), start(*worker), start(*worker)]
@@ -301,16 +289,12 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
             for process in processes:
                 process.terminate()
             deaf = []  # did not stop on SIGTERM: killed, so as to leave none behind
-            for process, log in zip(processes, logs, strict=True):
+            for process in processes:
                 try:
-                    process.wait(timeout=60)
+                    process.stop(None, timeout=60)  # SIGTERM sent above, to all at once
                 except subprocess.TimeoutExpired:
                     deaf.append(process.args[3:5])
-                    process.kill()
-                    process.wait()
-                log.seek(0)
-                print(process.args[3:5], log.read().decode(errors="replace")[-3000:])
-                log.close()
+                print(process.args[3:5], process.errors()[-3000:])
             assert not deaf, f"still running 60 s after SIGTERM: {deaf}"
 
 

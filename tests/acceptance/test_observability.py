@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rota import App
 from rota_tools.devservers import free_port
-from tests.acceptance.test_workers import enqueue, stop
-from tests.helpers import wait_for
+from tests.acceptance.test_workers import enqueue
+from tests.helpers import start_logged, wait_for
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -42,7 +41,7 @@ def test_a_worker_counts_what_it_runs_and_says_when_it_is_ready(
     env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
 ) -> None:
     port = free_port()
-    worker = subprocess.Popen(
+    worker = start_logged(
         [
             sys.executable,
             "-m",
@@ -59,9 +58,6 @@ def test_a_worker_counts_what_it_runs_and_says_when_it_is_ready(
         ],
         env=env,
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         wait_for(lambda: answers(port, "/readyz") == 200, what="the worker to be ready")
@@ -84,9 +80,8 @@ def test_a_worker_counts_what_it_runs_and_says_when_it_is_ready(
         assert m[("rota_task_wait_seconds_count", (("queue", "work"),))] == 7
         assert ("process_cpu_seconds_total", ()) in m
     finally:
-        stop(worker)
-    assert worker.stderr is not None
-    lines = [json.loads(line) for line in worker.stderr.read().splitlines() if line.startswith("{")]
+        worker.stop()  # SIGTERM; killed if it has not stopped within 30 s
+    lines = [json.loads(line) for line in worker.errors().splitlines() if line.startswith("{")]
     failures = [x for x in lines if "failed on attempt" in x["message"]]
     assert len(failures) == 2 and all("Traceback" in x["message"] for x in failures)
     assert any(x["level"] == "warning" and "is dead" in x["message"] for x in lines)
@@ -95,7 +90,7 @@ def test_a_worker_counts_what_it_runs_and_says_when_it_is_ready(
 def test_a_loader_counts_its_passes(env: dict[str, str], producer: App) -> None:
     env = {**env, "ROTA_SHARDS": str(producer.settings.shards)}
     port = free_port()
-    loader = subprocess.Popen(
+    loader = start_logged(
         [
             sys.executable,
             "-m",
@@ -109,9 +104,6 @@ def test_a_loader_counts_its_passes(env: dict[str, str], producer: App) -> None:
         ],
         env=env,
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         wait_for(lambda: answers(port, "/healthz") == 200, what="the loader to listen")
@@ -123,8 +115,7 @@ def test_a_loader_counts_its_passes(env: dict[str, str], producer: App) -> None:
         assert answers(port, "/readyz") == 200
         assert scrape(port)[("rota_loader_passes_total", ())] >= 1
     finally:
-        stop(loader)
-    assert loader.stderr is not None
-    log = loader.stderr.read()
+        loader.stop()  # SIGTERM; killed if it has not stopped within 30 s
+    log = loader.errors()
     assert "reading 4 shard(s) of rota:buffer" in log
     assert sum(int(n) for n in re.findall(r"loaded (\d+) task\(s\)", log)) == 40

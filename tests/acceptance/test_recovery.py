@@ -5,7 +5,6 @@ logged when it starts and when it ends, and nothing is declared dead."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from rota.core.migrate import migrate
 from rota_tools.devservers import Server, local_postgres
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.workapp import LOG_TABLE
-from tests.helpers import wait_for
+from tests.helpers import LoggedProcess, start_logged, wait_for
 
 
 @pytest.fixture
@@ -33,15 +32,8 @@ def own_postgres() -> Iterator[Server]:
         yield server
 
 
-def _start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "rota", *args],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _start(env: dict[str, str], *args: str) -> LoggedProcess:
+    return start_logged([sys.executable, "-m", "rota", *args], env=env, cwd=ROOT)
 
 
 def _states(url: str, ids: list[Any]) -> set[str]:
@@ -118,7 +110,9 @@ def test_a_postgres_restart_is_ridden_out(
     finally:
         for process in processes.values():
             process.terminate()
-        logs = {name: p.communicate(timeout=30)[1] for name, p in processes.items()}
+        for process in processes.values():
+            process.stop(None, timeout=30)  # SIGTERM sent above; killed if still running
+        logs = {name: p.errors() for name, p in processes.items()}
         app.close()
     assert all(p.returncode == 0 for p in processes.values()), logs
     worker_log = logs["worker"]

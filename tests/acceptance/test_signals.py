@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 
 import pytest
+
+from tests.helpers import start_logged, wait_for
 
 # A loop that holds its Event's lock most of the time, as a busy worker's does
 # (Event.clear between claims). A Python signal handler that set that Event
@@ -31,13 +32,10 @@ while not stopping.is_set():
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_signal_never_deadlocks_a_busy_process(signum: int) -> None:
     for _ in range(10):
-        process = subprocess.Popen(
-            [sys.executable, "-c", BUSY_LOOP], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        process.send_signal(signum)
-        try:
-            assert process.wait(timeout=10) == 0, process.stderr.read() if process.stderr else ""
-        finally:
-            process.kill()
-            process.wait()
+        with start_logged([sys.executable, "-c", BUSY_LOOP]) as process:  # killed on the way out
+            wait_for(
+                lambda: "\n" in process.output() or process.poll() is not None,
+                what="the busy loop's first line",
+            )
+            assert process.output() == "ready\n", process.errors()
+            assert process.stop(signum, timeout=10) == 0, process.errors()

@@ -20,7 +20,7 @@ import pytest
 from rota import App, Settings, core
 from rota.core import db
 from rota_tools.devservers import SparkCluster, local_spark_cluster
-from tests.helpers import wait_for
+from tests.helpers import start_logged, wait_for
 
 pytestmark = [
     pytest.mark.spark,
@@ -59,21 +59,18 @@ def _tasks_run_on_executors(cluster: SparkCluster) -> int:
 def _run_loader(
     cluster: SparkCluster, settings: Settings, checkpoint: Path, until: int, conn: Conn
 ) -> None:
-    loader = subprocess.Popen(
+    loader = start_logged(
         [
             *(sys.executable, "-m", "rota", "loader", "run", "--engine", "spark"),
             *("--master", cluster.url, "--checkpoint", str(checkpoint), "--trigger-seconds", "0.2"),
         ],
         env=_env(settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
     )
     try:
         wait_for(lambda: _stored(conn) >= until, timeout=120, what=f"{until} tasks loaded")
     finally:
-        loader.send_signal(signal.SIGTERM)
-        _, errors = loader.communicate(timeout=60)
-    assert loader.returncode == 0, errors.decode()
+        loader.stop(signal.SIGTERM, timeout=60)  # killed if it has not stopped by then
+    assert loader.returncode == 0, loader.errors()
 
 
 def test_the_streaming_loader_on_a_cluster_loads_once_and_restarts_from_its_checkpoint(

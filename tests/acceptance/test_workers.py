@@ -13,14 +13,14 @@ import psycopg
 from rota import App, Settings, TaskCall, core
 from rota.core import db
 from rota_tools.devservers import Server
-from tests.helpers import wait_for
+from tests.helpers import LoggedProcess, start_logged, wait_for
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
 
-def start_worker(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+def start_worker(env: dict[str, str], *extra: str) -> LoggedProcess:
+    return start_logged(
         [
             sys.executable,
             "-m",
@@ -34,8 +34,6 @@ def start_worker(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
         ],
         env=env,
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
     )
 
 
@@ -49,8 +47,10 @@ def logged(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
-def stop(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> None:
-    if process.poll() is None:
+def stop(process: LoggedProcess | subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> None:
+    if isinstance(process, LoggedProcess):
+        process.stop(signum, timeout=30)  # also killed if it has not stopped by then
+    elif process.poll() is None:
         process.send_signal(signum)
         process.wait(timeout=30)
 
@@ -85,7 +85,7 @@ def test_sigterm_under_load_loses_and_strands_nothing(
     wait_for(lambda: {w.pid for w in workers} <= {row[3] for row in logged(conn)})
     for worker in workers:
         stop(worker)  # SIGTERM mid-load
-        assert worker.returncode == 0, worker.stderr.read() if worker.stderr else ""
+        assert worker.returncode == 0, worker.errors()
     assert conn.execute("SELECT count(*) FROM rota.running").fetchone() == (0,)
     survivor = start_worker(env, "--concurrency", "8")
     try:
@@ -212,8 +212,7 @@ def test_tasks_that_outlive_the_shutdown_grace_are_handed_back_and_the_worker_ex
     ids = enqueue(conn, producer, [producer.tasks["sleep"].call(30, tenant="a")])
     worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "1"})
     wait_for(lambda: db.run(conn, core.task_states(ids))[ids[0]].status == "running")
-    worker.send_signal(signal.SIGTERM)
-    worker.wait(timeout=15)  # the grace, not the task's 30 s
+    worker.stop(signal.SIGTERM, timeout=15)  # the grace, not the task's 30 s
     assert worker.returncode == 0
     state = db.run(conn, core.task_states(ids))[ids[0]]
     assert (state.status, state.attempts) == ("pending", 0)  # handed back, no attempt used
@@ -241,13 +240,7 @@ def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
             "ROTA_DIRECT_DATABASE_URL": database_url,
         }
         workers = [start_worker(pooled, "--concurrency", "4") for _ in range(2)]
-        reaper = subprocess.Popen(
-            [sys.executable, "-m", "rota", "reaper"],
-            env=pooled,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        reaper = start_logged([sys.executable, "-m", "rota", "reaper"], env=pooled, cwd=ROOT)
         try:
             wait_for(
                 lambda: all(
@@ -260,6 +253,6 @@ def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
             for process in [*workers, reaper]:
                 stop(process)
     for process in [*workers, reaper]:
-        assert process.returncode == 0, process.stderr.read() if process.stderr else ""
+        assert process.returncode == 0, process.errors()
     runs = logged(conn)
     assert len(runs) == len({row[0] for row in runs}) == 200  # each task ran once

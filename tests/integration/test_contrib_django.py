@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from rota.contrib.connections import DifferentDatabase
 from rota.core import db
 from rota.loader import Loader
 from rota_tools.devservers import Server
-from tests.helpers import wait_for
+from tests.helpers import start_logged, wait_for
 
 ROOT = Path(__file__).parent.parent.parent
 DATABASE = "rota_django"  # the test database Django makes from rota's template
@@ -257,7 +256,7 @@ def test_manage_py_rota_worker_runs_the_projects_tasks(rota_settings: Settings) 
         "ROTA_DATABASE_URL": rota_settings.database_url,
         "ROTA_REDIS_URL": rota_settings.redis_url,
     }
-    worker = subprocess.Popen(
+    with start_logged(
         [
             sys.executable,
             "-m",
@@ -271,21 +270,14 @@ def test_manage_py_rota_worker_runs_the_projects_tasks(rota_settings: Settings) 
         ],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    ) as worker:
         wait_for(
             lambda: Order.objects.get(id=order.id).paid or worker.poll() is not None,
             what="the worker to run mark_paid",
         )
-        assert worker.poll() is None, worker.stdout.read() if worker.stdout else ""
+        assert worker.poll() is None, worker.errors()
         assert Order.objects.get(id=order.id).paid
-    finally:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=30)
-    assert worker.returncode == 0, out.decode()
+        assert worker.stop(signal.SIGTERM, 30) == 0, worker.errors()
 
 
 def test_settings_rota_is_checked(rota_settings: Settings) -> None:
