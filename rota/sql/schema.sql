@@ -1379,8 +1379,10 @@ CREATE FUNCTION rota.enter_line(p_ids uuid[], p_seqs bigint[], p_queue_ids integ
                                 p_tenant_ids integer[], p_costs double precision[],
                                 p_priorities smallint[])
 RETURNS void
--- Custom plans: the arrays' sizes decide the joins (a generic plan, which
--- rota's sessions otherwise force, guesses them).
+-- Custom plans for large loads: the arrays' sizes decide the joins (a generic
+-- plan, which rota's sessions otherwise force, guesses them). Up to 512 tasks
+-- the generic plans are as fast, and planning would cost a one-task load
+-- more than running its statements does.
 LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_pair_queues integer[];
@@ -1388,6 +1390,10 @@ DECLARE
 BEGIN
     IF coalesce(cardinality(p_ids), 0) = 0 THEN
         RETURN;
+    END IF;
+    IF cardinality(p_ids) <= 512 THEN
+        -- Until the function returns (its SET clause restores the setting).
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     END IF;
     SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
     INTO v_pair_queues, v_pair_tenants
