@@ -6,7 +6,6 @@ page holds 10,000 tenants. Screenshots go to build/screenshots/."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from rota import App, core
 from rota.core import db
 from rota_tools.devservers import free_port
 from tests.acceptance.test_workers import start_worker, stop
-from tests.helpers import envelopes, load, wait_for
+from tests.helpers import envelopes, load, start_logged, wait_for
 
 ROOT = Path(__file__).parent.parent.parent
 SHOTS = ROOT / "build" / "screenshots"
@@ -37,12 +36,10 @@ T = TypeVar("T")
 @pytest.fixture
 def dashboard(env: dict[str, str]) -> Iterator[str]:
     port = free_port()
-    process = subprocess.Popen(
+    process = start_logged(
         [sys.executable, "-m", "rota", "dashboard", "--port", str(port)],
         env={**env, "ROTA_DASHBOARD_TOKEN": TOKEN, "ROTA_STATS_SECONDS": "0.5"},
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from typing import Any
 
@@ -12,18 +11,16 @@ from rota import App, TaskCall, core
 from rota.core import db
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.test_workers import enqueue, stop
-from tests.helpers import wait_for
+from tests.helpers import LoggedProcess, start_logged, wait_for
 
 Conn = psycopg.Connection[Any]
 
 
-def _worker(env: dict[str, str], app: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+def _worker(env: dict[str, str], app: str) -> LoggedProcess:
+    return start_logged(
         [sys.executable, "-m", "rota", "worker", "--app", app],  # no --queues
         env=env,
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
     )
 
 

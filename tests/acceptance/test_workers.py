@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,12 +46,8 @@ def logged(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
-def stop(process: LoggedProcess | subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> None:
-    if isinstance(process, LoggedProcess):
-        process.stop(signum, timeout=30)  # also killed if it has not stopped by then
-    elif process.poll() is None:
-        process.send_signal(signum)
-        process.wait(timeout=30)
+def stop(process: LoggedProcess, signum: int = signal.SIGTERM) -> None:
+    process.stop(signum, timeout=30)  # also killed if it has not stopped by then
 
 
 def test_a_worker_killed_mid_task_loses_nothing(
