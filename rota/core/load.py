@@ -53,8 +53,8 @@ _PREPARED = Rows(_Prepared)
 
 
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
-    """Bulk-loads tasks with their fair positions: COPY into rota.tasks, then
-    their places in line, computed by the database (rota.enter_line_of).
+    """Bulk-loads tasks with their fair positions: COPY into rota.tasks, whose
+    insert trigger gives them their places in line (rota.tasks_enter_line).
     Tasks loaded or run before (same id) are ignored. Run it in a
     transaction. Returns how many were new."""
     tasks = _first_of_each_id(envelopes)
@@ -93,8 +93,6 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
         )
         numbered = _without(numbered, loaded)
         yield copy_tasks(numbered)
-    # Their places in line (or on the schedule) are the database's to give.
-    yield Execute(query("enter_line_of"), {"ids": UUIDArray(t.id for _, t in numbered)})
     return len(numbered)
 
 

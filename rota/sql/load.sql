@@ -38,10 +38,6 @@ COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
                  backoff_max, status, eta, enqueued_at, tenant, priority) FROM STDIN (FORMAT BINARY)
 
--- name: enter_line_of
--- The tasks this transaction just loaded, in line or on the schedule.
-SELECT rota.enter_line_of(%(ids)b::uuid[])
-
 -- name: tenant_backlog
 -- The tenants with a capacity (backpressure) and their waiting work. The
 -- filter reaches the view's scan, so tenants without a capacity cost nothing.

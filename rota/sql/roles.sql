@@ -80,10 +80,11 @@ BEGIN
     REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM rota_producer, rota_loader, rota_worker;
     GRANT USAGE ON SCHEMA rota TO rota_producer, rota_loader, rota_worker, rota_admin;
 
-    -- Loading (producers' fallback, loaders, and workers' cron): insert tasks;
-    -- their names' ids, and their places in line and the tenants' tags,
-    -- through definer functions that compute them; see only ids of what
-    -- exists or finished.
+    -- Loading (producers' fallback, loaders, and workers' cron): insert tasks
+    -- (a definer trigger puts them in line, rota.tasks_enter_line); their
+    -- names' ids through a definer function; see only ids of what exists or
+    -- finished. rota.enter_line_of does nothing since 0028 (older loaders
+    -- call it).
     GRANT INSERT ON rota.tasks TO rota_producer, rota_loader, rota_worker;
     GRANT SELECT (id) ON rota.tasks TO rota_producer, rota_loader, rota_worker;
     GRANT SELECT (task_id) ON rota.finished TO rota_producer, rota_loader, rota_worker;

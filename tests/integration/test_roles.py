@@ -6,6 +6,7 @@ Roles are cluster-wide, so this module runs its own PostgreSQL server.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,8 +188,8 @@ def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
                 " ARRAY[1], ARRAY[1::float8], ARRAY[0::int2])",
             ):
                 _refused(conn, statement)
-            # Putting a task loaded earlier in line again, or one loaded in
-            # this transaction a second time: nothing happens.
+            # A task goes in line once, by the insert's trigger: what older
+            # loaders call after their COPY (rota.enter_line_of) adds nothing.
             conn.execute("SELECT rota.enter_line_of(ARRAY[%s]::uuid[])", [old])
             (fresh,) = envelopes(f"{role}-twice", 1)
             with conn.transaction():
@@ -199,6 +200,22 @@ def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
                 "SELECT count(*) FROM rota.ready WHERE task_id = %s", [fresh.id]
             ).fetchone()
             assert places == (1,)
+            # A row inserted as if tried before, or dead: stored, never
+            # put in line (only a first attempt, pending or scheduled, is).
+            for status, attempts in (("pending", 3), ("dead", 0)):
+                forged = uuid.uuid4()
+                conn.execute(
+                    "INSERT INTO rota.tasks (id, seq, queue_id, tenant_id, name, payload, status,"
+                    " attempts)"
+                    " SELECT %s, nextval('rota.task_seq'), q, t, 'noop', '{}', %s, %s"
+                    " FROM rota.name_ids(ARRAY['default'], ARRAY['mallory']) n,"
+                    " unnest(n.queue_ids, n.tenant_ids) AS x(q, t)",
+                    [forged, status, attempts],
+                )
+                conn.commit()
+                assert owner.execute(
+                    "SELECT count(*) FROM rota.ready WHERE task_id = %s", [forged]
+                ).fetchone() == (0,)
     assert owner.execute("SELECT count(*) FROM rota.ready").fetchone() == (4,)  # 2 + 1 each
     assert _serving(owner, urls, "bob")  # the queue still serves every tenant
 
