@@ -78,19 +78,26 @@ _JSON_OPTIONS = (
 )
 
 
+_dumps = orjson.dumps
+
+
 def _refuse(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def dump_payload(args: Any, kwargs: Any, max_bytes: int) -> str:
     """Serialises a task's arguments as JSON text, refusing what JSON cannot hold."""
-    if not isinstance(args, list | tuple):
-        raise NotJSONSerializable(f"args must be a list, got {type(args).__name__}")
-    if not isinstance(kwargs, dict):
+    # Exact types first (a producer's every call): orjson writes a list or a
+    # tuple as it is; a subclass (a namedtuple, say) goes as a plain list.
+    if type(args) is not list and type(args) is not tuple:
+        if not isinstance(args, list | tuple):
+            raise NotJSONSerializable(f"args must be a list, got {type(args).__name__}")
+        args = list(args)
+    if type(kwargs) is not dict and not isinstance(kwargs, dict):
         raise NotJSONSerializable(f"kwargs must be a dict, got {type(kwargs).__name__}")
-    payload = {"args": list(args), "kwargs": kwargs}
+    payload = {"args": args, "kwargs": kwargs}
     try:
-        data = orjson.dumps(payload, default=_refuse, option=_JSON_OPTIONS)
+        data = _dumps(payload, default=_refuse, option=_JSON_OPTIONS)
     except TypeError as exc:
         raise NotJSONSerializable(f"task arguments are not JSON: {exc}") from None
     if b"null" in data:
@@ -115,15 +122,23 @@ def uuid_of_int(value: int) -> UUID:
     a producer makes one per task. uuid_utils.compat.uuid7() does the same but
     looks the SafeUUID member up through the enum on every call, which made
     minting an id 2.5 times as dear."""
-    task_id = object.__new__(UUID)
-    object.__setattr__(task_id, "int", value)
-    object.__setattr__(task_id, "is_safe", _SAFE_UNKNOWN)
+    task_id = _new_object(UUID)
+    _set_slot(task_id, "int", value)
+    _set_slot(task_id, "is_safe", _SAFE_UNKNOWN)
     return task_id
+
+
+_new_object = object.__new__
+_set_slot = object.__setattr__
+_uuid7 = uuid_utils.uuid7
 
 
 def new_task_id() -> UUID:
     """A time-ordered UUIDv7: ids sort by creation, and index inserts stay local."""
-    return uuid_of_int(uuid_utils.uuid7().int)
+    task_id = _new_object(UUID)  # as uuid_of_int, without its call
+    _set_slot(task_id, "int", _uuid7().int)
+    _set_slot(task_id, "is_safe", _SAFE_UNKNOWN)
+    return task_id
 
 
 def task_id_for_key(idempotency_key: str, tenant: str) -> UUID:
