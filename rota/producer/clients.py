@@ -21,6 +21,7 @@ from rota.core import db
 from rota.core.db import Op
 from rota.core.effects import adrive, drive
 from rota.producer.core import (
+    REDIS_ERRORS,
     Effect,
     FetchBacklogs,
     LoadDatabase,
@@ -140,13 +141,12 @@ class Producer:
 
     def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):
-            for attempt in Retrying(**self.core.retry_policy(effect)):
-                with attempt:
-                    client = self.redis
-                    pipe = client.pipeline(transaction=False)
-                    queue_commands(pipe, effect, _node_of(client))
-                    replies = pipe.execute()
-            return result_of(effect, replies)
+            try:
+                return self._send(effect)
+            except REDIS_ERRORS:
+                if not self.core.retries(effect):
+                    raise
+            return Retrying(**self.core.retry_policy(effect))(self._send, effect)
         op, own_transaction = database_step(effect)
         run = db.transact if own_transaction else db.run
         if isinstance(effect, LoadDatabase) and effect.connection is not None:
@@ -157,6 +157,12 @@ class Producer:
             except psycopg.OperationalError:
                 self._drop_connection()
                 raise
+
+    def _send(self, effect: RedisEffect) -> Any:
+        client = self.redis
+        pipe = client.pipeline(transaction=False)
+        queue_commands(pipe, effect, _node_of(client))
+        return result_of(effect, pipe.execute())
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
@@ -199,13 +205,12 @@ class AsyncProducer:
 
     async def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):
-            async for attempt in AsyncRetrying(**self.core.retry_policy(effect)):
-                with attempt:
-                    aclient = await self.redis()
-                    pipe = aclient.pipeline(transaction=False)
-                    queue_commands(pipe, effect, _node_of(aclient))
-                    replies = await pipe.execute()
-            return result_of(effect, replies)
+            try:
+                return await self._send(effect)
+            except REDIS_ERRORS:
+                if not self.core.retries(effect):
+                    raise
+            return await AsyncRetrying(**self.core.retry_policy(effect))(self._send, effect)
         op, own_transaction = database_step(effect)
         run = db.atransact if own_transaction else db.arun
         if isinstance(effect, LoadDatabase) and effect.connection is not None:
@@ -216,6 +221,12 @@ class AsyncProducer:
             except psycopg.OperationalError:
                 await self._drop_connection()
                 raise
+
+    async def _send(self, effect: RedisEffect) -> Any:
+        aclient = await self.redis()
+        pipe = aclient.pipeline(transaction=False)
+        queue_commands(pipe, effect, _node_of(aclient))
+        return result_of(effect, await pipe.execute())
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:

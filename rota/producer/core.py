@@ -174,12 +174,19 @@ class ProducerCore:
         self.shard_lengths: dict[str, int] = {}
         self.lengths_at = float("-inf")
 
+    def retries(self, effect: Effect) -> int:
+        """How many times a Redis effect is tried again after its first
+        attempt failed: a write ROTA_REDIS_RETRIES times, then the fallback; a
+        probe or a read not at all (the write that follows tells)."""
+        return self.settings.redis_retries if isinstance(effect, WriteBuffer) else 0
+
     def retry_policy(self, effect: Effect) -> dict[str, Any]:
-        """Bounded retries of a Redis write (tenacity), then the fallback; a
-        probe or a read is tried once (the write that follows tells)."""
-        attempts = self.settings.redis_retries + 1 if isinstance(effect, WriteBuffer) else 1
+        """Tenacity's policy for those retries: the first at once (a dropped
+        connection is usually back on a new one), then backed off. The
+        clients make the first attempt outside tenacity, whose machinery
+        would cost every enqueue more than its own Python does."""
         return {
-            "stop": stop_after_attempt(attempts),
+            "stop": stop_after_attempt(self.retries(effect)),
             "wait": wait_exponential_jitter(multiplier=0.01, max=0.1, jitter=0.01),
             "retry": retry_if_exception_type(REDIS_ERRORS),
             "reraise": True,

@@ -5,6 +5,7 @@ stand-in for PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import fakeredis
@@ -17,7 +18,7 @@ from rota.buffer.streams import all_streams, backlog_key, decode_entry
 from rota.core.effects import drive
 from rota.errors import CapacityExceeded, EnqueueError
 from rota.producer.breaker import BreakerState, CircuitBreaker
-from rota.producer.clients import queue_commands, result_of
+from rota.producer.clients import AsyncProducer, Producer, queue_commands, result_of
 from rota.producer.core import (
     FetchBacklogs,
     LoadDatabase,
@@ -173,3 +174,67 @@ def test_capacity_counts_work_in_postgresql_and_in_the_buffer() -> None:
         h.store(calls(app, "alice", cost=4.0))
     h.store(calls(app, "bob", cost=100.0))  # no capacity set: no limit, no count
     assert h.redis.hget(backlog_key(stream), "bob") is None
+
+
+class FlakyPipelines:
+    """A Redis client whose next `failures` pipelines fail as a dropped
+    connection does; the ones after run on fakeredis."""
+
+    def __init__(self, client: Any, failures: int) -> None:
+        self.client = client
+        self.failures = failures
+        self.tries = 0
+
+    def pipeline(self, transaction: bool = False) -> Any:
+        self.tries += 1
+        pipe = self.client.pipeline(transaction=transaction)
+        if self.failures:
+            self.failures -= 1
+
+            def dropped() -> list[Any]:
+                raise redis.ConnectionError("Connection reset by peer")
+
+            pipe.execute = dropped
+        return pipe
+
+
+@pytest.mark.parametrize("failures, buffered", [(0, True), (2, True), (3, False)])
+def test_the_producer_tries_a_write_again_up_to_redis_retries_times(
+    failures: int, buffered: bool
+) -> None:
+    # Sync and asyncio producers alike: a write that fails is tried again,
+    # ROTA_REDIS_RETRIES=2 times, before the fallback (PostgreSQL, down here).
+    settings = Settings(
+        redis_retries=2,
+        capacity_cache_seconds=3600,
+        database_url="postgresql://rota@127.0.0.1:1/none",
+        database_timeout_seconds=1,
+    )
+    app = App(settings)
+    server = fakeredis.FakeServer()
+    sync = Producer(settings)
+    sync.core.capacity.refresh({})
+    sync._redis = flaky = FlakyPipelines(fakeredis.FakeRedis(server=server), failures)  # type: ignore[assignment]
+    if buffered:
+        sync.store(calls(app, "alice"))
+    else:
+        with pytest.raises(EnqueueError, match="not stored"):
+            sync.store(calls(app, "alice"))
+    assert flaky.tries == min(failures + 1, 3)
+
+    async def via_asyncio() -> int:
+        aproducer = AsyncProducer(settings)
+        aproducer.core.capacity.refresh({})
+        aflaky = FlakyPipelines(fakeredis.FakeAsyncRedis(server=server), failures)
+        aproducer._redis = aflaky  # type: ignore[assignment]
+        if buffered:
+            await aproducer.store(calls(app, "bob"))
+        else:
+            with pytest.raises(EnqueueError, match="not stored"):
+                await aproducer.store(calls(app, "bob"))
+        return aflaky.tries
+
+    assert asyncio.run(via_asyncio()) == min(failures + 1, 3)
+    streams = all_streams(settings.stream_prefix, settings.shards)
+    stored = fakeredis.FakeRedis(server=server)
+    assert sum(stored.xlen(s) for s in streams) == (2 if buffered else 0)
