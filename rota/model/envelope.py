@@ -79,6 +79,7 @@ _JSON_OPTIONS = (
 
 
 _dumps = orjson.dumps
+_loads = orjson.loads
 
 
 def _refuse(value: Any) -> Any:
@@ -306,12 +307,14 @@ def parse_envelope(raw: bytes | str | dict[str, Any], max_payload_bytes: int) ->
 def check_payload(payload: str, max_payload_bytes: int) -> None:
     """A stored payload is a JSON object of exactly `args` and `kwargs`, within the cap."""
     raw = payload.encode()
+    if len(raw) > max_payload_bytes:  # before parsing it
+        raise PayloadTooLarge(f"payload is {len(raw)} bytes, over the cap of {max_payload_bytes}")
     try:
-        decoded = orjson.loads(raw)
+        decoded = _loads(raw)
     except orjson.JSONDecodeError as exc:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
-    if not isinstance(decoded, dict) or set(decoded) != {"args", "kwargs"}:
+    # A loader checks every task's payload: no set built per task.
+    exact = type(decoded) is dict and len(decoded) == 2 and "args" in decoded
+    if not (exact and "kwargs" in decoded):
         raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
-    if len(raw) > max_payload_bytes:
-        raise PayloadTooLarge(f"payload is {len(raw)} bytes, over the cap of {max_payload_bytes}")
     check_json_integers(raw)
