@@ -213,7 +213,7 @@ def test_bench_console(settings: Settings) -> None:
         settings,
         "console",
         "--tasks",
-        "200000",
+        "400000",
         "--tenants",
         "100",
         "--seconds",
