@@ -233,21 +233,25 @@ CREATE TABLE rota.scheduled (
 CREATE INDEX scheduled_run_at ON rota.scheduled (run_at);
 
 -- The queue's virtual clock: the smallest start tag still waiting, or the
--- largest ever given when nothing waits.
+-- largest ever given when nothing waits. plpgsql, as is lock_queues: its
+-- plan is kept for the session, where a sql function that cannot be inlined
+-- (a definer, a row lock) plans its statement on every call of every load.
 CREATE FUNCTION rota.vclock(p_queue_id integer) RETURNS double precision
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce(
         (SELECT r.vtime FROM rota.ready r WHERE r.queue_id = p_queue_id ORDER BY r.vtime LIMIT 1),
         (SELECT q.max_start FROM rota.queues q WHERE q.id = p_queue_id),
-        0)
+        0);
+END
 $$;
 
 -- Locks queue rows in id order: every writer of fair tags takes them the same way.
 CREATE FUNCTION rota.lock_queues(p_queue_ids integer[]) RETURNS void
-LANGUAGE sql AS $$
-    SELECT NULL FROM (
-        SELECT id FROM rota.queues WHERE id = ANY(p_queue_ids) ORDER BY id FOR UPDATE
-    ) locked
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM FROM rota.queues WHERE id = ANY(p_queue_ids) ORDER BY id FOR UPDATE;
+END
 $$;
 
 -- The ids of queue and tenant names, in the order given; unknown ones are

@@ -61,6 +61,36 @@ def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: st
     assert sorted(drain_order(conn)) == ["alice"] * 20 + ["bob"] * 5
 
 
+def test_loads_of_one_queue_take_turns_so_each_reads_settled_tags(
+    conn: Conn, database_url: str
+) -> None:
+    # A second load of the queue waits for the first to commit before it
+    # reads the tenant's finish tag: otherwise both would give alice the
+    # same places in line.
+    load(conn, envelopes("alice", 1))  # alice and the queue exist: no name to wait on
+    first, second = envelopes("alice", 3), envelopes("alice", 3)
+    outcome: list[int] = []
+    with db.connect(database_url) as other:
+        racer = threading.Thread(
+            target=lambda: outcome.append(db.transact(other, core.load(second)))
+        )
+        with conn.transaction():
+            assert db.run(conn, core.load(first)) == 3
+            racer.start()
+            pid = other.info.backend_pid
+            with db.connect(database_url) as watcher:
+                wait_for(lambda: waiting_on_a_lock(watcher, pid), what="the second load to wait")
+            assert outcome == []
+        racer.join(timeout=30)
+    assert outcome == [3]
+    places = conn.execute(
+        "SELECT r.vtime FROM rota.ready r JOIN rota.tasks t ON t.id = r.task_id"
+        " WHERE t.tenant = 'alice' ORDER BY t.seq"
+    ).fetchall()
+    assert [p for (p,) in places] == sorted({p for (p,) in places})  # seven places, in turn
+    assert len(places) == 7
+
+
 def test_a_task_finishing_while_its_batch_is_loaded_again_is_not_loaded_again(
     conn: Conn, database_url: str
 ) -> None:
