@@ -94,7 +94,7 @@ def dump_payload(args: Any, kwargs: Any, max_bytes: int) -> str:
         if not isinstance(args, list | tuple):
             raise NotJSONSerializable(f"args must be a list, got {type(args).__name__}")
         args = list(args)
-    if type(kwargs) is not dict and not isinstance(kwargs, dict):
+    if not isinstance(kwargs, dict):
         raise NotJSONSerializable(f"kwargs must be a dict, got {type(kwargs).__name__}")
     payload = {"args": args, "kwargs": kwargs}
     try:
@@ -136,10 +136,7 @@ _uuid7 = uuid_utils.uuid7
 
 def new_task_id() -> UUID:
     """A time-ordered UUIDv7: ids sort by creation, and index inserts stay local."""
-    task_id = _new_object(UUID)  # as uuid_of_int, without its call
-    _set_slot(task_id, "int", _uuid7().int)
-    _set_slot(task_id, "is_safe", _SAFE_UNKNOWN)
-    return task_id
+    return uuid_of_int(_uuid7().int)
 
 
 def task_id_for_key(idempotency_key: str, tenant: str) -> UUID:
@@ -304,6 +301,9 @@ def parse_envelope(raw: bytes | str | dict[str, Any], max_payload_bytes: int) ->
     return envelope
 
 
+_PAYLOAD_KEYS = frozenset(("args", "kwargs"))  # compared with, not built, per task
+
+
 def check_payload(payload: str, max_payload_bytes: int) -> None:
     """A stored payload is a JSON object of exactly `args` and `kwargs`, within the cap."""
     raw = payload.encode()
@@ -313,8 +313,6 @@ def check_payload(payload: str, max_payload_bytes: int) -> None:
         decoded = _loads(raw)
     except orjson.JSONDecodeError as exc:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
-    # A loader checks every task's payload: no set built per task.
-    exact = type(decoded) is dict and len(decoded) == 2 and "args" in decoded
-    if not (exact and "kwargs" in decoded):
+    if type(decoded) is not dict or decoded.keys() != _PAYLOAD_KEYS:
         raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
     check_json_integers(raw)

@@ -1384,10 +1384,10 @@ CREATE FUNCTION rota.enter_line(p_ids uuid[], p_seqs bigint[], p_queue_ids integ
                                 p_tenant_ids integer[], p_costs double precision[],
                                 p_priorities smallint[])
 RETURNS void
--- Custom plans for large loads: the arrays' sizes decide the joins (a generic
--- plan, which rota's sessions otherwise force, guesses them). Up to 512 tasks
--- the generic plans are as fast, and planning would cost a one-task load
--- more than running its statements does.
+-- Custom plans for large promotions: the arrays' sizes decide the joins (a
+-- generic plan, which rota's sessions otherwise force, guesses them). Up to
+-- 512 tasks the generic plans are as fast, and planning would cost a
+-- one-task promotion more than running its statements does.
 LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
     v_pair_queues integer[];
