@@ -32,6 +32,9 @@ from rota.errors import ValidationError
 
 ENTRY_VERSION = b"2"
 ENTRY_MAX_TASKS = 256
+# Set on each entry of a write that spans several shards: how many. A loader
+# woken by one of them reads the others at once (BufferReader.read_new).
+SPREAD_FIELD = b"spread"
 
 
 def stream_name(prefix: str, shard: int) -> str:
@@ -111,11 +114,13 @@ def encode_entries(
         indices.append(index)
     if len(by_stream) == 1 and len(batch) <= ENTRY_MAX_TASKS:  # a single enqueue, say
         return {stream: [{b"v": ENTRY_VERSION, b"tasks": batch.to_json()}] for stream in by_stream}
+    spread = {SPREAD_FIELD: b"%d" % len(by_stream)} if len(by_stream) > 1 else {}
     return {
         stream: [
             {
                 b"v": ENTRY_VERSION,
                 b"tasks": batch.select(indices[i : i + ENTRY_MAX_TASKS]).to_json(),
+                **spread,
             }
             for i in range(0, len(indices), ENTRY_MAX_TASKS)
         ]

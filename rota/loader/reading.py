@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from rota.buffer import redis_client
+from rota.buffer.streams import SPREAD_FIELD
 from rota.settings import Settings
 
 Entry = tuple[str, str, dict[bytes, bytes]]  # (stream, entry id, fields)
@@ -104,14 +105,30 @@ class BufferReader:
         """New entries of every shard, waiting up to `block_ms` for some."""
         if self.cluster:
             return self._read_each_shard(block_ms)
+        count = self.read_count()
         response: Any = self.redis.xreadgroup(
             self.settings.loader_group,
             self.consumer,
             dict.fromkeys(self.streams, ">"),
-            count=self.read_count(),
+            count=count,
             block=block_ms,
         )
-        return _entries(response)
+        entries = _entries(response)
+        if block_ms is not None and entries:
+            # A blocked XREADGROUP is answered with the one stream that woke
+            # it: the rest of a write spread over several shards is read now
+            # rather than a whole pass later.
+            seen = {stream for stream, _, _ in entries}
+            if _spread(entries) > len(seen):
+                rest = [s for s in self.streams if s not in seen]
+                response = self.redis.xreadgroup(
+                    self.settings.loader_group,
+                    self.consumer,
+                    dict.fromkeys(rest, ">"),
+                    count=count,
+                )
+                entries += _entries(response)
+        return entries
 
     def _read_each_shard(self, block_ms: int | None) -> list[Entry]:
         deadline = time.monotonic() + (block_ms or 0) / 1000
@@ -152,3 +169,14 @@ def _entries(response: Any) -> list[Entry]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _spread(entries: list[Entry]) -> int:
+    """The most shards that any of these entries' writes went to (a field
+    that is not a number counts as one: the entry is judged when decoded)."""
+    most = 1
+    for _, _, fields in entries:
+        value = fields.get(SPREAD_FIELD)
+        if value is not None and value.isdigit():
+            most = max(most, int(value))
+    return most

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import redis
 
 from rota import App, Settings, core
 from rota.buffer.entries import TaskBatch
-from rota.buffer.streams import ENTRY_VERSION, dead_letter_stream, stream_name
+from rota.buffer.streams import ENTRY_VERSION, dead_letter_stream, shard_for, stream_name
 from rota.core import db
 from rota.loader import Loader, lambda_handler
 from rota.loader.store import load_in_chunks
@@ -92,6 +93,32 @@ def test_a_pass_of_several_chunks_keeps_each_tenants_order(
     assert result.loaded == 35  # one pass, four chunks
     claimed = db.run(conn, core.claim(["pdfs"], 35, "w"))
     assert [t.args[0] for t in claimed] == list(range(35))
+
+
+def test_a_pass_woken_by_a_write_over_several_shards_loads_all_of_it(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    # A blocked XREADGROUP is answered with only the stream that woke it.
+    settings = settings.model_copy(update={"shards": 4})
+    app = App(settings)
+    work = app.task(name="spread.work", queue="q")(lambda: None)
+    tenants = {}
+    for i in range(100):
+        tenants.setdefault(shard_for(f"t{i}", 4), f"t{i}")
+    loader = Loader(settings)
+    loader.ensure_groups()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        passing = pool.submit(loader.pass_once, 10_000)
+        wait_for(
+            lambda: _client(settings).info("clients")["blocked_clients"] == 1,
+            what="the loader to block on the buffer",
+        )
+        app.enqueue_many([work.call(tenant=t) for t in tenants.values()])
+        result = passing.result(timeout=30)
+    loader.close()
+    app.close()
+    assert (result.entries, result.loaded) == (4, 4)
+    assert db.run(conn, core.queue_counts())["q"]["ready"] == 4
 
 
 def _decode(entry: Any, settings: Settings) -> list[Any]:

@@ -12,6 +12,7 @@ from rota.buffer.entries import TaskBatch
 from rota.buffer.streams import (
     ENTRY_MAX_TASKS,
     ENTRY_VERSION,
+    SPREAD_FIELD,
     decode_entry,
     encode_entries,
     shard_for,
@@ -61,6 +62,17 @@ def test_tenants_keep_their_order_within_their_shard() -> None:
                 args = [orjson.loads(e.payload)["args"][0] for e in tasks if e.tenant == tenant]
                 assert args == sorted(args)
     assert sum(len(decode_entry(f, CAP)[0]) for es in by_stream.values() for f in es) == 100
+
+
+def test_each_entry_of_a_write_over_several_shards_says_how_many() -> None:
+    one = encode_entries(_batch(3), "rota:buffer", 4)
+    assert [SPREAD_FIELD in f for es in one.values() for f in es] == [False]
+    batch = TaskBatch(datetime.now(UTC))
+    for i in range(40):
+        batch.add(WORK, f"t{i}", [i])
+    spread = encode_entries(batch, "rota:buffer", 4)
+    assert len(spread) == 4
+    assert {f[SPREAD_FIELD] for es in spread.values() for f in es} == {b"4"}
 
 
 def test_a_checked_batch_survives_its_json() -> None:

@@ -51,3 +51,40 @@ def test_a_long_idle_period_is_still_looked_at_every_few_seconds(
     now[0] += reading.RECLAIM_LOOK_MAX_SECONDS
     reader.reclaim()
     assert client.looks == 2
+
+
+class BlockingRedis:
+    """Answers a blocking XREADGROUP as Redis does, with the one stream that
+    woke it; a read that does not block gets every stream's entries."""
+
+    def __init__(self, entries: dict[str, list[tuple[bytes, dict[bytes, bytes]]]]) -> None:
+        self.entries = entries
+        self.reads: list[tuple[list[str], Any]] = []
+
+    def xreadgroup(self, group: str, consumer: str, streams: dict[str, str], **kw: Any) -> Any:
+        self.reads.append((list(streams), kw.get("block")))
+        ready = [s for s in streams if self.entries.get(s)]
+        if kw.get("block") is not None:
+            ready = ready[:1]
+        return [[s, self.entries.pop(s)] for s in ready]
+
+
+@pytest.mark.parametrize(
+    ("spread", "reads", "entries"),
+    [
+        ({b"spread": b"3"}, 2, 3),  # the rest read at once, without blocking
+        ({}, 1, 1),  # separate writes: the others wait for the next pass
+        ({b"spread": b"x3"}, 1, 1),  # not a number: as if absent
+    ],
+)
+def test_a_blocked_read_woken_by_part_of_a_spread_write_reads_the_rest(
+    spread: dict[bytes, bytes], reads: int, entries: int
+) -> None:
+    client = BlockingRedis(
+        {s: [(b"1-0", {b"v": b"2", b"tasks": b"{}", **spread})] for s in ("s0", "s1", "s2")}
+    )
+    reader = BufferReader(client, Settings(), "c", ["s0", "s1", "s2"])  # type: ignore[arg-type]
+    assert len(reader.read_new(500)) == entries
+    assert len(client.reads) == reads
+    if reads == 2:
+        assert client.reads[1] == (["s1", "s2"], None)
