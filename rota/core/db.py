@@ -1,7 +1,7 @@
 """Runs rota's database operations on sync and async psycopg connections alike.
 
 Each operation (rota.core) is written once, as a generator that yields the
-statements it needs (`Execute`, `Copy`) and receives their rows back (see
+statements it needs (`Execute`, `Send`, `Copy`) and receives their rows back (see
 rota.core.effects), built by column name as it asks (rota.core.rows). `run`
 carries them out on a psycopg Connection, `arun` on an AsyncConnection.
 """
@@ -9,7 +9,8 @@ carries them out on a psycopg Connection, `arun` on an AsyncConnection.
 from __future__ import annotations
 
 import struct
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 from uuid import UUID
@@ -19,7 +20,7 @@ from psycopg import sql as pgsql
 from psycopg.adapt import Buffer, Dumper
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.postgres import types as pg_types
-from psycopg.pq import Format
+from psycopg.pq import Format, TransactionStatus
 
 from rota.core.effects import adrive, drive
 from rota.core.rows import ONLY, Shape
@@ -39,6 +40,21 @@ class Execute:
     query: Statement
     params: Params = None
     rows: Shape[Any] | None = None
+    # The operation's only statement: in a transaction of its own
+    # (`transact`) it runs as its own implicit transaction, which spares
+    # BEGIN and COMMIT their round trip.
+    alone: bool = False
+
+
+@dataclass(frozen=True)
+class Send:
+    """Run one statement whose result the operation does not read (a
+    SAVEPOINT, say); the operation receives an empty list. At the start of a
+    transaction of its own (`transact`) it travels with BEGIN and the next
+    statement, in one round trip."""
+
+    query: Statement
+    params: Params = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,7 @@ class Copy:
     types: Sequence[str]
 
 
-Step: TypeAlias = Execute | Copy
+Step: TypeAlias = Execute | Send | Copy
 Op: TypeAlias = Generator[Step, list[Any], T]
 
 
@@ -117,49 +133,185 @@ psycopg.adapters.register_dumper(UUIDArray, _UUIDArrayDumper)
 # read than in text.
 def run(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     """Drives an operation on a sync connection, inside the caller's transaction."""
-
-    def execute(step: Step) -> list[Any]:
-        with conn.cursor(binary=True) as cur:
-            if isinstance(step, Copy):
-                with cur.copy(step.query) as copy:
-                    copy.set_types(step.types)
-                    for row in step.rows:
-                        copy.write_row(row)
-                return []
-            cur.execute(step.query, step.params)
-            return _built(step, cur.description, cur.fetchall()) if cur.description else []
-
-    return drive(op, execute)
+    return drive(op, lambda step: _execute(conn, step, None))
 
 
 async def arun(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     """Drives an operation on an async connection, inside the caller's transaction."""
+    return await adrive(op, lambda step: _aexecute(conn, step, None))
 
-    async def execute(step: Step) -> list[Any]:
-        async with conn.cursor(binary=True) as cur:
-            if isinstance(step, Copy):
-                async with cur.copy(step.query) as copy:
-                    copy.set_types(step.types)
-                    for row in step.rows:
-                        await copy.write_row(row)
-                return []
-            await cur.execute(step.query, step.params)
-            if not cur.description:
-                return []
-            return _built(step, cur.description, await cur.fetchall())
 
-    return await adrive(op, execute)
+class _Ahead:
+    """The start of a transaction, in pipeline mode: BEGIN and the statements
+    sent until the first result is read go in one round trip. Left (`close`:
+    a sync that receives every result) at that first result or before the
+    first COPY, which a pipeline cannot carry; the transaction goes on
+    outside it."""
+
+    def __init__(self, pipeline: AbstractContextManager[Any]) -> None:
+        self._pipeline: AbstractContextManager[Any] | None = pipeline
+        pipeline.__enter__()
+
+    def close(self, error: BaseException | None = None) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(type(error) if error else None, error, None)
+
+
+class _AsyncAhead:
+    """`_Ahead` on an async connection."""
+
+    def __init__(self, pipeline: AbstractAsyncContextManager[Any]) -> None:
+        self._pipeline: AbstractAsyncContextManager[Any] | None = pipeline
+
+    @classmethod
+    async def open(cls, conn: psycopg.AsyncConnection[Any]) -> _AsyncAhead:
+        pipeline = conn.pipeline()
+        await pipeline.__aenter__()
+        return cls(pipeline)
+
+    async def close(self, error: BaseException | None = None) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            await pipeline.__aexit__(type(error) if error else None, error, None)
+
+
+def _execute(conn: psycopg.Connection[Any], step: Step, ahead: _Ahead | None) -> list[Any]:
+    with conn.cursor(binary=True) as cur:
+        if isinstance(step, Copy):
+            if ahead is not None:
+                ahead.close()
+            with cur.copy(step.query) as copy:
+                copy.set_types(step.types)
+                for row in step.rows:
+                    copy.write_row(row)
+            return []
+        cur.execute(step.query, step.params)
+        if isinstance(step, Send):
+            return []
+        if ahead is not None:
+            ahead.close()
+        return _built(step, cur.description, cur.fetchall()) if cur.description else []
+
+
+async def _aexecute(
+    conn: psycopg.AsyncConnection[Any], step: Step, ahead: _AsyncAhead | None
+) -> list[Any]:
+    async with conn.cursor(binary=True) as cur:
+        if isinstance(step, Copy):
+            if ahead is not None:
+                await ahead.close()
+            async with cur.copy(step.query) as copy:
+                copy.set_types(step.types)
+                for row in step.rows:
+                    await copy.write_row(row)
+            return []
+        await cur.execute(step.query, step.params)
+        if isinstance(step, Send):
+            return []
+        if ahead is not None:
+            await ahead.close()
+        if not cur.description:
+            return []
+        return _built(step, cur.description, await cur.fetchall())
 
 
 def transact(conn: psycopg.Connection[Any], op: Op[T]) -> T:
-    """Runs an operation in a transaction of its own (a savepoint if one is open)."""
-    with conn.transaction():
-        return run(conn, op)
+    """Runs an operation in a transaction of its own (a savepoint if one is
+    open). BEGIN goes with the operation's first statements (`_Ahead`), or is
+    not needed (`Execute.alone`)."""
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        with conn.transaction():
+            return run(conn, op)
+    first, op = _first_step(op)
+    if _alone(first, conn.autocommit):
+        return drive(op, _only_one(lambda step: _execute(conn, step, None)))
+    ahead = _Ahead(conn.pipeline())
+    tx = psycopg.Transaction(conn)
+    try:
+        tx.__enter__()
+        result = drive(op, lambda step: _execute(conn, step, ahead))
+    except BaseException as exc:
+        ahead.close(exc)
+        if tx.status is tx.Status.ACTIVE:
+            tx.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    ahead.close()
+    tx.__exit__(None, None, None)
+    return result
 
 
 async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
-    async with conn.transaction():
-        return await arun(conn, op)
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        async with conn.transaction():
+            return await arun(conn, op)
+    first, op = _first_step(op)
+    if _alone(first, conn.autocommit):
+        return await adrive(op, _only_one(lambda step: _aexecute(conn, step, None)))
+    ahead = await _AsyncAhead.open(conn)
+    tx = psycopg.AsyncTransaction(conn)
+    try:
+        await tx.__aenter__()
+        result = await adrive(op, lambda step: _aexecute(conn, step, ahead))
+    except BaseException as exc:
+        await ahead.close(exc)
+        if tx.status is tx.Status.ACTIVE:
+            await tx.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    await ahead.close()
+    await tx.__aexit__(None, None, None)
+    return result
+
+
+def _first_step(op: Op[T]) -> tuple[Step | None, Op[T]]:
+    """The operation's first step (None: it has none), and the operation
+    with that step still to come."""
+    try:
+        first = next(op)
+    except StopIteration as stop:
+        return None, _returning(stop.value)
+    return first, _resumed(first, op)
+
+
+def _returning(value: T) -> Op[T]:
+    return value
+    yield  # a generator that returns at once
+
+
+def _resumed(first: Step, op: Op[T]) -> Op[T]:
+    step = first
+    while True:
+        try:
+            reply = yield step
+        except Exception as exc:
+            try:
+                step = op.throw(exc)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+        else:
+            try:
+                step = op.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+
+
+def _alone(first: Step | None, autocommit: bool) -> bool:
+    """Whether the operation is one statement that may run as its own
+    implicit transaction (only without an open transaction: autocommit)."""
+    return first is None or (isinstance(first, Execute) and first.alone and autocommit)
+
+
+def _only_one(execute: Callable[[Step], R]) -> Callable[[Step], R]:
+    ran = False
+
+    def once(step: Step) -> R:
+        nonlocal ran
+        if ran:
+            raise RuntimeError("an operation went on after the statement it marked `alone`")
+        ran = True
+        return execute(step)
+
+    return once
 
 
 # rota's statements are prepared (psycopg does so after a few runs) and their

@@ -10,8 +10,8 @@ from uuid import UUID
 
 import psycopg
 
-from rota.core.db import Copy, Execute, Op, UUIDArray, select, values
-from rota.core.rows import Rows
+from rota.core.db import Copy, Execute, Op, Send, UUIDArray, select, values
+from rota.core.rows import ONLY, Rows
 from rota.model.envelope import TaskEnvelope
 from rota.sql import query
 
@@ -37,6 +37,10 @@ TASK_COPY_TYPES = (
 # With the tasks' priorities (copy_tasks_priority), used only when a task of
 # the chunk has one: tasks at 0 (most) cost the load nothing more.
 TASK_COPY_TYPES_PRIORITY = (*TASK_COPY_TYPES, "int2")
+# Up to this many tasks a load is one INSERT (insert_tasks): in a transaction
+# of its own, one round trip in all against a COPY's four. Beyond it, COPY
+# costs less per row.
+SMALL_LOAD = 64
 
 
 class _Prepared(NamedTuple):
@@ -60,6 +64,59 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     tasks = _first_of_each_id(envelopes)
     if not tasks:
         return 0
+    if len(tasks) <= SMALL_LOAD:
+        (stored,) = yield Execute(query("insert_tasks"), _columns(tasks), ONLY, alone=True)
+        return int(stored)
+    # The savepoint comes first so that it travels with BEGIN and the
+    # preparation (db.transact); a batch loaded again rolls back to it and
+    # prepares what is left.
+    yield Send(query("load_savepoint"))
+    numbered, copy = yield from _prepared(tasks)
+    try:
+        yield copy
+    except psycopg.errors.UniqueViolation:
+        # Rare: a batch loaded again (a loader died before acknowledging it).
+        # Checking first would cost every batch a probe of the whole table.
+        yield Execute(query("load_rollback_to_savepoint"))
+        loaded = set(
+            (yield from values(query("existing_tasks"), {"ids": UUIDArray(t.id for t in tasks)}))
+        )
+        tasks = [t for t in tasks if t.id not in loaded]
+        if not tasks:
+            return 0
+        numbered, copy = yield from _prepared(tasks)
+        yield copy
+    return len(numbered)
+
+
+def _columns(tasks: list[TaskEnvelope]) -> dict[str, Any]:
+    """insert_tasks's parameters: the names, and the tasks column by column."""
+    queues = sorted({t.queue for t in tasks})
+    tenants = sorted({t.tenant for t in tasks})
+    queue_of = {name: i for i, name in enumerate(queues, 1)}
+    tenant_of = {name: i for i, name in enumerate(tenants, 1)}
+    return {
+        "queues": queues,
+        "tenants": tenants,
+        "count": len(tasks),
+        "ids": UUIDArray(t.id for t in tasks),
+        "queue_of": [queue_of[t.queue] for t in tasks],
+        "tenant_of": [tenant_of[t.tenant] for t in tasks],
+        "names": [t.name for t in tasks],
+        "payloads": [t.payload for t in tasks],
+        "costs": [float(t.cost) for t in tasks],
+        "max_attempts": [t.max_attempts for t in tasks],
+        "backoff_bases": [float(t.backoff_base) for t in tasks],
+        "backoff_maxes": [float(t.backoff_max) for t in tasks],
+        "etas": [t.eta for t in tasks],
+        "enqueued": [t.enqueued_at for t in tasks],
+        "priorities": [t.priority for t in tasks],
+    }
+
+
+def _prepared(tasks: list[TaskEnvelope]) -> Op[tuple[list[tuple[int, TaskEnvelope]], Copy]]:
+    """The tasks with their sequence numbers (less those that already ran),
+    and the COPY that stores them."""
     queues = sorted({t.queue for t in tasks})
     tenants = sorted({t.tenant for t in tasks})
     params = {
@@ -71,29 +128,12 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
     queue_id = dict(zip(queues, ready.queue_ids, strict=True))
     tenant_id = dict(zip(tenants, ready.tenant_ids, strict=True))
-    now = ready.now
     numbered = _without(list(zip(ready.seqs, tasks, strict=True)), ready.already_ran)
     urgent = any(t.priority for t in tasks)
-
-    def copy_tasks(numbered: list[tuple[int, TaskEnvelope]]) -> Copy:
-        rows = task_rows(numbered, queue_id, tenant_id, now, urgent)
-        if urgent:
-            return Copy(query("copy_tasks_priority"), rows, TASK_COPY_TYPES_PRIORITY)
-        return Copy(query("copy_tasks"), rows, TASK_COPY_TYPES)
-
-    yield Execute(query("load_savepoint"))
-    try:
-        yield copy_tasks(numbered)
-    except psycopg.errors.UniqueViolation:
-        # Rare: a batch loaded again (a loader died before acknowledging it).
-        # Checking first would cost every batch a probe of the whole table.
-        yield Execute(query("load_rollback_to_savepoint"))
-        loaded = yield from values(
-            query("existing_tasks"), {"ids": UUIDArray(t.id for _, t in numbered)}
-        )
-        numbered = _without(numbered, loaded)
-        yield copy_tasks(numbered)
-    return len(numbered)
+    rows = task_rows(numbered, queue_id, tenant_id, ready.now, urgent)
+    if urgent:
+        return numbered, Copy(query("copy_tasks_priority"), rows, TASK_COPY_TYPES_PRIORITY)
+    return numbered, Copy(query("copy_tasks"), rows, TASK_COPY_TYPES)
 
 
 def _first_of_each_id(envelopes: Iterable[TaskEnvelope]) -> list[TaskEnvelope]:

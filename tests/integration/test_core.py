@@ -17,19 +17,27 @@ from rota import core
 from rota.core import db
 from rota.core.db import UUIDArray
 from rota.core.effects import drive
+from rota.core.load import SMALL_LOAD
 from rota.errors import InvalidName, ValidationError
 from rota.model.envelope import make_envelope, new_task_id
+from rota.sql import query
 from tests.helpers import claim, drain_order, envelopes, load, wait_for, waiting_on_a_lock
 
 Conn = psycopg.Connection[Any]
 
 
-def test_loading_the_same_batch_twice_creates_each_task_once(conn: Conn) -> None:
-    batch = envelopes("alice", 50)
-    assert load(conn, batch) == 50
+# A small load is one INSERT that skips stored ids; a larger one a COPY that
+# rolls back to its savepoint when it meets one.
+SIZES = pytest.mark.parametrize("size", [20, SMALL_LOAD + 20], ids=["insert", "copy"])
+
+
+@SIZES
+def test_loading_the_same_batch_twice_creates_each_task_once(conn: Conn, size: int) -> None:
+    batch = envelopes("alice", size)
+    assert load(conn, batch) == size
     assert load(conn, batch) == 0
-    assert load(conn, batch[:10] + envelopes("alice", 5)) == 5
-    assert db.run(conn, core.queue_counts())["default"]["ready"] == 55
+    assert load(conn, batch[:10] + envelopes("alice", size - 5)) == size - 5
+    assert db.run(conn, core.queue_counts())["default"]["ready"] == 2 * size - 5
 
 
 def test_duplicate_ids_inside_one_batch_are_loaded_once(conn: Conn) -> None:
@@ -37,10 +45,13 @@ def test_duplicate_ids_inside_one_batch_are_loaded_once(conn: Conn) -> None:
     assert load(conn, batch + batch) == 3
 
 
-def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: str) -> None:
-    # The second load's COPY waits on the first's uncommitted rows, fails on
-    # their ids once they commit, and loads only what is new.
-    batch = envelopes("alice", 20)
+@SIZES
+def test_a_batch_racing_its_own_copy_is_loaded_once(
+    conn: Conn, database_url: str, size: int
+) -> None:
+    # The second load waits on the first's uncommitted rows, finds their ids
+    # once they commit, and loads only what is new.
+    batch = envelopes("alice", size)
     late = envelopes("bob", 5)
     outcome: list[int] = []
     with db.connect(database_url) as other:
@@ -48,7 +59,7 @@ def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: st
             target=lambda: outcome.append(db.transact(other, core.load(batch + late)))
         )
         with conn.transaction():
-            assert db.run(conn, core.load(batch)) == 20
+            assert db.run(conn, core.load(batch)) == size
             racer.start()
             pid = other.info.backend_pid
             with db.connect(database_url) as watcher:
@@ -57,8 +68,8 @@ def test_a_batch_racing_its_own_copy_is_loaded_once(conn: Conn, database_url: st
         racer.join(timeout=30)
     assert outcome == [5]
     counts = db.run(conn, core.queue_counts())["default"]
-    assert counts["ready"] == 25
-    assert sorted(drain_order(conn)) == ["alice"] * 20 + ["bob"] * 5
+    assert counts["ready"] == size + 5
+    assert sorted(drain_order(conn)) == ["alice"] * size + ["bob"] * 5
 
 
 def test_loads_of_one_queue_take_turns_so_each_reads_settled_tags(
@@ -98,23 +109,25 @@ def test_a_task_finishing_while_its_batch_is_loaded_again_is_not_loaded_again(
     # it running (not finished), it finishes, then the COPY fails on another
     # task of the batch and the load looks again. The task must not come back.
     x, y = envelopes("alice", 2)
+    fresh = envelopes("bob", SMALL_LOAD)  # enough for a COPY
     load(conn, [x])
     with db.connect(database_url) as other:
         (running,) = claim(other, limit=1)
-        load(conn, [y])  # loading [x, y] again fails on y
-        statements = itertools.count()
+        load(conn, [y])  # loading [x, y, ...] again fails on y
+
+        looks = itertools.count()
 
         def execute(request: Any) -> Any:
             def one() -> Any:
                 return (yield request)
 
             outcome = db.run(conn, one())
-            if next(statements) == 0:  # load_prepare has looked
+            if getattr(request, "query", None) == query("load_prepare") and not next(looks):
                 assert db.transact(other, core.complete([running.token])) == {x.id}
             return outcome
 
         with conn.transaction():
-            assert drive(core.load([x, y]), execute) == 0
+            assert drive(core.load([x, y, *fresh]), execute) == SMALL_LOAD
     assert conn.execute("SELECT count(*) FROM rota.tasks WHERE id = %s", [x.id]).fetchone() == (0,)
     finished = conn.execute("SELECT count(*) FROM rota.finished WHERE task_id = %s", [x.id])
     assert finished.fetchone() == (1,)

@@ -24,6 +24,15 @@ def test_a_process_cpu_seconds_follow_the_work_it_does() -> None:
     assert 0.2 <= after - before <= 5, (before, after)
 
 
+def test_a_few_milliseconds_of_work_are_measured_finer_than_a_clock_tick() -> None:
+    # A proxy's share of a short benchmark can be under a tick (10 ms).
+    before = process_seconds(os.getpid())
+    _spin(0.002)
+    after = process_seconds(os.getpid())
+    assert before is not None and after is not None
+    assert 0.0015 <= after - before < 0.009, (before, after)
+
+
 def test_a_process_tree_counts_children_that_have_exited() -> None:
     # A server's backends come and go: what an exited child used still counts.
     parent = subprocess.Popen(

@@ -32,6 +32,15 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
+def _run_seconds(pid: int) -> float | None:
+    """The time a process has run, in nanoseconds (/proc/PID/schedstat), as
+    seconds: clock ticks (10 ms) round a small process's share to nothing."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | None:
     """CPU seconds (user + system) a process has used; with its children that
     have exited and been waited for, when asked. None if it is gone."""
@@ -39,10 +48,12 @@ def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | 
     if fields is None:
         return None
     # From the state (field 3): utime is field 14, stime 15, cutime 16, cstime 17.
-    ticks = int(fields[11]) + int(fields[12])
+    seconds = _run_seconds(pid)
+    if seconds is None:
+        seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     if with_exited_children:
-        ticks += int(fields[13]) + int(fields[14])
-    return ticks / CLOCK_TICKS
+        seconds += (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+    return seconds
 
 
 def _children(parent: int) -> list[int]:
