@@ -60,6 +60,9 @@ def test_bench_load_python_engine(settings: Settings) -> None:
     )
     assert report["sustained_tasks_per_s"] > 0
     assert report["enqueue_to_claimable_ms"]["tasks"] > 0
+    # Each task commits after its load began: timed to the commit, not the start.
+    committed, started = report["enqueue_to_committed_ms"], report["enqueue_to_claimable_ms"]
+    assert committed["p50"] > started["p50"] and committed["p99"] > started["p99"]
 
 
 @pytest.mark.spark

@@ -98,6 +98,11 @@ Statements = Annotated[
 ]
 
 
+# A throwaway benchmark server keeps commit timestamps: `rota bench load`
+# times enqueue -> commit (claimable) from them.
+BENCH_POSTGRES = {"track_commit_timestamp": "on"}
+
+
 @contextlib.contextmanager
 def bench_settings(
     database_url: str | None, redis_url: str | None, local: bool | None, statements: bool = False
@@ -110,8 +115,8 @@ def bench_settings(
     configured = database_url or "ROTA_DATABASE_URL" in os.environ
     with contextlib.ExitStack() as stack:
         if local if local is not None else not configured:
-            preload = {"shared_preload_libraries": "pg_stat_statements"} if statements else None
-            pg = stack.enter_context(local_postgres(preload))
+            extra = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
+            pg = stack.enter_context(local_postgres({**BENCH_POSTGRES, **extra}))
             rd = stack.enter_context(local_redis())
             settings = settings_from(pg.url, rd.url)
         else:
@@ -527,7 +532,7 @@ def bench_compare(
         else:
             new = stack.enter_context(ab.checkout(repo, candidate, "candidate", keep))
         if database_url is None or redis_url is None:
-            database_url = stack.enter_context(local_postgres()).url
+            database_url = stack.enter_context(local_postgres(BENCH_POSTGRES)).url
             redis_url = stack.enter_context(local_redis()).url
         log(f"baseline {base.revision[:10]} ({base.tree}); candidate {new.revision} ({new.tree})")
         results = ab.compare(

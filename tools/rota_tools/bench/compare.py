@@ -67,7 +67,9 @@ def _pipeline_load(engine: str, tasks: int, rate_label: str) -> Stage:
         ("load", "--engine", engine, "--tasks", str(tasks), "--runs", "1"),
         (
             _m(rate_label, "sustained_tasks_per_s"),
-            _m("enqueue → claimable p50 ms", "enqueue_to_claimable_ms.p50", higher=False),
+            _m("enqueue → load's start p50 ms", "enqueue_to_claimable_ms.p50", higher=False),
+            _m("enqueue → committed p50 ms", "enqueue_to_committed_ms.p50", higher=False),
+            _m("enqueue → committed p99 ms", "enqueue_to_committed_ms.p99", higher=False),
         ),
     )
 

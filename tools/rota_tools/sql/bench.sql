@@ -132,6 +132,13 @@ ANALYZE rota_bench_fair
 SELECT extract(epoch FROM loaded_at - enqueued_at) * 1000 FROM rota.tasks
 WHERE tenant IS DISTINCT FROM %(warm_up)s
 
+-- name: bench_commit_latencies
+-- Enqueue -> committed (claimable from then on) of every task but the warm-up
+-- tenant's, in milliseconds: the commit time of the transaction that wrote
+-- the row (track_commit_timestamp).
+SELECT extract(epoch FROM pg_xact_commit_timestamp(xmin) - enqueued_at) * 1000 FROM rota.tasks
+WHERE tenant IS DISTINCT FROM %(warm_up)s
+
 -- name: bench_loader_batches
 -- The tasks each micro-batch of a Spark loader query stored, in order.
 SELECT tasks FROM rota.loader_batches WHERE query = %(query)s ORDER BY batch_id
