@@ -186,7 +186,14 @@ def _execute(conn: psycopg.Connection[Any], step: Step, ahead: _Ahead | None) ->
                 for row in step.rows:
                     copy.write_row(row)
             return []
-        cur.execute(step.query, step.params)
+        try:
+            cur.execute(step.query, step.params)
+        except BaseException as exc:
+            # An earlier statement's failure can surface here: the pipeline
+            # is left before the operation sees it, as it may go on.
+            if ahead is not None:
+                ahead.close(exc)
+            raise
         if isinstance(step, Send):
             return []
         if ahead is not None:
@@ -206,7 +213,12 @@ async def _aexecute(
                 for row in step.rows:
                     await copy.write_row(row)
             return []
-        await cur.execute(step.query, step.params)
+        try:
+            await cur.execute(step.query, step.params)
+        except BaseException as exc:
+            if ahead is not None:
+                await ahead.close(exc)
+            raise
         if isinstance(step, Send):
             return []
         if ahead is not None:

@@ -1602,14 +1602,23 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_pair_queues integer[];
     v_pair_tenants integer[];
+    v_ran uuid[];
 BEGIN
+    -- A batch loaded again brings back no task that has run. The load looked
+    -- before inserting (which keeps its count right); a task that finished
+    -- meanwhile, while the insert waited on its row's deletion, is seen here.
+    v_ran := ARRAY(SELECT f.task_id FROM rota.finished f
+                   WHERE f.task_id = ANY (ARRAY(SELECT l.id FROM loaded l)));
+    IF v_ran <> '{}' THEN
+        DELETE FROM rota.tasks WHERE id = ANY (v_ran);
+    END IF;
     INSERT INTO rota.scheduled (run_at, task_id)
     SELECT coalesce(f.eta, now()), f.id FROM loaded f
-    WHERE f.attempts = 0 AND f.status = 'scheduled';
+    WHERE f.attempts = 0 AND f.status = 'scheduled' AND f.id <> ALL (v_ran);
     SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
     INTO v_pair_queues, v_pair_tenants
     FROM (SELECT DISTINCT f.queue_id AS q, f.tenant_id AS t FROM loaded f
-          WHERE f.attempts = 0 AND f.status = 'pending') pairs;
+          WHERE f.attempts = 0 AND f.status = 'pending' AND f.id <> ALL (v_ran)) pairs;
     IF v_pair_queues IS NULL THEN
         RETURN NULL;
     END IF;
@@ -1623,7 +1632,7 @@ BEGIN
                s.start + sum(x.cost / s.weight) OVER w AS finish
         FROM loaded x
         JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
-        WHERE x.attempts = 0 AND x.status = 'pending'
+        WHERE x.attempts = 0 AND x.status = 'pending' AND x.id <> ALL (v_ran)
         WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
                      ROWS UNBOUNDED PRECEDING)
     ), ready AS (

@@ -133,6 +133,36 @@ def test_a_task_finishing_while_its_batch_is_loaded_again_is_not_loaded_again(
     assert finished.fetchone() == (1,)
 
 
+@SIZES
+def test_a_task_finishing_while_its_row_is_inserted_again_is_not_loaded_again(
+    conn: Conn, database_url: str, size: int
+) -> None:
+    # The load looks at rota.finished before the task's completion commits;
+    # its insert then waits on the row's deletion and, once it commits,
+    # stores the row again. The insert trigger's second look takes it out.
+    (x,) = envelopes("alice", 1)
+    fresh = envelopes("bob", size - 1)
+    load(conn, [x])
+    outcome: list[int] = []
+    with db.connect(database_url) as worker, db.connect(database_url) as loader:
+        (running,) = claim(worker, limit=1)
+        with worker.transaction():
+            assert db.run(worker, core.complete([running.token])) == {x.id}
+            racer = threading.Thread(
+                target=lambda: outcome.append(db.transact(loader, core.load([x, *fresh])))
+            )
+            racer.start()
+            pid = loader.info.backend_pid
+            with db.connect(database_url) as watcher:
+                wait_for(lambda: waiting_on_a_lock(watcher, pid), what="the load to wait on x")
+        racer.join(timeout=30)
+    assert len(outcome) == 1
+    assert conn.execute("SELECT count(*) FROM rota.tasks WHERE id = %s", [x.id]).fetchone() == (0,)
+    places = conn.execute("SELECT count(*) FROM rota.ready WHERE task_id = %s", [x.id])
+    assert places.fetchone() == (0,)
+    assert sorted(drain_order(conn)) == ["bob"] * (size - 1)
+
+
 def test_a_flood_does_not_push_a_small_tenant_back(conn: Conn) -> None:
     load(conn, envelopes("flood", 300))
     load(conn, envelopes("small", 2))
