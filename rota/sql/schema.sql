@@ -1372,7 +1372,8 @@ BEGIN
 END
 $$;
 
--- Makes tasks just promoted claimable at their fair places
+-- Makes tasks just promoted (or the rest of a load that met a task already
+-- run, rota.tasks_enter_line) claimable at their fair places
 -- (start-time fair queueing, docs/architecture.md): each (queue, tenant)
 -- pair's tasks, in arrival (seq) order, start at S = max(V, F), the queue's
 -- virtual clock or the tenant's finish tag, and move F on by cost / weight.
@@ -1610,15 +1611,29 @@ BEGIN
     v_ran := ARRAY(SELECT f.task_id FROM rota.finished f
                    WHERE f.task_id = ANY (ARRAY(SELECT l.id FROM loaded l)));
     IF v_ran <> '{}' THEN
+        -- Rare: those rows go, and the rest go in line through
+        -- rota.enter_line, which leaves the statements below (and their
+        -- cached plans) as every other load runs them.
         DELETE FROM rota.tasks WHERE id = ANY (v_ran);
+        INSERT INTO rota.scheduled (run_at, task_id)
+        SELECT coalesce(f.eta, now()), f.id FROM loaded f
+        WHERE f.attempts = 0 AND f.status = 'scheduled' AND f.id <> ALL (v_ran);
+        PERFORM rota.enter_line(array_agg(f.id ORDER BY f.seq), array_agg(f.seq ORDER BY f.seq),
+                                array_agg(f.queue_id ORDER BY f.seq),
+                                array_agg(f.tenant_id ORDER BY f.seq),
+                                array_agg(f.cost ORDER BY f.seq),
+                                array_agg(f.priority ORDER BY f.seq))
+        FROM loaded f
+        WHERE f.attempts = 0 AND f.status = 'pending' AND f.id <> ALL (v_ran);
+        RETURN NULL;
     END IF;
     INSERT INTO rota.scheduled (run_at, task_id)
     SELECT coalesce(f.eta, now()), f.id FROM loaded f
-    WHERE f.attempts = 0 AND f.status = 'scheduled' AND f.id <> ALL (v_ran);
+    WHERE f.attempts = 0 AND f.status = 'scheduled';
     SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
     INTO v_pair_queues, v_pair_tenants
     FROM (SELECT DISTINCT f.queue_id AS q, f.tenant_id AS t FROM loaded f
-          WHERE f.attempts = 0 AND f.status = 'pending' AND f.id <> ALL (v_ran)) pairs;
+          WHERE f.attempts = 0 AND f.status = 'pending') pairs;
     IF v_pair_queues IS NULL THEN
         RETURN NULL;
     END IF;
@@ -1632,7 +1647,7 @@ BEGIN
                s.start + sum(x.cost / s.weight) OVER w AS finish
         FROM loaded x
         JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
-        WHERE x.attempts = 0 AND x.status = 'pending' AND x.id <> ALL (v_ran)
+        WHERE x.attempts = 0 AND x.status = 'pending'
         WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
                      ROWS UNBOUNDED PRECEDING)
     ), ready AS (
