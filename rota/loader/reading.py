@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis
+
 from rota.buffer import redis_client
 from rota.buffer.streams import SPREAD_FIELD
 from rota.settings import Settings
@@ -121,12 +123,17 @@ class BufferReader:
             seen = {stream for stream, _, _ in entries}
             if _spread(entries) > len(seen):
                 rest = [s for s in self.streams if s not in seen]
-                response = self.redis.xreadgroup(
-                    self.settings.loader_group,
-                    self.consumer,
-                    dict.fromkeys(rest, ">"),
-                    count=count,
-                )
+                try:
+                    response = self.redis.xreadgroup(
+                        self.settings.loader_group,
+                        self.consumer,
+                        dict.fromkeys(rest, ">"),
+                        count=count,
+                    )
+                except redis.RedisError:
+                    # The entries in hand are this pass's: what a failed read
+                    # delivered is reclaimed, like any entry a pass dropped.
+                    return entries
                 entries += _entries(response)
         return entries
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 
 from rota.loader import reading
 from rota.loader.reading import BufferReader
@@ -88,3 +89,17 @@ def test_a_blocked_read_woken_by_part_of_a_spread_write_reads_the_rest(
     assert len(client.reads) == reads
     if reads == 2:
         assert client.reads[1] == (["s1", "s2"], None)
+
+
+class FailingSecondRead(BlockingRedis):
+    def xreadgroup(self, group: str, consumer: str, streams: dict[str, str], **kw: Any) -> Any:
+        if self.reads:
+            raise redis.ConnectionError("Redis went away")
+        return super().xreadgroup(group, consumer, streams, **kw)
+
+
+def test_a_failed_second_read_keeps_the_entries_of_the_first() -> None:
+    spread = {b"v": b"2", b"tasks": b"{}", b"spread": b"2"}
+    client = FailingSecondRead({s: [(b"1-0", dict(spread))] for s in ("s0", "s1")})
+    reader = BufferReader(client, Settings(), "c", ["s0", "s1"])  # type: ignore[arg-type]
+    assert [stream for stream, _, _ in reader.read_new(500)] == ["s0"]
