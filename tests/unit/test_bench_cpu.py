@@ -78,3 +78,11 @@ def test_the_meter_reports_seconds_and_cores_per_process_and_names_the_busiest()
     assert report["all_cores"] == 1.25
     assert report["busiest"] == "a"
     assert report["not_measured"] == ["remote"]
+
+
+def test_the_meter_keeps_a_few_milliseconds() -> None:
+    clock = {"proxy": 1.0}
+    meter = CpuMeter({"proxy": lambda: clock["proxy"]})
+    meter.start()
+    clock["proxy"] += 0.0031
+    assert meter.report(elapsed=1.0)["per_process"]["proxy"]["seconds"] == 0.0031

@@ -133,7 +133,9 @@ class CpuMeter:
             if start is None or end is None:
                 continue
             seconds = end - start
-            used[name] = {"seconds": round(seconds, 2), "cores": round(seconds / elapsed, 2)}
+            # To the tenth of a millisecond: a proxy's share of a short run is
+            # a few milliseconds.
+            used[name] = {"seconds": round(seconds, 4), "cores": round(seconds / elapsed, 2)}
         total = sum(figures["seconds"] for figures in used.values())
         return {
             "per_process": used,
