@@ -243,12 +243,12 @@ def transact(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     try:
         tx.__enter__()
         result = drive(op, lambda step: _execute(conn, step, ahead))
+        ahead.close()  # an operation of Sends only: their results, errors included
     except BaseException as exc:
         ahead.close(exc)
         if tx.status is tx.Status.ACTIVE:
             tx.__exit__(type(exc), exc, exc.__traceback__)
         raise
-    ahead.close()
     tx.__exit__(None, None, None)
     return result
 
@@ -265,12 +265,12 @@ async def atransact(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     try:
         await tx.__aenter__()
         result = await adrive(op, lambda step: _aexecute(conn, step, ahead))
+        await ahead.close()
     except BaseException as exc:
         await ahead.close(exc)
         if tx.status is tx.Status.ACTIVE:
             await tx.__aexit__(type(exc), exc, exc.__traceback__)
         raise
-    await ahead.close()
     await tx.__aexit__(None, None, None)
     return result
 

@@ -154,6 +154,18 @@ def test_a_failed_send_is_thrown_at_the_next_read_and_can_be_handled(conn: Conn)
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
+def _only_sends() -> Op[None]:
+    yield Send("CREATE TABLE sent_only (n int)")
+    yield Send("SELECT 1 / 0")
+
+
+def test_an_operation_of_sends_only_fails_whole_when_one_fails(conn: Conn) -> None:
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        db.transact(conn, _only_sends())
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert conn.execute("SELECT to_regclass('sent_only')").fetchone() == (None,)
+
+
 def test_inside_an_open_transaction_it_is_a_savepoint(conn: Conn) -> None:
     with conn.transaction(force_rollback=True):
         with pytest.raises(psycopg.errors.DivisionByZero):
