@@ -57,10 +57,11 @@ _PREPARED = Rows(_Prepared)
 
 
 def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
-    """Bulk-loads tasks with their fair positions: COPY into rota.tasks, whose
-    insert trigger gives them their places in line (rota.tasks_enter_line).
-    Tasks loaded or run before (same id) are ignored. Run it in a
-    transaction. Returns how many were new."""
+    """Bulk-loads tasks with their fair positions: COPY into rota.tasks (one
+    INSERT up to SMALL_LOAD tasks), whose insert trigger gives them their
+    places in line (rota.tasks_enter_line). Tasks loaded or run before (same
+    id) are ignored. Run it in a transaction (db.transact). Returns how many
+    were new."""
     tasks = _first_of_each_id(envelopes)
     if not tasks:
         return 0
