@@ -90,17 +90,24 @@ def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
     return len(numbered)
 
 
-def _columns(tasks: list[TaskEnvelope]) -> dict[str, Any]:
-    """insert_tasks's parameters: the names, and the tasks column by column."""
-    queues = sorted({t.queue for t in tasks})
-    tenants = sorted({t.tenant for t in tasks})
-    queue_of = {name: i for i, name in enumerate(queues, 1)}
-    tenant_of = {name: i for i, name in enumerate(tenants, 1)}
+def _preparing(tasks: list[TaskEnvelope]) -> dict[str, Any]:
+    """load_prepare's parameters, which insert_tasks takes too: the names
+    (sorted: their ids come back in this order), the count and the ids."""
     return {
-        "queues": queues,
-        "tenants": tenants,
+        "queues": sorted({t.queue for t in tasks}),
+        "tenants": sorted({t.tenant for t in tasks}),
         "count": len(tasks),
         "ids": UUIDArray(t.id for t in tasks),
+    }
+
+
+def _columns(tasks: list[TaskEnvelope]) -> dict[str, Any]:
+    """insert_tasks's parameters: load_prepare's, and the tasks column by column."""
+    params = _preparing(tasks)
+    queue_of = {name: i for i, name in enumerate(params["queues"], 1)}
+    tenant_of = {name: i for i, name in enumerate(params["tenants"], 1)}
+    return {
+        **params,
         "queue_of": [queue_of[t.queue] for t in tasks],
         "tenant_of": [tenant_of[t.tenant] for t in tasks],
         "names": [t.name for t in tasks],
@@ -118,17 +125,10 @@ def _columns(tasks: list[TaskEnvelope]) -> dict[str, Any]:
 def _prepared(tasks: list[TaskEnvelope]) -> Op[tuple[list[tuple[int, TaskEnvelope]], Copy]]:
     """The tasks with their sequence numbers (less those that already ran),
     and the COPY that stores them."""
-    queues = sorted({t.queue for t in tasks})
-    tenants = sorted({t.tenant for t in tasks})
-    params = {
-        "queues": queues,
-        "tenants": tenants,
-        "count": len(tasks),
-        "ids": UUIDArray(t.id for t in tasks),
-    }
+    params = _preparing(tasks)
     (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
-    queue_id = dict(zip(queues, ready.queue_ids, strict=True))
-    tenant_id = dict(zip(tenants, ready.tenant_ids, strict=True))
+    queue_id = dict(zip(params["queues"], ready.queue_ids, strict=True))
+    tenant_id = dict(zip(params["tenants"], ready.tenant_ids, strict=True))
     numbered = _without(list(zip(ready.seqs, tasks, strict=True)), ready.already_ran)
     urgent = any(t.priority for t in tasks)
     rows = task_rows(numbered, queue_id, tenant_id, ready.now, urgent)

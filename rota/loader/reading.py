@@ -3,6 +3,7 @@ a dead loader left pending (XAUTOCLAIM), and entries kept across an outage."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -108,34 +109,28 @@ class BufferReader:
         if self.cluster:
             return self._read_each_shard(block_ms)
         count = self.read_count()
-        response: Any = self.redis.xreadgroup(
-            self.settings.loader_group,
-            self.consumer,
-            dict.fromkeys(self.streams, ">"),
-            count=count,
-            block=block_ms,
-        )
-        entries = _entries(response)
+        entries = self._read(self.streams, count, block_ms)
         if block_ms is not None and entries:
             # A blocked XREADGROUP is answered with the one stream that woke
             # it: the rest of a write spread over several shards is read now
             # rather than a whole pass later.
             seen = {stream for stream, _, _ in entries}
             if _spread(entries) > len(seen):
-                rest = [s for s in self.streams if s not in seen]
-                try:
-                    response = self.redis.xreadgroup(
-                        self.settings.loader_group,
-                        self.consumer,
-                        dict.fromkeys(rest, ">"),
-                        count=count,
-                    )
-                except redis.RedisError:
-                    # The entries in hand are this pass's: what a failed read
-                    # delivered is reclaimed, like any entry a pass dropped.
-                    return entries
-                entries += _entries(response)
+                # If it fails, the entries in hand are this pass's: what the
+                # failed read delivered is reclaimed, like any entry a pass dropped.
+                with contextlib.suppress(redis.RedisError):
+                    entries += self._read([s for s in self.streams if s not in seen], count)
         return entries
+
+    def _read(self, streams: list[str], count: int, block_ms: int | None = None) -> list[Entry]:
+        response: Any = self.redis.xreadgroup(
+            self.settings.loader_group,
+            self.consumer,
+            dict.fromkeys(streams, ">"),
+            count=count,
+            block=block_ms,
+        )
+        return _entries(response)
 
     def _read_each_shard(self, block_ms: int | None) -> list[Entry]:
         deadline = time.monotonic() + (block_ms or 0) / 1000
