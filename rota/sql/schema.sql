@@ -101,7 +101,12 @@ CREATE TABLE rota.tasks (
     cancel_requested boolean NOT NULL DEFAULT false,
     -- Within its tenant: 0 (normal) to 9, higher first (0024).
     priority smallint NOT NULL DEFAULT 0
-) WITH (fillfactor = 90);
+) WITH (
+    fillfactor = 90,
+    -- Truncating its emptied pages (it empties whenever the fleet catches up)
+    -- takes an ACCESS EXCLUSIVE lock, which stalls every load and claim.
+    vacuum_truncate = false
+);
 
 -- The bounds of rota/model/rules.py, the last line after every entrance's checks
 -- (a test compares them). NOT VALID, as a migration added them: rows stored

@@ -150,8 +150,9 @@ def test_a_claim_transaction_locks_few_relations_all_on_the_fast_path(conn: Conn
 
 
 def test_vacuum_never_truncates_the_queue_tables(conn: Conn) -> None:
-    """Truncation would take an ACCESS EXCLUSIVE lock, pushing claims off the
-    lock fast path (migration 0010): emptied queue tables keep their pages."""
+    """Truncation would take an ACCESS EXCLUSIVE lock, stalling loads and
+    claims and pushing them off the lock fast path (migrations 0010, 0031):
+    emptied queue tables keep their pages."""
     load(conn, envelopes("t", 3_000))
     got = db.run(conn, core.claim(["default"], 3_000, "w"))
     db.run(conn, core.complete(t.token for t in got))
@@ -159,12 +160,12 @@ def test_vacuum_never_truncates_the_queue_tables(conn: Conn) -> None:
     def sizes() -> dict[str, int]:
         return {
             table: conn.execute("SELECT pg_relation_size(%s::regclass)", [table]).fetchone()[0]
-            for table in ("rota.ready", "rota.running")
+            for table in ("rota.tasks", "rota.ready", "rota.running")
         }
 
     emptied = sizes()
     assert all(emptied.values()), emptied  # pages a truncation could take
-    conn.execute("VACUUM rota.ready, rota.running")
+    conn.execute("VACUUM rota.tasks, rota.ready, rota.running")
     assert sizes() == emptied
     # The check can fail: a table left to the default loses its empty pages.
     conn.execute("ALTER TABLE rota.running RESET (vacuum_truncate)")
