@@ -168,6 +168,7 @@ class Filler:
     ) -> None:
         self.conn, self.tenants, self.queue, self.next_number = conn, tenants, queue, 0
         self.priorities = priorities
+        self.replaced: dict[int, int] = {}  # task number -> priority, of the tasks replace() added
 
     def waiting(self) -> int:
         return int(db.run(self.conn, core.queue_counts()).get(self.queue, {}).get("ready", 0))
@@ -183,6 +184,33 @@ class Filler:
         self.next_number += count
         while batch := list(itertools.islice(rows, BATCH)):
             db.transact(self.conn, core.load(batch))
+
+    def replace(self, claimed: Sequence[Any]) -> None:
+        """Adds a task like each claimed one (its tenant and priority), so that
+        the queue keeps its mix: claims take a tenant's urgent tasks first,
+        and tasks added in the plain turn would leave a small queue with
+        almost none, where a large one keeps its own for thousands of claims."""
+        now = datetime.now(UTC)
+        batch = []
+        for task in claimed:
+            number, self.next_number = self.next_number, self.next_number + 1
+            priority = self._priority(task.args[0])
+            self.replaced[number] = priority
+            batch.append(
+                make_envelope(
+                    name="bench.noop",
+                    queue=self.queue,
+                    tenant=task.tenant,
+                    args=[number, "payload-padding-abcdefghij"],
+                    now=now,
+                    priority=priority,
+                )
+            )
+        for start in range(0, len(batch), BATCH):
+            db.transact(self.conn, core.load(batch[start : start + BATCH]))
+
+    def _priority(self, number: int) -> int:
+        return self.replaced.get(number, self.priorities[number % len(self.priorities)])
 
     def claim(self, limit: int) -> Sequence[Any]:
         return db.run(self.conn, core.claim([self.queue], limit, "bench"))
@@ -204,6 +232,9 @@ class FifoFiller:
 
     def add(self, count: int) -> None:
         self.conn.execute(query("bench_fifo_fill"), {"count": count})
+
+    def replace(self, claimed: Sequence[Any]) -> None:
+        self.add(len(claimed))
 
     def claim(self, limit: int) -> Sequence[Any]:
         return self.conn.execute(
@@ -229,21 +260,23 @@ def _interleaved_claim_latencies(
     """Times claims as a worker makes them (statement, rows, commit), of fresh
     tasks, taking turns between the queues (one per backlog size, and the
     baseline's) so that the machine's drift hits every one alike. Claimed
-    tasks are finished and each queue topped up, untimed, before it falls 5%
-    below its size."""
+    tasks are finished, and each queue is topped up with tasks like them
+    (Filler.replace), untimed, before it falls 5% below its size: every
+    queue keeps the mix of tenants and priorities it was filled with, and
+    only its depth differs."""
     times: dict[str, list[float]] = {key: [] for key in fillers}
-    taken = dict.fromkeys(fillers, 0)
+    taken: dict[str, list[Any]] = {key: [] for key in fillers}
     for i in range(samples + 5):
         for key, filler in fillers.items():
-            if taken[key] + limit > sizes[key] // 20:
-                filler.add(taken[key])
-                taken[key] = 0
+            if len(taken[key]) + limit > sizes[key] // 20:
+                filler.replace(taken[key])
+                taken[key] = []
             started = time.perf_counter()
             got = filler.claim(limit)
             elapsed = time.perf_counter() - started
             assert len(got) == limit, f"claimed {len(got)} of {limit}"
             filler.finish(got)
-            taken[key] += limit
+            taken[key].extend(got)
             if i >= 5:  # the first executions plan and warm up
                 times[key].append(elapsed * 1000)
     return times
