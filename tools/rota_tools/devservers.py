@@ -24,7 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +63,41 @@ def _as_postgres_user() -> tuple[list[str], int | None, int | None]:
     return ["runuser", "-u", "postgres", "--"], entry.pw_uid, entry.pw_gid
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            text = Path(stat).read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # The command name may hold spaces and parentheses: the fields
+        # after it start past its last ")"; the parent's pid is the second.
+        parent = int(text[text.rindex(")") + 2 :].split()[1])
+        children.setdefault(parent, []).append(int(Path(stat).parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie left to reap."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return text[text.rindex(")") + 2] == "Z"
+
+
+def _wait_until(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 @dataclass
 class Server:
     url: str
@@ -72,6 +107,8 @@ class Server:
     extra: dict[str, str] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)  # to start it again
     log: Path | None = None
+    # The processes the last kill() left for the system to reap.
+    killed: list[int] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -84,9 +121,19 @@ class Server:
             os.killpg(self.process.pid, signum)
 
     def kill(self) -> None:
-        """kill -9, as a crash would."""
+        """kill -9 of the server and every process under it, as a crash of
+        its machine would. PostgreSQL's children lead process groups of
+        their own, out of the group signal's reach: left alive, a backend
+        would finish the commit it was in after its postmaster died."""
+        self._signal(signal.SIGSTOP)  # no new child while they are found
+        below = _descendants(self.process.pid)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self._signal(signal.SIGKILL)
         self.process.wait()
+        _wait_until(lambda: all(_dead(pid) for pid in below))
+        self.killed = below
 
     def stop_immediately(self) -> None:
         """PostgreSQL's `pg_ctl -m immediate stop` (SIGQUIT): no checkpoint,
@@ -97,6 +144,9 @@ class Server:
     def start_again(self) -> None:
         """Starts the stopped (or killed) server on the same port and data."""
         assert self.command and self.log is not None
+        # Until it is reaped, a killed postmaster's pid answers PostgreSQL's
+        # check of its lock file, and the new server would refuse to start.
+        _wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in self.killed))
         log_file = open(self.log, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         self.process = subprocess.Popen(
             self.command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
