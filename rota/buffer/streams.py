@@ -181,19 +181,29 @@ def add_dead_letters(pipe: Any, prefix: str, dead: Iterable[tuple[str, str, Reje
         pipe.xadd(dead_letter_stream(prefix), fields)
 
 
-def subtract_backlogs(client: Client, loaded: Sequence[tuple[str, Sequence[Any]]]) -> None:
-    """Takes loaded work (stream, tasks with .tenant and .cost) of
-    capacity-limited tenants off the shards' backlog hashes, which the
-    producer's capacity check reads."""
+def read_backlog_tenants(pipe: Any, loaded: Sequence[tuple[str, Sequence[Any]]]) -> list[str]:
+    """Queues on `pipe` the reads of the loaded shards' backlog hashes' keys
+    (the capacity-limited tenants counted there); returns the shards, in the
+    order of the replies, for subtract_backlogs."""
     streams = sorted({stream for stream, _ in loaded})
-    if not streams:
-        return
-    pipe = client.pipeline(transaction=False)
     for stream in streams:
         pipe.hkeys(backlog_key(stream))
+    return streams
+
+
+def subtract_backlogs(
+    client: Client,
+    loaded: Sequence[tuple[str, Sequence[Any]]],
+    streams: Sequence[str],
+    tenant_keys: Sequence[Any],
+) -> None:
+    """Takes loaded work (stream, tasks with .tenant and .cost) of
+    capacity-limited tenants off the shards' backlog hashes, which the
+    producer's capacity check reads; `streams` and `tenant_keys` are what
+    read_backlog_tenants queued and the replies it got."""
     counted = {
         stream: {t.decode() if isinstance(t, bytes) else t for t in tenants}
-        for stream, tenants in zip(streams, pipe.execute(), strict=True)
+        for stream, tenants in zip(streams, tenant_keys, strict=True)
         if tenants
     }
     if not counted:

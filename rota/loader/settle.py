@@ -19,6 +19,7 @@ from rota.buffer.streams import (
     Rejected,
     add_dead_letters,
     next_entry_id,
+    read_backlog_tenants,
     subtract_backlogs,
     trim_dead_letters,
 )
@@ -78,14 +79,18 @@ class BufferSettle:
         entry id, for an offset-keeping one). `loaded` (stream, tasks with
         .tenant and .cost) is subtracted from the backlog counts."""
         client = self._client()
+        loaded = list(loaded)
         pipe = client.pipeline(transaction=False)
         for stream, ids in (acknowledge or {}).items():
             pipe.xack(stream, self.settings.loader_group, *ids)
             pipe.xdel(stream, *ids)
         for stream, entry_id in (trim_through or {}).items():
             pipe.xtrim(stream, minid=next_entry_id(entry_id), approximate=False)
-        pipe.execute()
-        subtract_backlogs(client, list(loaded))
+        # In the same round trip: the limited tenants counted on those shards
+        # (usually none, and then nothing more is sent).
+        streams = read_backlog_tenants(pipe, loaded)
+        replies = pipe.execute()
+        subtract_backlogs(client, loaded, streams, replies[len(replies) - len(streams) :])
         if time.monotonic() - self._retention_trimmed_at >= self.settings.retention_seconds:
             self._retention_trimmed_at = time.monotonic()
             trim_dead_letters(

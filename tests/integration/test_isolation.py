@@ -170,6 +170,36 @@ def test_a_tenants_capacity_counts_what_it_has_in_the_buffer(
     parse_pdf.enqueue("more.pdf", tenant="small")
 
 
+def test_loading_takes_a_limited_tenants_work_off_the_buffers_count(
+    app: App, settings: Settings, conn: Conn
+) -> None:
+    """While the buffer still holds entries (no pass has found it empty, which
+    resets the counts), each load lowers the counts by what it took."""
+    db.transact(conn, core.configure_tenant("small", capacity=10))
+    parse_pdf = app.tasks["parse_pdf"]
+    for i in range(6):
+        parse_pdf.enqueue(f"{i}.pdf", tenant="small")
+    parse_pdf.enqueue("other.pdf", tenant="big")
+    keys = [backlog_key(s) for s in all_streams(settings.stream_prefix, settings.shards)]
+
+    def counted() -> float:
+        client = _client(settings)
+        return sum(float(client.hget(key, "small") or 0) for key in keys)
+
+    assert counted() == 6
+    loader = Loader(settings)
+    try:
+        assert loader.pass_once().loaded == 7
+    finally:
+        loader.close()
+    assert counted() == 0
+    # Its 6 tasks now wait in PostgreSQL, counted once: 4 more fit.
+    for i in range(4):
+        parse_pdf.enqueue(f"again-{i}.pdf", tenant="small")
+    with pytest.raises(CapacityExceeded):
+        parse_pdf.enqueue("more.pdf", tenant="small")
+
+
 def test_a_full_buffer_sends_enqueues_to_postgresql(settings: Settings, conn: Conn) -> None:
     app = App(_with(settings, buffer_max_entries=5, shards=1))
     try:
