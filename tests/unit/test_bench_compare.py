@@ -3,6 +3,9 @@ checks (no servers: the runs themselves are tested in tests/integration)."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from rota_tools.bench.compare import (
@@ -12,6 +15,7 @@ from rota_tools.bench.compare import (
     figure,
     parse_extra_args,
     parse_stages,
+    snapshot,
     stage_table,
     verdict,
 )
@@ -83,3 +87,39 @@ def test_every_stage_reads_figures_its_scenario_reports() -> None:
     for name, stage in STAGES.items():
         assert stage.args[0] in {"enqueue", "load", "claim", "work", "end-to-end"}, name
         assert stage.metrics, name
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_the_working_trees_snapshot_holds_new_files_and_leaves_the_index(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ab@example.invalid")
+    _git(repo, "config", "user.name", "ab")
+    (repo / ".gitignore").write_text("scratch/\n")
+    (repo / "kept.py").write_text("A = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "base")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert snapshot(repo) == (head, head[:10])  # a clean tree is HEAD itself
+
+    (repo / "kept.py").write_text("A = 2\n")  # changed, not staged
+    (repo / "new.py").write_text("B = 1\n")  # new: a change's new module
+    (repo / "scratch").mkdir()
+    (repo / "scratch" / "out.txt").write_text("ignored\n")
+    commit, name = snapshot(repo)
+    assert name == head[:10] + "+changes" and commit != head
+    assert _git(repo, "show", f"{commit}:kept.py") == "A = 2"
+    assert _git(repo, "show", f"{commit}:new.py") == "B = 1"
+    assert "scratch/out.txt" not in _git(repo, "ls-tree", "-r", "--name-only", commit)
+    # Nothing staged, nothing stashed: the repository is as it was.
+    status = subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True
+    ).stdout
+    assert status.splitlines() == [" M kept.py", "?? new.py"]
+    assert _git(repo, "stash", "list") == ""

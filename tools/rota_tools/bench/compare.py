@@ -169,9 +169,13 @@ class Result:
     failures: list[str] = field(default_factory=list)
 
 
-def _git(repo: Path, *args: str) -> str:
+def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **env} if env else None,
     )
     if done.returncode != 0:
         raise CompareError(f"git {' '.join(args)}: {done.stderr.strip()}")
@@ -184,12 +188,20 @@ def repository_root() -> Path:
 
 
 def snapshot(repo: Path) -> tuple[str, str]:
-    """A commit of the working tree as it is now (tracked files, uncommitted
-    changes included; nothing is stashed or changed), so that edits made
-    while a comparison runs do not leak into it; and its name."""
+    """A commit of the working tree as it is now (uncommitted changes and new
+    files not ignored included; the index and the tree are left as they are),
+    so that edits made while a comparison runs do not leak into it; and its
+    name."""
     head = _git(repo, "rev-parse", "HEAD")
-    changes = _git(repo, "stash", "create")  # empty when the tree is clean
-    return (changes or head), head[:10] + ("+changes" if changes else "")
+    with tempfile.TemporaryDirectory(prefix="rota-ab-index-") as scratch:
+        index = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        _git(repo, "read-tree", "HEAD", env=index)
+        _git(repo, "add", "--all", env=index)
+        tree = _git(repo, "write-tree", env=index)
+    if tree == _git(repo, "rev-parse", "HEAD^{tree}"):
+        return head, head[:10]
+    message = "rota bench compare: the working tree"
+    return _git(repo, "commit-tree", tree, "-p", head, "-m", message), head[:10] + "+changes"
 
 
 def missing_requirements(pyproject: Path) -> list[str]:

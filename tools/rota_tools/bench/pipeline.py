@@ -6,10 +6,11 @@ import importlib.util
 import multiprocessing
 import os
 import statistics
+import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -389,6 +390,23 @@ def _finished(conn: psycopg.Connection[Any]) -> int:
     return int(conn.execute(query("bench_finished_count")).fetchone()[0])  # type: ignore[index]
 
 
+def _wait_for_finished(
+    conn: psycopg.Connection[Any], count: int, processes: Sequence[subprocess.Popen[bytes]]
+) -> None:
+    """Until `count` tasks finished; raises if a process doing the work exited
+    (a run would otherwise wait for ever)."""
+    while _finished(conn) < count:
+        for process in processes:
+            if process.poll() is not None:
+                args = process.args
+                command = " ".join(map(str, args)) if isinstance(args, list) else str(args)
+                raise RuntimeError(
+                    f"benchmark: `{command}` exited with {process.returncode} "
+                    f"before {count} tasks finished"
+                )
+        time.sleep(0.05)
+
+
 def _live_workers(conn: psycopg.Connection[Any]) -> int:
     return int(conn.execute(query("bench_live_workers")).fetchone()[0])  # type: ignore[index]
 
@@ -426,11 +444,9 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                 NOOP_APP, [QUEUE], processes, run_settings, concurrency=concurrency, batch_size=100
             )
             try:
-                while _finished(conn) < 100:  # workers up and running
-                    time.sleep(0.05)
+                _wait_for_finished(conn, 100, workers)  # workers up and running
                 begin_count, started = _finished(conn), time.perf_counter()
-                while _finished(conn) < tasks:
-                    time.sleep(0.05)
+                _wait_for_finished(conn, tasks, workers)
                 throughput[key] = (tasks - begin_count) / (time.perf_counter() - started)
             finally:
                 stop_workers(workers)
@@ -450,8 +466,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                     conn, core.load([make_envelope(name="noop", queue=QUEUE, tenant="t", args=[i])])
                 )
                 time.sleep(0.05)
-            while _finished(conn) < 60:
-                time.sleep(0.05)
+            _wait_for_finished(conn, 60, workers)
         finally:
             stop_workers(workers)
         starts = _start_latencies(conn)
@@ -573,8 +588,7 @@ def bench_end_to_end(
                 )
                 sent += n
                 time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
-            while _finished(conn) < tasks:
-                time.sleep(0.05)
+            _wait_for_finished(conn, tasks, [loader, *workers])
             elapsed = time.perf_counter() - started
             cpu = meter.report(elapsed)
         finally:
