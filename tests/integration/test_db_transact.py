@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -131,11 +131,27 @@ def _fails_at_the_first_read() -> Op[None]:
     yield Execute("SELECT 1 / 0")
 
 
-def test_a_failure_in_the_first_round_trip_rolls_everything_back(conn: Conn) -> None:
+def _only_sends() -> Op[None]:
+    yield Send("CREATE TABLE sent_only (n int)")
+    yield Send("SELECT 1 / 0")
+
+
+@pytest.mark.parametrize(
+    ("operation", "table"),
+    [
+        # A failure in the first round trip rolls everything back.
+        (_fails_at_the_first_read, "half_done"),
+        # An operation of Sends only fails whole when one fails.
+        (_only_sends, "sent_only"),
+    ],
+)
+def test_a_failed_statement_rolls_the_whole_operation_back(
+    conn: Conn, operation: Callable[[], Op[None]], table: str
+) -> None:
     with pytest.raises(psycopg.errors.DivisionByZero):
-        db.transact(conn, _fails_at_the_first_read())
+        db.transact(conn, operation())
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    assert conn.execute("SELECT to_regclass('half_done')").fetchone() == (None,)
+    assert conn.execute("SELECT to_regclass(%s)", [table]).fetchone() == (None,)
 
 
 def _recovers_from_a_failed_send() -> Op[list[Any]]:
@@ -152,18 +168,6 @@ def _recovers_from_a_failed_send() -> Op[list[Any]]:
 def test_a_failed_send_is_thrown_at_the_next_read_and_can_be_handled(conn: Conn) -> None:
     assert db.transact(conn, _recovers_from_a_failed_send()) == [(2,)]
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-
-def _only_sends() -> Op[None]:
-    yield Send("CREATE TABLE sent_only (n int)")
-    yield Send("SELECT 1 / 0")
-
-
-def test_an_operation_of_sends_only_fails_whole_when_one_fails(conn: Conn) -> None:
-    with pytest.raises(psycopg.errors.DivisionByZero):
-        db.transact(conn, _only_sends())
-    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    assert conn.execute("SELECT to_regclass('sent_only')").fetchone() == (None,)
 
 
 def test_inside_an_open_transaction_it_is_a_savepoint(conn: Conn) -> None:

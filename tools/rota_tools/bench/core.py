@@ -46,14 +46,19 @@ def make_tasks(
     """Task i is at priority priorities[i % len(priorities)] (mixed: 0,0,0,5,9)."""
     now = datetime.now(UTC)
     for i in range(start, start + count):
-        yield make_envelope(
-            name="bench.noop",
-            queue=queue,
-            tenant=skewed_tenant(i, tenants),
-            args=[i, "payload-padding-abcdefghij"],
-            now=now,
-            priority=priorities[i % len(priorities)],
-        )
+        yield bench_task(i, queue, skewed_tenant(i, tenants), priorities[i % len(priorities)], now)
+
+
+def bench_task(number: int, queue: str, tenant: str, priority: int, now: datetime) -> TaskEnvelope:
+    """The benchmarks' task number `number` (its number is its first argument)."""
+    return make_envelope(
+        name="bench.noop",
+        queue=queue,
+        tenant=tenant,
+        args=[number, "payload-padding-abcdefghij"],
+        now=now,
+        priority=priority,
+    )
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:
@@ -182,8 +187,7 @@ class Filler:
             count, self.tenants, self.next_number, self.queue, priorities=self.priorities
         )
         self.next_number += count
-        while batch := list(itertools.islice(rows, BATCH)):
-            db.transact(self.conn, core.load(batch))
+        self._load(rows)
 
     def replace(self, claimed: Sequence[Any]) -> None:
         """Adds a task like each claimed one (its tenant and priority), so that
@@ -191,23 +195,17 @@ class Filler:
         and tasks added in the plain turn would leave a small queue with
         almost none, where a large one keeps its own for thousands of claims."""
         now = datetime.now(UTC)
-        batch = []
-        for task in claimed:
-            number, self.next_number = self.next_number, self.next_number + 1
-            priority = self._priority(task.args[0])
-            self.replaced[number] = priority
-            batch.append(
-                make_envelope(
-                    name="bench.noop",
-                    queue=self.queue,
-                    tenant=task.tenant,
-                    args=[number, "payload-padding-abcdefghij"],
-                    now=now,
-                    priority=priority,
-                )
-            )
-        for start in range(0, len(batch), BATCH):
-            db.transact(self.conn, core.load(batch[start : start + BATCH]))
+        first, self.next_number = self.next_number, self.next_number + len(claimed)
+        for number, task in enumerate(claimed, first):
+            self.replaced[number] = self._priority(task.args[0])
+        self._load(
+            bench_task(number, self.queue, task.tenant, self.replaced[number], now)
+            for number, task in enumerate(claimed, first)
+        )
+
+    def _load(self, rows: Iterator[TaskEnvelope]) -> None:
+        while batch := list(itertools.islice(rows, BATCH)):
+            db.transact(self.conn, core.load(batch))
 
     def _priority(self, number: int) -> int:
         return self.replaced.get(number, self.priorities[number % len(self.priorities)])
