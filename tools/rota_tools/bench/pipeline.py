@@ -130,7 +130,7 @@ def _latencies(conn: psycopg.Connection[Any]) -> list[float]:
 def _commit_latencies(conn: psycopg.Connection[Any]) -> list[float] | None:
     """Enqueue -> the load's commit, from the server's commit timestamps; None
     when it keeps none (track_commit_timestamp is off)."""
-    if conn.execute("SHOW track_commit_timestamp").fetchone() != ("on",):
+    if conn.execute(query("bench_tracks_commit_timestamps")).fetchone() != ("on",):
         return None
     rows = conn.execute(query("bench_commit_latencies"), {"warm_up": WARM_UP}).fetchall()
     return [float(r[0]) for r in rows]

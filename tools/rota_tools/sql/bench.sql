@@ -132,6 +132,9 @@ ANALYZE rota_bench_fair
 SELECT extract(epoch FROM loaded_at - enqueued_at) * 1000 FROM rota.tasks
 WHERE tenant IS DISTINCT FROM %(warm_up)s
 
+-- name: bench_tracks_commit_timestamps
+SHOW track_commit_timestamp
+
 -- name: bench_commit_latencies
 -- Enqueue -> committed (claimable from then on) of every task but the warm-up
 -- tenant's, in milliseconds: the commit time of the transaction that wrote
