@@ -96,27 +96,28 @@ def test_a_pass_of_several_chunks_keeps_each_tenants_order(
 
 
 def test_a_pass_woken_by_a_write_over_several_shards_loads_all_of_it(
-    app: App, settings: Settings, conn: Conn
+    settings: Settings, conn: Conn
 ) -> None:
     # A blocked XREADGROUP is answered with only the stream that woke it.
     settings = settings.model_copy(update={"shards": 4})
-    app = App(settings)
-    work = app.task(name="spread.work", queue="q")(lambda: None)
     tenants = {}
     for i in range(100):
         tenants.setdefault(shard_for(f"t{i}", 4), f"t{i}")
-    loader = Loader(settings)
-    loader.ensure_groups()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        passing = pool.submit(loader.pass_once, 10_000)
-        wait_for(
-            lambda: _client(settings).info("clients")["blocked_clients"] == 1,
-            what="the loader to block on the buffer",
-        )
-        app.enqueue_many([work.call(tenant=t) for t in tenants.values()])
-        result = passing.result(timeout=30)
-    loader.close()
-    app.close()
+    spread_app, loader = App(settings), Loader(settings)
+    try:
+        work = spread_app.task(name="spread.work", queue="q")(lambda: None)
+        loader.ensure_groups()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            passing = pool.submit(loader.pass_once, 10_000)
+            wait_for(
+                lambda: _client(settings).info("clients")["blocked_clients"] == 1,
+                what="the loader to block on the buffer",
+            )
+            spread_app.enqueue_many([work.call(tenant=t) for t in tenants.values()])
+            result = passing.result(timeout=30)
+    finally:
+        loader.close()
+        spread_app.close()
     assert (result.entries, result.loaded) == (4, 4)
     assert db.run(conn, core.queue_counts())["q"]["ready"] == 4
 
