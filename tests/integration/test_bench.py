@@ -98,10 +98,15 @@ def test_bench_claim(settings: Settings) -> None:
         "2",
     )
     assert set(report["claim_latency"]) == {"2000", "4000", "4000_after_churn"}
-    # The plain SKIP LOCKED claim, timed in the same turns at the largest backlog.
-    assert report["fifo_baseline_claim_latency"]["4000"]["p50_ms"] > 0
+    # The plain SKIP LOCKED claims, timed in the same turns: the FIFO at both
+    # backlogs, the leased FIFO at the largest.
+    assert set(report["fifo_baseline_claim_latency"]) == {"2000", "4000"}
     assert report["p50_ratio_to_fifo_baseline"] > 0
+    assert report["fifo_baseline_p50_ratio_largest_to_smallest"] > 0
+    assert set(report["leased_fifo_baseline_claim_latency"]) == {"4000"}
+    assert report["p50_ratio_to_leased_fifo_baseline"] > 0
     assert report["claim_complete_tasks_per_s"] > 0 and report["fifo_baseline_tasks_per_s"] > 0
+    assert report["leased_fifo_baseline_tasks_per_s"] > 0
     assert report["postgresql_per_task"]["cpu_us"] > 0
     assert report["postgresql_per_task"]["wal_bytes"] > 0
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from rota_tools.bench.core import Filler
+from rota_tools.bench.core import FifoFiller, Filler
 
 Conn = psycopg.Connection[Any]
 
@@ -41,3 +41,52 @@ def test_a_topped_up_queue_keeps_its_tenants_and_priorities(conn: Conn) -> None:
         filler.finish(claimed)
         filler.replace(claimed)
     assert _mix(conn, "mixed") == before
+
+
+def test_the_priority_baseline_claims_urgent_tasks_first_and_keeps_its_mix(
+    database_url: str,
+) -> None:
+    fifo = FifoFiller(database_url, "mixed", priorities=(0, 0, 0, 5, 9))
+    try:
+        fifo.fill(400)
+        before = _baseline_mix(fifo)
+        assert before == Counter({0: 240, 5: 80, 9: 80})
+
+        claimed = fifo.claim(100)
+        # Highest priority first.
+        assert Counter(row[2] for row in claimed) == Counter({9: 80, 5: 20})
+        assert fifo.finish(claimed) == 100
+        fifo.replace(claimed)
+        assert _baseline_mix(fifo) == before
+        fifo.add(5)  # in the turn of priorities, where the fill left it
+        assert _baseline_mix(fifo) == before + Counter({0: 3, 5: 1, 9: 1})
+    finally:
+        fifo.drop()
+
+
+def test_the_leased_baseline_records_each_claim_and_its_completion(database_url: str) -> None:
+    fifo = FifoFiller(database_url, "leased", leased=True)
+    try:
+        fifo.fill(50)
+        claimed = fifo.claim(20)
+        assert len(claimed) == 20
+        assert _baseline_statuses(fifo) == Counter({"queued": 30, "running": 20})
+        assert fifo.finish(claimed) == 20
+        assert fifo.finish(claimed) == 0  # a task completes once
+        assert _baseline_statuses(fifo) == Counter({"queued": 30, "done": 20})
+    finally:
+        fifo.drop()
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", [fifo.schema]
+        ).fetchone() == (0,)
+
+
+def _baseline_mix(fifo: FifoFiller) -> Counter[int]:
+    rows = fifo.conn.execute("SELECT priority, count(*) FROM rota_bench_fifo_ready GROUP BY 1")
+    return Counter({priority: n for priority, n in rows})
+
+
+def _baseline_statuses(fifo: FifoFiller) -> Counter[str]:
+    rows = fifo.conn.execute("SELECT status, count(*) FROM rota_bench_fifo_body GROUP BY 1")
+    return Counter({status: n for status, n in rows})

@@ -101,6 +101,8 @@ STAGES: dict[str, Stage] = {
             _m("claim + complete tasks/s", "claim_complete_tasks_per_s"),
             _m("… ÷ plain FIFO", "ratio_to_fifo_baseline"),
             _m("claim p50 ÷ FIFO's", "p50_ratio_to_fifo_baseline", higher=False),
+            _m("… ÷ leased FIFO", "ratio_to_leased_fifo_baseline"),
+            _m("claim p50 ÷ leased FIFO's", "p50_ratio_to_leased_fifo_baseline", higher=False),
         ),
         redis=False,
     ),

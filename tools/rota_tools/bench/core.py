@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from rota import core
 from rota.core import db
@@ -30,7 +31,8 @@ from rota_tools.stats import percentile
 
 BATCH = 10_000
 QUEUE = "bench"
-FIFO = "fifo"  # the baseline's key among backlog sizes
+FIFO = "fifo"  # the baselines' keys among backlog sizes
+LEASED_FIFO = "leased_fifo"
 
 
 def skewed_tenant(i: int, tenants: int) -> str:
@@ -218,34 +220,79 @@ class Filler:
 
 
 class FifoFiller:
-    """The same for the plain SKIP LOCKED baseline (its one queue)."""
+    """A plain SKIP LOCKED queue that rota's claim is measured against, in a
+    schema of its own (`name`) on a connection of its own, claimed as
+    workers claim (no synchronous commit):
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
+    - plain: a narrow ready table in arrival order, the body in another
+      table; no fairness, limits or leases;
+    - with `priorities` (in turn, as Filler's): highest priority first, then
+      in arrival order, as the peers order them;
+    - `leased`: the plain queue, but a claim records a lease in the body's
+      row and completion marks it done there: the least a queue must write
+      to give a crashed worker's tasks back."""
+
+    def __init__(
+        self, url: str, name: str, priorities: Sequence[int] = (0,), leased: bool = False
+    ) -> None:
+        self.schema = f"rota_bench_{name}"
+        self.priorities = priorities if any(priorities) else None
+        self.leased = leased
+        self.kind = "leased_" if leased else "priority_" if self.priorities else ""
+        self.conn = db.connect(url, synchronous_commit=False)
+        self.conn.execute(self._with_schema("bench_fifo_schema"))
+        self.conn.execute(query("bench_fifo_search_path"), {"schema": self.schema})
+        self.added = 0
+
+    def _with_schema(self, name: str) -> sql.Composed:
+        return sql.SQL(query(name)).format(schema=sql.Identifier(self.schema))
 
     def fill(self, target: int) -> None:
-        self.conn.execute(query("bench_fifo_setup"))
+        self.conn.execute(query(f"bench_{self.kind}fifo_setup"))
+        self.added = 0
         self.add(target)
         self.conn.execute(query("bench_analyze_fifo"))
 
     def add(self, count: int) -> None:
-        self.conn.execute(query("bench_fifo_fill"), {"count": count})
+        if self.priorities is None:
+            self.conn.execute(query("bench_fifo_fill"), {"count": count})
+            return
+        turn = itertools.cycle(self.priorities)
+        for _ in range(self.added % len(self.priorities)):
+            next(turn)
+        self._add_priorities(list(itertools.islice(turn, count)))
+        self.added += count
+
+    def _add_priorities(self, priorities: list[int]) -> None:
+        for start in range(0, len(priorities), BATCH):
+            batch = priorities[start : start + BATCH]
+            self.conn.execute(query("bench_priority_fifo_fill"), {"priorities": batch})
 
     def replace(self, claimed: Sequence[Any]) -> None:
-        self.add(len(claimed))
+        """Adds a task like each claimed one: the queue keeps its mix."""
+        if self.priorities is None:
+            self.add(len(claimed))
+        else:
+            self._add_priorities([row[2] for row in claimed])
 
     def claim(self, limit: int) -> Sequence[Any]:
         return self.conn.execute(
-            query("bench_fifo_claim"), {"limit": limit}, prepare=True
+            query(f"bench_{self.kind}fifo_claim"), {"limit": limit}, prepare=True
         ).fetchall()
 
     def finish(self, claimed: Sequence[Any]) -> int:
         return self.conn.execute(
-            query("bench_fifo_finish"), {"ids": UUIDArray(r[0] for r in claimed)}, prepare=True
+            query(f"bench_{'leased_' if self.leased else ''}fifo_finish"),
+            {"ids": UUIDArray(r[0] for r in claimed)},
+            prepare=True,
         ).rowcount
 
+    def close(self) -> None:
+        self.conn.close()
+
     def drop(self) -> None:
-        self.conn.execute(query("bench_fifo_teardown"))
+        self.conn.execute(self._with_schema("bench_fifo_drop_schema"))
+        self.close()
 
 
 def _queue_for(backlog: int) -> str:
@@ -281,18 +328,28 @@ def _interleaved_claim_latencies(
 
 
 def _claim_worker(args: tuple[str, str, int, float]) -> int:
-    """Claims and finishes in a loop for `seconds`; `kind` is rota or the fifo baseline."""
+    """Claims and finishes in a loop for `seconds`; `kind` is "rota" or a
+    baseline's (FIFO, LEASED_FIFO)."""
     kind, url, limit, seconds = args
+    if kind == "rota":
+        with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
+            # Autocommit: each call is one statement, atomic on its own.
+            return _claim_until(Filler(conn, tenants=0), limit, seconds)
+    baseline = FifoFiller(url, kind, leased=kind == LEASED_FIFO)
+    try:
+        return _claim_until(baseline, limit, seconds)
+    finally:
+        baseline.close()
+
+
+def _claim_until(claimer: Filler | FifoFiller, limit: int, seconds: float) -> int:
     done = 0
-    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
-        # Autocommit: each call is one statement, atomic on its own.
-        claimer = FifoFiller(conn) if kind == FIFO else Filler(conn, tenants=0)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            got = claimer.claim(limit)
-            if not got:
-                break
-            done += claimer.finish(got)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = claimer.claim(limit)
+        if not got:
+            break
+        done += claimer.finish(got)
     return done
 
 
@@ -351,13 +408,15 @@ def backlog_scaling(
     samples: int,
     priorities: Sequence[int] = (0,),
 ) -> dict[str, Any]:
-    """Claim latency at each backlog size (one queue each, measured in turns
-    with the plain FIFO baseline at the largest size), then again after the
-    largest queue had as many tasks claimed and completed (churn: dead tuples
-    for autovacuum)."""
+    """Claim latency at each backlog size (one queue each), measured in turns
+    with the baselines: the plain FIFO at the smallest and the largest size
+    (with the same priorities), and the leased FIFO at the largest; then
+    again after the largest queue had as many tasks claimed and completed
+    (churn: dead tuples for autovacuum)."""
     sizes = sorted(backlogs)
     smallest, largest = str(sizes[0]), str(sizes[-1])
     size_of = {str(size): size for size in sizes}
+    small_fifo = f"{FIFO}_{smallest}"
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         reset(conn)
         fillers = {
@@ -366,12 +425,21 @@ def backlog_scaling(
         }
         for key, filler in fillers.items():
             filler.fill(size_of[key])
-        fifo = FifoFiller(conn)
-        fifo.fill(sizes[-1])
-        before = _interleaved_claim_latencies(
-            {**fillers, FIFO: fifo}, {**size_of, FIFO: sizes[-1]}, samples, limit
-        )
-        fifo.drop()
+        baselines = {
+            FIFO: FifoFiller(url, FIFO, priorities),
+            small_fifo: FifoFiller(url, small_fifo, priorities),
+            LEASED_FIFO: FifoFiller(url, LEASED_FIFO, leased=True),
+        }
+        baseline_size = {FIFO: sizes[-1], small_fifo: sizes[0], LEASED_FIFO: sizes[-1]}
+        for key, baseline in baselines.items():
+            baseline.fill(baseline_size[key])
+        try:
+            before = _interleaved_claim_latencies(
+                {**fillers, **baselines}, {**size_of, **baseline_size}, samples, limit
+            )
+        finally:
+            for baseline in baselines.values():
+                baseline.drop()
         fillers[largest].fill(2 * sizes[-1])
         churn_rate = churn(url, _queue_for(sizes[-1]), sizes[-1], connections, limit)
         after = _interleaved_claim_latencies(
@@ -384,10 +452,19 @@ def backlog_scaling(
         "churn_tasks_per_s": round(churn_rate),
         "claim_latency": latency,
         # The plain SKIP LOCKED claim (no fairness, limits or leases) of as many
-        # tasks from as large a backlog, timed in the same turns: the baseline
-        # of the claim's absolute latency on this machine at this hour.
-        "fifo_baseline_claim_latency": {largest: _latency_figures(before[FIFO])},
+        # tasks, with the same priorities, timed in the same turns: the
+        # baseline of the claim's absolute latency on this machine at this
+        # hour, and of its growth with depth.
+        "fifo_baseline_claim_latency": {
+            largest: _latency_figures(before[FIFO]),
+            smallest: _latency_figures(before[small_fifo]),
+        },
         "p50_ratio_to_fifo_baseline": round(p50[largest] / p50[FIFO], 3),
+        "fifo_baseline_p50_ratio_largest_to_smallest": round(p50[FIFO] / p50[small_fifo], 3),
+        # The plain FIFO that records leases: what any queue that gives a
+        # crashed worker's tasks back must at least do.
+        "leased_fifo_baseline_claim_latency": {largest: _latency_figures(before[LEASED_FIFO])},
+        "p50_ratio_to_leased_fifo_baseline": round(p50[largest] / p50[LEASED_FIFO], 3),
         "p50_ratio_largest_to_smallest": round(p50[largest] / p50[smallest], 3),
         # Against the smallest queue measured in the same turns after the churn
         # (with one size only, against its own p50 before the churn).
@@ -421,8 +498,9 @@ def bench_claim(
     a fifth at 9): with urgent tasks waiting, claims swap slots within tenants."""
     with psycopg.connect(url, autocommit=True) as conn:
         # Throughput: claim + complete, `connections` processes, alternating
-        # with the plain FIFO baseline, `runs` times.
-        rates, fifo_rates = [], []
+        # with the plain FIFO baselines (without and with leases), `runs` times.
+        rates: list[float] = []
+        baseline_rates: dict[str, list[float]] = {FIFO: [], LEASED_FIFO: []}
         costs: list[dict[str, float | None]] = []
         statements: list[dict[str, Any]] | None = None
         size = max(backlogs[0], int(40_000 * throughput_seconds))
@@ -436,10 +514,16 @@ def bench_claim(
             rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
             costs.append(cost.per_task(round(rates[-1] * throughput_seconds)))
             statements = cost.top_statements(round(rates[-1] * throughput_seconds))
-            fifo = FifoFiller(conn)
-            fifo.fill(size)
-            fifo_rates.append(claim_throughput(FIFO, url, connections, limit, throughput_seconds))
-            fifo.drop()
+            for kind, kind_rates in baseline_rates.items():
+                baseline = FifoFiller(url, kind, leased=kind == LEASED_FIFO)
+                try:
+                    baseline.fill(size)
+                    kind_rates.append(
+                        claim_throughput(kind, url, connections, limit, throughput_seconds)
+                    )
+                finally:
+                    baseline.drop()
+    fifo_rates, leased_rates = baseline_rates[FIFO], baseline_rates[LEASED_FIFO]
     return {
         "params": {
             "backlogs": backlogs,
@@ -455,12 +539,17 @@ def bench_claim(
         "ratio_to_fifo_baseline": round(
             statistics.median(rates) / statistics.median(fifo_rates), 3
         ),
+        "leased_fifo_baseline_tasks_per_s": round(statistics.median(leased_rates)),
+        "ratio_to_leased_fifo_baseline": round(
+            statistics.median(rates) / statistics.median(leased_rates), 3
+        ),
         # PostgreSQL's CPU and WAL per task claimed and completed.
         "postgresql_per_task": median_costs(costs),
         **({"postgresql_statements": statements} if statements else {}),
         "runs": {
             "claim_complete_tasks_per_s": [round(r) for r in rates],
             "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],
+            "leased_fifo_baseline_tasks_per_s": [round(r) for r in leased_rates],
         },
         **backlog_scaling(url, backlogs, tenants, connections, limit, samples, priorities),
         "goal": {
