@@ -221,8 +221,7 @@ class Filler:
 
 class FifoFiller:
     """A plain SKIP LOCKED queue that rota's claim is measured against, in a
-    schema of its own (`name`) on a connection of its own, claimed as
-    workers claim (no synchronous commit):
+    schema of its own (`name`):
 
     - plain: a narrow ready table in arrival order, the body in another
       table; no fairness, limits or leases;
@@ -233,40 +232,45 @@ class FifoFiller:
       to give a crashed worker's tasks back."""
 
     def __init__(
-        self, url: str, name: str, priorities: Sequence[int] = (0,), leased: bool = False
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        priorities: Sequence[int] = (0,),
+        leased: bool = False,
     ) -> None:
-        self.schema = f"rota_bench_{name}"
+        self.conn, self.schema, self.leased = conn, f"rota_bench_{name}", leased
         self.priorities = priorities if any(priorities) else None
-        self.leased = leased
-        self.kind = "leased_" if leased else "priority_" if self.priorities else ""
-        self.conn = db.connect(url, synchronous_commit=False)
-        self.conn.execute(self._with_schema("bench_fifo_schema"))
-        self.conn.execute(query("bench_fifo_search_path"), {"schema": self.schema})
-        self.added = 0
+        kind = "leased_" if leased else "priority_" if self.priorities else ""
+        self.setup, self.claim_query = (
+            self._query(f"bench_{kind}fifo_setup"),
+            self._query(f"bench_{kind}fifo_claim"),
+        )
+        self.finish_query = self._query(f"bench_{'leased_' if leased else ''}fifo_finish")
+        self.conn.execute(self._query("bench_fifo_schema"))
+        self.added = 0  # tasks added in the turn of priorities
 
-    def _with_schema(self, name: str) -> sql.Composed:
-        return sql.SQL(query(name)).format(schema=sql.Identifier(self.schema))
+    def _query(self, name: str) -> bytes:
+        # Rendered once: the timed claims send the same bytes each time.
+        return sql.SQL(query(name)).format(schema=sql.Identifier(self.schema)).as_bytes(self.conn)
 
     def fill(self, target: int) -> None:
-        self.conn.execute(query(f"bench_{self.kind}fifo_setup"))
+        self.conn.execute(self.setup)
         self.added = 0
         self.add(target)
-        self.conn.execute(query("bench_analyze_fifo"))
+        self.conn.execute(self._query("bench_analyze_fifo"))
 
     def add(self, count: int) -> None:
         if self.priorities is None:
-            self.conn.execute(query("bench_fifo_fill"), {"count": count})
+            self.conn.execute(self._query("bench_fifo_fill"), {"count": count})
             return
-        turn = itertools.cycle(self.priorities)
-        for _ in range(self.added % len(self.priorities)):
-            next(turn)
-        self._add_priorities(list(itertools.islice(turn, count)))
+        turn = itertools.islice(itertools.cycle(self.priorities), self.added, self.added + count)
+        self._add_priorities(list(turn))
         self.added += count
 
     def _add_priorities(self, priorities: list[int]) -> None:
+        fill = self._query("bench_priority_fifo_fill")
         for start in range(0, len(priorities), BATCH):
-            batch = priorities[start : start + BATCH]
-            self.conn.execute(query("bench_priority_fifo_fill"), {"priorities": batch})
+            self.conn.execute(fill, {"priorities": priorities[start : start + BATCH]})
 
     def replace(self, claimed: Sequence[Any]) -> None:
         """Adds a task like each claimed one: the queue keeps its mix."""
@@ -276,23 +280,14 @@ class FifoFiller:
             self._add_priorities([row[2] for row in claimed])
 
     def claim(self, limit: int) -> Sequence[Any]:
-        return self.conn.execute(
-            query(f"bench_{self.kind}fifo_claim"), {"limit": limit}, prepare=True
-        ).fetchall()
+        return self.conn.execute(self.claim_query, {"limit": limit}, prepare=True).fetchall()
 
     def finish(self, claimed: Sequence[Any]) -> int:
-        return self.conn.execute(
-            query(f"bench_{'leased_' if self.leased else ''}fifo_finish"),
-            {"ids": UUIDArray(r[0] for r in claimed)},
-            prepare=True,
-        ).rowcount
-
-    def close(self) -> None:
-        self.conn.close()
+        ids = UUIDArray(row[0] for row in claimed)
+        return self.conn.execute(self.finish_query, {"ids": ids}, prepare=True).rowcount
 
     def drop(self) -> None:
-        self.conn.execute(self._with_schema("bench_fifo_drop_schema"))
-        self.close()
+        self.conn.execute(self._query("bench_fifo_drop_schema"))
 
 
 def _queue_for(backlog: int) -> str:
@@ -331,25 +326,20 @@ def _claim_worker(args: tuple[str, str, int, float]) -> int:
     """Claims and finishes in a loop for `seconds`; `kind` is "rota" or a
     baseline's (FIFO, LEASED_FIFO)."""
     kind, url, limit, seconds = args
-    if kind == "rota":
-        with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
-            # Autocommit: each call is one statement, atomic on its own.
-            return _claim_until(Filler(conn, tenants=0), limit, seconds)
-    baseline = FifoFiller(url, kind, leased=kind == LEASED_FIFO)
-    try:
-        return _claim_until(baseline, limit, seconds)
-    finally:
-        baseline.close()
-
-
-def _claim_until(claimer: Filler | FifoFiller, limit: int, seconds: float) -> int:
     done = 0
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        got = claimer.claim(limit)
-        if not got:
-            break
-        done += claimer.finish(got)
+    with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
+        # Autocommit: each call is one statement, atomic on its own.
+        claimer = (
+            Filler(conn, tenants=0)
+            if kind == "rota"
+            else FifoFiller(conn, kind, leased=kind == LEASED_FIFO)
+        )
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            got = claimer.claim(limit)
+            if not got:
+                break
+            done += claimer.finish(got)
     return done
 
 
@@ -426,9 +416,9 @@ def backlog_scaling(
         for key, filler in fillers.items():
             filler.fill(size_of[key])
         baselines = {
-            FIFO: FifoFiller(url, FIFO, priorities),
-            small_fifo: FifoFiller(url, small_fifo, priorities),
-            LEASED_FIFO: FifoFiller(url, LEASED_FIFO, leased=True),
+            FIFO: FifoFiller(conn, FIFO, priorities),
+            small_fifo: FifoFiller(conn, small_fifo, priorities),
+            LEASED_FIFO: FifoFiller(conn, LEASED_FIFO, leased=True),
         }
         baseline_size = {FIFO: sizes[-1], small_fifo: sizes[0], LEASED_FIFO: sizes[-1]}
         for key, baseline in baselines.items():
@@ -515,7 +505,7 @@ def bench_claim(
             costs.append(cost.per_task(round(rates[-1] * throughput_seconds)))
             statements = cost.top_statements(round(rates[-1] * throughput_seconds))
             for kind, kind_rates in baseline_rates.items():
-                baseline = FifoFiller(url, kind, leased=kind == LEASED_FIFO)
+                baseline = FifoFiller(conn, kind, leased=kind == LEASED_FIFO)
                 try:
                     baseline.fill(size)
                     kind_rates.append(

@@ -1,55 +1,53 @@
 -- Baselines for `rota bench`: the plain designs rota is measured against.
 
 -- name: bench_fifo_schema
--- Each baseline queue lives in a schema of its own (its filler's connection
--- has it as search_path), so that several can be measured side by side.
+-- Each baseline queue lives in a schema of its own, so that several can be
+-- measured side by side: {schema} is its name, formatted as an identifier
+-- (so literal braces are doubled in these blocks).
 CREATE SCHEMA IF NOT EXISTS {schema}
 
 -- name: bench_fifo_drop_schema
 DROP SCHEMA IF EXISTS {schema} CASCADE
 
--- name: bench_fifo_search_path
-SELECT set_config('search_path', %(schema)s, false)
-
 -- name: bench_fifo_setup
 -- A narrow ready table in arrival order, the body in another table (the
 -- measured "plain SKIP LOCKED" design; no fairness, no limits, no leases).
-DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body;
-CREATE TABLE rota_bench_fifo_body (id uuid PRIMARY KEY, payload json NOT NULL,
+DROP TABLE IF EXISTS {schema}.rota_bench_fifo_ready, {schema}.rota_bench_fifo_body;
+CREATE TABLE {schema}.rota_bench_fifo_body (id uuid PRIMARY KEY, payload json NOT NULL,
                                    status text NOT NULL DEFAULT 'queued');
-CREATE TABLE rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL);
+CREATE TABLE {schema}.rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL);
 
 -- name: bench_fifo_fill
 WITH body AS (
-    INSERT INTO rota_bench_fifo_body (id, payload)
-    SELECT gen_random_uuid(), '{"args": [1, "payload-padding-abcdefghij"], "kwargs": {}}'
+    INSERT INTO {schema}.rota_bench_fifo_body (id, payload)
+    SELECT gen_random_uuid(), '{{"args": [1, "payload-padding-abcdefghij"], "kwargs": {{}}}}'
     FROM generate_series(1, %(count)s)
     RETURNING id
 )
-INSERT INTO rota_bench_fifo_ready (id) SELECT id FROM body
+INSERT INTO {schema}.rota_bench_fifo_ready (id) SELECT id FROM body
 
 -- name: bench_fifo_claim
 WITH taken AS (
-    DELETE FROM rota_bench_fifo_ready
-    WHERE seq = ANY (ARRAY(SELECT seq FROM rota_bench_fifo_ready ORDER BY seq
+    DELETE FROM {schema}.rota_bench_fifo_ready
+    WHERE seq = ANY (ARRAY(SELECT seq FROM {schema}.rota_bench_fifo_ready ORDER BY seq
                            LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
     RETURNING id
 )
-SELECT b.id, b.payload FROM rota_bench_fifo_body b
+SELECT b.id, b.payload FROM {schema}.rota_bench_fifo_body b
 WHERE b.id = ANY (ARRAY(SELECT id FROM taken))
 
 -- name: bench_fifo_finish
-UPDATE rota_bench_fifo_body SET status = 'done' WHERE id = ANY (%(ids)b::uuid[])
+UPDATE {schema}.rota_bench_fifo_body SET status = 'done' WHERE id = ANY (%(ids)b::uuid[])
 
 -- name: bench_priority_fifo_setup
 -- The plain FIFO with priorities, claimed as the peers order them (pgqueuer:
 -- highest priority first, then in arrival order).
-DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body;
-CREATE TABLE rota_bench_fifo_body (id uuid PRIMARY KEY, payload json NOT NULL,
+DROP TABLE IF EXISTS {schema}.rota_bench_fifo_ready, {schema}.rota_bench_fifo_body;
+CREATE TABLE {schema}.rota_bench_fifo_body (id uuid PRIMARY KEY, payload json NOT NULL,
                                    status text NOT NULL DEFAULT 'queued');
-CREATE TABLE rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL,
+CREATE TABLE {schema}.rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL,
                                     priority smallint NOT NULL);
-CREATE INDEX rota_bench_fifo_order ON rota_bench_fifo_ready (priority DESC, seq);
+CREATE INDEX rota_bench_fifo_order ON {schema}.rota_bench_fifo_ready (priority DESC, seq);
 
 -- name: bench_priority_fifo_fill
 -- One task at each of %(priorities)s, in that order.
@@ -57,19 +55,19 @@ WITH new AS MATERIALIZED (
     SELECT gen_random_uuid() AS id, p.priority, p.n
     FROM unnest(%(priorities)s::smallint[]) WITH ORDINALITY AS p (priority, n)
 ), body AS (
-    INSERT INTO rota_bench_fifo_body (id, payload)
-    SELECT id, '{"args": [1, "payload-padding-abcdefghij"], "kwargs": {}}' FROM new
+    INSERT INTO {schema}.rota_bench_fifo_body (id, payload)
+    SELECT id, '{{"args": [1, "payload-padding-abcdefghij"], "kwargs": {{}}}}' FROM new
 )
-INSERT INTO rota_bench_fifo_ready (id, priority) SELECT id, priority FROM new ORDER BY n
+INSERT INTO {schema}.rota_bench_fifo_ready (id, priority) SELECT id, priority FROM new ORDER BY n
 
 -- name: bench_priority_fifo_claim
 WITH taken AS (
-    DELETE FROM rota_bench_fifo_ready
-    WHERE seq = ANY (ARRAY(SELECT seq FROM rota_bench_fifo_ready ORDER BY priority DESC, seq
+    DELETE FROM {schema}.rota_bench_fifo_ready
+    WHERE seq = ANY (ARRAY(SELECT seq FROM {schema}.rota_bench_fifo_ready ORDER BY priority DESC, seq
                            LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
     RETURNING id, priority
 )
-SELECT b.id, b.payload, t.priority FROM rota_bench_fifo_body b JOIN taken t ON t.id = b.id
+SELECT b.id, b.payload, t.priority FROM {schema}.rota_bench_fifo_body b JOIN taken t ON t.id = b.id
 WHERE b.id = ANY (ARRAY(SELECT id FROM taken))
 
 -- name: bench_leased_fifo_setup
@@ -77,28 +75,28 @@ WHERE b.id = ANY (ARRAY(SELECT id FROM taken))
 -- body's row and completion marks it done there (the peers' design: the
 -- status in the job's row): the least a queue must write to give a crashed
 -- worker's tasks back.
-DROP TABLE IF EXISTS rota_bench_fifo_ready, rota_bench_fifo_body;
-CREATE TABLE rota_bench_fifo_body (id uuid PRIMARY KEY, payload json NOT NULL,
+DROP TABLE IF EXISTS {schema}.rota_bench_fifo_ready, {schema}.rota_bench_fifo_body;
+CREATE TABLE {schema}.rota_bench_fifo_body (id uuid PRIMARY KEY, payload json NOT NULL,
                                    status text NOT NULL DEFAULT 'queued',
                                    attempts integer NOT NULL DEFAULT 0, worker text,
                                    lease_expires_at timestamptz, finished_at timestamptz);
-CREATE TABLE rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL);
+CREATE TABLE {schema}.rota_bench_fifo_ready (seq bigserial PRIMARY KEY, id uuid NOT NULL);
 
 -- name: bench_leased_fifo_claim
 WITH taken AS (
-    DELETE FROM rota_bench_fifo_ready
-    WHERE seq = ANY (ARRAY(SELECT seq FROM rota_bench_fifo_ready ORDER BY seq
+    DELETE FROM {schema}.rota_bench_fifo_ready
+    WHERE seq = ANY (ARRAY(SELECT seq FROM {schema}.rota_bench_fifo_ready ORDER BY seq
                            LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
     RETURNING id
 )
-UPDATE rota_bench_fifo_body b
+UPDATE {schema}.rota_bench_fifo_body b
 SET status = 'running', attempts = b.attempts + 1, worker = 'bench',
     lease_expires_at = now() + interval '30 seconds'
 WHERE b.id = ANY (ARRAY(SELECT id FROM taken))
 RETURNING b.id, b.payload
 
 -- name: bench_leased_fifo_finish
-UPDATE rota_bench_fifo_body SET status = 'done', finished_at = now()
+UPDATE {schema}.rota_bench_fifo_body SET status = 'done', finished_at = now()
 WHERE id = ANY (%(ids)b::uuid[]) AND status = 'running'
 
 -- name: bench_fair_setup
@@ -190,7 +188,7 @@ FROM STDIN (FORMAT BINARY)
 ANALYZE rota.ready
 
 -- name: bench_analyze_fifo
-ANALYZE rota_bench_fifo_ready, rota_bench_fifo_body
+ANALYZE {schema}.rota_bench_fifo_ready, {schema}.rota_bench_fifo_body
 
 -- name: bench_analyze_fair
 ANALYZE rota_bench_fair
