@@ -246,6 +246,7 @@ def test_bench_compare_runs_both_sides_alternately(
 ) -> None:
     """HEAD against the working tree, two rounds of a small stage, on the
     given servers: each side runs in its own worktree, A B then B A."""
+    worktrees_before = _worktrees()
     done = subprocess.run(
         [
             sys.executable,
@@ -288,8 +289,12 @@ def test_bench_compare_runs_both_sides_alternately(
     assert rate["outcome"] in {"better", "worse", "within noise"}
     order = [line.split()[3] for line in done.stderr.splitlines() if line.startswith("round")]
     assert order == ["baseline:", "candidate:", "candidate:", "baseline:"]
-    # The worktrees are gone.
-    worktrees = subprocess.run(
-        ["git", "worktree", "list"], capture_output=True, text=True, check=True
+    # Its worktrees are gone (others' are not its business).
+    assert _worktrees() == worktrees_before
+
+
+def _worktrees() -> set[str]:
+    listed = subprocess.run(
+        ["git", "worktree", "list", "--porcelain"], capture_output=True, text=True, check=True
     ).stdout
-    assert "rota-ab-" not in worktrees
+    return {line for line in listed.splitlines() if line.startswith("worktree ")}

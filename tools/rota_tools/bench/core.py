@@ -240,35 +240,37 @@ class FifoFiller:
     ) -> None:
         self.conn, self.schema, self.leased = conn, f"rota_bench_{name}", leased
         self.priorities = priorities if any(priorities) else None
-        kind = "leased_" if leased else "priority_" if self.priorities else ""
-        self.setup, self.claim_query = (
-            self._query(f"bench_{kind}fifo_setup"),
-            self._query(f"bench_{kind}fifo_claim"),
-        )
-        self.finish_query = self._query(f"bench_{'leased_' if leased else ''}fifo_finish")
-        self.conn.execute(self._query("bench_fifo_schema"))
+        if leased:
+            setup, claim = query("bench_leased_fifo_setup"), query("bench_leased_fifo_claim")
+        elif self.priorities:
+            setup, claim = query("bench_priority_fifo_setup"), query("bench_priority_fifo_claim")
+        else:
+            setup, claim = query("bench_fifo_setup"), query("bench_fifo_claim")
+        finish = query("bench_leased_fifo_finish") if leased else query("bench_fifo_finish")
+        self.setup, self.claim_query, self.finish_query = map(self._render, (setup, claim, finish))
+        self.conn.execute(self._render(query("bench_fifo_schema")))
         self.added = 0  # tasks added in the turn of priorities
 
-    def _query(self, name: str) -> bytes:
+    def _render(self, block: str) -> bytes:
         # Rendered once: the timed claims send the same bytes each time.
-        return sql.SQL(query(name)).format(schema=sql.Identifier(self.schema)).as_bytes(self.conn)
+        return sql.SQL(block).format(schema=sql.Identifier(self.schema)).as_bytes(self.conn)
 
     def fill(self, target: int) -> None:
         self.conn.execute(self.setup)
         self.added = 0
         self.add(target)
-        self.conn.execute(self._query("bench_analyze_fifo"))
+        self.conn.execute(self._render(query("bench_analyze_fifo")))
 
     def add(self, count: int) -> None:
         if self.priorities is None:
-            self.conn.execute(self._query("bench_fifo_fill"), {"count": count})
+            self.conn.execute(self._render(query("bench_fifo_fill")), {"count": count})
             return
         turn = itertools.islice(itertools.cycle(self.priorities), self.added, self.added + count)
         self._add_priorities(list(turn))
         self.added += count
 
     def _add_priorities(self, priorities: list[int]) -> None:
-        fill = self._query("bench_priority_fifo_fill")
+        fill = self._render(query("bench_priority_fifo_fill"))
         for start in range(0, len(priorities), BATCH):
             self.conn.execute(fill, {"priorities": priorities[start : start + BATCH]})
 
@@ -287,7 +289,7 @@ class FifoFiller:
         return self.conn.execute(self.finish_query, {"ids": ids}, prepare=True).rowcount
 
     def drop(self) -> None:
-        self.conn.execute(self._query("bench_fifo_drop_schema"))
+        self.conn.execute(self._render(query("bench_fifo_drop_schema")))
 
 
 def _queue_for(backlog: int) -> str:
