@@ -162,6 +162,11 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
     )
     assert e2e["tasks_per_s"] > 0 and e2e["enqueue_to_start_ms"]["p50"] > 0
     assert e2e["params"]["database_pooling"] == "none"
+    # Redis alone at the same pace: every task pushed was popped and timed.
+    pop = e2e["redis_pop_baseline"]
+    assert pop["tasks"] == 300 and pop["enqueue_to_start_ms"]["p50"] > 0
+    assert pop["enqueue_to_start_ms"]["p99"] >= pop["enqueue_to_start_ms"]["p50"]
+    assert "p50_over_redis_pop_ms" in e2e
     # Again behind PgBouncer in transaction mode: LISTEN on the direct URL, then polling.
     for key, listen in (("pgbouncer_listen", True), ("pgbouncer_poll", False)):
         pooled = e2e[key]

@@ -272,9 +272,17 @@ def bench_end_to_end(
 ) -> None:
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.pipeline import bench_end_to_end as run
+    from rota_tools.bench.pipeline import redis_pop_baseline
 
     with bench_settings(database_url, redis_url, local) as settings:
         figures = run(settings, tasks, tenants, rate, concurrency)
+        # Redis alone at the same pace, on the same servers: what rota's hops
+        # (buffer -> loader -> commit -> NOTIFY -> claim) add to a pop.
+        pop = redis_pop_baseline(settings, min(tasks, 5000), rate)
+        figures["redis_pop_baseline"] = pop
+        figures["p50_over_redis_pop_ms"] = round(
+            figures["enqueue_to_start_ms"]["p50"] - pop["enqueue_to_start_ms"]["p50"], 1
+        )
         if pgbouncer:
             figures |= _behind_pgbouncer(
                 settings,

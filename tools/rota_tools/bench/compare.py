@@ -138,6 +138,8 @@ STAGES: dict[str, Stage] = {
         (
             _m("enqueue → start p50 ms", "enqueue_to_start_ms.p50", higher=False),
             _m("enqueue → start p99 ms", "enqueue_to_start_ms.p99", higher=False),
+            _m("Redis pop p50 ms", "redis_pop_baseline.enqueue_to_start_ms.p50", higher=False),
+            _m("p50 over the Redis pop, ms", "p50_over_redis_pop_ms", higher=False),
         ),
     ),
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import multiprocessing
 import os
 import statistics
@@ -28,6 +29,7 @@ from rota_tools.sql import query
 from rota_tools.stats import percentile
 
 QUEUE = "bench"
+POP_KEY = "rota-bench-pop"  # the Redis pop baseline's list
 NOOP_APP = "rota_tools.bench.noop:app"
 WARM_UP = "warm-up"  # the tenant of the untimed task that shows a loader is up
 
@@ -614,3 +616,71 @@ def bench_end_to_end(
         },
         "cpu": cpu,
     }
+
+
+def redis_pop_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
+    """The floor of enqueue -> start through Redis alone (a Celery-like
+    design): the producer pushes each tick's tasks onto a list in one
+    command, at the pace end-to-end offers them, and a consumer process
+    pops up to 100 at a time (BLMPOP, as a worker claims a batch). A task
+    starts when its pop returns; rota's starts are its claims' starts."""
+    client = redis_client.connect(settings)
+    client.delete(POP_KEY)
+    ctx = multiprocessing.get_context("spawn")
+    receiving, sending = ctx.Pipe(duplex=False)
+    consumer = ctx.Process(target=_pop_consumer, args=(settings, tasks, sending))
+    consumer.start()
+    try:
+        sending.close()
+        if not receiving.poll(60):
+            raise RuntimeError("benchmark: the Redis pop consumer did not start within 60 s")
+        receiving.recv()  # up and waiting
+        started = time.perf_counter()
+        sent = 0
+        per_tick = max(1, int(rate / 50))
+        while sent < tasks:
+            n = min(per_tick, tasks - sent)
+            client.rpush(
+                POP_KEY,
+                *(
+                    json.dumps({"args": [sent + k, "pad"], "enqueued_at": time.time()})
+                    for k in range(n)
+                ),
+            )
+            sent += n
+            time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
+        if not receiving.poll(120):
+            raise RuntimeError("benchmark: the Redis pop consumer did not finish within 120 s")
+        starts: list[float] = receiving.recv()
+        if len(starts) < tasks:
+            raise RuntimeError(f"benchmark: the Redis pop consumer got {len(starts)} of {tasks}")
+    finally:
+        consumer.join(10)
+        if consumer.is_alive():
+            consumer.kill()
+        client.delete(POP_KEY)
+        client.close()
+    return {
+        "tasks": tasks,
+        "enqueue_to_start_ms": {
+            "p50": round(statistics.median(starts), 1),
+            "p99": round(percentile(starts, 0.99), 1),
+        },
+    }
+
+
+def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
+    client = redis_client.connect(settings, timeout=10)
+    client.ping()
+    results.send(None)
+    starts: list[float] = []
+    while len(starts) < tasks:
+        popped = client.blmpop(5, 1, POP_KEY, direction="LEFT", count=100)
+        now = time.time()
+        if popped is None:
+            break  # nothing for 5 s: the parent reports the shortfall
+        items: list[bytes] = popped[1]  # type: ignore[assignment]  # [key, [items]]
+        for item in items:
+            starts.append((now - json.loads(item)["enqueued_at"]) * 1000)
+    results.send(starts)
+    client.close()
