@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from rota_tools.bench.cpu import CpuMeter, pid_probe, process_seconds, process_tree_seconds
@@ -19,6 +20,17 @@ def _spin(seconds: float) -> None:
 def test_a_process_cpu_seconds_follow_the_work_it_does() -> None:
     before = process_seconds(os.getpid())
     _spin(0.3)
+    after = process_seconds(os.getpid())
+    assert before is not None and after is not None
+    assert 0.2 <= after - before <= 5, (before, after)
+
+
+def test_a_process_cpu_seconds_count_its_other_threads() -> None:
+    # A worker runs its tasks in a pool's threads, not in its main thread.
+    before = process_seconds(os.getpid())
+    spinner = threading.Thread(target=_spin, args=(0.3,))
+    spinner.start()
+    spinner.join()
     after = process_seconds(os.getpid())
     assert before is not None and after is not None
     assert 0.2 <= after - before <= 5, (before, after)

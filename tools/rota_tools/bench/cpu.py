@@ -1,13 +1,15 @@
 """Where a benchmark's CPU went: seconds per process over a measured window.
 
-Linux's /proc for local processes (PostgreSQL as its postmaster and every
-child, exited ones included); Redis reports its own (INFO cpu), so it is
-measured wherever it runs.
+Local processes by their CPU clocks (every thread), PostgreSQL as its
+postmaster and every child, exited ones included (/proc); Redis reports its
+own (INFO cpu), so it is measured wherever it runs.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from rota.buffer import redis_client
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_LIBC = ctypes.CDLL(None, use_errno=True)
 LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
 
 Probe = Callable[[], float | None]
@@ -32,23 +35,31 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def _run_seconds(pid: int) -> float | None:
-    """The time a process has run, in nanoseconds (/proc/PID/schedstat), as
-    seconds: clock ticks (10 ms) round a small process's share to nothing."""
+def _cpu_clock_seconds(pid: int) -> float | None:
+    """A process's CPU clock (clock_getcpuclockid): every thread's time,
+    exited ones included, in nanoseconds, as seconds. Clock ticks (10 ms,
+    /proc/PID/stat) round a small process's share to nothing, and
+    /proc/PID/schedstat is its main thread's alone (a worker runs its tasks
+    in a pool's threads). None if the process is gone or the clock cannot be
+    read."""
+    clock = ctypes.c_int()
+    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+        return None
     try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, IndexError, ValueError):
+        return time.clock_gettime(clock.value)
+    except OSError:
         return None
 
 
 def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | None:
-    """CPU seconds (user + system) a process has used; with its children that
-    have exited and been waited for, when asked. None if it is gone."""
+    """CPU seconds (user + system) a process has used, every thread of it;
+    with its children that have exited and been waited for, when asked.
+    None if it is gone."""
     fields = _stat(pid)
     if fields is None:
         return None
     # From the state (field 3): utime is field 14, stime 15, cutime 16, cstime 17.
-    seconds = _run_seconds(pid)
+    seconds = _cpu_clock_seconds(pid)
     if seconds is None:
         seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     if with_exited_children:
