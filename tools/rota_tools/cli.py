@@ -272,17 +272,21 @@ def bench_end_to_end(
 ) -> None:
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.pipeline import bench_end_to_end as run
-    from rota_tools.bench.pipeline import redis_pop_baseline
+    from rota_tools.bench.starts import start_baselines
 
     with bench_settings(database_url, redis_url, local) as settings:
         figures = run(settings, tasks, tenants, rate, concurrency)
-        # Redis alone at the same pace, on the same servers: what rota's hops
-        # (buffer -> loader -> commit -> NOTIFY -> claim) add to a pop.
-        pop = redis_pop_baseline(settings, min(tasks, 5000), rate)
-        figures["redis_pop_baseline"] = pop
-        figures["p50_over_redis_pop_ms"] = round(
-            figures["enqueue_to_start_ms"]["p50"] - pop["enqueue_to_start_ms"]["p50"], 1
-        )
+        # Simpler designs at the same pace, on the same servers: what rota's
+        # hops (buffer -> loader -> commit -> NOTIFY -> claim) add to a Redis
+        # pop, and to a durable queue written straight into PostgreSQL.
+        figures |= start_baselines(settings, min(tasks, 5000), rate)
+        p50 = figures["enqueue_to_start_ms"]["p50"]
+        for key, baseline in (
+            ("redis_pop", "redis_pop_baseline"),
+            ("postgres_queue", "postgres_queue_baseline"),
+        ):
+            floor = figures[baseline]["enqueue_to_start_ms"]["p50"]
+            figures[f"p50_over_{key}_ms"] = round(p50 - floor, 1)
         if pgbouncer:
             figures |= _behind_pgbouncer(
                 settings,

@@ -140,6 +140,14 @@ STAGES: dict[str, Stage] = {
             _m("enqueue → start p99 ms", "enqueue_to_start_ms.p99", higher=False),
             _m("Redis pop p50 ms", "redis_pop_baseline.enqueue_to_start_ms.p50", higher=False),
             _m("p50 over the Redis pop, ms", "p50_over_redis_pop_ms", higher=False),
+            _m(
+                "PostgreSQL queue p50 ms",
+                "postgres_queue_baseline.enqueue_to_start_ms.p50",
+                higher=False,
+            ),
+            _m("p50 over the PostgreSQL queue, ms", "p50_over_postgres_queue_ms", higher=False),
+            _m("pgqueuer p50 ms", "pgqueuer_baseline.enqueue_to_start_ms.p50", higher=False),
+            _m("pgqueuer p99 ms", "pgqueuer_baseline.enqueue_to_start_ms.p99", higher=False),
         ),
     ),
 }

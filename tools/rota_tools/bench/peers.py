@@ -21,8 +21,14 @@ from psycopg import sql
 DATABASE = "rota_peer_pgqueuer"
 
 
-def _peer_url(url: str) -> str:
-    return url.rsplit("/", 1)[0] + "/" + DATABASE
+def fresh_database(url: str, name: str) -> str:
+    """A new empty database `name` on `url`'s server (dropped first if it
+    exists); returns its URL."""
+    admin = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return url.rsplit("/", 1)[0] + "/" + name
 
 
 async def _prepare(url: str, tasks: int) -> None:
@@ -62,11 +68,7 @@ def _worker(args: tuple[str, int]) -> int:
 
 
 def pgqueuer_throughput(url: str, tasks: int, processes: int, batch_size: int) -> float:
-    admin = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DATABASE)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-    peer = _peer_url(url)
+    peer = fresh_database(url, DATABASE)
     asyncio.run(_prepare(peer, tasks))
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes) as pool:
@@ -118,13 +120,7 @@ def _procrastinate_worker(args: tuple[str, int]) -> None:
 
 
 def procrastinate_throughput(url: str, tasks: int, processes: int, concurrency: int) -> float:
-    admin = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(PROCRASTINATE_DATABASE))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(PROCRASTINATE_DATABASE)))
-    peer = url.rsplit("/", 1)[0] + "/" + PROCRASTINATE_DATABASE
+    peer = fresh_database(url, PROCRASTINATE_DATABASE)
     asyncio.run(_procrastinate_prepare(peer, tasks))
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes) as pool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import multiprocessing
 import os
 import statistics
@@ -24,12 +23,12 @@ from rota.loader import Loader
 from rota.runtime.process import tune_gc
 from rota_tools.bench.core import reset, skewed_tenant
 from rota_tools.bench.cpu import CpuMeter, Probe, pid_probe, postgres_probe, redis_probe
+from rota_tools.bench.starts import offer, start_figures
 from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
 from rota_tools.sql import query
 from rota_tools.stats import percentile
 
 QUEUE = "bench"
-POP_KEY = "rota-bench-pop"  # the Redis pop baseline's list
 NOOP_APP = "rota_tools.bench.noop:app"
 WARM_UP = "warm-up"  # the tenant of the untimed task that shows a loader is up
 
@@ -483,7 +482,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         "synchronous_commit_tasks_per_s": {
             f"{n}_process": round(throughput[f"{n}_synchronous_commit"]) for n in (1, 2)
         },
-        "enqueue_to_start_ms": _start_figures(starts),
+        "enqueue_to_start_ms": start_figures(starts),
         "goal": {"start_p50_ms_at_most": 50, "ratio_to_pgqueuer_at_least": 2.0},
     }
     if importlib.util.find_spec("pgqueuer") is not None:
@@ -574,7 +573,7 @@ def bench_end_to_end(
                 }
             )
             meter.start()
-            started = _offer(
+            started = offer(
                 tasks,
                 rate,
                 lambda first, n: app.enqueue_many(
@@ -604,88 +603,6 @@ def bench_end_to_end(
             "listen": fleet.session_database_url is not None,
         },
         "tasks_per_s": round(tasks / elapsed),
-        "enqueue_to_start_ms": _start_figures(starts),
+        "enqueue_to_start_ms": start_figures(starts),
         "cpu": cpu,
     }
-
-
-def _offer(tasks: int, rate: float, send: Callable[[int, int], object]) -> float:
-    """Sends `tasks` at `rate` tasks/s, a tick's worth every 20 ms: `send(first,
-    n)` sends tasks first .. first + n - 1. Returns when sending started
-    (time.perf_counter)."""
-    started = time.perf_counter()
-    sent = 0
-    per_tick = max(1, int(rate / 50))
-    while sent < tasks:
-        n = min(per_tick, tasks - sent)
-        send(sent, n)
-        sent += n
-        time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
-    return started
-
-
-def _start_figures(starts: list[float]) -> dict[str, float]:
-    """Enqueue -> start latencies' p50 and p99, in milliseconds."""
-    return {"p50": round(statistics.median(starts), 1), "p99": round(percentile(starts, 0.99), 1)}
-
-
-def redis_pop_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
-    """The floor of enqueue -> start through Redis alone (a Celery-like
-    design): the producer pushes each tick's tasks onto a list in one
-    command, at the pace end-to-end offers them, and a consumer process
-    pops up to 100 at a time (BLMPOP, as a worker claims a batch). A task
-    starts when its pop returns; rota's starts are its claims' starts."""
-    client = redis_client.connect(settings)
-    client.delete(POP_KEY)
-    ctx = multiprocessing.get_context("spawn")
-    receiving, sending = ctx.Pipe(duplex=False)
-    consumer = ctx.Process(target=_pop_consumer, args=(settings, tasks, sending))
-    consumer.start()
-    try:
-        sending.close()
-        if not receiving.poll(60):
-            raise RuntimeError("benchmark: the Redis pop consumer did not start within 60 s")
-        receiving.recv()  # up and waiting
-        _offer(
-            tasks,
-            rate,
-            lambda first, n: client.rpush(
-                POP_KEY,
-                *(
-                    json.dumps({"args": [i, "pad"], "enqueued_at": time.time()})
-                    for i in range(first, first + n)
-                ),
-            ),
-        )
-        if not receiving.poll(120):
-            raise RuntimeError("benchmark: the Redis pop consumer did not finish within 120 s")
-        starts: list[float] = receiving.recv()
-        if len(starts) < tasks:
-            raise RuntimeError(f"benchmark: the Redis pop consumer got {len(starts)} of {tasks}")
-    finally:
-        consumer.join(10)
-        if consumer.is_alive():
-            consumer.kill()
-        client.delete(POP_KEY)
-        client.close()
-    return {
-        "tasks": tasks,
-        "enqueue_to_start_ms": _start_figures(starts),
-    }
-
-
-def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
-    client = redis_client.connect(settings, timeout=10)
-    client.ping()
-    results.send(None)
-    starts: list[float] = []
-    while len(starts) < tasks:
-        popped = client.blmpop(5, 1, POP_KEY, direction="LEFT", count=100)
-        now = time.time()
-        if popped is None:
-            break  # nothing for 5 s: the parent reports the shortfall
-        items: list[bytes] = popped[1]  # type: ignore[assignment]  # [key, [items]]
-        for item in items:
-            starts.append((now - json.loads(item)["enqueued_at"]) * 1000)
-    results.send(starts)
-    client.close()

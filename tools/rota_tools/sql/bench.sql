@@ -315,3 +315,37 @@ LIMIT %(limit)s
 -- How many sessions of this database wait on rota's LISTEN (idle workers).
 SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND state = 'idle' AND query LIKE '%%LISTEN rota_ready%%'
+
+-- name: bench_pgqueue_setup
+-- The least a durable PostgreSQL queue written to directly does (the start
+-- baseline of `rota bench end-to-end`): one table, a claim that leases,
+-- completion that deletes.
+DROP TABLE IF EXISTS {schema}.rota_bench_jobs;
+CREATE TABLE {schema}.rota_bench_jobs (
+    id bigserial PRIMARY KEY,
+    payload json NOT NULL,
+    enqueued_at double precision NOT NULL,  -- the producer's clock, as rota's envelope
+    running boolean NOT NULL DEFAULT false,
+    lease_until timestamptz
+);
+CREATE INDEX rota_bench_jobs_waiting ON {schema}.rota_bench_jobs (id) WHERE NOT running;
+
+-- name: bench_pgqueue_enqueue
+-- A tick's tasks and the wake-up in one statement: one round trip, one commit.
+WITH added AS (
+    INSERT INTO {schema}.rota_bench_jobs (payload, enqueued_at)
+    SELECT p::json, %(enqueued_at)s FROM unnest(%(payloads)s::text[]) p
+)
+SELECT pg_notify('rota_bench_jobs', '')
+
+-- name: bench_pgqueue_listen
+LISTEN rota_bench_jobs
+
+-- name: bench_pgqueue_claim
+UPDATE {schema}.rota_bench_jobs SET running = true, lease_until = now() + interval '30 s'
+WHERE id = ANY (ARRAY(SELECT id FROM {schema}.rota_bench_jobs WHERE NOT running ORDER BY id
+                      LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+RETURNING id, payload, enqueued_at
+
+-- name: bench_pgqueue_finish
+DELETE FROM {schema}.rota_bench_jobs WHERE id = ANY (%(ids)s::bigint[])

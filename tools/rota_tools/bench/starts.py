@@ -1,0 +1,260 @@
+"""Enqueue -> start at the pace `rota bench end-to-end` offers, through
+designs simpler than rota's, on the same servers: the floors its starts are
+read against.
+
+- **Redis alone** (a Celery-like design): no durable store, no lease.
+- **A durable PostgreSQL queue written to directly**: one table; a tick's
+  tasks and the NOTIFY in one statement (one commit, which waits for the WAL
+  flush, as a load of rota's does); a consumer on LISTEN that claims 100
+  with a lease and deletes them when done. The least a queue that keeps
+  what it acknowledged and gives a crashed worker's tasks back can do.
+- **pgqueuer** (`pip install 'rota[bench]'`), a peer that writes straight
+  into PostgreSQL, with rota's claim batch.
+
+Each consumer is a process of its own, as rota's workers are; a task starts
+when its consumer holds it (rota's: when its claim returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import multiprocessing
+import statistics
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from rota import Settings
+from rota.buffer import redis_client
+from rota_tools.bench.peers import fresh_database
+from rota_tools.sql import query
+from rota_tools.stats import percentile
+
+POP_KEY = "rota-bench-pop"  # the Redis pop baseline's list
+PGQUEUE_SCHEMA = "rota_bench_pgqueue"
+PGQUEUER_DATABASE = "rota_peer_pgqueuer_starts"
+BATCH = 100  # each consumer's claim, as rota's workers' in end-to-end
+IDLE_SECONDS = 5.0  # a consumer that waited this long for work gives up
+
+
+def offer(tasks: int, rate: float, send: Callable[[int, int], object]) -> float:
+    """Sends `tasks` at `rate` tasks/s, a tick's worth every 20 ms: `send(first,
+    n)` sends tasks first .. first + n - 1. Returns when sending started
+    (time.perf_counter)."""
+    started = time.perf_counter()
+    sent = 0
+    per_tick = max(1, int(rate / 50))
+    while sent < tasks:
+        n = min(per_tick, tasks - sent)
+        send(sent, n)
+        sent += n
+        time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
+    return started
+
+
+def start_figures(starts: list[float]) -> dict[str, float]:
+    """Enqueue -> start latencies' p50 and p99, in milliseconds."""
+    return {"p50": round(statistics.median(starts), 1), "p99": round(percentile(starts, 0.99), 1)}
+
+
+def start_baselines(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
+    """The three floors, each with `tasks` at `rate`, for end-to-end's report."""
+    figures: dict[str, Any] = {
+        "redis_pop_baseline": redis_pop_baseline(settings, tasks, rate),
+        "postgres_queue_baseline": postgres_queue_baseline(settings, tasks, rate),
+    }
+    if importlib.util.find_spec("pgqueuer") is not None:
+        figures["pgqueuer_baseline"] = pgqueuer_baseline(settings, tasks, rate)
+    else:
+        figures["pgqueuer_baseline"] = "not installed (pip install 'rota[bench]')"
+    return figures
+
+
+def redis_pop_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
+    """Redis alone: the producer pushes each tick's tasks onto a list in one
+    command; the consumer pops up to BATCH at a time (BLMPOP)."""
+    client = redis_client.connect(settings)
+    client.delete(POP_KEY)
+    try:
+        return _paced(
+            "Redis pop",
+            _pop_consumer,
+            settings,
+            tasks,
+            rate,
+            lambda first, n: client.rpush(
+                POP_KEY,
+                *(
+                    json.dumps({"args": [i, "pad"], "enqueued_at": time.time()})
+                    for i in range(first, first + n)
+                ),
+            ),
+        )
+    finally:
+        client.delete(POP_KEY)
+        client.close()
+
+
+def postgres_queue_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
+    """The durable PostgreSQL queue written to directly (see the module's
+    docstring), in a schema of its own on rota's database."""
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(_render(conn, "bench_fifo_schema"))
+        conn.execute(_render(conn, "bench_pgqueue_setup"))
+        enqueue = _render(conn, "bench_pgqueue_enqueue")
+
+        def send(first: int, n: int) -> None:
+            enqueued_at = time.time()
+            payloads = [json.dumps({"args": [i, "pad"]}) for i in range(first, first + n)]
+            conn.execute(enqueue, {"payloads": payloads, "enqueued_at": enqueued_at}, prepare=True)
+
+        try:
+            return _paced(
+                "PostgreSQL queue", _pgqueue_consumer, settings.database_url, tasks, rate, send
+            )
+        finally:
+            conn.execute(_render(conn, "bench_fifo_drop_schema"))
+
+
+def pgqueuer_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
+    """pgqueuer in a database of its own on the same server: its producer's
+    enqueue (an INSERT that NOTIFYs), its worker with a claim batch of BATCH."""
+    from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
+    from pgqueuer.queries import SyncQueries
+
+    url = fresh_database(settings.database_url, PGQUEUER_DATABASE)
+    asyncio.run(_install_pgqueuer(url))
+    with psycopg.connect(url, autocommit=True) as conn:
+        queries = SyncQueries(SyncPsycopgDriver(conn))
+
+        def send(first: int, n: int) -> None:
+            enqueued_at = time.time()
+            payloads: list[bytes | None] = [
+                json.dumps({"args": [i, "pad"], "enqueued_at": enqueued_at}).encode()
+                for i in range(first, first + n)
+            ]
+            queries.enqueue(["noop"] * n, payloads, [0] * n)
+
+        return _paced("pgqueuer", _pgqueuer_consumer, url, tasks, rate, send)
+
+
+def _paced(
+    what: str,
+    consumer: Callable[[Any, int, Any], None],
+    target: Any,
+    tasks: int,
+    rate: float,
+    send: Callable[[int, int], object],
+) -> dict[str, Any]:
+    """Starts `consumer(target, tasks, results)` in a process of its own,
+    offers `tasks` at `rate` through `send` once it says it is waiting, and
+    reports the starts it sends back."""
+    ctx = multiprocessing.get_context("spawn")
+    receiving, sending = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=consumer, args=(target, tasks, sending), daemon=True)
+    process.start()
+    try:
+        sending.close()
+        _receive(receiving, process, 60, f"the {what} consumer did not start")  # up and waiting
+        offer(tasks, rate, send)
+        starts: list[float] = _receive(
+            receiving, process, 120, f"the {what} consumer did not finish"
+        )
+        if len(starts) < tasks:
+            raise RuntimeError(f"benchmark: the {what} consumer got {len(starts)} of {tasks}")
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+    return {"tasks": tasks, "enqueue_to_start_ms": start_figures(starts)}
+
+
+def _receive(receiving: Any, process: Any, timeout: float, failure: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not receiving.poll(0.5):
+        if not process.is_alive() and not receiving.poll(0):
+            raise RuntimeError(f"benchmark: {failure} (exit code {process.exitcode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"benchmark: {failure} within {timeout:g} s")
+    return receiving.recv()
+
+
+def _render(conn: psycopg.Connection[Any], name: str) -> bytes:
+    return sql.SQL(query(name)).format(schema=sql.Identifier(PGQUEUE_SCHEMA)).as_bytes(conn)
+
+
+def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
+    client = redis_client.connect(settings, timeout=10)
+    client.ping()
+    results.send(None)
+    starts: list[float] = []
+    while len(starts) < tasks:
+        popped = client.blmpop(IDLE_SECONDS, 1, POP_KEY, direction="LEFT", count=BATCH)
+        now = time.time()
+        if popped is None:
+            break  # the parent reports the shortfall
+        items: list[bytes] = popped[1]  # type: ignore[assignment]  # [key, [items]]
+        starts.extend((now - json.loads(item)["enqueued_at"]) * 1000 for item in items)
+    results.send(starts)
+    client.close()
+
+
+def _pgqueue_consumer(url: str, tasks: int, results: Any) -> None:
+    starts: list[float] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        claim, finish = _render(conn, "bench_pgqueue_claim"), _render(conn, "bench_pgqueue_finish")
+        conn.execute(query("bench_pgqueue_listen"))
+        results.send(None)
+        while len(starts) < tasks:
+            rows = conn.execute(claim, {"limit": BATCH}, prepare=True).fetchall()
+            now = time.time()
+            if rows:
+                starts.extend((now - enqueued_at) * 1000 for _, _, enqueued_at in rows)
+                conn.execute(finish, {"ids": [row[0] for row in rows]}, prepare=True)
+            elif not list(conn.notifies(timeout=IDLE_SECONDS, stop_after=1)):
+                break  # the parent reports the shortfall
+    results.send(starts)
+
+
+async def _install_pgqueuer(url: str) -> None:
+    from pgqueuer import PsycopgDriver, Queries
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await Queries(PsycopgDriver(conn)).install()
+
+
+def _pgqueuer_consumer(url: str, tasks: int, results: Any) -> None:
+    asyncio.run(_pgqueuer_starts(url, tasks, results))
+
+
+async def _pgqueuer_starts(url: str, tasks: int, results: Any) -> None:
+    from pgqueuer import PgQueuer
+
+    starts: list[float] = []
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        pgq = PgQueuer.from_psycopg_connection(conn)
+
+        @pgq.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            starts.append((time.time() - json.loads(job.payload)["enqueued_at"]) * 1000)
+            if len(starts) >= tasks:
+                pgq.shutdown.set()
+
+        async def give_up_when_idle() -> None:
+            seen = -1
+            while len(starts) != seen:  # the parent reports the shortfall
+                seen = len(starts)
+                await asyncio.sleep(IDLE_SECONDS)
+            pgq.shutdown.set()
+
+        results.send(None)
+        watchdog = asyncio.create_task(give_up_when_idle())
+        await pgq.run(batch_size=BATCH, dequeue_timeout=timedelta(seconds=1))
+        watchdog.cancel()
+    results.send(starts)
