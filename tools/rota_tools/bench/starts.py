@@ -105,9 +105,9 @@ def postgres_queue_baseline(settings: Settings, tasks: int, rate: float) -> dict
     """The durable PostgreSQL queue written to directly (see the module's
     docstring), in a schema of its own on rota's database."""
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
-        conn.execute(_render(conn, "bench_fifo_schema"))
-        conn.execute(_render(conn, "bench_pgqueue_setup"))
-        enqueue = _render(conn, "bench_pgqueue_enqueue")
+        conn.execute(_render(conn, query("bench_fifo_schema")))
+        conn.execute(_render(conn, query("bench_pgqueue_setup")))
+        enqueue = _render(conn, query("bench_pgqueue_enqueue"))
 
         def send(first: int, n: int) -> None:
             enqueued_at = time.time()
@@ -119,7 +119,7 @@ def postgres_queue_baseline(settings: Settings, tasks: int, rate: float) -> dict
                 "PostgreSQL queue", _pgqueue_consumer, settings.database_url, tasks, rate, send
             )
         finally:
-            conn.execute(_render(conn, "bench_fifo_drop_schema"))
+            conn.execute(_render(conn, query("bench_fifo_drop_schema")))
 
 
 def pgqueuer_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
@@ -185,8 +185,8 @@ def _receive(receiving: Any, process: Any, timeout: float, failure: str) -> Any:
     return receiving.recv()
 
 
-def _render(conn: psycopg.Connection[Any], name: str) -> bytes:
-    return sql.SQL(query(name)).format(schema=sql.Identifier(PGQUEUE_SCHEMA)).as_bytes(conn)
+def _render(conn: psycopg.Connection[Any], block: str) -> bytes:
+    return sql.SQL(block).format(schema=sql.Identifier(PGQUEUE_SCHEMA)).as_bytes(conn)
 
 
 def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
@@ -208,7 +208,10 @@ def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
 def _pgqueue_consumer(url: str, tasks: int, results: Any) -> None:
     starts: list[float] = []
     with psycopg.connect(url, autocommit=True) as conn:
-        claim, finish = _render(conn, "bench_pgqueue_claim"), _render(conn, "bench_pgqueue_finish")
+        claim, finish = (
+            _render(conn, query("bench_pgqueue_claim")),
+            _render(conn, query("bench_pgqueue_finish")),
+        )
         conn.execute(query("bench_pgqueue_listen"))
         results.send(None)
         while len(starts) < tasks:
