@@ -162,6 +162,11 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
     )
     assert e2e["tasks_per_s"] > 0 and e2e["enqueue_to_start_ms"]["p50"] > 0
     assert e2e["params"]["database_pooling"] == "none"
+    cpu = e2e["cpu"]
+    assert {"producer", "loader", "worker_1", "worker_2", "postgresql"} <= set(cpu["per_process"])
+    assert cpu["all_us_per_task"] == pytest.approx(
+        sum(p["us_per_task"] for p in cpu["per_process"].values()), abs=0.5
+    )
     # Simpler designs at the same pace: Redis alone, a durable queue written
     # straight into PostgreSQL, and pgqueuer. Each consumer timed every task
     # (a shortfall raises), and the report says what rota adds to the first two.

@@ -90,6 +90,18 @@ def test_the_meter_reports_seconds_and_cores_per_process_and_names_the_busiest()
     assert report["all_cores"] == 1.25
     assert report["busiest"] == "a"
     assert report["not_measured"] == ["remote"]
+    assert "all_us_per_task" not in report
+
+
+def test_the_meter_gives_each_process_cpu_per_task_when_told_the_tasks() -> None:
+    clock = {"a": 1.0, "b": 10.0}
+    meter = CpuMeter({"a": lambda: clock["a"], "b": lambda: clock["b"]})
+    meter.start()
+    clock["a"], clock["b"] = 1.3, 10.05
+    report = meter.report(elapsed=2.0, tasks=10_000)
+    assert report["per_process"]["a"]["us_per_task"] == 30.0
+    assert report["per_process"]["b"]["us_per_task"] == 5.0
+    assert report["all_us_per_task"] == 35.0
 
 
 def test_the_meter_keeps_a_few_milliseconds() -> None:

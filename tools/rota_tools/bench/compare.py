@@ -131,6 +131,7 @@ STAGES: dict[str, Stage] = {
             _m("enqueue → start p99 ms", "enqueue_to_start_ms.p99", higher=False),
             _m("PostgreSQL, cores", "cpu.per_process.postgresql.cores", higher=False),
             _m("all processes, cores", "cpu.all_cores", higher=False),
+            _m("all processes, µs of CPU per task", "cpu.all_us_per_task", higher=False),
         ),
     ),
     "start": Stage(

@@ -135,9 +135,11 @@ class CpuMeter:
     def start(self) -> None:
         self.before = {name: probe() for name, probe in self.probes.items()}
 
-    def report(self, elapsed: float) -> dict[str, Any]:
+    def report(self, elapsed: float, tasks: int | None = None) -> dict[str, Any]:
         """Per process: CPU seconds in the window, and cores (seconds per
-        second of the window); the machine's cores beside them."""
+        second of the window); with the window's `tasks`, microseconds of CPU
+        per task too, which compare across rates. The machine's cores beside
+        them."""
         used: dict[str, dict[str, float]] = {}
         for name, probe in self.probes.items():
             start, end = self.before.get(name), probe()
@@ -147,10 +149,14 @@ class CpuMeter:
             # To the tenth of a millisecond: a proxy's share of a short run is
             # a few milliseconds.
             used[name] = {"seconds": round(seconds, 4), "cores": round(seconds / elapsed, 2)}
+            if tasks:
+                used[name]["us_per_task"] = round(seconds / tasks * 1e6, 1)
         total = sum(figures["seconds"] for figures in used.values())
+        per_task = {"all_us_per_task": round(total / tasks * 1e6, 1)} if tasks else {}
         return {
             "per_process": used,
             "all_cores": round(total / elapsed, 2),
+            **per_task,
             "machine_cores": os.cpu_count(),
             "busiest": max(used, key=lambda name: used[name]["seconds"], default=None),
             "not_measured": self.absent,

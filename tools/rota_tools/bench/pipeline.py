@@ -585,7 +585,7 @@ def bench_end_to_end(
             )
             _wait_for_finished(conn, tasks, [loader, *workers])
             elapsed = time.perf_counter() - started
-            cpu = meter.report(elapsed)
+            cpu = meter.report(elapsed, tasks)
         finally:
             stop_workers([loader, *workers])
         starts = _start_latencies(conn)
