@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -51,6 +51,16 @@ class InFlight:
     def begin(self) -> None:
         self.started_at = time.monotonic()
         self.waited = max(0.0, time.time() - self.task.enqueued_at.timestamp())
+
+
+class Attempt(NamedTuple):
+    """An attempt that ran, as the metrics count it."""
+
+    queue: str
+    tenant: str
+    waited: float  # seconds from its enqueue to its start
+    ran: float  # seconds
+    failed: bool
 
 
 @dataclass

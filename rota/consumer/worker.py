@@ -33,6 +33,7 @@ from rota.app import App
 from rota.consumer.maintenance import Leadership, Maintenance
 from rota.consumer.reports import UnknownTaskPolicy, Unreported, report, unreadable_claim
 from rota.consumer.running import (
+    Attempt,
     InFlight,
     Outcome,
     StaleClaim,
@@ -274,18 +275,17 @@ class Worker:
             self.unreported.unknown.append(task.token)
             return
         flight = InFlight(task, timeout=registered.options.timeout, claimed_at=time.monotonic())
-        future: concurrent.futures.Future[Any]
+        self.in_flight[task.id] = flight
         if registered.is_async:
             future = asyncio.run_coroutine_threadsafe(
                 self._run_async(registered, flight), self._loop
             )
+            future.add_done_callback(functools.partial(self._done, task))
         else:
-            # The pool runs `concurrency` at a time; a prefetched task waits in
-            # its queue, unstarted (and is handed back at shutdown).
+            # `concurrency` at a time; a prefetched task waits unstarted (handed
+            # back at shutdown). It records its own outcome: no done callback.
             future = self._pool.submit(self._run_sync, registered, flight)
         flight.future = future
-        self.in_flight[task.id] = flight
-        future.add_done_callback(functools.partial(self._done, task))
 
     def _lease_ran_out(self, flight: InFlight) -> bool:
         """Whether the task's lease has surely expired: no heartbeat reached
@@ -293,12 +293,17 @@ class Worker:
         held_until = max(flight.claimed_at, self.last_heartbeat) + self.settings.lease_seconds
         return time.monotonic() > held_until
 
-    def _run_sync(self, registered: Task[Any, Any], flight: InFlight) -> Any:
-        if self._lease_ran_out(flight):
-            raise StaleClaim()
-        flight.begin()
-        current_task.set(flight.task)
-        return registered.fn(*flight.task.args, **flight.task.kwargs)
+    def _run_sync(self, registered: Task[Any, Any], flight: InFlight) -> None:
+        try:
+            if self._lease_ran_out(flight):
+                raise StaleClaim()
+            flight.begin()
+            current_task.set(flight.task)
+            registered.fn(*flight.task.args, **flight.task.kwargs)
+        except BaseException as exc:  # as the pool's future would keep it
+            self._ended(Outcome(flight.task, exc))
+        else:
+            self._ended(Outcome(flight.task, None))
 
     async def _run_async(self, registered: Task[Any, Any], flight: InFlight) -> Any:
         async with self._async_slots:
@@ -316,10 +321,15 @@ class Worker:
                 raise TaskAborted(f"the task raised {type(exc).__name__}") from None
 
     def _done(self, task: core.ClaimedTask, future: concurrent.futures.Future[Any]) -> None:
-        if future.cancelled():
-            return
-        self.outcomes.append(Outcome(task, future.exception()))
-        self.wake.set()
+        if not future.cancelled():
+            self._ended(Outcome(task, future.exception()))
+
+    def _ended(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        # Set once for many outcomes: every wait's clear() is followed by
+        # collecting the outcomes, so one appended before the clear is seen.
+        if not self.wake.is_set():
+            self.wake.set()
 
     def _expire_timeouts(self) -> None:
         """A sync task past its timeout is failed now; its thread cannot be
@@ -345,25 +355,25 @@ class Worker:
             self.processed += db.run(conn, reported)
 
     def _collect_outcomes(self) -> None:
+        ran: list[Attempt] = []
         while True:
             try:
                 outcome = self.outcomes.popleft()
             except IndexError:
-                return
+                break
             flight = self.in_flight.pop(outcome.task.id, None)
             if flight is None:
                 continue  # already reported (a timeout, then the late result)
             sort_outcome(outcome, self.unreported)
-            self._count(flight, outcome)
-
-    def _count(self, flight: InFlight, outcome: Outcome) -> None:
-        task = outcome.task
-        if flight.started_at is None:
-            return  # never started (a stale claim)
-        ran = time.monotonic() - flight.started_at
-        self.metrics.attempt(task.queue, task.tenant, flight.waited or 0.0, ran, outcome.error)
-        if outcome.error is not None:
-            self._queue_of_failed[task.id] = task.queue
+            if flight.started_at is None:
+                continue  # never started (a stale claim)
+            task, failed = outcome.task, outcome.error is not None
+            seconds = time.monotonic() - flight.started_at
+            ran.append(Attempt(task.queue, task.tenant, flight.waited or 0.0, seconds, failed))
+            if failed:
+                self._queue_of_failed[task.id] = task.queue
+        if ran:
+            self.metrics.attempts(ran)
 
     def _observe_failure(self, outcome: core.FailOutcome) -> None:
         queue = self._queue_of_failed.pop(outcome.id, "unknown")

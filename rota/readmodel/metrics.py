@@ -20,7 +20,7 @@ import hmac
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -171,19 +171,22 @@ class WorkerMetrics:
         # Each series' child, looked up once: labels() validates and locks.
         self._ended: dict[tuple[bool, str, str], Any] = {}
 
-    def attempt(
-        self, queue: str, tenant: str, waited: float, ran: float, error: BaseException | None
-    ) -> None:
-        """An attempt that ran: its wait, run time, and how it ended (called
-        by the claim loop alone, once per task)."""
-        self.wait.observe(queue, waited)
-        self.run.observe(queue, ran)
-        key = (error is None, queue, self.tenant(tenant))
-        child = self._ended.get(key)
-        if child is None:
-            counter = self.completed if error is None else self.failed
-            child = self._ended[key] = counter.labels(queue, key[2])
-        child.inc()
+    def attempts(self, ended: Iterable[tuple[str, str, float, float, bool]]) -> None:
+        """Attempts that ran, as (queue, tenant, waited, ran, failed), from the
+        claim loop alone: each counter's lock taken once per series, not task."""
+        counts: dict[tuple[bool, str, str], int] = {}
+        for queue, tenant, waited, ran, failed in ended:
+            self.wait.observe(queue, waited)
+            self.run.observe(queue, ran)
+            key = (not failed, queue, tenant)
+            counts[key] = counts.get(key, 0) + 1
+        for (ok, queue, tenant), n in counts.items():
+            key = (ok, queue, self.tenant(tenant))
+            child = self._ended.get(key)
+            if child is None:
+                counter = self.completed if ok else self.failed
+                child = self._ended[key] = counter.labels(queue, key[2])
+            child.inc(n)
 
     def failure_ended(self, queue: str, retried: bool) -> None:
         (self.retried if retried else self.dead).labels(queue).inc()

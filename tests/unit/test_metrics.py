@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rota.core.read import QueueRow, TopTenant
@@ -82,14 +83,45 @@ def test_the_claim_loops_histogram_reads_as_prometheus_clients_own() -> None:
 
 
 def test_tenants_past_the_limit_share_one_series_and_one_cached_child() -> None:
+    from rota.consumer.running import Attempt
     from rota.readmodel.metrics import WorkerMetrics
 
     metrics = WorkerMetrics(tenant_limit=2)
-    for i in range(50):
-        metrics.attempt("q", f"tenant-{i}", 0.01, 0.001, None)
+    for first in range(0, 50, 10):  # as the claim loop collects them, a few at a time
+        metrics.attempts(
+            Attempt("q", f"tenant-{i}", 0.01, 0.001, False) for i in range(first, first + 10)
+        )
     assert len(metrics._ended) == 3  # two named tenants and "other"
     other = metrics.completed.labels("q", "other")._value.get()
     assert other == 48
+
+
+def test_attempts_collected_together_count_each_way_they_ended() -> None:
+    from rota.consumer.running import Attempt
+    from rota.readmodel.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(tenant_limit=10)
+    metrics.attempts(
+        [
+            Attempt("q", "a", 0.01, 0.002, False),
+            Attempt("q", "a", 0.02, 0.004, True),
+            Attempt("q", "a", 0.03, 0.006, False),
+            Attempt("r", "b", 0.04, 0.008, False),
+        ]
+    )
+    assert metrics.completed.labels("q", "a")._value.get() == 2
+    assert metrics.failed.labels("q", "a")._value.get() == 1
+    assert metrics.completed.labels("r", "b")._value.get() == 1
+    # Every attempt's wait and run time observed, per queue.
+    families = {f.name: f for f in metrics.wait.collect()}
+    samples = {
+        (s.name, s.labels.get("queue")): s.value
+        for s in families["rota_task_wait_seconds"].samples
+        if s.name.endswith(("_count", "_sum"))
+    }
+    assert samples[("rota_task_wait_seconds_count", "q")] == 3
+    assert samples[("rota_task_wait_seconds_sum", "q")] == pytest.approx(0.06)
+    assert samples[("rota_task_wait_seconds_count", "r")] == 1
 
 
 def test_queues_past_the_limit_share_one_series() -> None:

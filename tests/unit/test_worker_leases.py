@@ -6,8 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from uuid import uuid4
 
-import pytest
-
 from rota import App, Settings
 from rota.consumer.worker import InFlight, StaleClaim, Worker
 from rota.core import ClaimedTask
@@ -28,13 +26,17 @@ def test_a_prefetched_task_is_not_started_once_its_lease_surely_ran_out() -> Non
         now = worker.last_heartbeat
         # Claimed and heartbeated recently: runs.
         worker._run_sync(task, _flight(claimed_at=now))
-        assert ran == [1]
-        # No heartbeat reached the database for over a lease since the claim.
+        assert ran == [1] and worker.outcomes.pop().error is None
+        # No heartbeat reached the database for over a lease since the claim:
+        # not started, and its outcome hands it back.
         worker.last_heartbeat = now - 120
-        with pytest.raises(StaleClaim):
-            worker._run_sync(task, _flight(claimed_at=now - 61))
+        stale = _flight(claimed_at=now - 61)
+        worker._run_sync(task, stale)
+        assert ran == [1] and stale.started_at is None
+        assert isinstance(worker.outcomes.pop().error, StaleClaim)
         # Claimed after the last heartbeat, within a lease: still its own.
         worker._run_sync(task, _flight(claimed_at=now))
-        assert ran == [1, 1]
+        assert ran == [1, 1] and worker.outcomes.pop().error is None
+        assert not worker.outcomes
     finally:
         worker._pool.shutdown()
