@@ -38,6 +38,7 @@ from rota.consumer.running import (
     Outcome,
     StaleClaim,
     TaskAborted,
+    TaskPool,
     TaskTimeout,
     current_task,
     heartbeat,
@@ -54,8 +55,7 @@ log = logging.getLogger("rota.worker")
 # Busy: how long finished tasks may gather, so that completing and claiming
 # stay batches rather than a round trip per task.
 GATHER_SECONDS = 0.005
-# Caught up: the poll interval is jittered by this factor, so that a fleet
-# does not poll in step.
+# Caught up: the poll interval is jittered, so a fleet does not poll in step.
 POLL_JITTER = (0.5, 1.5)
 # Shutting down: how often finished tasks are collected within the grace.
 SHUTDOWN_CHECK_SECONDS = 0.05
@@ -107,7 +107,7 @@ class Worker:
         # When a heartbeat last reached the database: leases run out `lease`
         # seconds after it (or after their claim, if later).
         self.last_heartbeat = time.monotonic()
-        self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, "rota-task")
+        self._pool = TaskPool(concurrency, "rota-task")
         self._loop = asyncio.new_event_loop()
         self._async_slots = asyncio.Semaphore(concurrency)
         self._loop_thread = threading.Thread(
@@ -161,7 +161,7 @@ class Worker:
             return self._shutdown(kept.current)
         finally:
             self.stopping.set()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._loop.call_soon_threadsafe(self._loop.stop)
             kept.drop()
 
@@ -229,11 +229,12 @@ class Worker:
         """Hands back unstarted tasks at once, lets running ones finish within
         the grace, then hands back what still runs; returns whether all ended."""
         deadline = time.monotonic() + self.settings.shutdown_grace_seconds
-        unstarted = [
-            f.task.token
-            for f in list(self.in_flight.values())
-            if f.started_at is None and (f.future is None or f.future.cancel())
-        ]
+        with self._pool.starting:
+            unstarted = [
+                f.task.token
+                for f in list(self.in_flight.values())
+                if f.started_at is None and f.hand_back()
+            ]
         for task_id, _ in unstarted:
             self.in_flight.pop(task_id, None)
         while self.in_flight and time.monotonic() < deadline:
@@ -276,16 +277,12 @@ class Worker:
             return
         flight = InFlight(task, timeout=registered.options.timeout, claimed_at=time.monotonic())
         self.in_flight[task.id] = flight
-        if registered.is_async:
-            future = asyncio.run_coroutine_threadsafe(
-                self._run_async(registered, flight), self._loop
-            )
-            future.add_done_callback(functools.partial(self._done, task))
-        else:
-            # `concurrency` at a time; a prefetched task waits unstarted (handed
-            # back at shutdown). It records its own outcome: no done callback.
-            future = self._pool.submit(self._run_sync, registered, flight)
-        flight.future = future
+        if not registered.is_async:
+            # A prefetched task waits unstarted (handed back at shutdown).
+            return self._pool.submit(self._run_sync, registered, flight)
+        run = asyncio.run_coroutine_threadsafe(self._run_async(registered, flight), self._loop)
+        flight.future = run
+        run.add_done_callback(functools.partial(self._done, task))
 
     def _lease_ran_out(self, flight: InFlight) -> bool:
         """Whether the task's lease has surely expired: no heartbeat reached
@@ -295,9 +292,12 @@ class Worker:
 
     def _run_sync(self, registered: Task[Any, Any], flight: InFlight) -> None:
         try:
-            if self._lease_ran_out(flight):
-                raise StaleClaim()
-            flight.begin()
+            with self._pool.starting:
+                if flight.handed_back:
+                    return
+                if self._lease_ran_out(flight):
+                    raise StaleClaim()
+                flight.begin()
             current_task.set(flight.task)
             registered.fn(*flight.task.args, **flight.task.kwargs)
         except BaseException as exc:  # as the pool's future would keep it

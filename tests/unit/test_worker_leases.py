@@ -3,10 +3,12 @@ the tasks it had prefetched: their leases have surely run out."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from uuid import uuid4
 
 from rota import App, Settings
+from rota.consumer.running import TaskPool
 from rota.consumer.worker import InFlight, StaleClaim, Worker
 from rota.core import ClaimedTask
 
@@ -40,3 +42,43 @@ def test_a_prefetched_task_is_not_started_once_its_lease_surely_ran_out() -> Non
         assert not worker.outcomes
     finally:
         worker._pool.shutdown()
+
+
+def test_a_task_handed_back_before_it_starts_never_starts() -> None:
+    # Shutdown hands back unstarted tasks while the pool may be about to
+    # start them: one of the two wins, never both.
+    app = App(Settings())
+    ran: list[int] = []
+    task = app.task(name="t")(lambda: ran.append(1))
+    worker = Worker(app, queues=["q"])
+    try:
+        flight = _flight(claimed_at=worker.last_heartbeat)
+        with worker._pool.starting:
+            assert flight.hand_back()
+        worker._run_sync(task, flight)
+        assert ran == [] and flight.started_at is None and not worker.outcomes
+    finally:
+        worker._pool.shutdown()
+
+
+def test_the_task_pool_runs_calls_on_its_threads_and_drops_unstarted_ones_at_shutdown() -> None:
+    pool = TaskPool(2, "test-pool")
+    release = threading.Event()
+    ran: list[str] = []
+    both_busy = threading.Barrier(3)
+
+    def busy() -> None:
+        ran.append(threading.current_thread().name)
+        both_busy.wait(5)
+        release.wait(5)
+
+    pool.submit(busy)
+    pool.submit(busy)
+    both_busy.wait(5)  # both threads hold a call
+    pool.submit(ran.append, "queued")
+    pool.shutdown()
+    release.set()
+    for thread in pool._threads:
+        thread.join(5)
+        assert not thread.is_alive()
+    assert sorted(ran) == ["test-pool_0", "test-pool_1"]  # the queued call never ran
