@@ -141,17 +141,18 @@ class CpuMeter:
         per task too, which compare across rates. The machine's cores beside
         them."""
         used: dict[str, dict[str, float]] = {}
+        total = 0.0  # of the unrounded seconds, which the per-task figures use too
         for name, probe in self.probes.items():
             start, end = self.before.get(name), probe()
             if start is None or end is None:
                 continue
             seconds = end - start
+            total += seconds
             # To the tenth of a millisecond: a proxy's share of a short run is
             # a few milliseconds.
             used[name] = {"seconds": round(seconds, 4), "cores": round(seconds / elapsed, 2)}
             if tasks:
                 used[name]["us_per_task"] = round(seconds / tasks * 1e6, 1)
-        total = sum(figures["seconds"] for figures in used.values())
         per_task = {"all_us_per_task": round(total / tasks * 1e6, 1)} if tasks else {}
         return {
             "per_process": used,
