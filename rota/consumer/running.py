@@ -43,7 +43,7 @@ class TaskTimeout(Exception):
 class InFlight:
     task: core.ClaimedTask
     timeout: float | None
-    # The pool's or the event loop's, once the task is handed over.
+    # The event loop's, once an async task is handed over (a sync task has none).
     future: concurrent.futures.Future[Any] | None = None
     claimed_at: float = 0.0
     started_at: float | None = None  # set when it really starts (not when prefetched)

@@ -219,6 +219,11 @@ class Filler:
         return len(db.run(self.conn, core.complete(t.token for t in claimed)))
 
 
+def in_schema(conn: psycopg.Connection[Any], block: str, schema: str) -> bytes:
+    """A bench.sql block with its `{schema}` filled in, as an identifier."""
+    return sql.SQL(block).format(schema=sql.Identifier(schema)).as_bytes(conn)
+
+
 class FifoFiller:
     """A plain SKIP LOCKED queue that rota's claim is measured against, in a
     schema of its own (`name`):
@@ -253,7 +258,7 @@ class FifoFiller:
 
     def _render(self, block: str) -> bytes:
         # Rendered once: the timed claims send the same bytes each time.
-        return sql.SQL(block).format(schema=sql.Identifier(self.schema)).as_bytes(self.conn)
+        return in_schema(self.conn, block, self.schema)
 
     def fill(self, target: int) -> None:
         self.conn.execute(self.setup)

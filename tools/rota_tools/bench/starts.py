@@ -28,10 +28,10 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from rota import Settings
 from rota.buffer import redis_client
+from rota_tools.bench.core import in_schema
 from rota_tools.bench.peers import fresh_database
 from rota_tools.sql import query
 from rota_tools.stats import percentile
@@ -186,7 +186,7 @@ def _receive(receiving: Any, process: Any, timeout: float, failure: str) -> Any:
 
 
 def _render(conn: psycopg.Connection[Any], block: str) -> bytes:
-    return sql.SQL(block).format(schema=sql.Identifier(PGQUEUE_SCHEMA)).as_bytes(conn)
+    return in_schema(conn, block, PGQUEUE_SCHEMA)
 
 
 def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
