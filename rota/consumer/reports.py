@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from uuid import UUID
@@ -95,12 +95,7 @@ def report(
         completed = yield from send(
             unreported.done, lambda tokens: core.complete(tokens, key), _same, key
         )
-        refused = len(unreported.done) - len(completed)
-        if refused:
-            log.warning(
-                "%d completion(s) refused: lease lost, or reported before the connection was lost",
-                refused,
-            )
+        _note_refused(len(unreported.done), len(completed))
         finished += len(unreported.done)
         unreported.done = []
     if unreported.failed:
@@ -129,6 +124,40 @@ def report(
         yield from send(unreported.unknown, defer, _same, key)
         unreported.unknown = []
     return finished
+
+
+def completes_alone(unreported: Unreported) -> bool:
+    """Whether completions are all there is to report (the steady state):
+    then they can travel with the next claim (`complete_and_claim`)."""
+    return bool(unreported.done) and not (
+        unreported.failed or unreported.stale or unreported.unknown
+    )
+
+
+def complete_and_claim(
+    unreported: Unreported,
+    queues: Sequence[str],
+    limit: int,
+    key: core.WorkerKey,
+    lease_seconds: float,
+) -> Op[tuple[int, list[core.ClaimedTask] | None]]:
+    """Reports the completions and claims up to `limit`, in one statement
+    (core.complete_and_claim); returns how many finished, and the tasks
+    claimed (None: the claim is left to a statement of its own). A refusal
+    of the statement leaves the completions unreported, for `report`."""
+    tokens = unreported.done
+    settled = yield from core.complete_and_claim(tokens, queues, limit, key, lease_seconds)
+    unreported.done = []
+    _note_refused(len(tokens), settled.completed)
+    return len(tokens), settled.claimed
+
+
+def _note_refused(reported: int, completed: int) -> None:
+    if reported > completed:
+        log.warning(
+            "%d completion(s) refused: lease lost, or reported before the connection was lost",
+            reported - completed,
+        )
 
 
 def send(

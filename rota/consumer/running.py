@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -9,7 +10,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 import psycopg
 
 from rota import core
+from rota.app import App
 from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
 from rota.core import db
@@ -122,6 +124,40 @@ class StaleClaim(Exception):
 class TaskAborted(Exception):
     """An async task raised SystemExit or KeyboardInterrupt: it fails like any
     error instead of stopping the worker's event loop."""
+
+
+def expire_timeouts(flights: Iterable[InFlight], outcomes: collections.deque[Outcome]) -> None:
+    """A sync task past its timeout is failed now; its thread cannot be
+    killed, so its eventual result is ignored (documented)."""
+    now = time.monotonic()
+    for flight in list(flights):
+        if (
+            flight.timeout is not None
+            and flight.started_at is not None
+            and not flight.timed_out
+            and now - flight.started_at > flight.timeout
+        ):
+            flight.timed_out = True
+            timeout = TaskTimeout(f"timed out after {flight.timeout} s")
+            outcomes.append(Outcome(flight.task, timeout))
+
+
+def worker_queues(app: App, fixed: list[str] | None, exclude: set[str]) -> list[str]:
+    """--queues (`fixed`), else the queues the app's tasks declare (never other
+    services' queues); minus --exclude."""
+    declared = {t.options.queue for t in app.tasks.values()}
+    if fixed is not None:
+        names = fixed
+        unused = sorted(set(names) - declared)
+        if unused:
+            log.warning(
+                "--queues names %s, which no task of this app uses: their tasks are "
+                "handed back for a worker that knows them",
+                unused,
+            )
+    else:
+        names = sorted(declared)
+    return [q for q in names if q not in exclude]
 
 
 def retry_failure(task: core.ClaimedTask, retry: Retry) -> core.Failure:

@@ -31,7 +31,14 @@ import psycopg
 from rota import core
 from rota.app import App
 from rota.consumer.maintenance import Leadership, Maintenance
-from rota.consumer.reports import UnknownTaskPolicy, Unreported, report, unreadable_claim
+from rota.consumer.reports import (
+    UnknownTaskPolicy,
+    Unreported,
+    complete_and_claim,
+    completes_alone,
+    report,
+    unreadable_claim,
+)
 from rota.consumer.running import (
     Attempt,
     InFlight,
@@ -41,9 +48,11 @@ from rota.consumer.running import (
     TaskPool,
     TaskTimeout,
     current_task,
+    expire_timeouts,
     heartbeat,
     listen,
     sort_outcome,
+    worker_queues,
 )
 from rota.core import db
 from rota.readmodel.metrics import WorkerMetrics
@@ -128,7 +137,7 @@ class Worker:
         conn = retrying(self._connect, self.claims_outage, RECONNECT_ERRORS, self.stopping.wait)
         if conn is None:
             return True  # stopped before the database came back
-        queues = self._queues()
+        queues = worker_queues(self.app, self.fixed_queues, self.exclude)
         host, beat = socket.gethostname(), self.settings.heartbeat_seconds
         db.run(
             conn, core.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat)
@@ -177,25 +186,28 @@ class Worker:
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""
         self.last_step = time.monotonic()
-        self._report(conn)
-        self._expire_timeouts()
+        self._collect_outcomes()
+        expire_timeouts(self.in_flight.values(), self.outcomes)
         # Up to one batch beyond the running tasks is prefetched.
         free = self.concurrency + self.batch_size - len(self.in_flight)
         wanted = min(self.batch_size, free)
         if self.in_flight and wanted < max(1, self.batch_size // 2):
+            self._report(conn)
             self.wake.wait(GATHER_SECONDS)
             self.wake.clear()
             return
         if self.narrowing:
             wanted = 1
         try:
-            claimed = db.run(
-                conn, core.claim(queues, wanted, self.key, self.settings.lease_seconds)
-            )
+            claimed = self._claim(conn, queues, wanted)
         except psycopg.OperationalError:
             raise
         except Exception as exc:
-            self.narrowing = db.run(conn, unreadable_claim(self.key, self.in_flight, exc))
+            # Completions sent with a refused claim are still held, and not
+            # what it took. At least one step apart follows: they are reported
+            # on their own, narrowed down if need be.
+            in_hand = {*self.in_flight, *(task_id for task_id, _ in self.unreported.done)}
+            self.narrowing = max(1, db.run(conn, unreadable_claim(self.key, in_hand, exc)))
             return
         if self.narrowing:
             self.narrowing -= 1
@@ -207,23 +219,6 @@ class Worker:
             # Caught up: wait for a NOTIFY, a finished task, or the poll.
             self.wake.wait(self.settings.poll_seconds * random.uniform(*POLL_JITTER))
             self.wake.clear()
-
-    def _queues(self) -> list[str]:
-        """--queues, else the queues its app's tasks declare (never other
-        services' queues); minus --exclude."""
-        declared = {t.options.queue for t in self.app.tasks.values()}
-        if self.fixed_queues is not None:
-            names = self.fixed_queues
-            unused = sorted(set(names) - declared)
-            if unused:
-                log.warning(
-                    "--queues names %s, which no task of this app uses: their tasks are "
-                    "handed back for a worker that knows them",
-                    unused,
-                )
-        else:
-            names = sorted(declared)
-        return [q for q in names if q not in self.exclude]
 
     def _shutdown(self, conn: psycopg.Connection[Any] | None) -> bool:
         """Hands back unstarted tasks at once, lets running ones finish within
@@ -331,20 +326,21 @@ class Worker:
         if not self.wake.is_set():
             self.wake.set()
 
-    def _expire_timeouts(self) -> None:
-        """A sync task past its timeout is failed now; its thread cannot be
-        killed, so its eventual result is ignored (documented)."""
-        now = time.monotonic()
-        for flight in list(self.in_flight.values()):
-            if (
-                flight.timeout is not None
-                and flight.started_at is not None
-                and not flight.timed_out
-                and now - flight.started_at > flight.timeout
-            ):
-                flight.timed_out = True
-                timeout = TaskTimeout(f"timed out after {flight.timeout} s")
-                self.outcomes.append(Outcome(flight.task, timeout))
+    def _claim(
+        self, conn: psycopg.Connection[Any], queues: list[str], wanted: int
+    ) -> list[core.ClaimedTask]:
+        """Reports what finished and claims up to `wanted`: completions alone
+        go with the claim, in one statement and transaction."""
+        lease = self.settings.lease_seconds
+        if completes_alone(self.unreported) and not self.narrowing:
+            together = complete_and_claim(self.unreported, queues, wanted, self.key, lease)
+            finished, claimed = db.run(conn, together)
+            self.processed += finished
+            if claimed is not None:
+                return claimed
+        else:
+            self._report(conn)
+        return db.run(conn, core.claim(queues, wanted, self.key, lease))
 
     def _report(self, conn: psycopg.Connection[Any]) -> None:
         """Reports what finished since the last call, and what a lost

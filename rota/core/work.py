@@ -12,7 +12,7 @@ from uuid import UUID
 import orjson
 
 from rota.core.db import Execute, Op, UUIDArray, select, value, values
-from rota.core.rows import Rows
+from rota.core.rows import Row, Rows
 from rota.errors import ValidationError
 from rota.model.rules import check_queue
 from rota.runtime.redact import redact
@@ -72,21 +72,77 @@ def claim(
 ) -> Op[list[ClaimedTask]]:
     """Claims up to `limit` ready tasks of `queues` in fair order (SKIP LOCKED)
     for `worker` (its id, or its key: see WorkerKey)."""
+    claiming = query("claim"), query("worker_claim")
+    statement, params = _claiming(*claiming, queues, limit, worker, lease_seconds)
+    claimed = yield from select(statement, params, _CLAIMED)
+    return claimed
+
+
+class Settled(NamedTuple):
+    """What `complete_and_claim` did: how many of the tokens completed (a
+    stale one is refused), and the tasks claimed (None: the claim was left to
+    a statement of its own, `claim`)."""
+
+    completed: int
+    claimed: list[ClaimedTask] | None
+
+
+def complete_and_claim(
+    tokens: Iterable[tuple[UUID, int]],
+    queues: Sequence[str],
+    limit: int,
+    worker: str | WorkerKey,
+    lease_seconds: float = 60.0,
+) -> Op[Settled]:
+    """Completes claimed tasks (as `complete`), then claims up to `limit` (as
+    `claim`), in one statement: one round trip and one transaction. When a
+    completion had to lock a limited tenant's row, nothing is claimed
+    (`claimed` is None; rota.complete_claim says why): the caller claims in a
+    statement of its own."""
+    claiming = query("complete_claim"), query("worker_complete_claim")
+    statement, params = _claiming(*claiming, queues, limit, worker, lease_seconds)
+    settled = yield Execute(statement, {**params, **token_params(tokens)}, _SETTLED)
+    (((completed, claimed_too), claimed),) = settled
+    return Settled(completed, claimed if claimed_too else None)
+
+
+def _claiming(
+    plain: str,
+    as_worker: str,
+    queues: Sequence[str],
+    limit: int,
+    worker: str | WorkerKey,
+    lease: float,
+) -> tuple[str, dict[str, Any]]:
+    """A claiming statement (`as_worker` for a worker's key) and its parameters."""
     for queue in queues:
         check_queue(queue)
     if limit < 1:
         raise ValidationError(f"claim limit must be >= 1, got {limit}")
-    params = {"queues": list(queues), "limit": limit, "lease_seconds": lease_seconds}
+    params = {"queues": list(queues), "limit": limit, "lease_seconds": lease}
     if isinstance(worker, WorkerKey):
-        claimed = yield from select(query("worker_claim"), _keyed(worker, params), _CLAIMED)
-    else:
-        claimed = yield from select(query("claim"), {**params, "worker": worker}, _CLAIMED)
-    return claimed
+        return as_worker, _keyed(worker, params)
+    return plain, {**params, "worker": worker}
 
 
 # The payload comes as text: orjson parses it several times faster than
 # psycopg's default json loader.
 _CLAIMED = Rows(ClaimedTask, payload=orjson.loads)
+
+
+class _Settlement:
+    """rota.complete_claim's rows: the first is the outcome (completed,
+    claimed), the others are the tasks claimed."""
+
+    def build(self, columns: Sequence[str], rows: list[Row]) -> list[Any]:
+        head = rows[0]
+        outcome = (head[columns.index("completed")], head[columns.index("claimed")])
+        tasks = _CLAIMED.read(columns, rows[1:], _OUTCOME_COLUMNS)
+        return [(outcome, tasks)]
+
+
+_OUTCOME_COLUMNS = frozenset({"completed", "claimed"})
+_SETTLED = _Settlement()
 
 
 @dataclass(frozen=True)

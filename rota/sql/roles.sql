@@ -104,6 +104,8 @@ BEGIN
         rota.register_worker(text, text, integer, text[], integer, bytea, double precision),
         rota.worker_claim(text, bytea, text[], integer, double precision),
         rota.worker_complete(text, bytea, uuid[], integer[]),
+        rota.worker_complete_claim(text, bytea, uuid[], integer[], text[], integer,
+                                   double precision),
         rota.worker_fail(text, bytea, uuid[], integer[], text[], timestamptz[], boolean[], text[]),
         rota.worker_release(text, bytea, uuid[], integer[]),
         rota.worker_defer_unknown(text, bytea, uuid[], integer[], double precision,

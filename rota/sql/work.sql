@@ -16,6 +16,14 @@ FROM rota.claim(%(queues)b::text[], %(limit)s::integer, %(worker)s::text,
 -- name: complete
 SELECT id FROM rota.complete(%(ids)b::uuid[], %(attempts)b::integer[]) AS id
 
+-- name: complete_claim
+-- A report of completions and the next claim in one statement: its first row
+-- is the outcome (completed, claimed), the claimed tasks follow.
+SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at,
+       completed, claimed
+FROM rota.complete_claim(%(ids)b::uuid[], %(attempts)b::integer[], %(queues)b::text[],
+                         %(limit)s::integer, %(worker)s::text, %(lease_seconds)s::float8)
+
 -- name: fail
 SELECT id, status::text, run_at
 FROM rota.fail(%(ids)b::uuid[], %(attempts)b::integer[], %(errors)b::text[],
@@ -62,6 +70,13 @@ FROM rota.worker_claim(%(worker)s::text, %(secret)s::bytea, %(queues)b::text[],
 -- name: worker_complete
 SELECT id FROM rota.worker_complete(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
                                     %(attempts)b::integer[]) AS id
+
+-- name: worker_complete_claim
+SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at,
+       completed, claimed
+FROM rota.worker_complete_claim(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
+                                %(attempts)b::integer[], %(queues)b::text[], %(limit)s::integer,
+                                %(lease_seconds)s::float8)
 
 -- name: worker_fail
 SELECT id, status::text, run_at

@@ -220,6 +220,45 @@ def test_complete_and_stale_tokens_are_refused(conn: Conn) -> None:
     assert states[second.id].status == "running"
 
 
+def test_completions_and_the_next_claim_go_in_one_statement(conn: Conn) -> None:
+    load(conn, envelopes("alice", 3) + envelopes("bob", 3))
+    first, second = claim(conn, 2, worker="w1")
+    stale = (second.id, second.attempt + 1)
+    tokens = [first.token, stale]
+    settled = db.transact(conn, core.complete_and_claim(tokens, ["default"], 4, "w1"))
+    assert settled.completed == 1  # the stale token is refused
+    # Claimed in the fair order a claim of its own would take.
+    assert [t.tenant for t in settled.claimed or []] == ["alice", "bob", "alice", "bob"]
+    states = db.run(conn, core.task_states([first.id, second.id]))
+    assert states[first.id].status == "succeeded"
+    assert states[second.id].status == "running"
+    held = [second.token, *(t.token for t in settled.claimed or [])]
+    # Nothing left to claim: the completions go through all the same.
+    settled = db.transact(conn, core.complete_and_claim(held, ["default"], 10, "w1"))
+    assert settled == core.Settled(5, [])
+    assert claim(conn, 10) == []
+    assert db.transact(conn, core.complete_and_claim([], ["default"], 1, "w1")) == (0, [])
+
+
+def test_a_completion_that_uncounts_a_limited_tenant_leaves_the_claim_apart(conn: Conn) -> None:
+    # Its tenant's row is locked until the transaction ends; a claim in the
+    # same transaction would lock other tenants' rows after it, and two
+    # workers doing so in crossed order would deadlock.
+    db.transact(conn, core.configure_tenant("capped", concurrency_limit=1))
+    load(conn, envelopes("capped", 3) + envelopes("free", 3))
+    capped, free = claim(conn, 2)
+    assert (capped.tenant, free.tenant) == ("capped", "free")
+    settled = db.transact(conn, core.complete_and_claim([capped.token], ["default"], 5, "w"))
+    assert settled == core.Settled(1, None)
+    # The uncounted slot is free again for the claim that follows.
+    assert [t.tenant for t in claim(conn, 1)] == ["capped"]
+    # A completion of an unlimited tenant claims in the same statement, and
+    # the limit holds there: the capped tenant's third task waits.
+    settled = db.transact(conn, core.complete_and_claim([free.token], ["default"], 5, "w"))
+    assert settled.completed == 1
+    assert [t.tenant for t in settled.claimed or []] == ["free", "free"]
+
+
 def test_failures_retry_with_backoff_then_die_keeping_the_last_error(conn: Conn) -> None:
     load(conn, envelopes("alice", 1, max_attempts=2, backoff_base=0.2))
     (task,) = claim(conn, 1)

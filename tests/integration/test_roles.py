@@ -79,9 +79,13 @@ def test_everything_belongs_to_rota_owner_and_nothing_to_public(owner: Conn) -> 
         "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = 'rota'::regnamespace "
         "AND prosecdef"
     ).fetchall()
-    assert {"promote_due", "worker_claim", "worker_complete", "name_ids"} <= {
-        n for n, _ in definers
-    }
+    assert {
+        "promote_due",
+        "worker_claim",
+        "worker_complete",
+        "worker_complete_claim",
+        "name_ids",
+    } <= {n for n, _ in definers}
     assert all("search_path=pg_catalog, pg_temp" in config for _, config in definers)
 
 
@@ -232,6 +236,7 @@ def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
         tokens = [t.token for t in held]
         # The thief's key completes, fails, hands back or extends none of them.
         assert db.run(conn, core.complete(tokens, thief)) == set()
+        assert db.run(conn, core.complete_and_claim(tokens, ["default"], 3, thief)) == (0, [])
         assert db.run(conn, core.fail([core.Failure(*tokens[0], "x")], thief)) == []
         assert db.run(conn, core.release(tokens, thief)) == set()
         assert db.run(conn, core.extend_leases(tokens, 60, thief)) == set()
@@ -240,6 +245,7 @@ def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
         forged = core.WorkerKey("victim", b"guessed")
         for call in (
             core.complete(tokens, forged),
+            core.complete_and_claim(tokens, ["default"], 1, forged),
             core.claim(["default"], 1, forged),
             core.stop_worker(forged),
             core.worker_heartbeat(forged),
@@ -250,7 +256,7 @@ def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
         assert db.transact(conn, core.reap_workers(["victim"])) == set()
         # History younger than rota.limits stays, whatever interval is asked.
         db.run(conn, core.fail([core.Failure(*tokens[1], "x", final=True)], victim))
-        assert db.run(conn, core.complete([tokens[0]], victim)) == {tokens[0][0]}
+        assert db.run(conn, core.complete_and_claim([tokens[0]], ["default"], 1, victim)) == (1, [])
         assert db.run(conn, core.prune_finished(0)) == 0
         assert db.run(conn, core.prune_dead(0)) == 0
         db.run(conn, core.stop_worker(thief))

@@ -37,3 +37,37 @@ def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
     states = db.run(conn, core.task_states(ids))
     assert [states[i].status for i in ids] == ["succeeded", "succeeded", "scheduled"]
     assert worker.processed == 3
+
+
+def test_completions_sent_with_a_refused_claim_are_reported_apart_next(
+    app: App, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice", connection=conn) for i in range(4)]
+    worker = Worker(app, queues=["pdfs"], batch_size=2, maintenance=False)
+    db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 4))
+    done = db.run(conn, core.claim(["pdfs"], 2, worker.key))
+    for task in done:
+        worker.in_flight[task.id] = InFlight(task, timeout=None)
+        worker.outcomes.append(Outcome(task, None))
+    # The database refuses the statement that completes and claims (this
+    # database is the test's own).
+    signature = "rota.complete_claim(uuid[], integer[], text[], integer, text, double precision)"
+    conn.execute(f"DROP FUNCTION {signature}")
+    conn.execute(
+        f"CREATE FUNCTION {signature} RETURNS TABLE (id uuid, name text, payload text, queue text, "
+        "tenant text, attempt integer, max_attempts integer, lease_expires_at timestamptz, "
+        "enqueued_at timestamptz, completed integer, claimed boolean) LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'refused'; END $$"
+    )
+    with db.connect(settings.database_url) as worker_conn:
+        worker._step(worker_conn, ["pdfs"])
+        states = db.run(conn, core.task_states(ids))
+        # Nothing stored, and the finished tasks are not taken for the
+        # refused claim's: none was handed back to run again.
+        assert [states[i].status for i in ids] == ["running", "running", "pending", "pending"]
+        assert worker.narrowing == 1
+        worker._step(worker_conn, ["pdfs"])  # reported on their own, then a claim of one
+    states = db.run(conn, core.task_states(ids))
+    assert [states[i].status for i in ids] == ["succeeded", "succeeded", "running", "pending"]
+    assert worker.processed == 2 and len(worker.in_flight) == 1
