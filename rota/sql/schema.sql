@@ -105,7 +105,11 @@ CREATE TABLE rota.tasks (
     fillfactor = 90,
     -- Truncating its emptied pages (it empties whenever the fleet catches up)
     -- takes an ACCESS EXCLUSIVE lock, which stalls every load and claim.
-    vacuum_truncate = false
+    vacuum_truncate = false,
+    -- Analyzed after 100k changed rows at the least: small and churning, it
+    -- was otherwise analyzed on every autovacuum round, in bursts that
+    -- stalled the claims (0033). Its readers go by key or by index.
+    autovacuum_analyze_threshold = 100000
 );
 
 -- The bounds of rota/model/rules.py, the last line after every entrance's checks
@@ -188,6 +192,9 @@ CREATE TABLE rota.finished (
     enqueued_at timestamptz NOT NULL,
     started_at timestamptz NOT NULL,
     finished_at timestamptz NOT NULL DEFAULT now()
+) WITH (
+    -- As rota.tasks: analyzed after 100k new rows at the least (0033).
+    autovacuum_analyze_threshold = 100000
 );
 CREATE INDEX finished_at ON rota.finished USING brin (finished_at);
 
