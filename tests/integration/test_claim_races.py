@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+import pytest
 
 from rota import core
 from rota.core import db
@@ -85,12 +86,18 @@ def test_racing_claims_that_swap_urgent_tasks_never_claim_a_task_twice(
     assert len(set(claimed)) == 4000
 
 
-def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
+@pytest.mark.parametrize("together", [False, True], ids=["apart", "with-completions"])
+def test_concurrency_limits_hold_under_racing_claims(database_url: str, together: bool) -> None:
+    """With completions sent with the next claim (as workers do), claims lock
+    tenant rows while the completions' row locks are held: no two claimers
+    deadlock, and the limits hold as they do apart."""
     limits = {"a": 1, "b": 2, "c": 3}
     with psycopg.connect(database_url, autocommit=True) as conn:
         for tenant, limit in limits.items():
             db.transact(conn, core.configure_tenant(tenant, concurrency_limit=limit))
-        load(conn, [e for t in [*limits, "free"] for e in envelopes(t, 150)])
+        # Rate-limited but never short of tokens: its row is locked by claims.
+        db.transact(conn, core.configure_tenant("metered", rate_limit=1e5, rate_burst=1e5))
+        load(conn, [e for t in [*limits, "free", "metered"] for e in envelopes(t, 150)])
     done = threading.Event()
     worst: Counter[str] = Counter()
     samples = 0
@@ -110,15 +117,30 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
     def work(conn: psycopg.Connection[Any], number: int) -> None:
         rng = random.Random(number)
         idle = 0
+        ran: list[core.ClaimedTask] = []
         while idle < 20:
-            got = db.transact(conn, core.claim(["default"], 10, f"w{number}"))
+            if together:
+                tokens = [t.token for t in ran]
+                settled = db.run(
+                    conn, core.complete_and_claim(tokens, ["default"], 10, f"w{number}")
+                )
+                assert settled.completed == len(ran)
+                got = settled.claimed
+                if got is None:  # a completion uncounted a limited tenant
+                    got = db.transact(conn, core.claim(["default"], 10, f"w{number}"))
+            else:
+                if ran:
+                    completed = db.transact(conn, core.complete(t.token for t in ran))
+                    assert completed == {t.id for t in ran}
+                got = db.transact(conn, core.claim(["default"], 10, f"w{number}"))
+            ran = []
             if not got:
                 idle += 1
                 time.sleep(0.005)
                 continue
             idle = 0
             time.sleep(rng.uniform(0, 0.004))  # "run" the tasks
-            assert db.transact(conn, core.complete(t.token for t in got)) == {t.id for t in got}
+            ran = got
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -137,8 +159,8 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str) -> None:
             "scheduled": 0,
         }
         counters = dict(conn.execute("SELECT name, running FROM rota.tenants").fetchall())
-        assert counters == {"a": 0, "b": 0, "c": 0, "free": 0}
-        assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (600,)
+        assert counters == {"a": 0, "b": 0, "c": 0, "free": 0, "metered": 0}
+        assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (750,)
         assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (0,)
 
 
@@ -159,3 +181,36 @@ def test_loaders_racing_with_the_same_tasks_store_each_once(database_url: str) -
     assert sum(loaded) == 200 + 10 * CLAIMERS
     with psycopg.connect(database_url, autocommit=True) as conn:
         assert db.run(conn, core.queue_counts())["default"]["ready"] == 200 + 10 * CLAIMERS
+
+
+def test_a_completion_holding_a_limited_tenant_waits_on_no_other_tenant(
+    database_url: str,
+) -> None:
+    """A worker that completes a limited tenant's task holds that tenant's row
+    until it commits. Were its claim to follow in the same transaction, it
+    would wait for another limited tenant's row, and two workers doing so in
+    crossed order would deadlock. The statement that completes and claims
+    leaves the claim apart then, so it never waits on the other row."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for tenant in ("a", "b"):
+            db.transact(conn, core.configure_tenant(tenant, concurrency_limit=2))
+        load(conn, envelopes("a", 2) + envelopes("b", 2))
+        (held,) = db.transact(conn, core.claim(["default"], 1, "w1"))
+        assert held.tenant == "a"
+    with psycopg.connect(database_url) as other:
+        # Another worker's completion of a "b" task, not yet committed.
+        other.execute("SELECT FROM rota.tenants WHERE name = 'b' FOR UPDATE")
+        outcome: list[Any] = []
+
+        def settle() -> None:
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                outcome.append(
+                    db.run(conn, core.complete_and_claim([held.token], ["default"], 10, "w1"))
+                )
+
+        settling = threading.Thread(target=settle)
+        settling.start()
+        settling.join(timeout=30)
+        assert not settling.is_alive(), "the statement waits for the other tenant's row"
+        other.rollback()
+    assert outcome == [core.Settled(1, None)]
