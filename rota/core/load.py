@@ -206,15 +206,16 @@ class _Backlog(NamedTuple):
 _BACKLOGS = Rows(_Backlog, backlog=float)
 
 
-def record_loader_batch(checkpoint: str, batch_id: int) -> Op[bool]:
-    """Records a Spark micro-batch in the loader ledger; False if it was
-    recorded before (a replay, to be skipped). Run it in the batch's transaction."""
-    rows = yield Execute(query("record_loader_batch"), {"query": checkpoint, "batch_id": batch_id})
+def record_loader_batch(checkpoint: str, batch_id: int, part: int = 0) -> Op[bool]:
+    """Records a Spark micro-batch's partition in the loader ledger; False if
+    it was recorded before (a replay, to be skipped). Run it in the
+    partition's transaction."""
+    key = {"query": checkpoint, "batch_id": batch_id, "part": part}
+    rows = yield Execute(query("record_loader_batch"), key)
     return bool(rows)
 
 
-def count_loader_batch(checkpoint: str, batch_id: int, tasks: int) -> Op[None]:
-    """The tasks a recorded micro-batch stored, in the same transaction."""
-    yield Execute(
-        query("count_loader_batch"), {"query": checkpoint, "batch_id": batch_id, "tasks": tasks}
-    )
+def count_loader_batch(checkpoint: str, batch_id: int, tasks: int, part: int = 0) -> Op[None]:
+    """The tasks a recorded partition stored, in the same transaction."""
+    key = {"query": checkpoint, "batch_id": batch_id, "part": part, "tasks": tasks}
+    yield Execute(query("count_loader_batch"), key)

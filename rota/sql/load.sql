@@ -74,13 +74,13 @@ SELECT count(*) FROM stored
 SELECT tenant, capacity, backlog FROM rota.tenant_backlog WHERE capacity IS NOT NULL
 
 -- name: record_loader_batch
--- Returns a row only the first time a (query, batch) is recorded.
-INSERT INTO rota.loader_batches (query, batch_id, tasks)
-VALUES (%(query)s, %(batch_id)s, 0)
-ON CONFLICT (query, batch_id) DO NOTHING
+-- Returns a row only the first time a (query, batch, partition) is recorded.
+INSERT INTO rota.loader_batches (query, batch_id, part, tasks)
+VALUES (%(query)s, %(batch_id)s, %(part)s, 0)
+ON CONFLICT (query, batch_id, part) DO NOTHING
 RETURNING batch_id
 
 -- name: count_loader_batch
--- The tasks the batch stored, once it is loaded (in the same transaction).
+-- The tasks the partition stored, once it is loaded (in the same transaction).
 UPDATE rota.loader_batches SET tasks = %(tasks)s
-WHERE query = %(query)s AND batch_id = %(batch_id)s
+WHERE query = %(query)s AND batch_id = %(batch_id)s AND part = %(part)s

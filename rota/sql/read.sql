@@ -276,9 +276,11 @@ SELECT a.at, a.actor, a.action, a.target, a.count, a.detail::text
 FROM rota.audit a ORDER BY a.id DESC LIMIT %(limit)s
 
 -- name: loader_batches
--- The Spark loaders' last micro-batch, per checkpoint.
-SELECT DISTINCT ON (b.query) b.query AS checkpoint, b.batch_id, b.tasks, b.loaded_at
+-- The Spark loaders' last micro-batch, per checkpoint (its partitions' sum).
+SELECT DISTINCT ON (b.query) b.query AS checkpoint, b.batch_id, sum(b.tasks)::integer AS tasks,
+       max(b.loaded_at) AS loaded_at
 FROM rota.loader_batches b
+GROUP BY b.query, b.batch_id
 ORDER BY b.query, b.batch_id DESC
 
 -- name: ping

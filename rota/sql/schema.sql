@@ -21,7 +21,9 @@ CREATE TABLE rota.migrations (
 CREATE TABLE rota.queues (
     id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL UNIQUE CONSTRAINT queue_name_rule CHECK (name ~ '^[a-z][a-z0-9_.-]{0,62}$'),
-    -- The largest start tag given so far: the virtual clock when nothing waits.
+    -- The virtual clock's floor when nothing waits (rota.vclock): loads
+    -- record their largest start per tenant (rota.tenant_queues.last_start)
+    -- and never write this row, so that they need not lock it.
     max_start double precision NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now(),
     -- Paused: its tasks wait, loaded and in line, until it is resumed.
@@ -54,13 +56,19 @@ CREATE TABLE rota.tenants (
 );
 CREATE INDEX tenants_limited ON rota.tenants (id) WHERE limited;
 
--- Each tenant's virtual finish tag, per queue.
+-- Each tenant's virtual finish tag, per queue. A load locks the rows of its
+-- pairs (rota.lock_tags): loads of one tenant take turns, loads of others
+-- do not wait for them.
 CREATE TABLE rota.tenant_queues (
     queue_id integer NOT NULL,
     tenant_id integer NOT NULL,
     finish_tag double precision NOT NULL,
-    PRIMARY KEY (queue_id, tenant_id)
+    PRIMARY KEY (queue_id, tenant_id),
+    -- The largest start tag given to the pair's tasks: the queue's virtual
+    -- clock, when nothing waits, is the largest of them (rota.vclock).
+    last_start double precision NOT NULL DEFAULT 0
 );
+CREATE INDEX tenant_queues_last_start ON rota.tenant_queues (queue_id, last_start);
 
 -- Succeeded tasks are not here but in rota.finished; 'cancelled' is an
 -- operator's doing (rota.cancel).
@@ -209,13 +217,15 @@ CREATE TABLE rota.archives (
     archived_at timestamptz NOT NULL DEFAULT now()
 );
 
--- The Spark loader's ledger of loaded micro-batches (exactly once).
+-- The Spark loader's ledger of loaded micro-batch partitions (exactly once):
+-- each executor loads its partition in a transaction with its row.
 CREATE TABLE rota.loader_batches (
     query text NOT NULL,  -- the streaming query's checkpoint: batch ids restart with it
     batch_id bigint NOT NULL,
     tasks integer NOT NULL,
     loaded_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (query, batch_id)
+    part integer NOT NULL DEFAULT 0,  -- the partition: a buffer shard
+    PRIMARY KEY (query, batch_id, part)
 );
 
 -- The worker registry (heartbeats, for the reaper).
@@ -245,24 +255,36 @@ CREATE TABLE rota.scheduled (
 CREATE INDEX scheduled_run_at ON rota.scheduled (run_at);
 
 -- The queue's virtual clock: the smallest start tag still waiting, or the
--- largest ever given when nothing waits. plpgsql, as is lock_queues: its
--- plan is kept for the session, where a sql function that cannot be inlined
--- (a definer, a row lock) plans its statement on every call of every load.
+-- largest ever given when nothing waits (each tenant's largest, through an
+-- index; never below the queue's floor). Read without a lock: a load places
+-- its tenants after locking their tags, whatever other tenants' loads do.
+-- plpgsql, as is lock_tags: its plan is kept for the session, where a sql
+-- function that cannot be inlined (a definer) plans its statement on every
+-- call of every load.
 CREATE FUNCTION rota.vclock(p_queue_id integer) RETURNS double precision
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN coalesce(
         (SELECT r.vtime FROM rota.ready r WHERE r.queue_id = p_queue_id ORDER BY r.vtime LIMIT 1),
-        (SELECT q.max_start FROM rota.queues q WHERE q.id = p_queue_id),
+        greatest(
+            (SELECT q.max_start FROM rota.queues q WHERE q.id = p_queue_id),
+            (SELECT tq.last_start FROM rota.tenant_queues tq WHERE tq.queue_id = p_queue_id
+             ORDER BY tq.last_start DESC LIMIT 1)),
         0);
 END
 $$;
 
--- Locks queue rows in id order: every writer of fair tags takes them the same way.
-CREATE FUNCTION rota.lock_queues(p_queue_ids integer[]) RETURNS void
+-- Locks the tag rows of (queue, tenant) pairs, creating those missing, in
+-- (queue, tenant) order: every writer of fair tags takes them the same way,
+-- so loads never deadlock; loads of other tenants never wait. ON CONFLICT
+-- ... WHERE false locks an existing row without writing it. A statement of
+-- its own, before the placement's: that one then sees the rows made here.
+CREATE FUNCTION rota.lock_tags(p_queue_ids integer[], p_tenant_ids integer[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM FROM rota.queues WHERE id = ANY(p_queue_ids) ORDER BY id FOR UPDATE;
+    INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
+    SELECT p.q, p.t, 0 FROM unnest(p_queue_ids, p_tenant_ids) AS p(q, t) ORDER BY 1, 2
+    ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = tq.finish_tag WHERE false;
 END
 $$;
 
@@ -297,8 +319,8 @@ $$;
 
 -- Where each (queue, tenant) pair's next task starts, S = max(V, F) (the
 -- queue's virtual clock, the tenant's finish tag), and the tenant's weight.
--- Locks the queues first (rota.lock_queues): loaders and schedulers of the
--- same queue take turns, each reading settled tags, until they commit.
+-- Called once the pairs' tags are locked (rota.lock_tags): loads of the same
+-- tenant take turns, each reading settled tags, until they commit.
 CREATE FUNCTION rota.fair_starts(p_queue_ids integer[], p_tenant_ids integer[])
 RETURNS TABLE (queue_id integer, tenant_id integer, weight double precision,
                start double precision)
@@ -306,7 +328,6 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
 BEGIN
-    PERFORM rota.lock_queues(ARRAY(SELECT DISTINCT unnest(p_queue_ids)));
     RETURN QUERY
     WITH clock AS MATERIALIZED (  -- read once per queue, not once per tenant
         SELECT q.id, rota.vclock(q.id) AS v FROM (SELECT DISTINCT unnest(p_queue_ids) AS id) q
@@ -1088,18 +1109,18 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Drops ledger rows no replay can need: Spark replays only a checkpoint's
--- latest batches, so each checkpoint keeps its newest p_keep rows, and any
--- younger than p_older_than.
+-- latest batches, so each checkpoint keeps the rows of its newest p_keep
+-- batches, and any younger than p_older_than.
 CREATE FUNCTION rota.prune_loader_batches(p_older_than interval, p_keep integer) RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     WITH ranked AS (
-        SELECT query, batch_id, loaded_at,
-               row_number() OVER (PARTITION BY query ORDER BY batch_id DESC) AS nth
+        SELECT query, batch_id, part, loaded_at,
+               dense_rank() OVER (PARTITION BY query ORDER BY batch_id DESC) AS nth
         FROM rota.loader_batches
     ), pruned AS (
         DELETE FROM rota.loader_batches b
         USING ranked r
-        WHERE b.query = r.query AND b.batch_id = r.batch_id
+        WHERE b.query = r.query AND b.batch_id = r.batch_id AND b.part = r.part
           AND r.nth > p_keep AND r.loaded_at < now() - p_older_than
         RETURNING 1
     )
@@ -1432,7 +1453,7 @@ $$;
 -- (start-time fair queueing, docs/architecture.md): each (queue, tenant)
 -- pair's tasks, in arrival (seq) order, start at S = max(V, F), the queue's
 -- virtual clock or the tenant's finish tag, and move F on by cost / weight.
--- Saves each pair's finish tag and each queue's largest start tag, and
+-- Saves each pair's finish tag and largest start tag, and
 -- notifies each queue once. Called only by rota's definer functions: the tags
 -- come from these rules, never from a caller. Loads are placed by the same
 -- statement in rota.tasks_enter_line, from the insert's transition table.
@@ -1459,7 +1480,8 @@ BEGIN
     SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
     INTO v_pair_queues, v_pair_tenants
     FROM (SELECT DISTINCT q, t FROM unnest(p_queue_ids, p_tenant_ids) AS x(q, t)) pairs;
-    -- fair_starts locks the queues (in id order) until the transaction ends.
+    -- The pairs' tags stay locked until the transaction ends.
+    PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
     WITH starts AS MATERIALIZED (
         SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
     ), placed AS MATERIALIZED (
@@ -1474,14 +1496,11 @@ BEGIN
     ), ready AS (
         INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
         SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
-    ), tags AS (
-        INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
-        SELECT queue_id, tenant_id, max(finish) FROM placed GROUP BY 1, 2 ORDER BY 1, 2
-        ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = excluded.finish_tag
     )
-    UPDATE rota.queues q SET max_start = greatest(q.max_start, m.s)
-    FROM (SELECT queue_id, max(vtime) AS s FROM placed GROUP BY 1) m
-    WHERE q.id = m.queue_id;
+    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
+    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
+          FROM placed GROUP BY 1, 2) m
+    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
     PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
     WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(p_queue_ids)));
 END
@@ -1706,6 +1725,7 @@ BEGIN
     IF v_pair_queues IS NULL THEN
         RETURN NULL;
     END IF;
+    PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
     -- rota.enter_line's placement, reading the new rows where they are:
     -- passing them to it as arrays cost a bulk load 1.2 us a task.
     WITH starts AS MATERIALIZED (
@@ -1722,14 +1742,11 @@ BEGIN
     ), ready AS (
         INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
         SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
-    ), tags AS (
-        INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
-        SELECT queue_id, tenant_id, max(finish) FROM placed GROUP BY 1, 2 ORDER BY 1, 2
-        ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = excluded.finish_tag
     )
-    UPDATE rota.queues q SET max_start = greatest(q.max_start, m.s)
-    FROM (SELECT queue_id, max(vtime) AS s FROM placed GROUP BY 1) m
-    WHERE q.id = m.queue_id;
+    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
+    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
+          FROM placed GROUP BY 1, 2) m
+    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
     PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
     WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(v_pair_queues)));
     RETURN NULL;

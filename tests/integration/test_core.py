@@ -549,5 +549,20 @@ def test_places_in_line_follow_start_time_fair_queueing(conn: Conn) -> None:
         " WHERE q.name = 'rules' ORDER BY t.name"
     ).fetchall()
     assert tags == [(t, pytest.approx(finish[t])) for t in sorted(finish)]
-    (max_start,) = conn.execute("SELECT max_start FROM rota.queues WHERE name = 'rules'").fetchone()  # type: ignore[misc]
-    assert max_start == pytest.approx(max(v for _, v, _ in expected))
+    last = conn.execute(
+        "SELECT t.name, tq.last_start FROM rota.tenant_queues tq"
+        " JOIN rota.tenants t ON t.id = tq.tenant_id JOIN rota.queues q ON q.id = tq.queue_id"
+        " WHERE q.name = 'rules' ORDER BY t.name"
+    ).fetchall()
+    assert last == [
+        (t, pytest.approx(max(v for n, v, _ in expected if n == t))) for t in ("heavy", "light")
+    ]
+    # Once nothing waits, the clock is the largest start given (loads never
+    # write the queue's row: its floor stays 0).
+    conn.execute(
+        "DELETE FROM rota.ready WHERE queue_id = (SELECT id FROM rota.queues WHERE name = 'rules')"
+    )
+    (clock, floor) = conn.execute(  # type: ignore[misc]
+        "SELECT rota.vclock(id), max_start FROM rota.queues WHERE name = 'rules'"
+    ).fetchone()
+    assert (clock, floor) == (pytest.approx(max(v for _, v, _ in expected)), 0)

@@ -124,8 +124,8 @@ def test_promotion_is_atomic_and_a_lock_timeout_is_not_a_lost_connection(
     clock = Clock()
     maintenance = Maintenance(settings, clock=clock)
     with psycopg.connect(database_url) as locker:
-        # Another transaction holds the queue: promotion's fair tags must wait for it.
-        locker.execute("SELECT 1 FROM rota.queues FOR UPDATE")
+        # Another transaction holds the tenant's tag: promotion must wait for it.
+        locker.execute("SELECT 1 FROM rota.tenant_queues FOR UPDATE")
         conn.execute("SET lock_timeout = '200ms'")
         try:
             maintenance.tick(conn)  # the duties that time out are logged, not raised

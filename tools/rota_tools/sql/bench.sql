@@ -210,7 +210,8 @@ WHERE tenant IS DISTINCT FROM %(warm_up)s
 
 -- name: bench_loader_batches
 -- The tasks each micro-batch of a Spark loader query stored, in order.
-SELECT tasks FROM rota.loader_batches WHERE query = %(query)s ORDER BY batch_id
+SELECT sum(tasks)::integer FROM rota.loader_batches WHERE query = %(query)s
+GROUP BY batch_id ORDER BY batch_id
 
 -- name: bench_start_latencies
 -- Enqueue -> start of every finished task, in milliseconds.
