@@ -51,6 +51,21 @@ def test_bench_load_core(settings: Settings) -> None:
     assert report["postgresql_per_task"]["wal_bytes"] > 0
 
 
+def test_bench_load_from_several_connections(settings: Settings) -> None:
+    report = bench(
+        settings,
+        "load",
+        *("--tasks", "20000", "--tenants", "40", "--runs", "1", "--connections", "2"),
+    )
+    parallel = report["parallel"]
+    assert parallel["params"]["connections"] == 2
+    assert parallel["tasks_per_s"] > 0 and parallel["one_connection_tasks_per_s"] > 0
+    assert parallel["ratio_to_one"] > 0
+    assert parallel["backend_samples"] > 0  # the sampler saw the loaders at work
+    # Disjoint tenants of one queue: no load waits on another's rows.
+    assert parallel["row_lock_wait_samples"] == 0, parallel["waits"]
+
+
 def test_bench_load_python_engine(settings: Settings) -> None:
     report = bench(
         settings,

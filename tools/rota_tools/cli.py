@@ -133,6 +133,13 @@ def bench_load(
     ),
     tasks: int = 200_000,
     loaders: Annotated[int, typer.Option(help="python engine: loader processes")] = 2,
+    connections: Annotated[
+        int,
+        typer.Option(
+            help="core engine: also load one queue from N processes at once, each with its "
+            "own tenants, beside one process loading the same batches"
+        ),
+    ] = 1,
     tenants: int = 1000,
     runs: int = 3,
     trickle_seconds: Annotated[
@@ -148,12 +155,19 @@ def bench_load(
     """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
     buffer -> PostgreSQL pipeline's tasks/s and enqueue -> claimable latency."""
     from rota_tools.bench.core import bench_load as run_core
+    from rota_tools.bench.core import bench_parallel_load
     from rota_tools.bench.pipeline import bench_pipeline_load
 
+    if connections < 1 or (connections > 1 and engine != "core"):
+        raise typer.BadParameter("--connections takes 1 or more, with --engine core")
     tune_gc()  # as in `rota loader` (and its Python loaders' processes)
     with bench_settings(database_url, redis_url, local, statements) as settings:
         if engine == "core":
             figures = run_core(settings.database_url, tasks, tenants, runs)
+            if connections > 1:
+                figures["parallel"] = bench_parallel_load(
+                    settings.database_url, tasks, tenants, connections, runs
+                )
         elif engine in ("python", "spark"):
             figures = _beside_cluster(
                 settings,

@@ -95,6 +95,15 @@ STAGES: dict[str, Stage] = {
         redis=False,
     ),
     "load-spark": _pipeline_load("spark", 200_000, "Spark loader tasks/s"),
+    "load-parallel": Stage(
+        ("load", "--engine", "core", "--tasks", "100000", "--runs", "1", "--connections", "2"),
+        (
+            _m("one queue, 2 connections, tasks/s", "parallel.tasks_per_s"),
+            _m("… ÷ 1 connection", "parallel.ratio_to_one"),
+            _m("lock wait samples", "parallel.lock_wait_samples", higher=False),
+        ),
+        redis=False,
+    ),
     "claim": Stage(
         ("claim", "--backlogs", "10000,1000000", "--runs", "1", "--samples", "100"),
         (

@@ -297,6 +297,12 @@ UPDATE rota.queues SET max_start = greatest(max_start, %(floor)s) WHERE name = %
 -- name: bench_shard_queue
 INSERT INTO rota.queues (name) VALUES (%(queue)s) ON CONFLICT (name) DO NOTHING
 
+-- name: bench_load_waits
+-- What the parallel loads' backends wait on now (`rota bench load
+-- --connections N`): one row per backend of that application name.
+SELECT pid, coalesce(wait_event_type, '') AS wait_event_type, coalesce(wait_event, '') AS wait_event
+FROM pg_stat_activity WHERE application_name = %(application)s
+
 -- name: bench_statements_reset
 -- pg_stat_statements from zero (it works only when the server preloads it).
 CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
