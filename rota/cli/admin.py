@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from rota.cli.app import DatabaseUrl, RedisUrl, app, run_admin, settings_from
-from rota.cli.output import Actor, AsJson, actor_or_default, cell, emit, table
+from rota.cli.output import Actor, AsJson, Progress, actor_or_default, cell, emit, table
 from rota.errors import ValidationError
 
 # `rota tenant NAME ...` changes a tenant, unless NAME is one of these words;
@@ -165,17 +165,24 @@ def _tenant_text(t: Any) -> str:
         "PAUSED" if t.paused else "",
     ]
     per_queue = table(
-        ["queue", "waiting", "running", "scheduled", "dead", "oldest wait s"],
+        ["queue", "waiting", "claimed", "scheduled", "dead", "oldest wait s"],
         [
             (q.queue, q.waiting, q.running, q.scheduled, q.dead, q.oldest_wait_seconds)
             for q in t.queues
         ],
     )
     served = sum(n for _, n, _ in t.service)
+    share = t.fair_share_per_minute
+    fair = (
+        f"per minute over the last {t.fair_minutes} whole minutes: served "
+        f"{t.served_per_minute:,.1f}, asked for {t.demand_per_minute:,.1f} "
+        f"(completed, waiting or claimed), max-min fair share "
+        + ("not kept" if share is None else f"{share:,.1f}")
+    )
     return (
         f"tenant {t.name} (slot {t.slot}): "
         + ", ".join(x for x in limits if x)
-        + f"\n{per_queue}\nserved in the last hour: {served:,}"
+        + f"\n{per_queue}\nserved in the last hour: {served:,}\n{fair}"
     )
 
 
@@ -258,13 +265,18 @@ def prune(
 
     seconds = parse_duration(older_than)
     pruned = {"finished": 0, "dead": 0}
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
-        for kind, op in (("finished", core.prune_finished), ("dead", core.prune_dead)):
-            while batch := db.run(conn, op(seconds)):
-                pruned[kind] += batch
-        detail = {"older_than_seconds": seconds, **pruned}
-        total = pruned["finished"] + pruned["dead"]
-        db.run(conn, core.record(actor_or_default(actor), "prune", "tasks", total, detail))
+    progress = Progress("pruning tasks", as_json)
+    try:
+        with db.admin_connect(settings_from(database_url).database_url) as conn:
+            for kind, op in (("finished", core.prune_finished), ("dead", core.prune_dead)):
+                while batch := db.run(conn, op(seconds)):
+                    pruned[kind] += batch
+                    progress.advance(batch, kind)
+            detail = {"older_than_seconds": seconds, **pruned}
+            total = pruned["finished"] + pruned["dead"]
+            db.run(conn, core.record(actor_or_default(actor), "prune", "tasks", total, detail))
+    finally:
+        progress.close()
     emit(
         pruned,
         as_json,

@@ -85,9 +85,13 @@ def render_story(story: Any) -> str:
     lines = [f"task {story.id}: {story.where}", f"why: {story.why}"]
     task = story.task
     if task is not None:
+        kept = task.status != "succeeded"  # a succeeded task's record keeps less
+        allowed = "? (allowed: not kept)" if task.max_attempts is None else task.max_attempts
+        cost = "not kept" if task.cost is None else f"{task.cost:g}"
         lines += [
-            f"name {task.name or '-'}  queue {task.queue}  tenant {task.tenant}  "
-            f"attempts {task.attempts}/{task.max_attempts}  priority {task.priority}",
+            f"name {task.name or ('-' if kept else 'not kept')}  queue {task.queue}  "
+            f"tenant {task.tenant}  attempts {task.attempts} of {allowed}  cost {cost}  "
+            f"priority {task.priority if kept else 'not kept'}",
             f"enqueued {cell(task.enqueued_at)}  ended {cell(task.finished_at)}",
         ]
         if task.ahead is not None:

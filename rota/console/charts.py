@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from markupsafe import Markup, escape
@@ -53,16 +54,70 @@ def nice_ceiling(value: float) -> float:
 
 
 def number(value: float, unit: str = "") -> str:
-    """A tick's label: compact counts (1.5k, 2M), or a duration for seconds."""
+    """A tick's label: compact counts (1.5k, 2M), or a duration for seconds
+    (under a second in ms)."""
     if unit == "seconds":
         for size, suffix in ((86_400.0, "d"), (3_600.0, "h"), (60.0, "m")):
             if value >= size:
                 return f"{value / size:.3g}{suffix}"
+        if 0 < value < 1:
+            return f"{value * 1000:.3g}ms"
         return f"{value:.3g}s"
     for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= size:
             return f"{value / size:.3g}{suffix}"
     return f"{value:.3g}"
+
+
+# Dash patterns (SVG attributes, not styles) that tell apart series drawn
+# on top of one another.
+DASHES = ("7 4", "2 4", "10 3 2 3", "4 2")
+
+# Minutes between time labels: the smallest that leaves at most TIME_LABELS.
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440)
+
+
+def time_ticks(times: Sequence[str]) -> list[int]:
+    """Indexes of the buckets labelled on the time axis: those starting at a
+    round step (a whole number of minutes from midnight UTC), at most
+    TIME_LABELS of them."""
+    minutes: list[int | None] = []
+    for time in times:
+        try:
+            at = datetime.fromisoformat(time)
+        except ValueError:
+            minutes.append(None)
+            continue
+        minutes.append(int(at.timestamp() // 60))
+    known = [m for m in minutes if m is not None]
+    if not known:
+        return []
+    span = max(known) - min(known)
+    step = next((s for s in TIME_STEPS if span // s < TIME_LABELS), TIME_STEPS[-1])
+    return [i for i, m in enumerate(minutes) if m is not None and m % step == 0]
+
+
+def coinciding(series: Sequence[Mapping[str, Any]]) -> list[str | None]:
+    """A dash pattern for each series that another drawn before it covers
+    everywhere both have values (None: drawn solid, or as it asks)."""
+    dashes: list[str | None] = []
+    used = 0
+    for index, one in enumerate(series):
+        mine = [_finite(v) for v in one.get("values") or []]
+        covered = any(
+            _same(mine, [_finite(v) for v in other.get("values") or []]) for other in series[:index]
+        )
+        if covered:
+            dashes.append(DASHES[used % len(DASHES)])
+            used += 1
+        else:
+            dashes.append(None)
+    return dashes
+
+
+def _same(a: Sequence[float | None], b: Sequence[float | None]) -> bool:
+    both = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
+    return bool(both) and all(abs(x - y) <= 1e-9 * max(1.0, abs(x)) for x, y in both)
 
 
 def colour_class(index: int, name: str) -> str:
@@ -127,11 +182,7 @@ def svg(chart: Mapping[str, Any]) -> Markup:
         )
     out.append('</g><g class="axis">')
     out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{TOP + plot_h}" y2="{TOP + plot_h}"/>')
-    labels = max(1, min(TIME_LABELS, count))
-    for n in range(labels):
-        i = round(n * (count - 1) / (labels - 1)) if labels > 1 else 0
-        if i >= count:
-            break
+    for i in time_ticks(times):
         anchor = "start" if i == 0 and count > 1 else "end" if i == count - 1 else "middle"
         out.append(
             f'<text class="tick" x="{xs[i]:.1f}" y="{HEIGHT - 8}" text-anchor="{anchor}">'
@@ -144,19 +195,31 @@ def svg(chart: Mapping[str, Any]) -> Markup:
             'text-anchor="middle">no data in this window yet</text>'
         )
     legend = []
-    for index, one in enumerate(series):
+    for index, (one, pattern) in enumerate(zip(series, coinciding(series), strict=True)):
         name = str(one.get("name", ""))
         values = one.get("values") or []
         cls = colour_class(index, name) + (" dash" if one.get("dashed") else "")
-        last = next((v for v in map(_finite, reversed(values)) if v is not None), None)
-        latest = "" if last is None else number(last, unit)
+        dash = f' stroke-dasharray="{pattern}"' if pattern else ""
+        if "now" in one:  # the figure at the last count, which may be nothing
+            now = _finite(one["now"])
+            latest = "none" if now is None or now == 0 else number(now, unit)
+        else:
+            last = next((v for v in map(_finite, reversed(values)) if v is not None), None)
+            latest = "" if last is None else number(last, unit)
         out.append(
-            f'<path class="line {cls}" data-series="{escape(name)}" '
+            f'<path class="line {cls}" data-series="{escape(name)}"{dash} '
             f'd="{path_data(values, xs, y_of)}">'
             f"<title>{escape(name)} {escape(latest)}</title></path>"
         )
+        swatch = (
+            f'<svg class="swatch" viewBox="0 0 18 4" width="18" height="4" aria-hidden="true">'
+            f'<line class="line {cls}" x1="0" x2="18" y1="2" y2="2"{dash}/></svg>'
+            if pattern
+            else f'<span class="swatch {cls}"></span>'
+        )
         legend.append(
-            f'<li data-series="{escape(name)}"><span class="swatch {cls}"></span>'
+            f'<li data-series="{escape(name)}"'
+            f"{f' data-dash={chr(34)}{pattern}{chr(34)}' if pattern else ''}>{swatch}"
             f'{escape(name)} <span class="muted">{escape(latest)}</span></li>'
         )
     out.append("</svg>")

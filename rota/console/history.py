@@ -118,6 +118,9 @@ def _queue_charts(axis: Axis, points: Sequence[history.QueuePoint]) -> dict[str,
     completed, died = axis.empty(), axis.empty()
     waiting: dict[str, Values] = {}
     oldest: dict[str, Values] = {}
+    # Each queue's gauges at the last count: what the legend says now.
+    waiting_now: dict[str, float | None] = {}
+    oldest_now: dict[str, float | None] = {}
     per_minute = 60 / axis.step
     for p in points:
         i = axis.index.get(p.at)
@@ -128,27 +131,63 @@ def _queue_charts(axis: Axis, points: Sequence[history.QueuePoint]) -> dict[str,
             _add(died, i, p.died * per_minute)
         waiting.setdefault(p.queue, axis.empty())[i] = p.waiting
         oldest.setdefault(p.queue, axis.empty())[i] = p.oldest_wait_seconds
+        if i == axis.count - 1:
+            waiting_now[p.queue] = p.waiting_last
+            oldest_now[p.queue] = p.oldest_wait_last
     throughput = [{"name": "completed", "values": completed}, {"name": "died", "values": died}]
+    backlog = _top(waiting, TOP_QUEUES, sum)
+    oldest_series = _top(oldest, TOP_QUEUES, max)
+    _set_now(backlog, waiting_now, sum)
+    _set_now(oldest_series, oldest_now, max)
+    minutes = f"{axis.step // 60}-minute" if axis.step > 60 else "minute"
     return {
-        "throughput": axis.chart("throughput", "Throughput and failures", "per minute", throughput),
+        "throughput": axis.chart(
+            "throughput", "Throughput and failures", "tasks per minute", throughput
+        ),
         "backlog": axis.chart(
-            "backlog", "Backlog per queue", "tasks waiting", _top(waiting, TOP_QUEUES, sum)
+            "backlog",
+            f"Backlog per queue (largest count in each {minutes})",
+            "tasks waiting",
+            backlog,
         ),
         "oldest_wait": axis.chart(
-            "oldest_wait", "Oldest wait per queue", "seconds", _top(oldest, TOP_QUEUES, max)
+            "oldest_wait",
+            f"Oldest wait per queue (largest in each {minutes})",
+            "seconds",
+            oldest_series,
         ),
     }
 
 
+def _set_now(
+    series: list[dict[str, Any]],
+    now: dict[str, float | None],
+    other: Callable[[list[float]], float],
+) -> None:
+    """Each series' figure at the last count (None: nothing), which the
+    legend shows rather than the last value drawn; "other" merges the rest."""
+    shown = {s["name"] for s in series if s["name"] != "other"}
+    for one in series:
+        if one["name"] == "other":
+            rest = [v for k, v in now.items() if k not in shown and v is not None]
+            one["now"] = other(rest) if rest else None
+        else:
+            one["now"] = now.get(one["name"])
+
+
 def service_chart(c: Connections, window: str, names: Sequence[str]) -> dict[str, Any]:
-    """Completions per minute of the top tenants (by tasks waiting), the
-    tenants searched, and everyone else's as "other"."""
+    """Completions per minute of the tenants searched, the top tenants by
+    completions in the window (its last hour at most, which the tenant index
+    reads quickly) and by tasks waiting now, and everyone else's as "other"."""
 
     def fetch() -> dict[str, Any]:
         axis = Axis(window)
+        ranked_since = max(axis.since, axis.times[-1] - timedelta(seconds=3600 - axis.step))
         with c.postgres() as conn:
+            served = db.run(conn, history.top_served(ranked_since, TOP_TENANTS))
             top, _ = db.run(conn, read.top_tenants(TOP_TENANTS))
-            shown = list(dict.fromkeys([*names, *(t.name for t in top)]))
+            waiting = [t.name for t in top if t.waiting > 0]
+            shown = list(dict.fromkeys([*names, *served, *waiting]))
             totals = db.run(conn, history.queue_history(axis.since, axis.step))
             points = (
                 db.run(conn, history.tenant_history(shown, axis.since, axis.step)) if shown else []
@@ -190,31 +229,42 @@ def _tenant_rates(
 
 
 def tenant_charts(c: Connections, name: str, window: str) -> dict[str, dict[str, Any]]:
-    """One tenant's completions against its fair share (at its weight now,
-    of all completions), and the mean wait of what it got served."""
+    """One tenant's completions against its demand and its max-min fair
+    share (water-filling each minute's completions over the tenants' weights
+    and demands: owed what it asked for when that is less than its weight's
+    part), and the mean wait of what it got served."""
 
     def fetch() -> dict[str, dict[str, Any]]:
         axis = Axis(window)
         with c.postgres() as conn:
             totals = db.run(conn, history.queue_history(axis.since, axis.step))
             points = db.run(conn, history.tenant_history([name], axis.since, axis.step))
-            share = db.run(conn, history.tenant_fair_share(name))
         total = _queue_charts(axis, totals)["throughput"]["series"][0]["values"]
         completed = _tenant_rates(axis, points, total).get(name) or _zeros(total)
+        demand, fair = _zeros(total), axis.empty()
+        per_minute = 60 / axis.step
         waits = axis.empty()
         for p in points:
             i = axis.index.get(p.at)
-            if i is not None:
-                waits[i] = p.wait_seconds
-        service: list[dict[str, Any]] = [{"name": "completed", "values": completed}]
-        if share is not None:
-            fair = [None if v is None else v * share for v in total]
-            service.append({"name": "fair share", "values": fair, "dashed": True})
+            if i is None:
+                continue
+            waits[i] = p.wait_seconds
+            if i < axis.count - 1:
+                demand[i] = p.demand * per_minute
+                fair[i] = None if p.fair_share is None else p.fair_share * per_minute
+        for i, whole in enumerate(total):  # counted, and it asked for nothing: owed nothing
+            if whole is not None and i < axis.count - 1 and not demand[i]:
+                fair[i] = 0.0
+        service: list[dict[str, Any]] = [
+            {"name": "completed", "values": completed},
+            {"name": "demand", "values": demand, "dashed": True},
+            {"name": "fair share", "values": fair, "dashed": True},
+        ]
         return {
-            "service": axis.chart("service", "Service", "completed per minute", service),
+            "service": axis.chart("service", "Service", "tasks per minute", service),
             "wait": axis.chart(
                 "wait",
-                "Mean wait of tasks served",
+                "Mean wait of tasks served (enqueue to start)",
                 "seconds",
                 [{"name": "mean wait", "values": waits}],
             ),

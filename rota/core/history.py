@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from rota.core.db import Op, first, select
+from rota.core.db import Op, first, select, values
 from rota.core.read import _check_page, _float
 from rota.core.rows import Rows
 from rota.errors import ValidationError
@@ -22,12 +22,24 @@ class QueuePoint:
     at: datetime  # the bucket's start
     queue: str
     waiting: int  # the largest backlog counted in the bucket
-    oldest_wait_seconds: float | None
+    waiting_last: int  # the backlog at the bucket's last count
+    running: int  # the most tasks claimed (running or prefetched) at a count
+    oldest_wait_seconds: float | None  # the largest counted in the bucket
+    oldest_wait_last: float | None  # at the bucket's last count (None: nothing waited)
     completed: int
     died: int
 
 
-_QUEUE_POINTS = Rows(QueuePoint, waiting=int, oldest_wait_seconds=_float, completed=int, died=int)
+_QUEUE_POINTS = Rows(
+    QueuePoint,
+    waiting=int,
+    waiting_last=int,
+    running=int,
+    oldest_wait_seconds=_float,
+    oldest_wait_last=_float,
+    completed=int,
+    died=int,
+)
 
 
 def queue_history(since: datetime, step_seconds: int) -> Op[list[QueuePoint]]:
@@ -43,9 +55,13 @@ class TenantPoint:
     tenant: str
     completed: int
     wait_seconds: float | None  # mean enqueue -> start wait
+    demand: int  # completions and unfinished tasks at each minute's last count
+    fair_share: float | None  # max-min fair share of the completions (None: not kept)
 
 
-_TENANT_POINTS = Rows(TenantPoint, completed=int, wait_seconds=_float)
+_TENANT_POINTS = Rows(
+    TenantPoint, completed=int, wait_seconds=_float, demand=int, fair_share=_float
+)
 
 
 def tenant_history(
@@ -60,10 +76,66 @@ def tenant_history(
     return select(query("tenant_history"), params, _TENANT_POINTS)
 
 
-def tenant_fair_share(name: str) -> Op[float | None]:
-    """A tenant's fair share now (None without work)."""
-    check_tenant(name)
-    return first(query("tenant_fair_share"), {"name": name}, Rows(_float, ["fair_share"]))
+def top_served(since: datetime, limit: int) -> Op[list[str]]:
+    """The tenants most served since a time (with any completion), most first."""
+    _check_page(0, limit)
+    return values(query("top_served"), {"since": since, "limit": limit})
+
+
+@dataclass(frozen=True)
+class FairShare:
+    """A tenant's service against its max-min fair share, per minute over
+    the last whole minutes: the fair share is what water-filling the
+    completions over the tenants' weights and demands owes it."""
+
+    minutes: int
+    served_per_minute: float
+    demand_per_minute: float  # completions and unfinished tasks
+    fair_share_per_minute: float | None  # None: no fair level kept for those minutes
+
+    @property
+    def held_back(self) -> bool:
+        """Served less than its fair share."""
+        share = self.fair_share_per_minute
+        return share is not None and self.served_per_minute < share - 1e-9
+
+
+class _Fair(NamedTuple):
+    served: int
+    demand: int
+    fair_share: float | None
+    known: bool
+
+
+FAIR_MINUTES = 5
+
+
+def tenant_fair_share(tenant_id: int, minutes: int = FAIR_MINUTES) -> Op[FairShare]:
+    """One tenant's service, demand and fair share over the last `minutes`
+    whole minutes (rota.service and the queues' fair levels)."""
+    if type(minutes) is not int or not 1 <= minutes <= 1440:
+        raise ValidationError(f"minutes must be whole, from 1 to 1440, got {minutes!r}")
+    return _tenant_fair_share(tenant_id, minutes)
+
+
+def _tenant_fair_share(tenant_id: int, minutes: int) -> Op[FairShare]:
+    found = yield from first(
+        query("tenant_fair_share"),
+        {"tenant_id": tenant_id, "minutes": minutes},
+        Rows(_Fair, served=int, demand=int, fair_share=_float),
+    )
+    served, demand = (found.served, found.demand) if found else (0, 0)
+    share: float | None = None
+    if demand == 0:
+        share = 0.0  # owed nothing it did not ask for
+    elif found is not None and found.known and found.fair_share is not None:
+        share = found.fair_share
+    return FairShare(
+        minutes=minutes,
+        served_per_minute=served / minutes,
+        demand_per_minute=demand / minutes,
+        fair_share_per_minute=None if share is None else share / minutes,
+    )
 
 
 def _check_step(step: Any) -> None:

@@ -231,6 +231,13 @@ class TenantDetail:
     service: list[tuple[datetime, int, float | None]] = dataclasses.field(
         default_factory=list
     )  # minute, completions, mean wait (s)
+    # Over the last `fair_minutes` whole minutes, per minute: completions,
+    # demand (completions and unfinished tasks), and the max-min fair share
+    # of the completions (None: no fair level kept for those minutes).
+    fair_minutes: int = 0
+    served_per_minute: float = 0.0
+    demand_per_minute: float = 0.0
+    fair_share_per_minute: float | None = None
 
 
 _TENANT_DETAIL = Rows(
@@ -258,7 +265,18 @@ def _tenant(name: str) -> Op[TenantDetail | None]:
     per_queue = yield from select(query("tenant_queues_stats"), of, _TENANT_QUEUES)
     minutes = yield from select(query("tenant_service"), of, _MINUTES)
     service = [(m.minute, m.completed, m.wait_seconds) for m in minutes]
-    return dataclasses.replace(detail, queues=per_queue, service=service)
+    from rota.core.history import tenant_fair_share  # it reads this module's helpers
+
+    fair = yield from tenant_fair_share(detail.slot)
+    return dataclasses.replace(
+        detail,
+        queues=per_queue,
+        service=service,
+        fair_minutes=fair.minutes,
+        served_per_minute=fair.served_per_minute,
+        demand_per_minute=fair.demand_per_minute,
+        fair_share_per_minute=fair.fair_share_per_minute,
+    )
 
 
 class _Minute(NamedTuple):

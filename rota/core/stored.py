@@ -32,8 +32,8 @@ class StoredTask:
     payload: str
     status: str
     attempts: int
-    max_attempts: int
-    cost: float
+    max_attempts: int | None  # None: not kept (a succeeded task's record predates it)
+    cost: float | None  # None: not kept (as max_attempts)
     eta: datetime | None
     enqueued_at: datetime
     loaded_at: datetime | None
@@ -140,11 +140,15 @@ def _finished(
     queue: str,
     tenant: str,
     attempts: int,
+    max_attempts: int | None,
+    cost: float | None,
     enqueued_at: datetime,
     started_at: datetime | None,
     finished_at: datetime | None,
 ) -> StoredTask:
-    """A task that succeeded, from its record (rota.finished)."""
+    """A task that succeeded, from its record (rota.finished): what the
+    record does not keep (name, payload; attempts allowed and cost in records
+    that predate keeping them) is left empty or None, never made up."""
     return StoredTask(
         id=id,
         queue=queue,
@@ -153,8 +157,8 @@ def _finished(
         payload="",
         status="succeeded",
         attempts=int(attempts),
-        max_attempts=int(attempts),
-        cost=1.0,
+        max_attempts=None if max_attempts is None else int(max_attempts),
+        cost=None if cost is None else float(cost),
         eta=None,
         enqueued_at=enqueued_at,
         loaded_at=None,

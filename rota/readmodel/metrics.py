@@ -233,7 +233,10 @@ class FiguresCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         figures = self.read()
         queue_tasks = GaugeMetricFamily(
-            "rota_queue_tasks", "Tasks by queue and state.", labels=["queue", "state"]
+            "rota_queue_tasks",
+            "Tasks by queue and state (running: claimed, whether started or prefetched;"
+            " rota_tasks_running and rota_tasks_claimed_not_started split them).",
+            labels=["queue", "state"],
         )
         throughput = GaugeMetricFamily(
             "rota_queue_completed_per_minute",
@@ -271,6 +274,20 @@ class FiguresCollector(Collector):
         for state in named:
             total = sum(getattr(q, state) for q in figures.queues)
             tenant_tasks.add_metric([OTHER, state], max(0, total - named[state]))
+        # Claimed tasks split as the workers can run them: a worker runs at
+        # most its concurrency; what it holds beyond is prefetched.
+        running_now = sum(min(w.running, w.concurrency) for w in figures.workers)
+        claimed = sum(q.running for q in figures.queues)
+        started = GaugeMetricFamily(
+            "rota_tasks_running",
+            "Claimed tasks running: at most each live worker's concurrency.",
+        )
+        started.add_metric([], min(running_now, claimed))
+        prefetched = GaugeMetricFamily(
+            "rota_tasks_claimed_not_started",
+            "Claimed tasks not started (prefetched beyond a worker's concurrency).",
+        )
+        prefetched.add_metric([], max(0, claimed - running_now))
         workers = GaugeMetricFamily("rota_workers", "Live workers.")
         workers.add_metric([], len(figures.workers))
         buffer = GaugeMetricFamily(
@@ -295,6 +312,8 @@ class FiguresCollector(Collector):
             oldest,
             tenant_tasks,
             workers,
+            started,
+            prefetched,
             buffer,
             buffer_age,
             letters,

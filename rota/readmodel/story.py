@@ -153,7 +153,8 @@ def why_in_buffer(place: InBuffer) -> str:
 def why(task: StoredTask, now: datetime | None = None) -> str:
     """Why a stored task is where it is, in one answer with the numbers."""
     now = now or datetime.now(UTC)
-    attempt = f"attempt {task.attempts} of {task.max_attempts}"
+    allowed = "?" if task.max_attempts is None else task.max_attempts
+    attempt = f"attempt {task.attempts} of {allowed}"
     if task.status == "succeeded":
         ran = ""
         if task.started_at is not None and task.finished_at is not None:
@@ -168,7 +169,7 @@ def why(task: StoredTask, now: datetime | None = None) -> str:
         lease = task.lease_expires_at
         text = (
             f"running on worker {task.worker} for {_since(task.claimed_at or now, now)} "
-            f"(attempt {task.attempt} of {task.max_attempts}); its lease runs until "
+            f"(attempt {task.attempt} of {allowed}); its lease runs until "
             f"{lease.isoformat() if lease else '?'}"
         )
         if task.cancel_requested:

@@ -143,8 +143,10 @@ LEFT JOIN rota.scheduled s ON s.task_id = t.id
 WHERE t.id = %(id)s
 
 -- name: finished_story
-SELECT f.task_id AS id, q.name AS queue, tn.name AS tenant, f.attempts, f.enqueued_at,
-       f.started_at, f.finished_at
+-- A succeeded task's record: attempts allowed and cost are NULL where the
+-- record predates keeping them.
+SELECT f.task_id AS id, q.name AS queue, tn.name AS tenant, f.attempts, f.max_attempts,
+       f.cost, f.enqueued_at, f.started_at, f.finished_at
 FROM rota.finished f
 JOIN rota.queues q ON q.id = f.queue_id
 JOIN rota.tenants tn ON tn.id = f.tenant_id
@@ -315,39 +317,69 @@ LIMIT %(limit)s
 
 -- name: queue_history
 -- The charts' history per queue (rota.queue_history, a day at most) since a
--- time, in buckets of `step` seconds: the largest backlog and oldest wait in
--- each, the completions and deaths summed.
-SELECT to_timestamp(floor(extract(epoch FROM h.minute) / %(step)s) * %(step)s) AS at,
-       q.name AS queue, max(h.waiting) AS waiting,
-       max(h.oldest_wait_seconds) AS oldest_wait_seconds,
-       sum(h.completed) AS completed, sum(h.died) AS died
-FROM rota.queue_history h
-JOIN rota.queues q ON q.id = h.queue_id
-WHERE h.minute >= %(since)s
-GROUP BY 1, 2
+-- time, in buckets of `step` seconds: each gauge's largest count in the
+-- bucket and its last, the completions and deaths summed, and the minutes'
+-- fair levels are not read here (tenant_history applies them).
+SELECT b.at, q.name AS queue, b.waiting, b.waiting_last, b.running, b.oldest_wait_seconds,
+       b.oldest_wait_last, b.completed, b.died
+FROM (
+    SELECT to_timestamp(floor(extract(epoch FROM h.minute) / %(step)s) * %(step)s) AS at,
+           h.queue_id,
+           max(coalesce(h.waiting_max, h.waiting)) AS waiting,
+           (array_agg(h.waiting ORDER BY h.minute DESC))[1] AS waiting_last,
+           max(coalesce(h.running_max, h.running)) AS running,
+           max(coalesce(h.oldest_wait_max, h.oldest_wait_seconds)) AS oldest_wait_seconds,
+           (array_agg(h.oldest_wait_seconds ORDER BY h.minute DESC))[1] AS oldest_wait_last,
+           sum(h.completed) AS completed, sum(h.died) AS died
+    FROM rota.queue_history h
+    WHERE h.minute >= %(since)s
+    GROUP BY 1, 2
+) b
+JOIN rota.queues q ON q.id = b.queue_id
 ORDER BY 1, 2
 
 -- name: tenant_history
 -- Some tenants' service (rota.service, by its tenant index) since a time, in
--- buckets of `step` seconds: completions, and their mean wait.
+-- buckets of `step` seconds: completions and their mean wait, demand
+-- (completions and the unfinished tasks at each minute's last count), and
+-- the max-min fair share of each minute's completions, least(demand, weight
+-- now * the queue's fair level), summed (NULL where no level was kept).
 SELECT to_timestamp(floor(extract(epoch FROM v.minute) / %(step)s) * %(step)s) AS at,
        t.name AS tenant, sum(v.completed) AS completed,
-       sum(v.wait_seconds) / nullif(sum(v.completed), 0) AS wait_seconds
+       sum(v.wait_seconds) / nullif(sum(v.completed), 0) AS wait_seconds,
+       sum(v.completed + coalesce(v.pending, 0)) AS demand,
+       sum(least(v.completed + coalesce(v.pending, 0), t.weight * h.fair_level))
+           FILTER (WHERE h.fair_level IS NOT NULL) AS fair_share
 FROM rota.tenants t
 JOIN rota.service v ON v.tenant_id = t.id AND v.minute >= %(since)s
+LEFT JOIN rota.queue_history h ON h.minute = v.minute AND h.queue_id = v.queue_id
 WHERE t.name = ANY (%(names)b::text[])
 GROUP BY 1, 2
 ORDER BY 1, 2
 
+-- name: top_served
+-- The tenants most served since a time (rota.service by its minute, the
+-- key's first column), for the service chart.
+SELECT t.name
+FROM (SELECT tenant_id, sum(completed) AS completed FROM rota.service
+      WHERE minute >= %(since)s GROUP BY tenant_id
+      HAVING sum(completed) > 0
+      ORDER BY 2 DESC, 1 LIMIT %(limit)s) v
+JOIN rota.tenants t ON t.id = v.tenant_id
+ORDER BY v.completed DESC, t.name
+
 -- name: tenant_fair_share
--- A tenant's fair share now, as the tenants page counts it: its weight among
--- the tenants with work (waiting or running, or served in five minutes).
-WITH busy AS (
-    SELECT tenant_id FROM rota.stats GROUP BY tenant_id HAVING sum(waiting + running) > 0
-    UNION
-    SELECT tenant_id FROM rota.service WHERE minute >= now() - interval '5 minutes'
-)
-SELECT t.weight / nullif((SELECT sum(w.weight) FROM rota.tenants w
-                          WHERE w.id IN (SELECT tenant_id FROM busy)), 0) AS fair_share
+-- One tenant's service, demand and max-min fair share over the last
+-- `minutes` whole minutes (the minute now is partial), as tenant_history
+-- counts them.
+SELECT coalesce(sum(v.completed), 0) AS served,
+       coalesce(sum(v.completed + coalesce(v.pending, 0)), 0) AS demand,
+       sum(least(v.completed + coalesce(v.pending, 0), t.weight * h.fair_level))
+           FILTER (WHERE h.fair_level IS NOT NULL) AS fair_share,
+       count(h.fair_level) > 0 AS known
 FROM rota.tenants t
-WHERE t.name = %(name)s AND t.id IN (SELECT tenant_id FROM busy)
+JOIN rota.service v ON v.tenant_id = t.id
+    AND v.minute >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s)
+    AND v.minute < date_trunc('minute', now())
+LEFT JOIN rota.queue_history h ON h.minute = v.minute AND h.queue_id = v.queue_id
+WHERE t.id = %(tenant_id)s

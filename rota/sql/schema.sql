@@ -199,7 +199,10 @@ CREATE TABLE rota.finished (
     attempts integer NOT NULL,
     enqueued_at timestamptz NOT NULL,
     started_at timestamptz NOT NULL,
-    finished_at timestamptz NOT NULL DEFAULT now()
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    -- The task's attempts allowed and cost (NULL: finished before they were kept).
+    max_attempts integer,
+    cost double precision
 ) WITH (
     -- As rota.tasks: analyzed after 100k new rows at the least (0033).
     autovacuum_analyze_threshold = 100000
@@ -396,10 +399,12 @@ BEGIN
         FROM rota.take_running(p_ids, p_attempts) r
     ), gone AS (
         DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM done d))
-        RETURNING t.id, t.enqueued_at
+        RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost
     ), stored AS (
-        INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at)
-        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at
+        INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
+                                   max_attempts, cost)
+        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
+               g.max_attempts, g.cost
         FROM done d JOIN gone g ON g.id = d.task_id
         RETURNING task_id
     )
@@ -1298,7 +1303,10 @@ CREATE TABLE rota.service (
     tenant_id integer NOT NULL,
     completed integer NOT NULL,
     wait_seconds double precision NOT NULL,  -- summed enqueue -> start waits
-    PRIMARY KEY (minute, queue_id, tenant_id)
+    PRIMARY KEY (minute, queue_id, tenant_id),
+    -- Its unfinished tasks (in line or claimed) at the minute's last count
+    -- (rota.refresh_stats); with the completions, its demand in the minute.
+    pending bigint
 );
 CREATE INDEX service_tenant_minute ON rota.service (tenant_id, minute);
 CREATE TABLE rota.service_counted (
@@ -1363,7 +1371,8 @@ CREATE TABLE rota.stats (
 );
 
 -- Per minute and queue: the figures of rota.stats as last counted in that
--- minute, and the completions (rota.service) and deaths in it. A day is kept.
+-- minute and their largest, the completions (rota.service) and deaths in
+-- it, and its fair level. A day is kept.
 CREATE TABLE rota.queue_history (
     minute timestamptz NOT NULL,
     queue_id integer NOT NULL,
@@ -1372,7 +1381,13 @@ CREATE TABLE rota.queue_history (
     oldest_wait_seconds double precision,
     completed bigint NOT NULL DEFAULT 0,
     died bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (minute, queue_id)
+    PRIMARY KEY (minute, queue_id),
+    -- The gauges' largest counts in the minute (the columns above: the last).
+    waiting_max bigint,
+    running_max bigint,
+    oldest_wait_max double precision,
+    -- Max-min fair level of the minute's completions (rota.refresh_stats).
+    fair_level double precision
 );
 
 -- Recounts rota.stats from the queue tables, and writes this minute's
@@ -1416,12 +1431,15 @@ BEGIN
            now()
     FROM grouped g;
     GET DIAGNOSTICS v_rows = ROW_COUNT;
-    -- The charts' history: this minute's row holds the minute's last count;
-    -- completions and deaths of this minute and the last are recounted (late
-    -- commits land), the deaths by the partial index of dead tasks.
+    -- The charts' history: this minute's row holds each gauge's last count
+    -- in the minute and its largest; completions and deaths of this minute
+    -- and the last are recounted (late commits land), the deaths by the
+    -- partial index of dead tasks.
     INSERT INTO rota.queue_history AS h (minute, queue_id, waiting, running,
-                                         oldest_wait_seconds)
+                                         oldest_wait_seconds, waiting_max, running_max,
+                                         oldest_wait_max)
     SELECT v_minute, q.id, coalesce(s.waiting, 0), coalesce(s.running, 0),
+           extract(epoch FROM now() - s.oldest), coalesce(s.waiting, 0), coalesce(s.running, 0),
            extract(epoch FROM now() - s.oldest)
     FROM rota.queues q
     LEFT JOIN (SELECT queue_id, sum(waiting) AS waiting, sum(running) AS running,
@@ -1429,7 +1447,10 @@ BEGIN
                FROM rota.stats GROUP BY queue_id) s ON s.queue_id = q.id
     ON CONFLICT (minute, queue_id) DO UPDATE
     SET waiting = excluded.waiting, running = excluded.running,
-        oldest_wait_seconds = excluded.oldest_wait_seconds;
+        oldest_wait_seconds = excluded.oldest_wait_seconds,
+        waiting_max = greatest(h.waiting_max, excluded.waiting_max),
+        running_max = greatest(h.running_max, excluded.running_max),
+        oldest_wait_max = greatest(h.oldest_wait_max, excluded.oldest_wait_max);
     UPDATE rota.queue_history h
     SET completed = coalesce(v.completed, 0), died = coalesce(d.died, 0)
     FROM rota.queue_history x
@@ -1443,6 +1464,52 @@ BEGIN
         ON d.minute = x.minute AND d.queue_id = x.queue_id
     WHERE x.minute >= v_minute - interval '1 minute'
       AND h.minute = x.minute AND h.queue_id = x.queue_id;
+    -- Each tenant's unfinished tasks (in line or claimed) at this minute's
+    -- last count: with its completions in the minute, what it asked for in
+    -- it (its demand). Only tenants with unfinished tasks get a row beyond
+    -- those served.
+    UPDATE rota.service v SET pending = 0
+    WHERE v.minute = v_minute AND v.pending > 0
+      AND NOT EXISTS (SELECT 1 FROM rota.stats s
+                      WHERE s.queue_id = v.queue_id AND s.tenant_id = v.tenant_id
+                        AND s.waiting + s.running > 0);
+    INSERT INTO rota.service AS v (minute, queue_id, tenant_id, completed, wait_seconds, pending)
+    SELECT v_minute, s.queue_id, s.tenant_id, 0, 0, s.waiting + s.running
+    FROM rota.stats s WHERE s.waiting + s.running > 0
+    ON CONFLICT (minute, queue_id, tenant_id) DO UPDATE SET pending = excluded.pending
+    WHERE v.pending IS DISTINCT FROM excluded.pending;
+    -- Each queue's max-min fair level in this minute and the last: with
+    -- the minute's completions shared by water-filling over the tenants'
+    -- weights and demands, a tenant is owed least(demand, weight * level);
+    -- infinity when every demand was met. Tenants in ascending order of
+    -- demand / weight: the largest prefix that the completions satisfy whole
+    -- leaves the rest to share by weight.
+    WITH d AS (
+        SELECT v.minute, v.queue_id, v.completed::float8 AS completed,
+               (v.completed + coalesce(v.pending, 0))::float8 AS demand, t.weight
+        FROM rota.service v JOIN rota.tenants t ON t.id = v.tenant_id
+        WHERE v.minute >= v_minute - interval '1 minute'
+    ), ranked AS (
+        SELECT minute, queue_id, demand / weight AS r,
+               sum(demand) OVER upto AS d_upto, sum(weight) OVER upto AS w_upto,
+               sum(completed) OVER whole AS served, sum(demand) OVER whole AS asked,
+               sum(weight) OVER whole AS w_all
+        FROM d
+        WINDOW upto AS (PARTITION BY minute, queue_id ORDER BY demand / weight
+                        ROWS UNBOUNDED PRECEDING),
+               whole AS (PARTITION BY minute, queue_id)
+    ), levels AS (
+        SELECT minute, queue_id,
+               CASE WHEN max(asked) <= max(served) THEN 'Infinity'::float8
+                    ELSE coalesce((array_agg((served - d_upto) / nullif(w_all - w_upto, 0)
+                                             ORDER BY w_upto DESC)
+                                   FILTER (WHERE d_upto + r * (w_all - w_upto) <= served))[1],
+                                  max(served) / max(w_all))
+               END AS level
+        FROM ranked GROUP BY 1, 2
+    )
+    UPDATE rota.queue_history h SET fair_level = l.level
+    FROM levels l WHERE h.minute = l.minute AND h.queue_id = l.queue_id;
     DELETE FROM rota.queue_history WHERE minute < now() - interval '1 day';
     RETURN v_rows;
 END

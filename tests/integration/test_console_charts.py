@@ -38,21 +38,31 @@ def _history(conn: Conn) -> list[tuple[Any, ...]]:
 
 
 def _seed(conn: Conn, minutes: int = 30) -> None:
-    """A past half hour: queue pdfs backs up while tenant big is served and
-    small starves."""
+    """A past half hour: queue pdfs backs up while tenant big is served with
+    500 more waiting, and small is served the 2 a minute it asks for (the
+    minute's fair level, 48: small is owed its 2, big the other 48)."""
     load(conn, envelopes("big", 2, queue="pdfs") + envelopes("small", 2, queue="pdfs"))
     ids = dict(conn.execute("SELECT name, id FROM rota.tenants").fetchall())
     queue_id = conn.execute("SELECT id FROM rota.queues WHERE name = 'pdfs'").fetchone()[0]  # type: ignore[index]
     for ago in range(1, minutes + 1):
         minute = _minute(ago)
         conn.execute(
-            "INSERT INTO rota.queue_history VALUES (%s, %s, %s, 2, %s, %s, %s)",
-            (minute, queue_id, 1000 - ago * 10, 60.0 * (minutes - ago), 50, ago % 3),
+            "INSERT INTO rota.queue_history VALUES (%s, %s, %s, 2, %s, %s, %s, %s, 2, %s, 48)",
+            (
+                minute,
+                queue_id,
+                1000 - ago * 10,
+                60.0 * (minutes - ago),
+                50,
+                ago % 3,
+                2000 - ago * 10,  # the minute's peak, above its last count
+                90.0 * (minutes - ago),
+            ),
         )
-        for tenant, done in (("big", 48), ("small", 2)):
+        for tenant, done, pending in (("big", 48, 500), ("small", 2, 0)):
             conn.execute(
-                "INSERT INTO rota.service VALUES (%s, %s, %s, %s, %s)",
-                (minute, queue_id, ids[tenant], done, done * 1.5),
+                "INSERT INTO rota.service VALUES (%s, %s, %s, %s, %s, %s)",
+                (minute, queue_id, ids[tenant], done, done * 1.5, pending),
             )
 
 
@@ -100,14 +110,23 @@ def test_history_reads_bucket_the_window(conn: Conn) -> None:
     assert {p.queue for p in points} == {"pdfs"}
     assert sum(p.completed for p in points) == 29 * 50
     assert all(p.at.timestamp() % 300 == 0 for p in points)
-    assert max(p.waiting for p in points) == 1000 - 10
-    tenants = db.run(conn, history.tenant_history(["small", "nobody"], since, 60))
-    assert {p.tenant for p in tenants} == {"small"} and len(tenants) == 29
-    assert all(p.completed == 2 and p.wait_seconds == 1.5 for p in tenants)
-    db.run(conn, core.refresh_stats())
-    share = db.run(conn, history.tenant_fair_share("small"))
-    assert share == 0.5
-    assert db.run(conn, history.tenant_fair_share("nobody")) is None
+    # Gauges: each bucket's peak, not its last count; the last kept beside it.
+    assert max(p.waiting for p in points) == 2000 - 10
+    newest = max(points, key=lambda p: p.at)
+    assert newest.waiting_last == 1000 - 10 and newest.waiting == 2000 - 10
+    assert newest.oldest_wait_seconds == 90.0 * 29 and newest.oldest_wait_last == 60.0 * 29
+    tenants = db.run(conn, history.tenant_history(["small", "big", "nobody"], since, 60))
+    small = [p for p in tenants if p.tenant == "small"]
+    big = [p for p in tenants if p.tenant == "big"]
+    assert {p.tenant for p in tenants} == {"small", "big"} and len(small) == 29
+    assert all(p.completed == 2 and p.wait_seconds == 1.5 for p in small)
+    # Served what it asked for: its fair share is its demand, not half of all.
+    assert all(p.demand == 2 and p.fair_share == 2 for p in small)
+    assert all(p.demand == 548 and p.fair_share == 48 for p in big)
+    slot = conn.execute("SELECT id FROM rota.tenants WHERE name = 'small'").fetchone()[0]  # type: ignore[index]
+    fair = db.run(conn, history.tenant_fair_share(slot))
+    assert (fair.served_per_minute, fair.demand_per_minute) == (2, 2)
+    assert fair.fair_share_per_minute == 2 and not fair.held_back
 
 
 def _series(chart: dict[str, Any]) -> list[str]:
@@ -130,8 +149,10 @@ def test_the_api_sends_each_charts_series(http: httpx.Client, conn: Conn) -> Non
     overview = http.get("/api/overview", params={"window": "6h"}).json()
     assert overview["charts"]["backlog"]["step_seconds"] == 180
     tenant = http.get("/api/tenants/small").json()["charts"]
-    assert _series(tenant["service"]) == ["completed", "fair share"]
-    assert tenant["service"]["series"][1]["values"][-2] == 25  # half of 50 a minute
+    assert _series(tenant["service"]) == ["completed", "demand", "fair share"]
+    assert [s["values"][-2] for s in tenant["service"]["series"]] == [2, 2, 2]
+    detail = http.get("/api/tenants/small").json()["tenant"]
+    assert detail["fair_share_per_minute"] == detail["demand_per_minute"] == 2
     assert _series(tenant["wait"]) == ["mean wait"]
     assert http.get("/api/charts", params={"window": "1y"}).status_code == 400
     assert http.get("/api/charts", params={"tenant": "<script>"}).status_code == 400

@@ -47,10 +47,43 @@ def test_each_series_is_a_path_scaled_into_the_plot() -> None:
     assert ticks[:5] == ["0", "25", "50", "75", "100"]
 
 
-def test_time_labels_are_clock_times_from_first_to_last() -> None:
+def test_time_labels_fall_at_round_steps() -> None:
     figure = parsed(charts.svg(chart([{"name": "a", "values": [1] * 60}], count=60)))
     labels = [t.text for t in figure.iter(SVG + "text") if t.attrib.get("y") == "212"]
-    assert labels[0] == "12:00" and labels[-1] == "12:59" and len(labels) == charts.TIME_LABELS
+    assert labels == ["12:00", "12:10", "12:20", "12:30", "12:40", "12:50"]
+    # A window that starts off the step: labels only where the step falls.
+    times = [f"2024-05-01T07:{m:02d}:00+00:00" for m in range(53, 60)]
+    times += [f"2024-05-01T08:{m:02d}:00+00:00" for m in range(0, 9)]
+    picked = [times[i][11:16] for i in charts.time_ticks(times)]
+    assert picked == ["07:55", "08:00", "08:05"]
+
+
+def test_waits_under_a_second_read_in_milliseconds() -> None:
+    assert charts.number(0.037, "seconds") == "37ms"
+    assert charts.number(0.25, "seconds") == "250ms"
+    assert charts.number(6.21, "seconds") == "6.21s"
+    assert charts.number(0.0, "seconds") == "0s"
+
+
+def test_coinciding_series_get_distinct_dashes() -> None:
+    same = [{"name": n, "values": [1, 2, None]} for n in ("a", "b", "c")]
+    other = {"name": "d", "values": [5, 2, 3]}
+    assert charts.coinciding([*same, other]) == [None, charts.DASHES[0], charts.DASHES[1], None]
+    figure = parsed(charts.svg(chart([*same, other])))
+    dashes = {
+        p.attrib["data-series"]: p.attrib.get("stroke-dasharray") for p in figure.iter(SVG + "path")
+    }
+    assert dashes == {"a": None, "b": charts.DASHES[0], "c": charts.DASHES[1], "d": None}
+
+
+def test_the_legend_says_the_figure_now_not_the_last_drawn() -> None:
+    series = [
+        {"name": "q", "values": [6.21, None], "now": None},
+        {"name": "r", "values": [1.0, 2.0], "now": 0.02},
+    ]
+    figure = parsed(charts.svg(chart(series, unit="seconds")))
+    legend = {li.attrib["data-series"]: "".join(li.itertext()) for li in figure.iter("li")}
+    assert legend == {"q": "q none", "r": "r 20ms"}
 
 
 def test_gaps_lift_the_pen_and_a_lone_point_is_a_dot() -> None:
@@ -135,7 +168,9 @@ def test_queue_charts_keep_the_top_queues_and_sum_the_rest() -> None:
     now = T0 + timedelta(minutes=14, seconds=30)
     axis = history.Axis("15m", now)
     points = [
-        core_history.QueuePoint(axis.times[i], f"q{n}", n * 10 + i, float(n), 6, 1)
+        core_history.QueuePoint(
+            axis.times[i], f"q{n}", n * 10 + i, n, 0, float(n), None if n else 0.5, 6, 1
+        )
         for n in range(history.TOP_QUEUES + 2)
         for i in (axis.count - 2, axis.count - 1)
     ]
@@ -147,3 +182,6 @@ def test_queue_charts_keep_the_top_queues_and_sum_the_rest() -> None:
     completed, died = found["throughput"]["series"]
     assert completed["values"][-2] == 6 * 10 and died["values"][-2] == 10
     assert completed["values"][-1] is None and completed["values"][0] is None  # partial; none
+    # The legend's figures are the last count's (q0's and q1's summed in "other").
+    assert [s["now"] for s in backlog] == [*range(9, 1, -1), 1]
+    assert [s["now"] for s in found["oldest_wait"]["series"]] == [None] * 8 + [0.5]

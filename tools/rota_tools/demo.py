@@ -182,12 +182,18 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
                 )
             trickler = threading.Thread(target=trickle, daemon=True)
             trickler.start()
-            with Live(_progress(conn), console=console, refresh_per_second=2) as live:
-                while True:
+            if console.is_terminal:
+                with Live(_progress(conn), console=console, refresh_per_second=2) as live:
+                    while _done_of(conn, "flood") < run.flood:
+                        time.sleep(0.5)
+                        live.update(_progress(conn))
+            else:
+                # To a file or pipe: no redrawn table, one final table on lines
+                # of its own.
+                while _done_of(conn, "flood") < run.flood:
                     time.sleep(0.5)
-                    live.update(_progress(conn))
-                    if _done_of(conn, "flood") >= run.flood:
-                        break
+                console.print(_progress(conn))
+                console.print()
             stop.set()
             trickler.join()
             elapsed = time.monotonic() - started

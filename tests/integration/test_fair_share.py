@@ -1,0 +1,102 @@
+"""Max-min fair share over real servers: maintenance records each tenant's
+demand (completions and unfinished tasks) and each queue's fair level, and
+the read model owes a tenant least(demand, weight * level), the figure the
+tenant chart, `rota tenant show` and /api/tenants/NAME all read; and a
+succeeded task's record keeps its attempts allowed and cost."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from rota import core
+from rota.core import db, history, read
+from rota.core.stored import stored_task
+from tests.helpers import claim, envelopes, load
+
+Conn = psycopg.Connection[Any]
+
+
+def _within_a_minute() -> None:
+    """Waits until the minute has room for the test's counts (they must land
+    in one minute: a demand is a minute's)."""
+    while not 3 <= datetime.now(UTC).second <= 50:
+        time.sleep(0.1)
+
+
+def _serve(conn: Conn, limit: int) -> list[str]:
+    """Claims and completes up to `limit` tasks; counts what finished."""
+    got = claim(conn, limit)
+    db.transact(conn, core.complete([t.token for t in got]))
+    conn.execute("UPDATE rota.finished SET finished_at = now() - interval '2 seconds'")
+    db.run(conn, core.count_service())
+    db.run(conn, core.refresh_stats())
+    return [t.tenant for t in got]
+
+
+def _now_point(conn: Conn, name: str) -> history.TenantPoint:
+    minute = datetime.now(UTC).replace(second=0, microsecond=0)
+    points = db.run(conn, history.tenant_history([name], minute, 60))
+    return next(p for p in points if p.at == minute)
+
+
+def _end_the_minute(conn: Conn) -> None:
+    """Moves the minute's counts a minute back: the minute has ended."""
+    for table in ("rota.service", "rota.queue_history"):
+        conn.execute(f"UPDATE {table} SET minute = minute - interval '1 minute'")
+
+
+def test_a_trickle_is_owed_its_demand_and_more_than_its_service_when_held_back(
+    conn: Conn,
+) -> None:
+    _within_a_minute()
+    load(conn, envelopes("flood", 100) + envelopes("trickle", 3))
+    served = _serve(conn, 20)
+    assert served.count("trickle") == 3
+    trickle, flood = _now_point(conn, "trickle"), _now_point(conn, "flood")
+    # Served all it asked for while the flood took the rest: owed its demand.
+    assert (trickle.completed, trickle.demand, trickle.fair_share) == (3, 3, 3)
+    # The flood asked for 100 (17 served, 83 waiting): owed what is left.
+    assert (flood.completed, flood.demand, flood.fair_share) == (17, 100, 17)
+
+    # Held back by a concurrency limit of 0: its tasks wait, the flood is served.
+    db.transact(conn, core.configure_tenant("trickle", concurrency_limit=0))
+    load(conn, envelopes("trickle", 3))
+    assert "trickle" not in _serve(conn, 10)
+    trickle = _now_point(conn, "trickle")
+    assert (trickle.completed, trickle.demand) == (3, 6)
+    # 30 completions: the trickle's 6 fit under the level, so all are owed.
+    assert trickle.fair_share == 6 and trickle.fair_share > trickle.completed
+
+    _end_the_minute(conn)
+    detail = db.run(conn, read.tenant("trickle"))
+    assert detail is not None and detail.fair_minutes == history.FAIR_MINUTES
+    minutes = history.FAIR_MINUTES
+    assert detail.served_per_minute == 3 / minutes
+    assert detail.demand_per_minute == 6 / minutes
+    assert detail.fair_share_per_minute == 6 / minutes
+
+
+def test_a_tenant_that_asked_for_nothing_is_owed_nothing(conn: Conn) -> None:
+    load(conn, envelopes("busy", 2))
+    db.run(conn, core.refresh_stats())
+    load(conn, envelopes("idle", 1))
+    detail = db.run(conn, read.tenant("idle"))
+    assert detail is not None
+    assert (detail.demand_per_minute, detail.fair_share_per_minute) == (0, 0)
+
+
+def test_a_succeeded_tasks_record_keeps_attempts_allowed_and_cost(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1, max_attempts=7, cost=2.5))
+    (got,) = claim(conn, 1)
+    db.transact(conn, core.complete([got.token]))
+    task = db.run(conn, stored_task(got.id))
+    assert task is not None and task.status == "succeeded"
+    assert (task.attempts, task.max_attempts, task.cost) == (1, 7, 2.5)
+    # A record from before they were kept says so rather than making them up.
+    conn.execute("UPDATE rota.finished SET max_attempts = NULL, cost = NULL")
+    task = db.run(conn, stored_task(got.id))
+    assert task is not None and (task.max_attempts, task.cost) == (None, None)
