@@ -4,15 +4,22 @@ Source: a Python data source (pyspark.sql.datasource) over the buffer's shards,
 one partition per shard, offsets being each shard's last stream entry id, kept
 in Spark's checkpoint. Entries are decoded and validated on the executors.
 
-Sink: `foreachBatch` streams the micro-batch to the driver partition by
-partition (Spark computes the next while the driver loads) and loads it in
-chunks with the core's bulk SQL (COPY + one call), all in one transaction with
-a ledger row keyed by (checkpoint, batch id): a replayed micro-batch is
-skipped, so every task is loaded exactly once. Invalid entries, and tasks
-PostgreSQL refuses, go to the dead-letter stream. The driver loads rather
-than the executors: loads of one queue take turns on its lock wherever they
-run, so more loaders only add per-load overhead (docs/benchmarks.md).
-Once a batch is durable, the source's `commit` trims the shards up to it.
+Sink: `foreachBatch` has each partition loaded on its executor
+(`mapInArrow`): the partition's tasks go in chunks through the core's bulk
+SQL (COPY + one call) in one PostgreSQL transaction of its own, with a ledger
+row keyed by (checkpoint, batch id, shard). A replayed micro-batch skips the
+shards already loaded and loads the rest, so every task is loaded exactly
+once. Invalid entries, and tasks PostgreSQL refuses, go to the dead-letter
+stream before the commit. Loads of different shards never wait for each
+other (a shard holds whole tenants, and loads lock only their tenants' rows),
+so the shards load in parallel. Only small records come back to the driver
+(per shard: counts, first and last entry id, tenants' costs), never the
+rows; the driver then trims each shard through its last entry, and the
+source's `commit` trims them again once Spark records the batch. A server
+lost by an executor mid-load is reported, not raised: the driver waits the
+outage out and runs the batch again in place. A Spark task that fails for
+good fails the query, which restarts from its checkpoint. Executors connect
+to PostgreSQL and Redis inside each task and close the connections at its end.
 
     rota loader run                          # local[*]
     rota loader run --master spark://host:7077 --checkpoint s3://bucket/rota
@@ -20,12 +27,19 @@ Once a batch is durable, the source's `commit` trims the shards up to it.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import itertools
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import orjson
 import psycopg
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -35,7 +49,7 @@ from rota.buffer import redis_client
 from rota.buffer.entries import TaskBatch
 from rota.buffer.streams import Rejected, all_streams, entry_key, oldest_age
 from rota.core import db
-from rota.loader.settle import BufferSettle, DeadLettersRefused
+from rota.loader.settle import BufferSettle, Dead, DeadLettersRefused
 from rota.loader.spark_session import SparkOptions
 from rota.loader.spark_session import spark_session as build_session
 from rota.loader.spark_source import SOURCE_NAME, BufferSource
@@ -48,16 +62,254 @@ from rota.settings import Settings
 log = logging.getLogger("rota.loader.spark")
 
 
+class ShardOutage(Exception):
+    """An executor lost a server (or Redis refused a dead letter) while loading
+    a shard: that shard's transaction rolled back, the batch is tried again."""
+
+
 # Tried again in place: a server out, or a dead letter Redis refused.
 OUTAGES: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    DeadLettersRefused,
+    ShardOutage,
+    *redis_client.SERVER_LOST,
+)
+# What an executor reports instead of failing its Spark task: the driver
+# retries the batch in place, and the ledger skips the shards done.
+EXECUTOR_OUTAGES: tuple[type[Exception], ...] = (
     psycopg.OperationalError,
     DeadLettersRefused,
     *redis_client.SERVER_LOST,
 )
 
+# One row per shard a partition held: small, whatever the batch's size.
+RESULT_SCHEMA = (
+    "stream string, part int, fresh boolean, stored long, dead long, tasks long,"
+    " first string, last string, tenants string, outage string"
+)
+_SHARD = re.compile(r"\{(\d+)\}$")
+
+
+def shard_of(stream: str) -> int:
+    """The shard number in a stream's name (`{prefix}:{<shard>}`): the ledger's
+    part, stable across replays (Spark's partition indexes are not)."""
+    found = _SHARD.search(stream)
+    if found is None:
+        raise ValueError(f"{stream!r} is not a buffer shard's name")
+    return int(found.group(1))
+
+
+@dataclass(frozen=True)
+class ShardLoad:
+    """Pickled to the executors with the batch: plain values only."""
+
+    settings: Settings
+    query_key: str
+    batch_id: int
+
+
+class TenantCost(NamedTuple):
+    """A tenant's tasks in a loaded shard, summed: what BufferSettle.finish
+    subtracts from the capacity-limited tenants' backlog counts."""
+
+    tenant: str
+    cost: float
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    stream: str
+    fresh: bool  # loaded by this attempt (False: the ledger had it)
+    stored: int
+    dead: int
+    tasks: int
+    first: str
+    last: str
+    tenants: dict[str, float]  # each tenant's summed cost
+    outage: str | None
+
+
+class _Executor:
+    """One partition's connections, made when first needed, closed at its end."""
+
+    def __init__(self, job: ShardLoad) -> None:
+        self.job = job
+        self._conn: psycopg.Connection[Any] | None = None
+        self._redis: redis_client.Client | None = None
+        self.settle = BufferSettle(self.buffer, job.settings)
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            settings = self.job.settings
+            self._conn = db.connect(
+                settings.database_url,
+                pooled=settings.transaction_pooling,
+                connect_timeout=settings.database_timeout_seconds,
+            )
+        return self._conn
+
+    def buffer(self) -> redis_client.Client:
+        if self._redis is None:
+            self._redis = redis_client.connect(self.job.settings, retries=0)
+        return self._redis
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._redis is not None:
+            self._redis.close()
+        self._conn = self._redis = None
+
+    def load_shard(self, stream: str, rows: Iterable[tuple[Any, ...]]) -> ShardResult:
+        """Loads one shard's rows in one transaction with its ledger row; a
+        shard the ledger has already (a replay) is only read for its ids."""
+        job = self.job
+        part = shard_of(stream)
+        size = job.settings.spark_load_size
+        first = last = ""
+        stored = tasks = 0
+        costs: dict[str, float] = {}
+        dead: list[Dead] = []
+        conn = self.conn
+        with conn.transaction():
+            fresh = db.run(conn, core.record_loader_batch(job.query_key, job.batch_id, part))
+            # One chunk loads (its thread waiting on PostgreSQL) while the next
+            # is decoded; the connection is used by one thread at a time.
+            with ThreadPoolExecutor(1, thread_name_prefix="rota-load") as loading:
+                pending: Future[tuple[int, list[Dead]]] | None = None
+                entries: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
+                waiting = 0
+                for _, entry_id, data, error in rows:
+                    if not first or entry_key(entry_id) < entry_key(first):
+                        first = entry_id
+                    if not last or entry_key(entry_id) > entry_key(last):
+                        last = entry_id
+                    if not fresh:
+                        continue
+                    if error is not None:
+                        dead.append((stream, entry_id, Rejected(data.encode(), error)))
+                        continue
+                    batch = TaskBatch.from_checked_json(data)
+                    for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
+                        costs[tenant] = costs.get(tenant, 0.0) + cost
+                    envelopes = batch.envelopes()
+                    entries.append(((stream, entry_id), envelopes))
+                    tasks += len(envelopes)
+                    waiting += len(envelopes)
+                    # In chunks as rows arrive, in order (the previous chunk
+                    # done first): a tenant's tasks take their places in line
+                    # in the order they were enqueued.
+                    if waiting >= size:
+                        stored += _settled(pending, dead)
+                        pending = loading.submit(self._load, entries)
+                        entries, waiting = [], 0
+                stored += _settled(pending, dead)
+            if fresh:
+                stored += _settled(self._load(entries), dead)
+                db.run(conn, core.count_loader_batch(job.query_key, job.batch_id, stored, part))
+                # Before the commit: a replay may record them twice, never zero times.
+                if self.settle.record_dead(dead):
+                    raise DeadLettersRefused("dead letters refused; the shard is tried again")
+        return ShardResult(stream, fresh, stored, len(dead), tasks, first, last, costs, None)
+
+    def _load(
+        self, entries: list[tuple[tuple[str, str], list[TaskEnvelope]]]
+    ) -> tuple[int, list[Dead]]:
+        """Loads the entries' tasks (savepoints in the shard's transaction):
+        the tasks stored, and those PostgreSQL refused with their entry."""
+        stored, refused = load_entries(self.conn, entries, self.job.settings.spark_load_size)
+        return stored, [(stream, entry_id, rejected) for (stream, entry_id), rejected in refused]
+
+
+def _settled(
+    load: Future[tuple[int, list[Dead]]] | tuple[int, list[Dead]] | None, dead: list[Dead]
+) -> int:
+    """The tasks a load stored (waiting for it); its refused tasks join `dead`."""
+    if load is None:
+        return 0
+    stored, refused = load.result() if isinstance(load, Future) else load
+    dead.extend(refused)
+    return stored
+
+
+def _rows(batches: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+    """The source's rows (stream, entry_id, data, error) out of Arrow batches."""
+    for batch in batches:
+        yield from zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True)
+
+
+def load_partition(batches: Iterator[Any], job: ShardLoad) -> Iterator[Any]:
+    """On an executor (`mapInArrow`): loads each shard the partition holds (the
+    source gives one partition per shard, its rows together and in order);
+    yields one result row per shard."""
+    pa = _pyarrow()
+    executor = _Executor(job)
+    results: list[ShardResult] = []
+    rows = _rows(batches)
+    done: set[str] = set()
+    try:
+        for stream, group in itertools.groupby(rows, key=lambda row: str(row[0])):
+            if stream in done:  # it would be skipped by its own ledger row: lost
+                raise ValueError(f"the rows of {stream} are not together in the partition")
+            done.add(stream)
+            try:
+                results.append(executor.load_shard(stream, group))
+            except EXECUTOR_OUTAGES as exc:
+                results.append(ShardResult(stream, False, 0, 0, 0, "", "", {}, repr(exc)))
+                executor.close()
+                for _ in rows:  # read through: Spark expects the input consumed
+                    pass
+                break
+    finally:
+        executor.close()
+    yield pa.RecordBatch.from_pylist(
+        [
+            {
+                "stream": r.stream,
+                "part": shard_of(r.stream),
+                "fresh": r.fresh,
+                "stored": r.stored,
+                "dead": r.dead,
+                "tasks": r.tasks,
+                "first": r.first,
+                "last": r.last,
+                "tenants": orjson.dumps(r.tenants).decode(),
+                "outage": r.outage,
+            }
+            for r in results
+        ],
+        schema=_result_schema(),
+    )
+
+
+def _pyarrow() -> Any:
+    # Imported by name at run time: on the executors, where Spark needs it anyway.
+    return importlib.import_module("pyarrow")
+
+
+@functools.cache
+def _result_schema() -> Any:
+    pa = _pyarrow()
+    return pa.schema(
+        [
+            ("stream", pa.string()),
+            ("part", pa.int32()),
+            ("fresh", pa.bool_()),
+            ("stored", pa.int64()),
+            ("dead", pa.int64()),
+            ("tasks", pa.int64()),
+            ("first", pa.string()),
+            ("last", pa.string()),
+            ("tenants", pa.string()),
+            ("outage", pa.string()),
+        ]
+    )
+
 
 class BatchSink:
-    """foreachBatch: load a micro-batch exactly once (ledger in the same transaction)."""
+    """foreachBatch: each shard of a micro-batch loaded on its executor,
+    exactly once (its ledger row in its own transaction)."""
 
     def __init__(
         self,
@@ -70,7 +322,6 @@ class BatchSink:
         self.metrics = metrics
         self.query_key = query_key
         self.should_stop = should_stop
-        self._conn: psycopg.Connection[Any] | None = None
         self._redis: redis_client.Client | None = None
         self.loaded = 0
         self.dead_lettered = 0
@@ -80,8 +331,8 @@ class BatchSink:
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         """Loads the batch; through an outage of either server, tries again
-        in place (the query goes on, the ledger keeps it exactly once) until
-        it loads or the loader is stopped."""
+        in place (the query goes on, the ledger skips the shards loaded)
+        until it loads or the loader is stopped."""
 
         def load() -> bool:
             self._load_batch(frame, batch_id)
@@ -101,65 +352,44 @@ class BatchSink:
         self.close()
 
     def _load_batch(self, frame: DataFrame, batch_id: int) -> None:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect(
-                self.settings.database_url,
-                pooled=self.settings.transaction_pooling,
-                connect_timeout=self.settings.database_timeout_seconds,
-            )
-        size = self.settings.spark_load_size
-        stored = 0
-        dead: list[tuple[str, str, Rejected]] = []
-        with self._conn.transaction():
-            if not db.run(self._conn, core.record_loader_batch(self.query_key, batch_id)):
-                return  # this micro-batch was loaded before (a replay)
-            # Row by row, one partition (shard) after the other, longest first,
-            # loading as chunks fill up: Spark computes the next partition while
-            # the driver loads this one. A tenant lives in one shard, so its
-            # tasks still load in enqueue order.
-            entries: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
-            loaded: list[tuple[str, list[TaskEnvelope]]] = []
-            waiting = 0
-            last: dict[str, str] = {}  # each shard's last entry in this batch
-            first: dict[str, str] = {}  # and its first
-            for stream, entry_id, data, error in frame.toLocalIterator(prefetchPartitions=True):
-                if stream not in last or entry_key(entry_id) > entry_key(last[stream]):
-                    last[stream] = entry_id
-                if stream not in first or entry_key(entry_id) < entry_key(first[stream]):
-                    first[stream] = entry_id
-                if error is not None:
-                    dead.append((stream, entry_id, Rejected(data.encode(), error)))
-                    continue
-                envelopes = TaskBatch.from_checked_json(data).envelopes()
-                entries.append(((stream, entry_id), envelopes))
-                loaded.append((stream, envelopes))
-                waiting += len(envelopes)
-                if waiting >= size:
-                    stored += self._load(entries, dead)
-                    entries, waiting = [], 0
-            stored += self._load(entries, dead)
-            db.run(self._conn, core.count_loader_batch(self.query_key, batch_id, stored))
-            # Before the commit: a replay may record them twice, never zero times.
-            if self.settle.record_dead(dead):
-                raise DeadLettersRefused("dead letters refused; the batch is tried again")
+        job = ShardLoad(self.settings, self.query_key, batch_id)
+        rows = frame.mapInArrow(functools.partial(load_partition, job=job), RESULT_SCHEMA)
+        results = rows.collect()
+        streams = [r.stream for r in results]
+        if len(set(streams)) != len(streams):  # a shard split over partitions: never trimmed
+            raise RuntimeError(f"micro-batch {batch_id}: a shard in several partitions")
+        settled = [r for r in results if r.outage is None]
         # Durable now: trimmed here, not only by the source's commit, which
         # Spark calls when the next batch starts (with an idle buffer, never).
-        self.settle.finish(loaded, trim_through=last)
+        # Backlog counts are lowered by the attempt that loaded the shard.
+        loaded = [
+            (r.stream, [TenantCost(t, c) for t, c in orjson.loads(r.tenants).items()])
+            for r in settled
+            if r.fresh
+        ]
+        self.settle.finish(loaded, trim_through={r.stream: r.last for r in settled if r.last})
+        stored = sum(r.stored for r in settled)
+        dead = sum(r.dead for r in settled)
+        tasks = sum(r.tasks for r in settled)
         self.loaded += stored
-        self.dead_lettered += len(dead)
-        self.batches += 1
-        lag = oldest_age(first.values())
-        if last:
+        self.dead_lettered += dead
+        lag = oldest_age(r.first for r in settled if r.first)
+        fresh = [r for r in settled if r.fresh]
+        if fresh:
             log.info(
-                "micro-batch %d: loaded %d task(s), %d dead-lettered; lag %.3f s",
+                "micro-batch %d: loaded %d task(s), %d dead-lettered, %d shard(s); lag %.3f s",
                 batch_id,
                 stored,
-                len(dead),
+                dead,
+                len(fresh),
                 lag,
             )
-        if self.metrics is not None:
-            tasks = sum(len(envelopes) for _, envelopes in loaded)
-            self.metrics.passed(stored, tasks - stored, len(dead), lag)
+            if self.metrics is not None:
+                self.metrics.passed(stored, tasks - stored, dead, lag)
+        failed = [r for r in results if r.outage is not None]
+        if failed:
+            raise ShardOutage(f"{failed[0].stream}: {failed[0].outage}")
+        self.batches += 1
 
     def _buffer(self) -> redis_client.Client:
         if self._redis is None:
@@ -167,24 +397,10 @@ class BatchSink:
             self._redis = redis_client.connect(self.settings, retries=0)
         return self._redis
 
-    def _load(
-        self,
-        entries: list[tuple[tuple[str, str], list[TaskEnvelope]]],
-        dead: list[tuple[str, str, Rejected]],
-    ) -> int:
-        """Loads the entries' tasks (savepoints in the batch's transaction); the
-        tasks PostgreSQL refuses join `dead`, with the entry they came from."""
-        assert self._conn is not None
-        stored, refused = load_entries(self._conn, entries, self.settings.spark_load_size)
-        dead.extend((stream, entry_id, rejected) for (stream, entry_id), rejected in refused)
-        return stored
-
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
         if self._redis is not None:
             self._redis.close()
-        self._conn = self._redis = None
+        self._redis = None
 
 
 def spark_session(
@@ -236,7 +452,7 @@ def run_streaming(
     *,
     master: str = "local[*]",
     checkpoint: str = "./rota-checkpoints/loader",
-    trigger_seconds: float = 0.5,
+    trigger_seconds: float = 0.1,
     should_stop: Callable[[], bool] = lambda: False,
     available_now: bool = False,
     max_entries: int = 0,
@@ -268,9 +484,10 @@ def run_streaming(
                 break  # stopped, or (available_now) caught up
             if available_now:
                 raise RuntimeError(f"streaming loader failed: {failure}")
-            # A server lost or refusing: the query restarts from its
-            # checkpoint once the outage passes; the ledger skips any batch
-            # already loaded.
+            # A Spark task failed for good (an executor's worker lost, the
+            # buffer unreachable while read): the query restarts from its
+            # checkpoint once the outage passes, and the ledger skips the
+            # shards of the replayed batch already loaded.
             if Polled(should_stop, 0.1).wait(sink.outage.failed(RuntimeError(str(failure)))):
                 break
     finally:

@@ -5,6 +5,7 @@ executors; rota.loader.spark loads what they yield."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,10 +50,29 @@ class BufferStreamReader(DataSourceStreamReader):
         self.max_entries = int(options.get("max_entries", "0"))
         queues = options.get("queues")
         self.allowed_queues = frozenset(queues.split(",")) if queues else None
+        self._driver_client: redis_client.Client | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_driver_client"] = None  # a client never travels with the pickled reader
+        return state
 
     def _client(self) -> redis_client.Client:
         settings = Settings(redis_url=self.redis_url, redis_timeout=self.redis_timeout)
         return redis_client.connect(settings)
+
+    @contextlib.contextmanager
+    def _planning_client(self) -> Iterator[redis_client.Client]:
+        """The driver's client for planning (every trigger asks for the latest
+        offsets): kept between calls, dropped after an error."""
+        if self._driver_client is None:
+            self._driver_client = self._client()
+        try:
+            yield self._driver_client
+        except BaseException:
+            self._driver_client.close()
+            self._driver_client = None
+            raise
 
     def initialOffset(self) -> dict[str, str]:
         return dict.fromkeys(self.streams, "0-0")
@@ -61,8 +81,7 @@ class BufferStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
-        client = self._client()
-        try:
+        with self._planning_client() as client:
             end = dict(start)
             per_stream = (
                 max(1, limit.max_rows // len(self.streams))
@@ -88,21 +107,16 @@ class BufferStreamReader(DataSourceStreamReader):
                     if entry_key(entry_id) > entry_key(begin):
                         end[stream] = entry_id
             return end
-        finally:
-            client.close()
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
         streams = [s for s in self.streams if end.get(s, "0-0") != start.get(s, "0-0")]
         # Longest shards first: one tenant's backlog makes its shard the batch's
         # longest task, and started last it would finish alone.
-        client = self._client()
-        try:
+        with self._planning_client() as client:
             pipe = client.pipeline(transaction=False)
             for stream in streams:
                 pipe.xlen(stream)
             lengths = dict(zip(streams, pipe.execute(), strict=True))
-        finally:
-            client.close()
         streams.sort(key=lambda s: -lengths[s])
         return [InputPartition((s, start.get(s, "0-0"), end[s])) for s in streams]
 
@@ -135,10 +149,14 @@ class BufferStreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict[str, str]) -> None:
         """The batch up to `end` is durable in PostgreSQL: trim it off the shards."""
-        client = self._client()
-        try:
+        with self._planning_client() as client:
+            pipe = client.pipeline(transaction=False)
             for stream, entry_id in end.items():
                 if entry_id != "0-0":
-                    client.xtrim(stream, minid=next_entry_id(entry_id), approximate=False)
-        finally:
-            client.close()
+                    pipe.xtrim(stream, minid=next_entry_id(entry_id), approximate=False)
+            pipe.execute()
+
+    def stop(self) -> None:
+        if self._driver_client is not None:
+            self._driver_client.close()
+            self._driver_client = None
