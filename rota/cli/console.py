@@ -64,7 +64,7 @@ def dashboard(
     import uvicorn
 
     from rota.console.app import create_app
-    from rota.readmodel.metrics import serve_health
+    from rota.readmodel.health import serve_health
     from rota.runtime import logs
 
     logs.configure(log_level, log_format)

@@ -41,7 +41,7 @@ def worker(
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
     tune_gc()
     from rota.consumer import Worker
-    from rota.readmodel.metrics import serve_health
+    from rota.readmodel.health import serve_health
     from rota.runtime import logs
 
     logs.configure(log_level, log_format)

@@ -17,6 +17,7 @@ from rota.cli.app import (
     app,
     settings_from,
 )
+from rota.cli.output import AsJson, Progress
 from rota.runtime.process import on_stop_signals, tune_gc
 
 SparkConf = Annotated[
@@ -55,17 +56,40 @@ def loader_drain(
     max_seconds: Annotated[float | None, typer.Option(help="stop after this long")] = None,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
+    as_json: AsJson = False,
 ) -> None:
     """One pass until the buffer is empty (or --max-seconds): a JSON summary, and
-    exit code 0 when drained, 2 when stopped with work left, 1 on failure."""
+    exit code 0 when drained, 2 when stopped with work left, 1 on failure.
+    Progress (entries read of those buffered at the start, tasks loaded) goes
+    to stderr: a bar on a terminal, JSON lines with --json."""
     tune_gc()
     import dataclasses
 
     from rota.loader import Loader
+    from rota.loader.engine import LOADER_OUTAGES, DrainSummary
 
     loader = Loader(settings_from(database_url, redis_url))
     try:
-        summary = loader.drain(max_seconds=max_seconds)
+        try:
+            buffered: int | None = sum(
+                int(shard["entries"]) for shard in loader.buffer_stats().values()
+            )
+        except LOADER_OUTAGES:
+            buffered = None  # the drain waits the outage out or reports it
+        progress = Progress("draining the buffer", as_json, total=buffered)
+
+        def passed(so_far: DrainSummary) -> None:
+            progress.show(
+                so_far.entries,
+                loaded=so_far.loaded,
+                duplicates=so_far.duplicates,
+                dead_lettered=so_far.dead_lettered,
+            )
+
+        try:
+            summary = loader.drain(max_seconds=max_seconds, on_pass=passed)
+        finally:
+            progress.close()
     finally:
         loader.close()
     typer.echo(json.dumps({**dataclasses.asdict(summary), "exit_code": summary.exit_code}))
@@ -79,7 +103,7 @@ def loader_run(
     checkpoint: Annotated[str, typer.Option(help="Spark checkpoint directory")] = (
         "./rota-checkpoints/loader"
     ),
-    trigger_seconds: Annotated[float, typer.Option(help="Spark micro-batch interval")] = 0.5,
+    trigger_seconds: Annotated[float, typer.Option(help="Spark micro-batch interval")] = 0.1,
     conf: SparkConf = None,
     spark_ui: SparkUI = False,
     spark_log_level: SparkLogLevel = None,
@@ -94,7 +118,8 @@ def loader_run(
     tune_gc()
     import threading
 
-    from rota.readmodel.metrics import LoaderMetrics, serve_health
+    from rota.readmodel.health import serve_health
+    from rota.readmodel.metrics import LoaderMetrics
     from rota.runtime import logs
 
     logs.configure(log_level, log_format)
@@ -192,20 +217,32 @@ def archive_command(
     spark_ui: SparkUI = False,
     spark_log_level: SparkLogLevel = None,
     database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
 ) -> None:
     """Write the tasks that succeeded, died or were cancelled before a day to
     Parquet, partitioned by day and queue (a Spark job), each once: a run
-    takes the days since the previous one's bound."""
+    takes the days since the previous one's bound. Progress (tasks read, hours
+    of tasks read of those to read) goes to stderr: a bar on a terminal, JSON
+    lines with --json."""
     from rota.cli.tasks import since_time
     from rota.loader.archive import archive, summary_dict
 
     when = since_time(before)
     assert when is not None
-    summary = archive(
-        settings_from(database_url),
-        when,
-        to,
-        master=master,
-        options=spark_options(conf, spark_ui, spark_log_level),
-    )
+    progress = Progress("archiving tasks", as_json)
+
+    def read(tasks: int, hours_read: int, hours: int) -> None:
+        progress.show(tasks, fraction=hours_read / hours, hours_read=hours_read, hours=hours)
+
+    try:
+        summary = archive(
+            settings_from(database_url),
+            when,
+            to,
+            master=master,
+            options=spark_options(conf, spark_ui, spark_log_level),
+            on_progress=read,
+        )
+    finally:
+        progress.close()
     typer.echo(json.dumps(summary_dict(summary), indent=2))

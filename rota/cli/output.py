@@ -64,7 +64,7 @@ class Progress:
     """Progress of a long command, on stderr (stdout keeps its result): a
     rich bar on a terminal, a JSON line per step with `--json`, and nothing
     otherwise. Shows what is done, the rate, and the time left when the
-    total is known."""
+    total (or the fraction done) is known."""
 
     def __init__(self, what: str, as_json: bool, total: int | None = None) -> None:
         import sys
@@ -82,7 +82,6 @@ class Progress:
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
-                MofNCompleteColumn,
                 TextColumn,
                 TimeElapsedColumn,
                 TimeRemainingColumn,
@@ -94,29 +93,53 @@ class Progress:
             self._bar = Bar(
                 TextColumn("{task.description}"),
                 BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"),
+                TextColumn("{task.fields[counts]}"),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=Console(stderr=True),
                 transient=True,
             )
             self._bar.start()
-            self._task = self._bar.add_task(what, total=total, rate="")
+            self._task = self._bar.add_task(what, total=total, counts="")
 
-    def advance(self, count: int, stage: str | None = None) -> None:
-        self.done += count
+    def advance(self, count: int, stage: str | None = None, **figures: int) -> None:
+        """`count` more done."""
+        self.show(self.done + count, stage, **figures)
+
+    def show(
+        self,
+        done: int,
+        stage: str | None = None,
+        *,
+        fraction: float | None = None,
+        **figures: int,
+    ) -> None:
+        """`done` in all; `fraction` of the whole work done, where the total
+        is not counted in the same units (time left follows from it);
+        `figures` are other counts shown beside it."""
+        self.done = done
         seconds = max(self._clock() - self.started, 1e-9)
-        rate = self.done / seconds
+        rate = done / seconds
+        if fraction is None and self.total:
+            fraction = min(1.0, done / self.total)
+        left = None
+        if fraction is not None and fraction > 0:
+            left = seconds * max(0.0, 1 - fraction) / fraction
         if self._bar is not None:
             label = f"{self.what} ({stage})" if stage else self.what
+            counts = f"{done:,}" + (f" of {self.total:,}" if self.total is not None else "")
+            counts += f"  {rate:,.0f}/s"
+            counts += "".join(f"  {name} {value:,}" for name, value in figures.items())
+            # The bar runs over thousandths of the work when only a fraction is known.
+            whole = None if fraction is None else 1000
+            part = None if fraction is None else round(fraction * 1000)
             self._bar.update(
-                self._task, completed=self.done, description=label, rate=f"{rate:,.0f}/s"
+                self._task, total=whole, completed=part or 0, description=label, counts=counts
             )
         elif self.as_json:
             line: dict[str, Any] = {
                 "progress": self.what,
-                "done": self.done,
+                "done": done,
                 "per_second": round(rate, 1),
                 "seconds": round(seconds, 3),
             }
@@ -124,8 +147,11 @@ class Progress:
                 line["stage"] = stage
             if self.total is not None:
                 line["total"] = self.total
-                if rate > 0:
-                    line["seconds_left"] = round(max(0, self.total - self.done) / rate, 1)
+            if fraction is not None:
+                line["fraction"] = round(fraction, 4)
+            if left is not None:
+                line["seconds_left"] = round(left, 1)
+            line.update(figures)
             typer.echo(json.dumps(line), err=True)
 
     def close(self) -> None:

@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from rota.core.db import Op, first, select, values
-from rota.core.read import _check_page, _float
-from rota.core.rows import Rows
+from rota.core.paging import check_page
+from rota.core.rows import Rows, optional_float
 from rota.errors import ValidationError
 from rota.model.rules import check_tenant
 from rota.sql import query
@@ -35,8 +35,8 @@ _QUEUE_POINTS = Rows(
     waiting=int,
     waiting_last=int,
     running=int,
-    oldest_wait_seconds=_float,
-    oldest_wait_last=_float,
+    oldest_wait_seconds=optional_float,
+    oldest_wait_last=optional_float,
     completed=int,
     died=int,
 )
@@ -60,7 +60,7 @@ class TenantPoint:
 
 
 _TENANT_POINTS = Rows(
-    TenantPoint, completed=int, wait_seconds=_float, demand=int, fair_share=_float
+    TenantPoint, completed=int, wait_seconds=optional_float, demand=int, fair_share=optional_float
 )
 
 
@@ -71,14 +71,14 @@ def tenant_history(
     _check_step(step_seconds)
     for name in names:
         check_tenant(name)
-    _check_page(0, max(1, len(names)))
+    check_page(0, max(1, len(names)))
     params = {"names": list(names), "since": since, "step": step_seconds}
     return select(query("tenant_history"), params, _TENANT_POINTS)
 
 
 def top_served(since: datetime, limit: int) -> Op[list[str]]:
     """The tenants most served since a time (with any completion), most first."""
-    _check_page(0, limit)
+    check_page(0, limit)
     return values(query("top_served"), {"since": since, "limit": limit})
 
 
@@ -122,7 +122,7 @@ def _tenant_fair_share(tenant_id: int, minutes: int) -> Op[FairShare]:
     found = yield from first(
         query("tenant_fair_share"),
         {"tenant_id": tenant_id, "minutes": minutes},
-        Rows(_Fair, served=int, demand=int, fair_share=_float),
+        Rows(_Fair, served=int, demand=int, fair_share=optional_float),
     )
     served, demand = (found.served, found.demand) if found else (0, 0)
     share: float | None = None

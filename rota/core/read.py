@@ -13,19 +13,15 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, select, value, values
-from rota.core.rows import Both, Rows
+from rota.core.history import tenant_fair_share
+from rota.core.paging import check_page
+from rota.core.rows import Both, Rows, optional_float
 from rota.errors import ValidationError
 from rota.model.rules import check_queue, check_tenant
 from rota.sql import query
 
 TASK_STATES = ("ready", "running", "scheduled", "dead", "cancelled")
 TENANT_SORTS = ("name", "waiting", "running", "dead", "oldest_wait", "served", "weight")
-MAX_PAGE = 1000
-MAX_OFFSET = 10**9  # past any real listing; beyond a bigint, PostgreSQL would refuse it
-
-
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -86,7 +82,7 @@ _QUEUES = Rows(
     scheduled=int,
     dead=int,
     per_minute=float,
-    oldest_wait_seconds=_float,
+    oldest_wait_seconds=optional_float,
 )
 
 
@@ -119,14 +115,14 @@ _TENANT_PAGE = Both(
         weight=float,
         waiting=int,
         running=int,
-        rate_limit=_float,
-        tokens=_float,
+        rate_limit=optional_float,
+        tokens=optional_float,
         scheduled=int,
         dead=int,
-        oldest_wait_seconds=_float,
+        oldest_wait_seconds=optional_float,
         served=int,
-        share=_float,
-        fair_share=_float,
+        share=optional_float,
+        fair_share=optional_float,
     ),
     Rows(int, ["total"]),
 )
@@ -148,7 +144,7 @@ def tenants(
 ) -> Op[TenantPage]:
     if sort not in TENANT_SORTS:
         raise ValidationError(f"sort must be one of {', '.join(TENANT_SORTS)}, got {sort!r}")
-    _check_page(offset, limit)
+    check_page(offset, limit)
     if not isinstance(prefix, str) or len(prefix) > 128:
         raise ValidationError("a tenant name prefix is a string of at most 128 characters")
     return _tenants(
@@ -181,7 +177,7 @@ _TOP_TENANTS = Rows(TopTenant, waiting=int, running=int, dead=int)
 
 def top_tenants(limit: int = 10) -> Op[tuple[list[TopTenant], int]]:
     """The tenants with the most tasks waiting, and how many tenants there are."""
-    _check_page(0, limit)
+    check_page(0, limit)
     return _top_tenants(limit)
 
 
@@ -209,7 +205,7 @@ _TENANT_QUEUES = Rows(
     running=int,
     scheduled=int,
     dead=int,
-    oldest_wait_seconds=_float,
+    oldest_wait_seconds=optional_float,
 )
 
 
@@ -245,10 +241,10 @@ _TENANT_DETAIL = Rows(
     slot=int,
     weight=float,
     running=int,
-    rate_limit=_float,
+    rate_limit=optional_float,
     rate_burst=float,
-    tokens=_float,
-    backlog=_float,
+    tokens=optional_float,
+    backlog=optional_float,
 )
 
 
@@ -265,7 +261,6 @@ def _tenant(name: str) -> Op[TenantDetail | None]:
     per_queue = yield from select(query("tenant_queues_stats"), of, _TENANT_QUEUES)
     minutes = yield from select(query("tenant_service"), of, _MINUTES)
     service = [(m.minute, m.completed, m.wait_seconds) for m in minutes]
-    from rota.core.history import tenant_fair_share  # it reads this module's helpers
 
     fair = yield from tenant_fair_share(detail.slot)
     return dataclasses.replace(
@@ -285,7 +280,7 @@ class _Minute(NamedTuple):
     wait_seconds: float | None
 
 
-_MINUTES = Rows(_Minute, completed=int, wait_seconds=_float)
+_MINUTES = Rows(_Minute, completed=int, wait_seconds=optional_float)
 
 
 @dataclass(frozen=True)
@@ -321,7 +316,7 @@ def tasks(
         check_tenant(tenant)
     if queue is not None:
         check_queue(queue)
-    _check_page(0, limit)
+    check_page(0, limit)
     ids_of = {
         "ready": query("ready_ids"),
         "running": query("running_ids"),
@@ -385,7 +380,7 @@ class AuditRow:
 
 
 def audit(limit: int = 50) -> Op[list[AuditRow]]:
-    _check_page(0, limit)
+    check_page(0, limit)
     return _audit(limit)
 
 
@@ -399,10 +394,3 @@ _AUDIT = Rows(AuditRow)
 def ping() -> Op[None]:
     """A round trip (readiness)."""
     yield Execute(query("ping"))
-
-
-def _check_page(offset: Any, limit: Any) -> None:
-    if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
-        raise ValidationError(f"offset must be an integer from 0 to {MAX_OFFSET}, got {offset!r}")
-    if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
-        raise ValidationError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")

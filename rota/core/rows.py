@@ -142,3 +142,8 @@ def _fields_of(make: Callable[..., Any]) -> tuple[tuple[str, ...], set[str]]:
     parameters = inspect.signature(make).parameters.values()
     empty = inspect.Parameter.empty
     return tuple(p.name for p in parameters), {p.name for p in parameters if p.default is empty}
+
+
+def optional_float(value: Any) -> float | None:
+    """A column's number as a float, NULL as None (a field's converter)."""
+    return None if value is None else float(value)

@@ -12,6 +12,8 @@ written yet.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -36,6 +38,12 @@ COLUMNS = (
     ("last_error", "string"),
 )
 SLICE = timedelta(hours=1)  # one Spark partition: what one executor reads at once
+# How often the driver reads its counters of what the executors have read.
+PROGRESS_SECONDS = 0.5
+
+# Progress: tasks read so far, slices read, slices in all (a slice's counts
+# reach the driver when its Spark task ends).
+OnProgress = Callable[[int, int, int], None]
 
 
 @dataclass
@@ -78,6 +86,7 @@ def archive(
     master: str = "local[*]",
     session: Any = None,
     options: SparkOptions | None = None,
+    on_progress: OnProgress | None = None,
 ) -> ArchiveSummary:
     bound = day_bound(before)
     if bound > day_bound(datetime.now(UTC)):
@@ -91,7 +100,9 @@ def archive(
         first, last = db.run(conn, core.archive_span(since, bound))
     tasks, days = 0, list[str]()
     if first is not None:
-        tasks, days = _write(settings, _slices(first, last), location, master, session, options)
+        tasks, days = _write(
+            settings, _slices(first, last), location, master, session, options, on_progress
+        )
     with db.admin_connect(settings.database_url) as conn:
         db.run(conn, core.record_archive(since, bound, location, tasks))
     return ArchiveSummary(
@@ -106,25 +117,57 @@ def _write(
     master: str,
     session: Any,
     options: SparkOptions | None,
+    on_progress: OnProgress | None = None,
 ) -> tuple[int, list[str]]:
     from pyspark.sql import functions as F
 
     spark = session or spark_session(master, "rota-archive", options)
     url = settings.database_url
     schema = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
-    rows = spark.sparkContext.parallelize(slices, len(slices)).flatMap(
-        lambda bounds: _read_slice(url, bounds)
-    )
+    # Counters the executors add to once per slice, for progress only (a
+    # retried Spark task adds again); the summary counts what was written.
+    read_tasks = spark.sparkContext.accumulator(0)
+    read_slices = spark.sparkContext.accumulator(0)
+
+    def read(bounds: tuple[datetime, datetime]) -> list[tuple[Any, ...]]:
+        found = _read_slice(url, bounds)
+        read_tasks.add(len(found))
+        read_slices.add(1)
+        return found
+
+    rows = spark.sparkContext.parallelize(slices, len(slices)).flatMap(read)
     frame = spark.createDataFrame(rows, schema).withColumn(
         "day", F.date_format(F.col("finished_at"), "yyyy-MM-dd")
     )
-    # Only the days written are replaced: earlier runs' days stay as they are.
-    (
-        frame.write.mode("overwrite")
-        .option("partitionOverwriteMode", "dynamic")
-        .partitionBy("day", "queue")
-        .parquet(location)
-    )
+    written = threading.Event()
+
+    def report() -> None:
+        assert on_progress is not None
+        seen = (-1, -1)
+        while True:
+            finished = written.wait(PROGRESS_SECONDS)
+            now = (read_tasks.value, min(read_slices.value, len(slices)))
+            if now != seen:
+                on_progress(now[0], now[1], len(slices))
+                seen = now
+            if finished:
+                return
+
+    reporter = threading.Thread(target=report, daemon=True) if on_progress else None
+    if reporter is not None:
+        reporter.start()
+    try:
+        # Only the days written are replaced: earlier runs' days stay as they are.
+        (
+            frame.write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy("day", "queue")
+            .parquet(location)
+        )
+    finally:
+        written.set()
+        if reporter is not None:
+            reporter.join()
     days = sorted({start.strftime("%Y-%m-%d") for start, _ in slices})
     written = spark.read.parquet(location).where(F.col("day").isin(days))
     found = {r["day"]: r["count"] for r in written.groupBy("day").count().collect()}

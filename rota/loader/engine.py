@@ -265,9 +265,14 @@ class Loader:
     # -- drains ----------------------------------------------------------------
 
     def drain(
-        self, max_seconds: float | None = None, should_stop: Callable[[], bool] = lambda: False
+        self,
+        max_seconds: float | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+        on_pass: Callable[[DrainSummary], None] | None = None,
     ) -> DrainSummary:
-        """Passes until the buffer is empty, the time is up or `should_stop()`."""
+        """Passes until the buffer is empty, the time is up or `should_stop()`;
+        `on_pass` sees the running sum after each pass (once per batch read,
+        never per task)."""
         summary = DrainSummary()
         started = time.monotonic()
         deadline = None if max_seconds is None else started + max_seconds
@@ -297,6 +302,9 @@ class Loader:
             if result.entries == 0:
                 summary.drained = True
                 break
+            if on_pass is not None:
+                summary.seconds = round(time.monotonic() - started, 3)
+                on_pass(summary)
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
 

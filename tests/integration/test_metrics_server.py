@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from rota import Settings
 from rota.errors import ValidationError
-from rota.readmodel.metrics import serve_health
+from rota.readmodel.health import serve_health
 from rota_tools.devservers import free_port
 
 TOKEN = "metrics-token-0123456"

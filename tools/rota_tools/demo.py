@@ -66,7 +66,8 @@ def _progress(conn: Any) -> Table:
         done[_group(tenant)] += count
     counts = db.run(conn, core.queue_counts()).get(QUEUE, {})
     table = Table(title="rota demo: flood vs steady vs 50 small tenants")
-    for column in ("waiting", "running", "done flood", "done steady", "done small"):
+    # Claimed counts what the workers hold, started or prefetched.
+    for column in ("waiting", "claimed", "done flood", "done steady", "done small"):
         table.add_column(column, justify="right")
     table.add_row(
         str(counts.get("ready", 0)),
@@ -315,6 +316,10 @@ def _chart(
 
 def main(flood: int = 100_000, small_tenants: int = 50, out: str = "demo-out") -> dict[str, Any]:
     console = Console()
+    if not console.is_terminal:
+        # To a file or pipe: lines are not cut at 80 columns (a URL, a
+        # table's headers); tables keep their own width.
+        console = Console(width=200, soft_wrap=True)
     return run_demo(
         Run(
             flood=flood,
