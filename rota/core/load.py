@@ -3,12 +3,17 @@ line (docs/architecture.md, "Fairness")."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
+from itertools import repeat
 from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
+from psycopg.adapt import Buffer, Dumper
+from psycopg.postgres import types as pg_types
+from psycopg.pq import Format
 
 from rota.core.db import Copy, Execute, Op, Send, UUIDArray, select, values
 from rota.core.rows import ONLY, Rows
@@ -219,3 +224,180 @@ def count_loader_batch(checkpoint: str, batch_id: int, tasks: int, part: int = 0
     """The tasks a recorded partition stored, in the same transaction."""
     key = {"query": checkpoint, "batch_id": batch_id, "part": part, "tasks": tasks}
     yield Execute(query("count_loader_batch"), key)
+
+
+class TaskColumns(NamedTuple):
+    """Checked tasks column by column (`rota import`'s executors build them
+    from Arrow batches), each list as long as `ids`: what `load_columns`
+    loads, field for field a TaskEnvelope's."""
+
+    ids: list[bytes]  # each id's 16 bytes
+    queues: list[str]
+    tenants: list[str]
+    names: list[str]
+    payloads: list[str]
+    costs: list[float]
+    max_attempts: list[int]
+    etas: list[datetime | None]
+    priorities: list[int]
+    enqueued_at: datetime
+    backoff_base: float = 1.0
+    backoff_max: float = 3600.0
+
+    def part(self, rows: Sequence[int] | slice) -> TaskColumns:
+        """The tasks at `rows` (positions, in order, or a slice)."""
+        parts: dict[str, Any]
+        if isinstance(rows, slice):
+            parts = {f: getattr(self, f)[rows] for f in _PER_TASK}
+        else:
+            parts = {f: [getattr(self, f)[i] for i in rows] for f in _PER_TASK}
+        return self._replace(**parts)
+
+
+_PER_TASK = TaskColumns._fields[:9]  # the lists; the fields after them are every task's
+# copy_tasks's column types for TaskColumns' rows: binary COPY sends a uuid as
+# its 16 bytes, which is what the bytea dumper writes of the id's bytes.
+_COLUMN_COPY_TYPES = ("bytea", *TASK_COPY_TYPES[1:])
+_COLUMN_COPY_TYPES_PRIORITY = ("bytea", *TASK_COPY_TYPES_PRIORITY[1:])
+
+
+_UUID_TYPE = pg_types["uuid"]
+_ARRAY_HEADER = struct.Struct("!iiiii")  # dimensions, has nulls, element type, length, lower bound
+_UUID_LENGTH = struct.pack("!i", 16)
+
+
+class UUIDBytesArray(list[bytes]):
+    """Task ids as their 16 bytes each, for a `uuid[]` parameter."""
+
+
+class _UUIDBytesArrayDumper(Dumper):
+    format = Format.BINARY
+    oid = _UUID_TYPE.array_oid
+
+    def dump(self, obj: UUIDBytesArray) -> Buffer:
+        if not obj:
+            return _ARRAY_HEADER.pack(0, 0, _UUID_TYPE.oid, 0, 0)[:12]
+        head = _ARRAY_HEADER.pack(1, 0, _UUID_TYPE.oid, len(obj), 1)
+        if any(len(raw) != 16 for raw in obj):
+            raise ValueError("a task id is 16 bytes")
+        return head + _UUID_LENGTH + _UUID_LENGTH.join(obj)
+
+
+psycopg.adapters.register_dumper(UUIDBytesArray, _UUIDBytesArrayDumper)
+
+
+def load_columns(tasks: TaskColumns) -> Op[int]:
+    """`load` for tasks given column by column: the same statements (one
+    INSERT up to SMALL_LOAD tasks, else load_prepare and COPY, the insert
+    trigger giving each task its place in line, in the columns' order).
+    Tasks loaded or run before (same id) are ignored. Run it in a transaction
+    (db.transact). Returns how many were new."""
+    tasks = _first_of_each_column_id(tasks)
+    if not tasks.ids:
+        return 0
+    if len(tasks.ids) <= SMALL_LOAD:
+        params = _column_params(tasks)
+        (stored,) = yield Execute(query("insert_tasks"), params, ONLY, alone=True)
+        return int(stored)
+    yield Send(query("load_savepoint"))
+    count, copy = yield from _prepared_columns(tasks)
+    try:
+        yield copy
+    except psycopg.errors.UniqueViolation:
+        # Rare: part of the tasks loaded before (an import retried).
+        yield Execute(query("load_rollback_to_savepoint"))
+        ids = UUIDBytesArray(tasks.ids)
+        stored = {u.bytes for u in (yield from values(query("existing_tasks"), {"ids": ids}))}
+        tasks = tasks.part([i for i, raw in enumerate(tasks.ids) if raw not in stored])
+        if not tasks.ids:
+            return 0
+        count, copy = yield from _prepared_columns(tasks)
+        yield copy
+    return count
+
+
+def _first_of_each_column_id(tasks: TaskColumns) -> TaskColumns:
+    seen = set(tasks.ids)
+    if len(seen) == len(tasks.ids):
+        return tasks  # the usual case: no id twice
+    seen.clear()
+    first = []
+    for i, raw in enumerate(tasks.ids):
+        if raw not in seen:
+            seen.add(raw)
+            first.append(i)
+    return tasks.part(first)
+
+
+def _column_preparing(tasks: TaskColumns) -> dict[str, Any]:
+    return {
+        "queues": sorted(set(tasks.queues)),
+        "tenants": sorted(set(tasks.tenants)),
+        "count": len(tasks.ids),
+        "ids": UUIDBytesArray(tasks.ids),
+    }
+
+
+def _column_params(tasks: TaskColumns) -> dict[str, Any]:
+    """insert_tasks's parameters (as `_columns` makes them of envelopes)."""
+    params = _column_preparing(tasks)
+    queue_of = {name: i for i, name in enumerate(params["queues"], 1)}
+    tenant_of = {name: i for i, name in enumerate(params["tenants"], 1)}
+    n = len(tasks.ids)
+    return {
+        **params,
+        "queue_of": list(map(queue_of.__getitem__, tasks.queues)),
+        "tenant_of": list(map(tenant_of.__getitem__, tasks.tenants)),
+        "names": tasks.names,
+        "payloads": tasks.payloads,
+        "costs": [float(c) for c in tasks.costs],
+        "max_attempts": tasks.max_attempts,
+        "backoff_bases": [float(tasks.backoff_base)] * n,
+        "backoff_maxes": [float(tasks.backoff_max)] * n,
+        "etas": tasks.etas,
+        "enqueued": [tasks.enqueued_at] * n,
+        "priorities": tasks.priorities,
+    }
+
+
+def _prepared_columns(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
+    """How many tasks the COPY stores (less those that already ran), and the
+    COPY, its rows zipped from the columns."""
+    params = _column_preparing(tasks)
+    (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
+    if ready.already_ran:
+        ran = {u.bytes for u in ready.already_ran}
+        keep = [i for i, raw in enumerate(tasks.ids) if raw not in ran]
+        seqs = [ready.seqs[i] for i in keep]
+        tasks = tasks.part(keep)
+    else:
+        seqs = ready.seqs
+    queue_id = dict(zip(params["queues"], ready.queue_ids, strict=True))
+    tenant_id = dict(zip(params["tenants"], ready.tenant_ids, strict=True))
+    now = ready.now
+    statuses: Iterable[str] = (
+        ["scheduled" if eta is not None and eta > now else "pending" for eta in tasks.etas]
+        if any(eta is not None for eta in tasks.etas)
+        else repeat("pending")
+    )
+    columns: list[Iterable[Any]] = [
+        tasks.ids,
+        seqs,
+        map(queue_id.__getitem__, tasks.queues),
+        map(tenant_id.__getitem__, tasks.tenants),
+        tasks.names,
+        tasks.payloads,
+        tasks.costs,
+        tasks.max_attempts,
+        repeat(tasks.backoff_base),
+        repeat(tasks.backoff_max),
+        statuses,
+        tasks.etas,
+        repeat(tasks.enqueued_at),
+        tasks.tenants,
+    ]
+    count = len(tasks.ids)
+    if any(tasks.priorities):
+        rows = zip(*columns, tasks.priorities, strict=False)  # repeat() is endless
+        return count, Copy(query("copy_tasks_priority"), rows, _COLUMN_COPY_TYPES_PRIORITY)
+    return count, Copy(query("copy_tasks"), zip(*columns, strict=False), _COLUMN_COPY_TYPES)

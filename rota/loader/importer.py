@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,14 +22,14 @@ from typing import Any
 from uuid import UUID
 
 import orjson
+import psycopg
 import uuid_utils
 
 from rota.core import db
-from rota.errors import ValidationError
+from rota.core.load import TaskColumns, load_columns
+from rota.loader.rows import ETA_MICROS, reason_of
+from rota.loader.rows import validate_row as validate_row
 from rota.loader.spark_session import SparkOptions
-from rota.loader.store import load_in_chunks
-from rota.model.envelope import TaskEnvelope, make_envelope, task_id_for_key
-from rota.model.rules import check_idempotency_key, check_tenant
 from rota.settings import Settings
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
@@ -44,57 +45,14 @@ class ImportSummary:
     examples: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _json_value(value: Any, default: Any) -> Any:
-    if value is None:
-        return default
-    if isinstance(value, str):
-        return orjson.loads(value)  # depth-limited: deep nesting is an error, not a crash
-    if hasattr(value, "asDict"):  # a Spark Row (struct)
-        return value.asDict(recursive=True)
-    return value
-
-
-def _number(value: Any, convert: type[float] | type[int]) -> Any:
-    """CSV columns are text: "2.5" is a number there (anything else is checked as it is)."""
-    return convert(value) if isinstance(value, str) else value
-
-
-def validate_row(
-    row: dict[str, Any], defaults: dict[str, Any], unkeyed_id: UUID | None = None
-) -> TaskEnvelope:
-    """One imported row to an envelope, or an exception saying why not. A
-    row without an idempotency key gets `unkeyed_id` (else a new id)."""
-    eta = row.get("eta")
-    if isinstance(eta, str):
-        eta = datetime.fromisoformat(eta)
-    tenant = check_tenant(row.get("tenant"))
-    key = row.get("idempotency_key")
-    args = _json_value(row.get("args"), [])
-    kwargs = _json_value(row.get("kwargs"), {})
-    queue = row.get("queue") or defaults["queue"]
-    allowed = defaults["allowed_queues"]
-    if allowed is not None and queue not in allowed:
-        raise ValidationError(f"queue {queue!r} is not in ROTA_QUEUES")
-    cost, attempts, priority = row.get("cost"), row.get("max_attempts"), row.get("priority")
-    return make_envelope(
-        name=row.get("name"),  # type: ignore[arg-type]
-        queue=queue,
-        tenant=tenant,
-        args=list(args) if isinstance(args, list | tuple) else args,
-        kwargs=kwargs,
-        task_id=task_id_for_key(check_idempotency_key(key), tenant) if key else unkeyed_id,
-        cost=1.0 if cost is None else _number(cost, float),
-        max_attempts=defaults["max_attempts"] if attempts is None else _number(attempts, int),
-        eta=eta,
-        max_payload_bytes=defaults["max_payload_bytes"],
-        priority=0 if priority is None else _number(priority, int),
-    )
-
-
 # The columns the import adds to each row: where it came from, so that the
 # same row of the same file always gets the same id (and loads once).
 _FILE, _POSITION = "_rota_file", "_rota_position"
-_ETA_MICROS = "_rota_eta_micros"
+# Where a row lies, to put a tenant's rows back in file order after they are
+# gathered by tenant: its file's path, and (text formats) its count within
+# its split.
+_PATH, _PLACE = "_rota_path", "_rota_place"
+_ORIGIN = (_FILE, _POSITION, _PATH, _PLACE)
 
 
 def import_task_id(file_identity: str, position: str) -> UUID:
@@ -109,61 +67,149 @@ def _file_identity(path: str, size: int, modified: Any) -> str:
     return hashlib.sha256(f"{path}\n{size}\n{modified}".encode()).hexdigest()[:32]
 
 
-def _load_partition(rows: Iterable[Any], job: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
-    """On an executor: validates its rows and loads the good ones in chunks
-    (the loaders' own path), yielding each rejected row, then its counts."""
+def _import_batches(batches: Iterable[Any], job: dict[str, Any]) -> Iterator[Any]:
+    """On an executor (mapInArrow): checks its Arrow batches of rows a batch
+    at a time (rota.loader.columns) and loads the good ones in chunks, each
+    its own transaction, in the partition's order; yields each rejected row,
+    then its counts, as batches of the outcome's schema."""
+    import numpy as np
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    from rota.loader.columns import check_batch, envelope_of, records
+
     defaults = job["defaults"]
     seen = 0
-    batch: list[TaskEnvelope] = []
-    rows_in_split: dict[str, int] = {}  # CSV and JSON lines: place within the file's split
+    counts = [0, 0]  # stored, duplicates
+    pending: list[TaskColumns] = []
+    rows_in_split: dict[str, int] = {}
     conn: Any = None
+
+    def outcome(kinds: list[str], lines: Sequence[str | None], numbers: list[int]) -> Any:
+        none = [0] * len(kinds)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(kinds),
+                pa.array(lines, pa.string()),
+                pa.array(numbers, pa.int64()),
+                pa.array(none, pa.int64()),
+                pa.array(none, pa.int64()),
+            ],
+            names=["kind", "line", "rows", "loaded", "duplicates"],
+        )
+
+    def load(tasks: TaskColumns) -> list[str]:
+        nonlocal conn
+        conn = conn or db.connect(job["database_url"], pooled=job["pooled"])
+        stored, refused = _load_columns_in_chunks(conn, tasks, job["chunk"])
+        counts[0] += stored
+        counts[1] += len(tasks.ids) - stored - len(refused)
+        return [
+            _rejection(reason, orjson.loads(envelope_of(tasks, i).to_json()))
+            for i, reason in refused
+        ]
+
     try:
-        for row in rows:
-            seen += 1
-            record = row.asDict(recursive=True)
-            file_identity, position = record.pop(_FILE), record.pop(_POSITION)
-            if isinstance(position, str):  # "<split start>": count rows within it
-                split = f"{file_identity}@{position}"
-                place = rows_in_split[split] = rows_in_split.get(split, -1) + 1
-                position = f"{position}+{place}"
-            micros = record.pop(_ETA_MICROS, None)
-            if micros is not None:
-                record["eta"] = datetime.fromtimestamp(micros / 1_000_000, UTC)
-            task_id = import_task_id(file_identity, str(position))
-            try:
-                batch.append(validate_row(record, defaults, task_id))
-            except Exception as exc:  # any bad row is rejected with its reason, never a crash
-                yield ("rejected", _rejection(_reason(exc), record), 0, 0, 0)
-                continue
-            if len(batch) >= job["chunk"]:
-                conn = conn or db.connect(job["database_url"], pooled=job["pooled"])
-                yield from _load(conn, batch, job["chunk"])
-                batch = []
-        if batch:
-            conn = conn or db.connect(job["database_url"], pooled=job["pooled"])
-            yield from _load(conn, batch, job["chunk"])
+        for batch in batches:
+            seen += batch.num_rows
+            unkeyed = _unkeyed_ids(batch, rows_in_split)
+            rows = batch.drop_columns([c for c in _ORIGIN if c in batch.schema.names])
+            checked = check_batch(rows, defaults, unkeyed, datetime.now(UTC), reason_of)
+            lines: list[str] = []
+            if checked.rejected:
+                places = [i for i, _ in checked.rejected]
+                found = records(rows, np.array(places, dtype=np.int64))
+                lines = [
+                    _rejection(reason, record)
+                    for (_, reason), record in zip(checked.rejected, found, strict=True)
+                ]
+            pending.append(checked.tasks)
+            if sum(len(p.ids) for p in pending) >= job["chunk"]:
+                lines += load(_joined(pending))
+                pending = []
+            if lines:
+                yield outcome(["rejected"] * len(lines), lines, [0] * len(lines))
+        if pending:
+            lines = load(_joined(pending))
+            if lines:
+                yield outcome(["rejected"] * len(lines), lines, [0] * len(lines))
     finally:
         if conn is not None:
             conn.close()
-    yield ("counts", None, seen, 0, 0)
+    final = outcome(["counts"], [None], [seen])
+    yield final.set_column(3, "loaded", pa.array([counts[0]], pa.int64())).set_column(
+        4, "duplicates", pa.array([counts[1]], pa.int64())
+    )
 
 
-def _load(conn: Any, batch: list[TaskEnvelope], chunk: int) -> Iterator[tuple[Any, ...]]:
-    """Loads `batch`: a row for each task PostgreSQL refused, then the counts."""
-    stored, refused = load_in_chunks(conn, batch, chunk)
-    for envelope, reason in refused:
-        yield ("rejected", _rejection(reason, orjson.loads(envelope.to_json())), 0, 0, 0)
-    yield ("counts", None, 0, stored, len(batch) - stored - len(refused))
+def _joined(parts: list[TaskColumns]) -> TaskColumns:
+    """The tasks of several checked batches, in order, as one."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    fields: dict[str, Any] = {
+        f: [v for part in parts for v in getattr(part, f)]
+        for f in ("ids", "queues", "tenants", "names", "payloads", "costs", "max_attempts")
+    }
+    fields["etas"] = [v for part in parts for v in part.etas]
+    fields["priorities"] = [v for part in parts for v in part.priorities]
+    return first._replace(**fields)
+
+
+def _unkeyed_ids(batch: Any, rows_in_split: dict[str, int]) -> list[bytes]:
+    """Each row's id if it has no idempotency key: `import_task_id` of its
+    file and its place there (Parquet: its row index; text: its split's
+    start and its count within the split, counted here unless counted before
+    the rows were gathered by tenant)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    files = batch.column(_FILE)
+    positions = batch.column(_POSITION)
+    if _PLACE in batch.schema.names:
+        counted = batch.column(_PLACE).cast(pa.string())
+    elif pa.types.is_string(positions.type) or pa.types.is_large_string(positions.type):
+        counted = pa.array(_places(batch, rows_in_split)).cast(pa.string())
+    else:
+        counted = None
+    if counted is None:
+        positions = positions.cast(pa.string())
+    else:
+        positions = pc.binary_join_element_wise(positions, counted, "+")
+    names = pc.binary_join_element_wise(pa.scalar("rota-import"), files, positions, ":")
+    namespace = uuid_utils.NAMESPACE_URL
+    uuid5 = uuid_utils.uuid5
+    return [uuid5(namespace, name).bytes for name in names.to_pylist()]
+
+
+def _load_columns_in_chunks(
+    conn: psycopg.Connection[Any], tasks: TaskColumns, size: int
+) -> tuple[int, list[tuple[int, str]]]:
+    """`load_in_chunks` for tasks given column by column: chunks of `size` in
+    order, each its own transaction; a chunk the database refuses for its
+    data (not for being down) is split until the culprits are found. Returns
+    (tasks stored, refused tasks' places in `tasks` with the reason)."""
+    stored = 0
+    refused: list[tuple[int, str]] = []
+    count = len(tasks.ids)
+    # In order, first chunk first: a tenant's tasks take their places in line
+    # in the order of the file.
+    chunks = deque((start, min(start + size, count)) for start in range(0, count, size))
+    while chunks:
+        start, stop = chunks.popleft()
+        try:
+            stored += db.transact(conn, load_columns(tasks.part(slice(start, stop))))
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+            if stop - start == 1:
+                refused.append((start, f"refused by PostgreSQL: {exc}"))
+            else:
+                half = (start + stop) // 2
+                chunks.extendleft([(half, stop), (start, half)])
+    return stored, refused
 
 
 def _rejection(reason: str, record: dict[str, Any]) -> str:
     """A rejected row's line in the report: the reason, and the row as read."""
     return json.dumps({"reason": reason, "row": json.loads(_row_json(record))})
-
-
-def _reason(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def _row_json(record: dict[str, Any]) -> str:
@@ -202,8 +248,64 @@ def _with_origin(frame: Any, fmt: str) -> Any:
         if isinstance(kind, TimestampNTZType):
             eta = eta.cast("timestamp")  # zone-less: read in the session's zone, UTC
         columns = [F.col(c) for c in frame.columns if c != "eta"]
-        columns.append(F.unix_micros(eta).alias(_ETA_MICROS))
-    return frame.select(*columns, identity.alias(_FILE), position.alias(_POSITION))
+        columns.append(F.unix_micros(eta).alias(ETA_MICROS))
+    return frame.select(
+        *columns,
+        identity.alias(_FILE),
+        position.alias(_POSITION),
+        F.col("_metadata.file_path").alias(_PATH),
+    )
+
+
+def _by_tenant(frame: Any, fmt: str, parallelism: int) -> Any:
+    """The rows gathered by tenant, each tenant's in file order: executors
+    then load disjoint sets of tenants, whose loads never wait for each
+    other's locks (a load locks its tenants' tags), and a tenant's tasks take
+    their places in line in the order of the file, at the price of a shuffle
+    and a sort. Text formats first count each row's place within its split,
+    in read order (its id depends on it)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    if "tenant" not in frame.columns:
+        return frame  # every row is refused: no order to keep
+    order = [F.col(_PATH), F.col(_POSITION)]
+    if fmt != "parquet":
+        counted = StructType([*frame.schema.fields, StructField(_PLACE, LongType())])
+        frame = frame.mapInArrow(_counted_in_split, counted)
+        order = [F.col(_PATH), F.col(_POSITION).cast("long"), F.col(_PLACE)]
+    read = frame.rdd.getNumPartitions()
+    if read == 1:
+        return frame  # one partition: in file order, and alone with its tenants
+    return frame.repartition(max(read, parallelism), F.col("tenant")).sortWithinPartitions(*order)
+
+
+def _counted_in_split(batches: Iterable[Any]) -> Iterator[Any]:
+    """Each row of a text file with its place within its split (the split's
+    rows are read in order, within one partition)."""
+    import pyarrow as pa
+
+    rows_in_split: dict[str, int] = {}
+    for batch in batches:
+        yield batch.append_column(_PLACE, pa.array(_places(batch, rows_in_split)))
+
+
+def _places(batch: Any, rows_in_split: dict[str, int]) -> Any:
+    """Each row's count within its split (text formats), carried on from the
+    partition's earlier batches in `rows_in_split`."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    splits = pc.binary_join_element_wise(batch.column(_FILE), batch.column(_POSITION), "@")
+    encoded = pc.dictionary_encode(splits)
+    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    places = np.empty(len(indices), dtype=np.int64)
+    for code, split in enumerate(encoded.dictionary.to_pylist()):
+        mine = indices == code
+        start = rows_in_split.get(split, -1) + 1
+        places[mine] = np.arange(start, start + int(mine.sum()))
+        rows_in_split[split] = start + int(mine.sum()) - 1
+    return places
 
 
 def import_tasks(
@@ -215,12 +317,17 @@ def import_tasks(
     master: str = "local[*]",
     session: Any = None,
     options: SparkOptions | None = None,
+    by_tenant: bool = False,
 ) -> ImportSummary:
     """Imports a file (or folder) of tasks: each executor validates and loads
     its own partitions, so loading overlaps validation and the driver holds
     no rows; rejected rows are written, by the executors too, as JSON lines
     under `rejected_path` (any URI Spark can write; `<path>.rejected` by
-    default)."""
+    default). Each partition loads its rows in file order; partitions load
+    in parallel, so a tenant whose rows span partitions gets its places in
+    the order its chunks commit. `by_tenant` gathers each tenant's rows in
+    one partition, in file order, first (`_by_tenant`: a shuffle and a sort,
+    which cost more than they save on two cores)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -256,9 +363,11 @@ def import_tasks(
             StructField("duplicates", LongType()),
         ]
     )
-    outcome = spark.createDataFrame(
-        frame.rdd.mapPartitions(lambda rows: _load_partition(rows, job)), schema
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    if by_tenant:
+        frame = _by_tenant(frame, fmt, spark.sparkContext.defaultParallelism)
+    outcome = frame.mapInArrow(lambda batches: _import_batches(batches, job), schema).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
     try:
         rejected = (F.col("kind") == "rejected").cast("long")
         totals: Any = outcome.agg(

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -20,6 +20,7 @@ import pytest
 from rota import App, Settings, core
 from rota.core import db
 from rota_tools.devservers import SparkCluster, local_spark_cluster
+from tests.acceptance.test_spark_crashes import loading_python_workers
 from tests.helpers import start_logged, wait_for
 
 pytestmark = [
@@ -57,7 +58,12 @@ def _tasks_run_on_executors(cluster: SparkCluster) -> int:
 
 
 def _run_loader(
-    cluster: SparkCluster, settings: Settings, checkpoint: Path, until: int, conn: Conn
+    cluster: SparkCluster,
+    settings: Settings,
+    checkpoint: Path,
+    until: int,
+    conn: Conn,
+    during: Callable[[], None] = lambda: None,
 ) -> None:
     loader = start_logged(
         [
@@ -67,7 +73,8 @@ def _run_loader(
         env=_env(settings),
     )
     try:
-        wait_for(lambda: _stored(conn) >= until, timeout=120, what=f"{until} tasks loaded")
+        during()
+        wait_for(lambda: _stored(conn) >= until, timeout=180, what=f"{until} tasks loaded")
     finally:
         loader.stop(signal.SIGTERM, timeout=60)  # killed if it has not stopped by then
     assert loader.returncode == 0, loader.errors()
@@ -78,19 +85,43 @@ def test_the_streaming_loader_on_a_cluster_loads_once_and_restarts_from_its_chec
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
     before = _tasks_run_on_executors(spark_cluster)
-    ids: list[UUID] = app.enqueue_many(
-        [parse_pdf.call(str(i), tenant=f"t{i % 100}") for i in range(3000)]
-    )
+    ids: list[UUID] = []
+    for start in range(0, 40_000, 10_000):
+        ids += app.enqueue_many(
+            [parse_pdf.call(str(i), tenant=f"t{i % 100}") for i in range(start, start + 10_000)]
+        )
     checkpoint = tmp_path / "checkpoint"
-    _run_loader(spark_cluster, settings, checkpoint, 3000, conn)
+    killed: list[tuple[int, Any]] = []
+
+    def kill_a_loading_worker() -> None:
+        # A Python worker of an executor, loading its shard: its Spark task
+        # fails and is run again, and the shard loads once.
+        workers = [w.pid for w in spark_cluster.workers]
+        victims = wait_for(
+            lambda: loading_python_workers(workers, int(conn.info.port)),
+            timeout=120,
+            what="an executor's Python worker loading a shard",
+        )
+        killed.append((victims[0], conn.execute("SELECT clock_timestamp()").fetchone()))
+        os.kill(victims[0], signal.SIGKILL)
+
+    _run_loader(spark_cluster, settings, checkpoint, 40_000, conn, kill_a_loading_worker)
     ids += app.enqueue_many([parse_pdf.call(f"late{i}", tenant="late") for i in range(500)])
-    _run_loader(spark_cluster, settings, checkpoint, 3500, conn)
+    _run_loader(spark_cluster, settings, checkpoint, 40_500, conn)
 
     assert conn.execute("SELECT count(*), count(DISTINCT id) FROM rota.tasks").fetchone() == (
-        3500,
-        3500,
+        40_500,
+        40_500,
     )
     assert set(db.run(conn, core.task_states(ids))) == set(ids)
+    # Each shard of each batch loaded once: the ledger's counts add up.
+    assert conn.execute("SELECT sum(tasks) FROM rota.loader_batches").fetchone() == (40_500,)
+    (_, (killed_at,)), *_ = killed
+    later = conn.execute(
+        "SELECT count(*) FROM rota.loader_batches WHERE batch_id = 0 AND loaded_at > %s",
+        [killed_at],
+    ).fetchone()
+    assert later is not None and later[0] >= 1  # the killed worker's shard, run again
     # The buffer was read by tasks on the workers' executors, not the driver.
     assert _tasks_run_on_executors(spark_cluster) > before
 

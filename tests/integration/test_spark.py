@@ -16,7 +16,13 @@ import redis
 
 from rota import App, Settings, core
 from rota.buffer.entries import TaskBatch
-from rota.buffer.streams import ENTRY_VERSION, all_streams, dead_letter_stream, stream_name
+from rota.buffer.streams import (
+    ENTRY_VERSION,
+    all_streams,
+    dead_letter_stream,
+    shard_for,
+    stream_name,
+)
 from rota.core import db
 from rota.model.envelope import envelope_template
 
@@ -53,30 +59,59 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (745,)
 
 
-def test_a_replayed_micro_batch_is_skipped_by_the_ledger(
+def test_a_replayed_micro_batch_skips_the_shards_the_ledger_has_and_loads_the_rest(
     spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     from rota.loader.spark import BatchSink
-    from rota.loader.spark_source import SCHEMA
 
-    ids = app.enqueue_many([app.tasks["parse_pdf"].call("x", tenant="a") for _ in range(10)])
-    rows = [(s, "1-0", data, None) for s, data in _entries(settings, ids)]
-    frame = spark.createDataFrame(rows, SCHEMA)
+    # Two tenants on two shards: two partitions, each its own transaction.
+    a, b = _tenants_on_two_shards(settings)
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = app.enqueue_many([parse_pdf.call(str(i), tenant=a) for i in range(10)])
+    ids += app.enqueue_many([parse_pdf.call(str(i), tenant=b) for i in range(6)])
+    rows = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, ids), 1)]
+    shard_a = stream_name(settings.stream_prefix, shard_for(a, settings.shards))
+    frame = _frame(spark, rows)
     sink = BatchSink(settings, query_key="q1")
     sink(frame, 7)
     sink(frame, 7)  # the same batch again, as after a crash before Spark's commit
+    assert sink.loaded == 16
+    # Batch 8 crashed after shard a's partition committed and before shard b's:
+    # its replay loads b's tasks only (a's ids would dedupe them anyway, so
+    # the counts tell: the ledger, not ON CONFLICT, skipped them).
+    more = app.enqueue_many([parse_pdf.call(f"m{i}", tenant=a) for i in range(4)])
+    more += app.enqueue_many([parse_pdf.call(f"m{i}", tenant=b) for i in range(3)])
+    later = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, more), 9)]
+    crashed = BatchSink(settings, query_key="q1")
+    crashed(_frame(spark, [r for r in later if r[0] == shard_a]), 8)
+    crashed.close()
+    replay = BatchSink(settings, query_key="q1")
+    replay(_frame(spark, later), 8)
     BatchSink(settings, query_key="q2")(frame, 7)  # another query: ids dedupe it anyway
     sink.close()
-    assert sink.loaded == 10
-    assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (10,)
-    assert conn.execute("SELECT count(*) FROM rota.loader_batches").fetchone() == (2,)
+    replay.close()
+    assert replay.loaded == 3
+    assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (23,)
+    ledger = conn.execute(
+        "SELECT query, batch_id, part, tasks FROM rota.loader_batches ORDER BY 1, 2, 3"
+    ).fetchall()
+    part_a, part_b = shard_for(a, settings.shards), shard_for(b, settings.shards)
+    assert ledger == sorted(
+        [
+            ("q1", 7, part_a, 10),
+            ("q1", 7, part_b, 6),
+            ("q1", 8, part_a, 4),
+            ("q1", 8, part_b, 3),
+            ("q2", 7, part_a, 0),
+            ("q2", 7, part_b, 0),
+        ]
+    )
 
 
 def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
     spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     from rota.loader.spark import BatchSink
-    from rota.loader.spark_source import SCHEMA
 
     parse_pdf = app.tasks["parse_pdf"]
     ids = []
@@ -85,12 +120,12 @@ def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
             [parse_pdf.call(i, tenant=t) for t in ("a", "b") for i in range(start, start + 8)]
         )
     rows = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, ids))]
-    frame = spark.createDataFrame(rows, SCHEMA)  # two partitions, in order
+    frame = _frame(spark, rows)  # a partition per shard, its rows in order
     sink = BatchSink(settings.model_copy(update={"spark_load_size": 12}), query_key="q")
     sink(frame, 0)
     sink.close()
     assert sink.loaded == 80
-    assert conn.execute("SELECT tasks FROM rota.loader_batches").fetchone() == (80,)
+    assert conn.execute("SELECT sum(tasks) FROM rota.loader_batches").fetchone() == (80,)
     claimed = db.run(conn, core.claim(["pdfs"], 80, "w"))
     for tenant in ("a", "b"):
         assert [t.args[0] for t in claimed if t.tenant == tenant] == list(range(40))
@@ -100,7 +135,6 @@ def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
     spark: Any, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     from rota.loader.spark import BatchSink
-    from rota.loader.spark_source import SCHEMA
 
     batch = TaskBatch(datetime.now(UTC))
     for i in range(3):
@@ -111,7 +145,7 @@ def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
     data = batch.to_json().decode()
     stream = stream_name(settings.stream_prefix, 0)
     sink = BatchSink(settings, query_key="q")
-    sink(spark.createDataFrame([(stream, "5-0", data, None)], SCHEMA), 0)
+    sink(_frame(spark, [(stream, "5-0", data, None)]), 0)
     sink.close()
     assert (sink.loaded, sink.dead_lettered) == (2, 1)
     dead = redis.Redis.from_url(settings.redis_url).xrange(
@@ -122,13 +156,37 @@ def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (2,)
 
 
+def _tenants_on_two_shards(settings: Settings) -> tuple[str, str]:
+    first = "a"
+    for n in range(100):
+        other = f"b{n}"
+        if shard_for(other, settings.shards) != shard_for(first, settings.shards):
+            return first, other
+    raise AssertionError("no two tenants on different shards")
+
+
+def _frame(spark: Any, rows: list[tuple[Any, ...]]) -> Any:
+    """The rows as the source gives them: one partition per shard, in order."""
+    from functools import reduce
+
+    from rota.loader.spark_source import SCHEMA
+
+    streams = sorted({row[0] for row in rows})
+    frames = [
+        spark.createDataFrame([r for r in rows if r[0] == s], SCHEMA).coalesce(1) for s in streams
+    ]
+    return reduce(lambda x, y: x.union(y), frames)
+
+
 def _entries(settings: Settings, ids: list[Any]) -> list[tuple[str, str]]:
     """Each buffer entry's tasks as the source's rows carry them (a batch's JSON)."""
     client = redis.Redis.from_url(settings.redis_url)
     found = []
     for stream in all_streams(settings.stream_prefix, settings.shards):
         for _, fields in client.xrange(stream):
-            found.append((stream, fields[b"tasks"].decode()))
+            data = fields[b"tasks"].decode()
+            if set(json.loads(data)["id"]) & {str(i) for i in ids}:
+                found.append((stream, data))
     assert sum(len(json.loads(data)["id"]) for _, data in found) == len(ids)
     return found
 

@@ -216,8 +216,10 @@ def bench_import_command(
     local: Local = None,
     as_json: AsJson = False,
 ) -> None:
-    """`rota import` of a generated Parquet file against a plain Spark JDBC
-    write of the same rows (same run), and the driver's peak memory."""
+    """`rota import` of a generated Parquet file against, in the same run, a
+    plain Spark JDBC write of the same rows and a COPY of them from one
+    connection into a table with rota.tasks' indexes (the ceiling); the peak
+    memory of the driver and of the executors' Python workers."""
     from rota_tools.bench.importing import bench_import
     from rota_tools.devservers import local_spark_cluster
 

@@ -1,25 +1,37 @@
 """`rota bench import`: rows/s of `rota import` on a generated Parquet file,
-against a plain Spark JDBC write of the same rows into a bare table in the
-same run, and the Spark driver's peak memory."""
+against, in the same run, a plain Spark JDBC write of the same rows into a
+bare table and a COPY of the same rows from one connection into a table with
+rota.tasks' indexes (the one-connection ceiling), and the peak memory of the
+Spark driver and of its Python workers."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import psycopg
+from psycopg import sql
+
 from rota import Settings
 from rota.core import db
+from rota.core.load import TASK_COPY_TYPES, task_rows
 from rota.loader.importer import import_tasks
 from rota.loader.spark_session import SparkOptions, spark_session
+from rota.model.envelope import TaskEnvelope
 from rota_tools.bench.core import reset
 from rota_tools.sql import query
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")  # Debian's libpostgresql-jdbc-java
 PLAIN_TABLE = "bench_plain_import"  # dropped by the bench_drop_plain_import block
+CEILING_TABLE = "bench_copy_ceiling"
 
 
 def _jdbc(database_url: str) -> tuple[str, dict[str, str]]:
@@ -52,13 +64,106 @@ def _peak_rss_mb(pid: int) -> float | None:
     return None
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (the JVM's Python daemon and its workers)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _python_workers(jvm: int) -> dict[str, Any]:
+    """Peak RSS of the Python processes the JVM started (local mode: the
+    executors' Python side), read while they live (workers are reused)."""
+    peaks = [
+        peak
+        for pid in _descendants(jvm)
+        if "python" in _command(pid) and (peak := _peak_rss_mb(pid)) is not None
+    ]
+    return {
+        "processes": len(peaks),
+        "peak_rss_mb_max": max(peaks, default=None),
+        "peak_rss_mb_sum": round(sum(peaks), 1),
+        "note": "VmHWM of each; forked workers share the daemon's pages, so the sum overstates",
+    }
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _ceiling_chunks(path: str, chunk: int, tenants: int) -> Iterator[list[tuple[Any, ...]]]:
+    """The file's rows as copy_tasks's rows (task_rows), `chunk` at a time."""
+    import pyarrow.dataset as ds  # type: ignore[import-untyped]
+
+    now = datetime.now(UTC)
+    tenant_id = {f"t{i}": i + 1 for i in range(tenants)}
+    numbered: list[tuple[int, TaskEnvelope]] = []
+    columns = ["name", "tenant", "args"]
+    for batch in ds.dataset(path, format="parquet").to_batches(columns=columns):
+        data = batch.to_pydict()
+        for name, tenant, args in zip(*(data[c] for c in columns), strict=True):
+            payload = f'{{"args":{args},"kwargs":{{}}}}'
+            envelope = TaskEnvelope(uuid.uuid4(), "default", tenant, name, payload, now)
+            numbered.append((len(numbered) + 1, envelope))
+            if len(numbered) == chunk:
+                yield list(task_rows(numbered, {"default": 1}, tenant_id, now))
+                numbered = []
+    if numbered:
+        yield list(task_rows(numbered, {"default": 1}, tenant_id, now))
+
+
+def _copy_ceiling(settings: Settings, path: str, tenants: int) -> float:
+    """Rows/s of COPY from one connection into a table with rota.tasks'
+    indexes, chunk by chunk (each its own transaction, as the loads), the
+    rows built beforehand: only the COPY and its commit are timed."""
+    chunk = settings.loader_batch_size
+    table = sql.Identifier(CEILING_TABLE)
+    with db.connect(settings.database_url) as conn:
+        conn.execute(sql.SQL(query("bench_copy_ceiling_setup")).format(table=table))
+        copy_sql = sql.SQL(query("bench_copy_ceiling_copy")).format(table=table)
+        rows, spent = 0, 0.0
+        try:
+            for chunk_rows in _ceiling_chunks(path, chunk, tenants):
+                started = time.perf_counter()
+                _copy(conn, copy_sql, chunk_rows)
+                spent += time.perf_counter() - started
+                rows += len(chunk_rows)
+        finally:
+            conn.execute(sql.SQL(query("bench_copy_ceiling_drop")).format(table=table))
+    return rows / spent
+
+
+def _copy(conn: psycopg.Connection[Any], statement: sql.Composed, rows: list[Any]) -> None:
+    with conn.transaction(), conn.cursor(binary=True) as cur, cur.copy(statement) as copy:
+        copy.set_types(TASK_COPY_TYPES)
+        for row in rows:
+            copy.write_row(row)
+
+
 def bench_import(
     settings: Settings, rows: int, tenants: int, runs: int, master: str
 ) -> dict[str, Any]:
     conf = {"spark.jars": str(JDBC_JAR)} if JDBC_JAR.exists() else {}
     spark = spark_session(master, "rota-bench-import", SparkOptions(conf))
     driver_pid = spark.sparkContext._gateway.proc.pid
-    imported, plain = [], []
+    imported, plain, ceiling = [], [], []
+    workers: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rota-bench-import-") as directory:
         path = str(Path(directory) / "tasks.parquet")
         _generate(spark, rows, tenants, path)
@@ -70,6 +175,10 @@ def bench_import(
             summary = import_tasks(settings, path, session=spark)
             imported.append(rows / (time.perf_counter() - started))
             assert summary.loaded == rows, summary
+            workers = _python_workers(driver_pid)  # while they live
+            with db.connect(settings.database_url) as conn:
+                reset(conn)
+            ceiling.append(_copy_ceiling(settings, path, tenants))
             if conf:
                 started = time.perf_counter()
                 spark.read.parquet(path).write.format("jdbc").options(
@@ -80,19 +189,33 @@ def bench_import(
             conn.execute(query("bench_drop_plain_import"))
             reset(conn)
     driver_memory = spark.sparkContext.getConf().get("spark.driver.memory", "1g (default)")
+    driver_peak = _peak_rss_mb(driver_pid)
     spark.stop()
+    median = round(statistics.median(imported))
     figures: dict[str, Any] = {
-        "params": {"rows": rows, "tenants": tenants, "runs": runs, "master": master},
-        "import_rows_per_s": round(statistics.median(imported)),
+        "params": {
+            "rows": rows,
+            "tenants": tenants,
+            "runs": runs,
+            "master": master,
+            "chunk": settings.loader_batch_size,
+        },
+        "import_rows_per_s": median,
         "runs": [round(r) for r in imported],
-        "driver": {"memory_setting": driver_memory, "jvm_peak_rss_mb": _peak_rss_mb(driver_pid)},
+        "copy_ceiling_rows_per_s": round(statistics.median(ceiling)),
+        "copy_ceiling_runs": [round(r) for r in ceiling],
+        "import_to_copy_ceiling": round(median / statistics.median(ceiling), 3),
+        "driver": {
+            "memory_setting": driver_memory,
+            "jvm_peak_rss_mb": driver_peak,
+            "python_peak_rss_mb": _peak_rss_mb(os.getpid()),
+        },
+        "executors_python_workers": workers,
     }
     if plain:
         figures["plain_jdbc_rows_per_s"] = round(statistics.median(plain))
         figures["plain_jdbc_runs"] = [round(r) for r in plain]
-        figures["ratio_to_plain_jdbc"] = round(
-            figures["import_rows_per_s"] / figures["plain_jdbc_rows_per_s"], 3
-        )
+        figures["import_to_jdbc"] = round(median / figures["plain_jdbc_rows_per_s"], 3)
     else:
         figures["plain_jdbc"] = f"not measured: {JDBC_JAR} is missing (libpostgresql-jdbc-java)"
     return figures

@@ -356,3 +356,17 @@ RETURNING id, payload, enqueued_at
 
 -- name: bench_pgqueue_finish
 DELETE FROM {schema}.rota_bench_jobs WHERE id = ANY (%(ids)s::bigint[])
+
+-- name: bench_copy_ceiling_setup
+-- `rota bench import`'s one-connection ceiling: a table shaped as rota.tasks,
+-- with its defaults and its indexes but not its trigger ({table}: an identifier).
+DROP TABLE IF EXISTS {table};
+CREATE TABLE {table} (LIKE rota.tasks INCLUDING DEFAULTS INCLUDING INDEXES)
+
+-- name: bench_copy_ceiling_copy
+-- Binary, rows as copy_tasks's (rota.core.load.TASK_COPY_TYPES).
+COPY {table} (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
+              backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
+
+-- name: bench_copy_ceiling_drop
+DROP TABLE IF EXISTS {table}
