@@ -183,22 +183,35 @@ def import_command(
     spark_ui: SparkUI = False,
     spark_log_level: SparkLogLevel = None,
     database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
 ) -> None:
     """Load a file of tasks with fair sequencing (Spark batch job: the executors
     validate and load their parts); rejected rows are written with their
     reasons. Importing the same file again loads nothing new. Exit code 0 if
-    all rows loaded, 2 if some were rejected."""
+    all rows loaded, 2 if some were rejected. Progress (rows read, tasks
+    loaded, rows rejected; time left for Parquet, whose rows are counted from
+    its footers) goes to stderr: a bar on a terminal, JSON lines with --json."""
     tune_gc()
     from rota.loader.importer import import_tasks, summary_dict
 
-    summary = import_tasks(
-        settings_from(database_url),
-        path,
-        file_format=file_format,
-        rejected_path=rejected,
-        master=master,
-        options=spark_options(conf, spark_ui, spark_log_level),
-    )
+    progress = Progress("importing rows", as_json)
+
+    def read(rows: int, loaded: int, rejected: int, total: int | None) -> None:
+        progress.total = total
+        progress.show(rows, loaded=loaded, rejected=rejected)
+
+    try:
+        summary = import_tasks(
+            settings_from(database_url),
+            path,
+            file_format=file_format,
+            rejected_path=rejected,
+            master=master,
+            options=spark_options(conf, spark_ui, spark_log_level),
+            on_progress=read,
+        )
+    finally:
+        progress.close()
     typer.echo(json.dumps(summary_dict(summary), indent=2))
     raise typer.Exit(2 if summary.rejected else 0)
 

@@ -12,7 +12,6 @@ written yet.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -21,6 +20,7 @@ from typing import Any
 from rota import core
 from rota.core import db
 from rota.errors import ValidationError
+from rota.loader.spark_progress import reporting
 from rota.loader.spark_session import SparkOptions, spark_session
 from rota.settings import Settings
 
@@ -38,9 +38,6 @@ COLUMNS = (
     ("last_error", "string"),
 )
 SLICE = timedelta(hours=1)  # one Spark partition: what one executor reads at once
-# How often the driver reads its counters of what the executors have read.
-PROGRESS_SECONDS = 0.5
-
 # Progress: tasks read so far, slices read, slices in all (a slice's counts
 # reach the driver when its Spark task ends).
 OnProgress = Callable[[int, int, int], None]
@@ -139,24 +136,15 @@ def _write(
     frame = spark.createDataFrame(rows, schema).withColumn(
         "day", F.date_format(F.col("finished_at"), "yyyy-MM-dd")
     )
-    written = threading.Event()
 
-    def report() -> None:
-        assert on_progress is not None
-        seen = (-1, -1)
-        while True:
-            finished = written.wait(PROGRESS_SECONDS)
-            now = (read_tasks.value, min(read_slices.value, len(slices)))
-            if now != seen:
-                on_progress(now[0], now[1], len(slices))
-                seen = now
-            if finished:
-                return
+    def counted() -> tuple[int, int, int]:
+        return (read_tasks.value, min(read_slices.value, len(slices)), len(slices))
 
-    reporter = threading.Thread(target=report, daemon=True) if on_progress else None
-    if reporter is not None:
-        reporter.start()
-    try:
+    def report(now: tuple[int, int, int]) -> None:
+        if on_progress is not None:
+            on_progress(*now)
+
+    with reporting(counted, report if on_progress else None):
         # Only the days written are replaced: earlier runs' days stay as they are.
         (
             frame.write.mode("overwrite")
@@ -164,10 +152,6 @@ def _write(
             .partitionBy("day", "queue")
             .parquet(location)
         )
-    finally:
-        written.set()
-        if reporter is not None:
-            reporter.join()
     days = sorted({start.strftime("%Y-%m-%d") for start, _ in slices})
     written = spark.read.parquet(location).where(F.col("day").isin(days))
     found = {r["day"]: r["count"] for r in written.groupBy("day").count().collect()}

@@ -11,24 +11,23 @@ written with their reason.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import orjson
 import psycopg
-import uuid_utils
 
 from rota.core import db
 from rota.core.load import TaskColumns, load_columns
-from rota.loader.rows import ETA_MICROS, reason_of
+from rota.loader.origin import ORIGIN, by_tenant_order, unkeyed_ids, with_origin
+from rota.loader.rows import reason_of
 from rota.loader.rows import validate_row as validate_row
+from rota.loader.spark_progress import reporting
 from rota.loader.spark_session import SparkOptions
 from rota.settings import Settings
 
@@ -45,33 +44,34 @@ class ImportSummary:
     examples: list[dict[str, Any]] = field(default_factory=list)
 
 
-# The columns the import adds to each row: where it came from, so that the
-# same row of the same file always gets the same id (and loads once).
-_FILE, _POSITION = "_rota_file", "_rota_position"
-# Where a row lies, to put a tenant's rows back in file order after they are
-# gathered by tenant: its file's path, and (text formats) its count within
-# its split.
-_PATH, _PLACE = "_rota_path", "_rota_place"
-_ORIGIN = (_FILE, _POSITION, _PATH, _PLACE)
+# Progress: rows read, tasks loaded, rows rejected, and the file's rows if known.
+OnProgress = Callable[[int, int, int, int | None], None]
 
 
-def import_task_id(file_identity: str, position: str) -> UUID:
-    """An unkeyed imported row's id: its file (path, size, modification
-    time) and its place in it. Importing the file again, or retrying a failed
-    import, names the same tasks, which PostgreSQL then holds once."""
-    name = f"rota-import:{file_identity}:{position}"
-    return UUID(bytes=uuid_utils.uuid5(uuid_utils.NAMESPACE_URL, name).bytes)
+@dataclass(frozen=True)
+class Counters:
+    """Accumulators the executors add to, for progress only (a retried Spark
+    task adds again); the summary counts from the job's own results."""
+
+    read: Any
+    loaded: Any
+    rejected: Any
+
+    @classmethod
+    def of(cls, spark: Any) -> Counters:
+        context = spark.sparkContext
+        return cls(context.accumulator(0), context.accumulator(0), context.accumulator(0))
 
 
-def _file_identity(path: str, size: int, modified: Any) -> str:
-    return hashlib.sha256(f"{path}\n{size}\n{modified}".encode()).hexdigest()[:32]
-
-
-def _import_batches(batches: Iterable[Any], job: dict[str, Any]) -> Iterator[Any]:
+def _import_batches(
+    batches: Iterable[Any], job: dict[str, Any], counters: Counters | None = None
+) -> Iterator[Any]:
     """On an executor (mapInArrow): checks its Arrow batches of rows a batch
     at a time (rota.loader.columns) and loads the good ones in chunks, each
     its own transaction, in the partition's order; yields each rejected row,
-    then its counts, as batches of the outcome's schema."""
+    then its counts, as batches of the outcome's schema. `counters` (Spark
+    accumulators) follow the rows read, tasks loaded and rows rejected, for
+    progress."""
     import numpy as np
     import pyarrow as pa  # type: ignore[import-untyped]
 
@@ -101,6 +101,9 @@ def _import_batches(batches: Iterable[Any], job: dict[str, Any]) -> Iterator[Any
         nonlocal conn
         conn = conn or db.connect(job["database_url"], pooled=job["pooled"])
         stored, refused = _load_columns_in_chunks(conn, tasks, job["chunk"])
+        if counters is not None:
+            counters.loaded.add(stored)
+            counters.rejected.add(len(refused))
         counts[0] += stored
         counts[1] += len(tasks.ids) - stored - len(refused)
         return [
@@ -111,9 +114,12 @@ def _import_batches(batches: Iterable[Any], job: dict[str, Any]) -> Iterator[Any
     try:
         for batch in batches:
             seen += batch.num_rows
-            unkeyed = _unkeyed_ids(batch, rows_in_split)
-            rows = batch.drop_columns([c for c in _ORIGIN if c in batch.schema.names])
+            unkeyed = unkeyed_ids(batch, rows_in_split)
+            rows = batch.drop_columns([c for c in ORIGIN if c in batch.schema.names])
             checked = check_batch(rows, defaults, unkeyed, datetime.now(UTC), reason_of)
+            if counters is not None:
+                counters.read.add(batch.num_rows)
+                counters.rejected.add(len(checked.rejected))
             lines: list[str] = []
             if checked.rejected:
                 places = [i for i, _ in checked.rejected]
@@ -155,32 +161,6 @@ def _joined(parts: list[TaskColumns]) -> TaskColumns:
     return first._replace(**fields)
 
 
-def _unkeyed_ids(batch: Any, rows_in_split: dict[str, int]) -> list[bytes]:
-    """Each row's id if it has no idempotency key: `import_task_id` of its
-    file and its place there (Parquet: its row index; text: its split's
-    start and its count within the split, counted here unless counted before
-    the rows were gathered by tenant)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc  # type: ignore[import-untyped]
-
-    files = batch.column(_FILE)
-    positions = batch.column(_POSITION)
-    if _PLACE in batch.schema.names:
-        counted = batch.column(_PLACE).cast(pa.string())
-    elif pa.types.is_string(positions.type) or pa.types.is_large_string(positions.type):
-        counted = pa.array(_places(batch, rows_in_split)).cast(pa.string())
-    else:
-        counted = None
-    if counted is None:
-        positions = positions.cast(pa.string())
-    else:
-        positions = pc.binary_join_element_wise(positions, counted, "+")
-    names = pc.binary_join_element_wise(pa.scalar("rota-import"), files, positions, ":")
-    namespace = uuid_utils.NAMESPACE_URL
-    uuid5 = uuid_utils.uuid5
-    return [uuid5(namespace, name).bytes for name in names.to_pylist()]
-
-
 def _load_columns_in_chunks(
     conn: psycopg.Connection[Any], tasks: TaskColumns, size: int
 ) -> tuple[int, list[tuple[int, str]]]:
@@ -219,95 +199,6 @@ def _row_json(record: dict[str, Any]) -> str:
         return json.dumps({key: str(value)[:1000] for key, value in record.items()})
 
 
-def _with_origin(frame: Any, fmt: str) -> Any:
-    """The file's rows, each with its file's identity and its place in it
-    (Parquet: its row index; text formats: its split's start, counted on);
-    a timestamp `eta` as microseconds since the epoch (an instant, whatever
-    the executors' time zone)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import TimestampNTZType, TimestampType
-
-    identity = F.sha2(
-        F.concat_ws(
-            "\n",
-            F.col("_metadata.file_path"),
-            F.col("_metadata.file_size").cast("string"),
-            F.unix_micros(F.col("_metadata.file_modification_time")).cast("string"),
-        ),
-        256,
-    ).substr(1, 32)
-    position = (
-        F.col("_metadata.row_index")
-        if fmt == "parquet"
-        else F.col("_metadata.file_block_start").cast("string")
-    )
-    columns = [F.col(c) for c in frame.columns]
-    kind = frame.schema["eta"].dataType if "eta" in frame.columns else None
-    if isinstance(kind, TimestampType | TimestampNTZType):
-        eta = F.col("eta")
-        if isinstance(kind, TimestampNTZType):
-            eta = eta.cast("timestamp")  # zone-less: read in the session's zone, UTC
-        columns = [F.col(c) for c in frame.columns if c != "eta"]
-        columns.append(F.unix_micros(eta).alias(ETA_MICROS))
-    return frame.select(
-        *columns,
-        identity.alias(_FILE),
-        position.alias(_POSITION),
-        F.col("_metadata.file_path").alias(_PATH),
-    )
-
-
-def _by_tenant(frame: Any, fmt: str, parallelism: int) -> Any:
-    """The rows gathered by tenant, each tenant's in file order: executors
-    then load disjoint sets of tenants, whose loads never wait for each
-    other's locks (a load locks its tenants' tags), and a tenant's tasks take
-    their places in line in the order of the file, at the price of a shuffle
-    and a sort. Text formats first count each row's place within its split,
-    in read order (its id depends on it)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StructField, StructType
-
-    if "tenant" not in frame.columns:
-        return frame  # every row is refused: no order to keep
-    order = [F.col(_PATH), F.col(_POSITION)]
-    if fmt != "parquet":
-        counted = StructType([*frame.schema.fields, StructField(_PLACE, LongType())])
-        frame = frame.mapInArrow(_counted_in_split, counted)
-        order = [F.col(_PATH), F.col(_POSITION).cast("long"), F.col(_PLACE)]
-    read = frame.rdd.getNumPartitions()
-    if read == 1:
-        return frame  # one partition: in file order, and alone with its tenants
-    return frame.repartition(max(read, parallelism), F.col("tenant")).sortWithinPartitions(*order)
-
-
-def _counted_in_split(batches: Iterable[Any]) -> Iterator[Any]:
-    """Each row of a text file with its place within its split (the split's
-    rows are read in order, within one partition)."""
-    import pyarrow as pa
-
-    rows_in_split: dict[str, int] = {}
-    for batch in batches:
-        yield batch.append_column(_PLACE, pa.array(_places(batch, rows_in_split)))
-
-
-def _places(batch: Any, rows_in_split: dict[str, int]) -> Any:
-    """Each row's count within its split (text formats), carried on from the
-    partition's earlier batches in `rows_in_split`."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    splits = pc.binary_join_element_wise(batch.column(_FILE), batch.column(_POSITION), "@")
-    encoded = pc.dictionary_encode(splits)
-    indices = encoded.indices.to_numpy(zero_copy_only=False)
-    places = np.empty(len(indices), dtype=np.int64)
-    for code, split in enumerate(encoded.dictionary.to_pylist()):
-        mine = indices == code
-        start = rows_in_split.get(split, -1) + 1
-        places[mine] = np.arange(start, start + int(mine.sum()))
-        rows_in_split[split] = start + int(mine.sum()) - 1
-    return places
-
-
 def import_tasks(
     settings: Settings,
     path: str,
@@ -318,6 +209,7 @@ def import_tasks(
     session: Any = None,
     options: SparkOptions | None = None,
     by_tenant: bool = False,
+    on_progress: OnProgress | None = None,
 ) -> ImportSummary:
     """Imports a file (or folder) of tasks: each executor validates and loads
     its own partitions, so loading overlaps validation and the driver holds
@@ -326,8 +218,10 @@ def import_tasks(
     default). Each partition loads its rows in file order; partitions load
     in parallel, so a tenant whose rows span partitions gets its places in
     the order its chunks commit. `by_tenant` gathers each tenant's rows in
-    one partition, in file order, first (`_by_tenant`: a shuffle and a sort,
-    which cost more than they save on two cores)."""
+    one partition, in file order, first (`by_tenant_order`: a shuffle and a sort,
+    which cost more than they save on two cores). `on_progress` gets the
+    rows read, tasks loaded and rows rejected so far, and the file's rows
+    where they are known without reading it (Parquet's footers)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -342,7 +236,7 @@ def import_tasks(
     if fmt == "csv":
         # RFC 4180: a quote inside a quoted field is doubled.
         reader = reader.option("header", "true").option("escape", '"')
-    frame = _with_origin(reader.load(path), fmt)
+    frame = with_origin(reader.load(path), fmt)
     job = {
         "database_url": settings.database_url,
         "pooled": settings.transaction_pooling,
@@ -364,15 +258,27 @@ def import_tasks(
         ]
     )
     if by_tenant:
-        frame = _by_tenant(frame, fmt, spark.sparkContext.defaultParallelism)
-    outcome = frame.mapInArrow(lambda batches: _import_batches(batches, job), schema).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+        frame = by_tenant_order(frame, fmt, spark.sparkContext.defaultParallelism)
+    counters = Counters.of(spark) if on_progress else None
+    outcome = frame.mapInArrow(
+        lambda batches: _import_batches(batches, job, counters), schema
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    total = reader.load(path).count() if on_progress and fmt == "parquet" else None
+
+    def counted() -> tuple[int, int, int]:
+        assert counters is not None
+        return (counters.read.value, counters.loaded.value, counters.rejected.value)
+
+    def report(now: tuple[int, int, int]) -> None:
+        if on_progress is not None:
+            on_progress(*now, total)
+
     try:
         rejected = (F.col("kind") == "rejected").cast("long")
-        totals: Any = outcome.agg(
-            F.sum("rows"), F.sum("loaded"), F.sum("duplicates"), F.sum(rejected)
-        ).first()
+        with reporting(counted, report if on_progress else None):
+            totals: Any = outcome.agg(
+                F.sum("rows"), F.sum("loaded"), F.sum("duplicates"), F.sum(rejected)
+            ).first()
         rows, loaded, duplicates, refused = (int(total or 0) for total in totals)
         summary = ImportSummary(rows, loaded, duplicates, refused)
         if summary.rejected:

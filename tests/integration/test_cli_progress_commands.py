@@ -1,4 +1,4 @@
-"""Progress of `rota loader drain` and `rota archive` through real processes:
+"""Progress of `rota loader drain`, `rota archive` and `rota import` through real processes:
 with --json each prints JSON lines on stderr (done, rate, time left where
 known) while stdout keeps the summary; without it, off a terminal, nothing
 but the summary."""
@@ -89,3 +89,34 @@ def test_archive_reports_tasks_and_hours_read(
     assert (last["done"], last["hours_read"], last["fraction"]) == (6, 3, 1)
     assert last["seconds_left"] == 0
     assert [x["done"] for x in lines] == sorted(x["done"] for x in lines)
+
+
+@pytest.mark.spark
+def test_import_reports_rows_read_loaded_and_rejected(
+    settings: Settings, conn: Conn, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 3000
+    names = ["app.parse"] * rows
+    names[7] = "not a task name"  # rejected by the column checks
+    tenants = [f"t{i % 20}" for i in range(rows)]
+    path = tmp_path / "tasks.parquet"
+    pq.write_table(pa.table({"name": names, "tenant": tenants}), path, row_group_size=500)
+    done = rota("import", str(path), "--master", "local[1]", "--json", **env_of(settings))
+    assert done.returncode == 2, done.stderr  # some rows were rejected
+    assert json.loads(done.stdout)["loaded"] == rows - 1
+    lines = _lines(done.stderr)
+    assert lines and all(x["progress"] == "importing rows" for x in lines)
+    last = lines[-1]
+    # Parquet: the file's rows are known from its footers, so the time left is too.
+    assert (last["done"], last["total"], last["loaded"], last["rejected"]) == (
+        rows,
+        rows,
+        rows - 1,
+        1,
+    )
+    assert last["fraction"] == 1 and last["seconds_left"] == 0
+    assert [x["done"] for x in lines] == sorted(x["done"] for x in lines)
+    assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (rows - 1,)
