@@ -12,7 +12,6 @@ written with their reason.
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from rota.loader.rows import reason_of
 from rota.loader.rows import validate_row as validate_row
 from rota.loader.spark_progress import reporting
 from rota.loader.spark_session import SparkOptions
+from rota.loader.store import load_ranges
 from rota.settings import Settings
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
@@ -164,27 +164,12 @@ def _joined(parts: list[TaskColumns]) -> TaskColumns:
 def _load_columns_in_chunks(
     conn: psycopg.Connection[Any], tasks: TaskColumns, size: int
 ) -> tuple[int, list[tuple[int, str]]]:
-    """`load_in_chunks` for tasks given column by column: chunks of `size` in
-    order, each its own transaction; a chunk the database refuses for its
-    data (not for being down) is split until the culprits are found. Returns
-    (tasks stored, refused tasks' places in `tasks` with the reason)."""
-    stored = 0
-    refused: list[tuple[int, str]] = []
-    count = len(tasks.ids)
-    # In order, first chunk first: a tenant's tasks take their places in line
-    # in the order of the file.
-    chunks = deque((start, min(start + size, count)) for start in range(0, count, size))
-    while chunks:
-        start, stop = chunks.popleft()
-        try:
-            stored += db.transact(conn, load_columns(tasks.part(slice(start, stop))))
-        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            if stop - start == 1:
-                refused.append((start, f"refused by PostgreSQL: {exc}"))
-            else:
-                half = (start + stop) // 2
-                chunks.extendleft([(half, stop), (start, half)])
-    return stored, refused
+    """`load_in_chunks` for tasks given column by column, in the file's
+    order. Returns (tasks stored, refused tasks' places in `tasks` with the
+    reason)."""
+    return load_ranges(
+        conn, len(tasks.ids), size, lambda start, stop: load_columns(tasks.part(slice(start, stop)))
+    )
 
 
 def _rejection(reason: str, record: dict[str, Any]) -> str:

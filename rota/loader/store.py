@@ -5,6 +5,7 @@ Python loader, the Spark loader and `rota import`."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -12,6 +13,7 @@ import psycopg
 from rota import core
 from rota.buffer.streams import Rejected
 from rota.core import db
+from rota.core.db import Op
 from rota.model.envelope import TaskEnvelope
 
 K = TypeVar("K")
@@ -35,23 +37,35 @@ def load_entries(
 def load_in_chunks(
     conn: psycopg.Connection[Any], envelopes: list[TaskEnvelope], size: int
 ) -> tuple[int, list[tuple[TaskEnvelope, str]]]:
-    """Loads in chunks of `size`, each its own transaction (a savepoint inside
-    the caller's). A chunk the database refuses for its data (not for being
-    down) is split until the culprits are found. Returns (tasks stored, refused
-    tasks with the reason)."""
+    """Loads in chunks of `size`, each its own transaction (`load_ranges`).
+    Returns (tasks stored, refused tasks with the reason)."""
+    stored, refused = load_ranges(
+        conn, len(envelopes), size, lambda start, stop: core.load(envelopes[start:stop])
+    )
+    return stored, [(envelopes[place], reason) for place, reason in refused]
+
+
+def load_ranges(
+    conn: psycopg.Connection[Any], count: int, size: int, load: Callable[[int, int], Op[int]]
+) -> tuple[int, list[tuple[int, str]]]:
+    """Loads `count` tasks, those from `start` to `stop` by `load(start, stop)`,
+    in chunks of `size`, each its own transaction (a savepoint inside the
+    caller's). A chunk the database refuses for its data (not for being down)
+    is split until the culprits are found. Returns (tasks stored, refused
+    tasks' places with the reason)."""
     stored = 0
-    refused: list[tuple[TaskEnvelope, str]] = []
+    refused: list[tuple[int, str]] = []
     # In order, first chunk first: a tenant's tasks take their places in line
     # in the order they were enqueued.
-    chunks = deque(envelopes[i : i + size] for i in range(0, len(envelopes), size))
+    chunks = deque((start, min(start + size, count)) for start in range(0, count, size))
     while chunks:
-        chunk = chunks.popleft()
+        start, stop = chunks.popleft()
         try:
-            stored += db.transact(conn, core.load(chunk))
+            stored += db.transact(conn, load(start, stop))
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-            if len(chunk) == 1:
-                refused.append((chunk[0], f"refused by PostgreSQL: {exc}"))
+            if stop - start == 1:
+                refused.append((start, f"refused by PostgreSQL: {exc}"))
             else:
-                half = len(chunk) // 2
-                chunks.extendleft([chunk[half:], chunk[:half]])
+                half = (start + stop) // 2
+                chunks.extendleft([(half, stop), (start, half)])
     return stored, refused
