@@ -8,20 +8,18 @@ carries them out on a psycopg Connection, `arun` on an AsyncConnection.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
-from uuid import UUID
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.adapt import Buffer, Dumper
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.postgres import types as pg_types
-from psycopg.pq import Format, TransactionStatus
+from psycopg.pq import TransactionStatus
 
+from rota.core.arrays import UUIDArray as UUIDArray
+from rota.core.arrays import UUIDBytesArray as UUIDBytesArray
 from rota.core.effects import adrive, drive
 from rota.core.rows import ONLY, Shape
 from rota.core.rows import Row as Row
@@ -99,34 +97,6 @@ def _built(step: Execute, description: Sequence[Any] | None, rows: list[Row]) ->
     if step.rows is None or description is None:
         return rows
     return step.rows.build([column.name for column in description], rows)
-
-
-class UUIDArray(list[UUID]):
-    """Task ids for a `uuid[]` parameter, sent in one piece: psycopg's list
-    dumper calls a Python dumper per element, a cost a loader pays on every
-    task it loads and a worker on every task it reports."""
-
-
-_UUID = pg_types["uuid"]
-_ARRAY_HEADER = struct.Struct("!iiiii")  # dimensions, has nulls, element type, length, lower bound
-_UUID_LENGTH = struct.pack("!i", 16)
-
-
-class _UUIDArrayDumper(Dumper):
-    format = Format.BINARY
-    oid = _UUID.array_oid
-
-    def dump(self, obj: UUIDArray) -> Buffer:
-        if not obj:
-            return _ARRAY_HEADER.pack(0, 0, _UUID.oid, 0, 0)[:12]
-        head = _ARRAY_HEADER.pack(1, 0, _UUID.oid, len(obj), 1)
-        # An id given as text (from a web request, say) is parsed: a bad one
-        # raises ValueError here, before anything reaches the server.
-        values = (u if type(u) is UUID else UUID(str(u)) for u in obj)
-        return head + b"".join([_UUID_LENGTH + u.int.to_bytes(16, "big") for u in values])
-
-
-psycopg.adapters.register_dumper(UUIDArray, _UUIDArrayDumper)
 
 
 # Results come in binary: uuids and timestamps cost the client less CPU to

@@ -3,7 +3,6 @@ line (docs/architecture.md, "Fairness")."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from itertools import repeat
@@ -11,11 +10,8 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
-from psycopg.adapt import Buffer, Dumper
-from psycopg.postgres import types as pg_types
-from psycopg.pq import Format
 
-from rota.core.db import Copy, Execute, Op, Send, UUIDArray, select, values
+from rota.core.db import Copy, Execute, Op, Send, UUIDArray, UUIDBytesArray, select, values
 from rota.core.rows import ONLY, Rows
 from rota.model.envelope import TaskEnvelope
 from rota.sql import query
@@ -259,31 +255,6 @@ _PER_TASK = TaskColumns._fields[:9]  # the lists; the fields after them are ever
 # its 16 bytes, which is what the bytea dumper writes of the id's bytes.
 _COLUMN_COPY_TYPES = ("bytea", *TASK_COPY_TYPES[1:])
 _COLUMN_COPY_TYPES_PRIORITY = ("bytea", *TASK_COPY_TYPES_PRIORITY[1:])
-
-
-_UUID_TYPE = pg_types["uuid"]
-_ARRAY_HEADER = struct.Struct("!iiiii")  # dimensions, has nulls, element type, length, lower bound
-_UUID_LENGTH = struct.pack("!i", 16)
-
-
-class UUIDBytesArray(list[bytes]):
-    """Task ids as their 16 bytes each, for a `uuid[]` parameter."""
-
-
-class _UUIDBytesArrayDumper(Dumper):
-    format = Format.BINARY
-    oid = _UUID_TYPE.array_oid
-
-    def dump(self, obj: UUIDBytesArray) -> Buffer:
-        if not obj:
-            return _ARRAY_HEADER.pack(0, 0, _UUID_TYPE.oid, 0, 0)[:12]
-        head = _ARRAY_HEADER.pack(1, 0, _UUID_TYPE.oid, len(obj), 1)
-        if any(len(raw) != 16 for raw in obj):
-            raise ValueError("a task id is 16 bytes")
-        return head + _UUID_LENGTH + _UUID_LENGTH.join(obj)
-
-
-psycopg.adapters.register_dumper(UUIDBytesArray, _UUIDBytesArrayDumper)
 
 
 def load_columns(tasks: TaskColumns) -> Op[int]:
