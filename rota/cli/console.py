@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Annotated
 
@@ -19,15 +18,6 @@ from rota.cli.app import (
     settings_from,
 )
 from rota.errors import ValidationError
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @app.command()
@@ -64,7 +54,7 @@ def dashboard(
     import uvicorn
 
     from rota.console.app import create_app
-    from rota.readmodel.health import serve_health
+    from rota.readmodel.health import is_loopback, serve_health
     from rota.runtime import logs
 
     logs.configure(log_level, log_format)

@@ -4,6 +4,7 @@ registry's series), /healthz (alive) and /readyz (connected and working)."""
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -95,7 +96,7 @@ def serve_health(
 
     secret = settings.metrics_token
     token = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
-    if token is None and not _loopback(host):
+    if token is None and not is_loopback(host):
         raise ValidationError(
             f"--metrics-host {host} needs ROTA_METRICS_TOKEN (at least 16 characters): "
             "/metrics shows queue and tenant names"
@@ -105,9 +106,8 @@ def serve_health(
     return server
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
-
+def is_loopback(host: str) -> bool:
+    """Whether a host to listen on is this machine's loopback only."""
     if host == "localhost":
         return True
     try:
