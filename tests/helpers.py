@@ -72,6 +72,20 @@ def drain_order(conn: psycopg.Connection[Any], batch: int = 1) -> list[str]:
         db.transact(conn, core.complete(t.token for t in got))
 
 
+def spark_env(settings: Any) -> dict[str, str]:
+    """The environment of a `rota` command run by a Spark test: the servers
+    of `settings`, and no SPARK_CONF_DIR (a machine's spark-defaults.conf
+    stays out of the tests' sessions)."""
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": settings.database_url,
+        "ROTA_REDIS_URL": settings.redis_url,
+        "ROTA_SHARDS": str(settings.shards),
+    }
+    env.pop("SPARK_CONF_DIR", None)
+    return env
+
+
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "the condition") -> Any:
     """Polls `check` until it returns something truthy (returned), or fails
     the test after `timeout` seconds."""

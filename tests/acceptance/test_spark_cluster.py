@@ -21,7 +21,7 @@ from rota import App, Settings, core
 from rota.core import db
 from rota_tools.devservers import SparkCluster, local_spark_cluster
 from tests.acceptance.test_spark_crashes import loading_python_workers
-from tests.helpers import start_logged, wait_for
+from tests.helpers import spark_env, start_logged, wait_for
 
 pytestmark = [
     pytest.mark.spark,
@@ -34,17 +34,6 @@ Conn = psycopg.Connection[Any]
 def spark_cluster() -> Iterator[SparkCluster]:
     with local_spark_cluster(workers=2, cores=1) as cluster:
         yield cluster
-
-
-def _env(settings: Settings) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "ROTA_DATABASE_URL": settings.database_url,
-        "ROTA_REDIS_URL": settings.redis_url,
-        "ROTA_SHARDS": str(settings.shards),
-    }
-    env.pop("SPARK_CONF_DIR", None)
-    return env
 
 
 def _stored(conn: Conn) -> int:
@@ -70,7 +59,7 @@ def _run_loader(
             *(sys.executable, "-m", "rota", "loader", "run", "--engine", "spark"),
             *("--master", cluster.url, "--checkpoint", str(checkpoint), "--trigger-seconds", "0.2"),
         ],
-        env=_env(settings),
+        env=spark_env(settings),
     )
     try:
         during()
@@ -144,10 +133,14 @@ def test_rota_import_on_a_cluster_loads_a_file_once(
     pq.write_table(table, path, row_group_size=2_000)  # several row groups: several tasks
     before = _tasks_run_on_executors(spark_cluster)
     command = [sys.executable, "-m", "rota", "import", str(path), "--master", spark_cluster.url]
-    first = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=120)
+    first = subprocess.run(
+        command, env=spark_env(settings), capture_output=True, text=True, timeout=120
+    )
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["loaded"] == rows
-    again = subprocess.run(command, env=_env(settings), capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        command, env=spark_env(settings), capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0, again.stderr
     assert (json.loads(again.stdout)["loaded"], json.loads(again.stdout)["duplicates"]) == (0, rows)
     assert _stored(conn) == rows

@@ -24,7 +24,7 @@ from rota import App, Settings, core
 from rota.buffer.streams import all_streams, dead_letter_stream
 from rota.core import db
 from rota_tools.devservers import Server
-from tests.helpers import LoggedProcess, start_logged, wait_for
+from tests.helpers import LoggedProcess, spark_env, start_logged, wait_for
 
 pytestmark = [
     pytest.mark.spark,
@@ -36,17 +36,6 @@ Conn = psycopg.Connection[Any]
 TASKS = 60_000
 
 
-def _env(settings: Settings) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "ROTA_DATABASE_URL": settings.database_url,
-        "ROTA_REDIS_URL": settings.redis_url,
-        "ROTA_SHARDS": str(settings.shards),
-    }
-    env.pop("SPARK_CONF_DIR", None)
-    return env
-
-
 def _start_loader(settings: Settings, checkpoint: Path) -> LoggedProcess:
     return start_logged(
         [
@@ -54,7 +43,7 @@ def _start_loader(settings: Settings, checkpoint: Path) -> LoggedProcess:
             *("--master", "local[2]", "--checkpoint", str(checkpoint)),
             *("--trigger-seconds", "0.2"),
         ],
-        env=_env(settings),
+        env=spark_env(settings),
     )
 
 
