@@ -35,12 +35,12 @@ SELECT q.name, q.paused,
        coalesce(s.scheduled, 0) AS scheduled, coalesce(s.dead, 0) AS dead,
        coalesce(v.completed, 0) / 5.0 AS per_minute,
        extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
-       s.at AS counted_at
+       (SELECT c.at FROM rota.stats_counted c) AS counted_at
 FROM rota.queues q
 LEFT JOIN (
     SELECT queue_id, sum(waiting) AS waiting, sum(running) AS running,
            sum(scheduled) AS scheduled, sum(dead) AS dead,
-           min(oldest_enqueued_at) AS oldest, max(at) AS at
+           min(oldest_enqueued_at) AS oldest
     FROM rota.stats GROUP BY queue_id
 ) s ON s.queue_id = q.id
 LEFT JOIN (
@@ -111,7 +111,8 @@ WHERE t.name = %(name)s
 
 -- name: tenant_queues_stats
 SELECT q.name AS queue, q.paused AS queue_paused, s.waiting, s.running, s.scheduled, s.dead,
-       extract(epoch FROM now() - s.oldest_enqueued_at) AS oldest_wait_seconds, s.at
+       extract(epoch FROM now() - s.oldest_enqueued_at) AS oldest_wait_seconds,
+       (SELECT c.at FROM rota.stats_counted c) AS at
 FROM rota.stats s JOIN rota.queues q ON q.id = s.queue_id
 WHERE s.tenant_id = %(tenant_id)s
 ORDER BY q.name
@@ -339,20 +340,15 @@ JOIN rota.queues q ON q.id = b.queue_id
 ORDER BY 1, 2
 
 -- name: tenant_history
--- Some tenants' service (rota.service, by its tenant index) since a time, in
--- buckets of `step` seconds: completions and their mean wait, demand
--- (completions and the unfinished tasks at each minute's last count), and
--- the max-min fair share of each minute's completions, least(demand, weight
--- now * the queue's fair level), summed (NULL where no level was kept).
-SELECT to_timestamp(floor(extract(epoch FROM v.minute) / %(step)s) * %(step)s) AS at,
-       t.name AS tenant, sum(v.completed) AS completed,
-       sum(v.wait_seconds) / nullif(sum(v.completed), 0) AS wait_seconds,
-       sum(v.completed + coalesce(v.pending, 0)) AS demand,
-       sum(least(v.completed + coalesce(v.pending, 0), t.weight * h.fair_level))
-           FILTER (WHERE h.fair_level IS NOT NULL) AS fair_share
+-- Some tenants' service since a time (rota.tenant_minutes), in buckets of
+-- `step` seconds: completions and their mean wait, demand, and the max-min
+-- fair share summed (NULL where no level was kept).
+SELECT to_timestamp(floor(extract(epoch FROM m.minute) / %(step)s) * %(step)s) AS at,
+       t.name AS tenant, sum(m.completed) AS completed,
+       sum(m.wait_seconds) / nullif(sum(m.completed), 0) AS wait_seconds,
+       sum(m.demand) AS demand, sum(m.fair_share) AS fair_share
 FROM rota.tenants t
-JOIN rota.service v ON v.tenant_id = t.id AND v.minute >= %(since)s
-LEFT JOIN rota.queue_history h ON h.minute = v.minute AND h.queue_id = v.queue_id
+CROSS JOIN LATERAL rota.tenant_minutes(ARRAY[t.id], %(since)s, now()) m
 WHERE t.name = ANY (%(names)b::text[])
 GROUP BY 1, 2
 ORDER BY 1, 2
@@ -372,14 +368,8 @@ ORDER BY v.completed DESC, t.name
 -- One tenant's service, demand and max-min fair share over the last
 -- `minutes` whole minutes (the minute now is partial), as tenant_history
 -- counts them.
-SELECT coalesce(sum(v.completed), 0) AS served,
-       coalesce(sum(v.completed + coalesce(v.pending, 0)), 0) AS demand,
-       sum(least(v.completed + coalesce(v.pending, 0), t.weight * h.fair_level))
-           FILTER (WHERE h.fair_level IS NOT NULL) AS fair_share,
-       count(h.fair_level) > 0 AS known
-FROM rota.tenants t
-JOIN rota.service v ON v.tenant_id = t.id
-    AND v.minute >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s)
-    AND v.minute < date_trunc('minute', now())
-LEFT JOIN rota.queue_history h ON h.minute = v.minute AND h.queue_id = v.queue_id
-WHERE t.id = %(tenant_id)s
+SELECT coalesce(sum(m.completed), 0) AS served, coalesce(sum(m.demand), 0) AS demand,
+       sum(m.fair_share) AS fair_share, count(m.fair_share) > 0 AS known
+FROM rota.tenant_minutes(ARRAY[%(tenant_id)s]::integer[],
+                         date_trunc('minute', now()) - make_interval(mins => %(minutes)s),
+                         date_trunc('minute', now())) m

@@ -1305,7 +1305,9 @@ CREATE TABLE rota.service (
     wait_seconds double precision NOT NULL,  -- summed enqueue -> start waits
     PRIMARY KEY (minute, queue_id, tenant_id),
     -- Its unfinished tasks (in line or claimed) at the minute's last count
-    -- (rota.refresh_stats); with the completions, its demand in the minute.
+    -- (rota.refresh_stats), written when they change and hourly while they
+    -- wait: a minute without it has the last one written before it. With
+    -- the completions, its demand in the minute.
     pending bigint
 );
 CREATE INDEX service_tenant_minute ON rota.service (tenant_id, minute);
@@ -1366,8 +1368,18 @@ CREATE TABLE rota.stats (
     dead bigint NOT NULL,
     -- When the tenant's first task in line in this queue was enqueued.
     oldest_enqueued_at timestamptz,
-    at timestamptz NOT NULL,
+    -- When rota.service last recorded its unfinished tasks (waiting +
+    -- running): the history gains a row only when they change, or hourly
+    -- while they stay, and readers carry the last one forward.
+    recorded_at timestamptz,
+    -- The place of its first task in line (whose enqueue is the oldest).
+    first_vtime double precision,
     PRIMARY KEY (queue_id, tenant_id)
+);
+-- When rota.stats was last counted.
+CREATE TABLE rota.stats_counted (
+    only_row boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (only_row),
+    at timestamptz NOT NULL
 );
 
 -- Per minute and queue: the figures of rota.stats as last counted in that
@@ -1402,7 +1414,11 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtext('rota.refresh_stats')) THEN
         RETURN 0;
     END IF;
-    DELETE FROM rota.stats;
+    -- Only what changed is written: rows of pairs with nothing left go,
+    -- rows whose counts changed are updated, new pairs are inserted. A pair's
+    -- unfinished tasks (in line or claimed) enter the history (rota.service)
+    -- when they change, and hourly while they stay: readers carry the last
+    -- record forward.
     WITH counts (queue_id, tenant_id, waiting, running, scheduled, dead, first_vtime) AS (
         SELECT queue_id, tenant_id, count(*), 0, 0, 0, min(vtime)
         FROM rota.ready GROUP BY 1, 2
@@ -1418,19 +1434,63 @@ BEGIN
         SELECT queue_id, tenant_id, sum(waiting) AS waiting, sum(running) AS running,
                sum(scheduled) AS scheduled, sum(dead) AS dead, min(first_vtime) AS first_vtime
         FROM counts GROUP BY 1, 2
+    ), diff AS MATERIALIZED (
+        -- A full join is a hash or merge join: linear, whatever the
+        -- estimates of a table that was empty when last analyzed.
+        SELECT coalesce(g.queue_id, s.queue_id) AS queue_id,
+               coalesce(g.tenant_id, s.tenant_id) AS tenant_id, s.ctid AS row_at,
+               g.waiting, g.running, g.scheduled, g.dead, g.first_vtime,
+               -- Within a tenant and queue, line order is arrival order: its
+               -- first task in line is its oldest waiting (an index probe),
+               -- the same task while its place and the count in line stay.
+               CASE WHEN g.first_vtime = s.first_vtime AND g.waiting = s.waiting
+                    THEN s.oldest_enqueued_at
+                    ELSE (SELECT t.enqueued_at
+                          FROM rota.ready r JOIN rota.tasks t ON t.id = r.task_id
+                          WHERE r.queue_id = g.queue_id AND r.vtime = g.first_vtime
+                            AND r.tenant_id = g.tenant_id
+                          ORDER BY r.seq LIMIT 1)
+               END AS oldest_enqueued_at,
+               g.queue_id IS NULL AS gone, s.queue_id IS NULL AS added,
+               g.queue_id IS NOT NULL AND s.queue_id IS NOT NULL
+                   AND ((g.waiting, g.running, g.scheduled, g.dead, g.first_vtime)
+                            IS DISTINCT FROM
+                        (s.waiting, s.running, s.scheduled, s.dead, s.first_vtime))
+                   AS changed,
+               coalesce(g.waiting + g.running, 0) AS pending,
+               CASE WHEN s.queue_id IS NULL THEN coalesce(g.waiting + g.running, 0) > 0
+                    WHEN g.queue_id IS NULL THEN s.waiting + s.running > 0
+                    ELSE g.waiting + g.running <> s.waiting + s.running
+                         OR s.recorded_at < now() - interval '1 hour'
+                         OR (s.recorded_at IS NULL AND g.waiting + g.running > 0)
+               END AS record,
+               s.recorded_at
+        FROM grouped g FULL JOIN rota.stats s
+            ON s.queue_id = g.queue_id AND s.tenant_id = g.tenant_id
+    ), gone AS (
+        DELETE FROM rota.stats WHERE ctid = ANY (ARRAY(SELECT row_at FROM diff WHERE gone))
+    ), changed AS (
+        UPDATE rota.stats s
+        SET waiting = d.waiting, running = d.running, scheduled = d.scheduled, dead = d.dead,
+            first_vtime = d.first_vtime, oldest_enqueued_at = d.oldest_enqueued_at,
+            recorded_at = CASE WHEN d.record THEN now() ELSE d.recorded_at END
+        FROM diff d
+        WHERE s.ctid = d.row_at AND (d.changed OR d.record) AND NOT d.gone
+    ), added AS (
+        INSERT INTO rota.stats (queue_id, tenant_id, waiting, running, scheduled, dead,
+                                oldest_enqueued_at, recorded_at, first_vtime)
+        SELECT queue_id, tenant_id, waiting, running, scheduled, dead, oldest_enqueued_at,
+               CASE WHEN record THEN now() END, first_vtime
+        FROM diff WHERE added
+    ), recorded AS (
+        INSERT INTO rota.service AS v (minute, queue_id, tenant_id, completed, wait_seconds,
+                                       pending)
+        SELECT v_minute, queue_id, tenant_id, 0, 0, pending FROM diff WHERE record
+        ON CONFLICT (minute, queue_id, tenant_id) DO UPDATE SET pending = excluded.pending
     )
-    INSERT INTO rota.stats
-    SELECT g.queue_id, g.tenant_id, g.waiting, g.running, g.scheduled, g.dead,
-           -- Within a tenant and queue, line order is arrival order: its
-           -- first task in line is its oldest waiting (an index probe).
-           (SELECT t.enqueued_at
-            FROM rota.ready r JOIN rota.tasks t ON t.id = r.task_id
-            WHERE r.queue_id = g.queue_id AND r.vtime = g.first_vtime
-              AND r.tenant_id = g.tenant_id
-            ORDER BY r.seq LIMIT 1),
-           now()
-    FROM grouped g;
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    SELECT count(*) INTO v_rows FROM grouped;
+    INSERT INTO rota.stats_counted AS c (at) VALUES (now())
+    ON CONFLICT (only_row) DO UPDATE SET at = excluded.at;
     -- The charts' history: this minute's row holds each gauge's last count
     -- in the minute and its largest; completions and deaths of this minute
     -- and the last are recounted (late commits land), the deaths by the
@@ -1464,55 +1524,92 @@ BEGIN
         ON d.minute = x.minute AND d.queue_id = x.queue_id
     WHERE x.minute >= v_minute - interval '1 minute'
       AND h.minute = x.minute AND h.queue_id = x.queue_id;
-    -- Each tenant's unfinished tasks (in line or claimed) at this minute's
-    -- last count: with its completions in the minute, what it asked for in
-    -- it (its demand). Only tenants with unfinished tasks get a row beyond
-    -- those served.
-    UPDATE rota.service v SET pending = 0
-    WHERE v.minute = v_minute AND v.pending > 0
-      AND NOT EXISTS (SELECT 1 FROM rota.stats s
-                      WHERE s.queue_id = v.queue_id AND s.tenant_id = v.tenant_id
-                        AND s.waiting + s.running > 0);
-    INSERT INTO rota.service AS v (minute, queue_id, tenant_id, completed, wait_seconds, pending)
-    SELECT v_minute, s.queue_id, s.tenant_id, 0, 0, s.waiting + s.running
-    FROM rota.stats s WHERE s.waiting + s.running > 0
-    ON CONFLICT (minute, queue_id, tenant_id) DO UPDATE SET pending = excluded.pending
-    WHERE v.pending IS DISTINCT FROM excluded.pending;
-    -- Each queue's max-min fair level in this minute and the last: with
-    -- the minute's completions shared by water-filling over the tenants'
-    -- weights and demands, a tenant is owed least(demand, weight * level);
-    -- infinity when every demand was met. Tenants in ascending order of
-    -- demand / weight: the largest prefix that the completions satisfy whole
-    -- leaves the rest to share by weight.
+    -- This minute's max-min fair level per queue: with the minute's
+    -- completions shared by water-filling over the tenants' weights and
+    -- demands (completions and unfinished tasks now), a tenant is owed
+    -- least(demand, weight * level); infinity when every demand was met.
+    -- Tenants in ascending order of demand / weight: the largest prefix
+    -- that the completions satisfy whole leaves the rest to share by weight.
+    -- A minute keeps the level of its last refresh.
     WITH d AS (
-        SELECT v.minute, v.queue_id, v.completed::float8 AS completed,
-               (v.completed + coalesce(v.pending, 0))::float8 AS demand, t.weight
-        FROM rota.service v JOIN rota.tenants t ON t.id = v.tenant_id
-        WHERE v.minute >= v_minute - interval '1 minute'
+        SELECT queue_id, coalesce(v.completed, 0)::float8 AS completed,
+               (coalesce(v.completed, 0) + coalesce(s.waiting + s.running, 0))::float8 AS demand,
+               t.weight
+        FROM (SELECT queue_id, tenant_id, completed FROM rota.service
+              WHERE minute = v_minute) v
+        FULL JOIN (SELECT queue_id, tenant_id, waiting, running FROM rota.stats
+                   WHERE waiting + running > 0) s USING (queue_id, tenant_id)
+        JOIN rota.tenants t ON t.id = tenant_id
+    ), totals AS (
+        SELECT queue_id, sum(completed) AS served, sum(demand) AS asked, sum(weight) AS w_all
+        FROM d GROUP BY 1
     ), ranked AS (
-        SELECT minute, queue_id, demand / weight AS r,
-               sum(demand) OVER upto AS d_upto, sum(weight) OVER upto AS w_upto,
-               sum(completed) OVER whole AS served, sum(demand) OVER whole AS asked,
-               sum(weight) OVER whole AS w_all
+        SELECT queue_id, demand / weight AS r,
+               sum(demand) OVER upto AS d_upto, sum(weight) OVER upto AS w_upto
         FROM d
-        WINDOW upto AS (PARTITION BY minute, queue_id ORDER BY demand / weight
-                        ROWS UNBOUNDED PRECEDING),
-               whole AS (PARTITION BY minute, queue_id)
+        WINDOW upto AS (PARTITION BY queue_id ORDER BY demand / weight ROWS UNBOUNDED PRECEDING)
     ), levels AS (
-        SELECT minute, queue_id,
-               CASE WHEN max(asked) <= max(served) THEN 'Infinity'::float8
-                    ELSE coalesce((array_agg((served - d_upto) / nullif(w_all - w_upto, 0)
-                                             ORDER BY w_upto DESC)
-                                   FILTER (WHERE d_upto + r * (w_all - w_upto) <= served))[1],
-                                  max(served) / max(w_all))
+        SELECT x.queue_id,
+               CASE WHEN x.asked <= x.served THEN 'Infinity'::float8
+                    ELSE coalesce((max(ARRAY[k.w_upto, (x.served - k.d_upto) / (x.w_all - k.w_upto)])
+                                   FILTER (WHERE k.w_upto < x.w_all
+                                             AND k.d_upto + k.r * (x.w_all - k.w_upto) <= x.served))[2],
+                                  x.served / x.w_all)
                END AS level
-        FROM ranked GROUP BY 1, 2
+        FROM totals x JOIN ranked k ON k.queue_id = x.queue_id
+        GROUP BY x.queue_id, x.asked, x.served, x.w_all
     )
     UPDATE rota.queue_history h SET fair_level = l.level
-    FROM levels l WHERE h.minute = l.minute AND h.queue_id = l.queue_id;
+    FROM levels l WHERE h.minute = v_minute AND h.queue_id = l.queue_id;
     DELETE FROM rota.queue_history WHERE minute < now() - interval '1 day';
     RETURN v_rows;
 END
+$$;
+
+-- Some tenants' service per minute and queue in [p_since, p_until): the
+-- completions and their summed waits, the demand (completions and the
+-- unfinished tasks last recorded at or before the minute, carried forward
+-- over minutes without a record), and the max-min fair share,
+-- least(demand, weight now * the queue's fair level), NULL where no level
+-- was kept. Every minute of a (tenant, queue) with a record in the window
+-- or in the two hours before it (records come at least hourly).
+CREATE FUNCTION rota.tenant_minutes(p_tenants integer[], p_since timestamptz,
+                                    p_until timestamptz)
+RETURNS TABLE (minute timestamptz, tenant_id integer, queue_id integer, completed bigint,
+               wait_seconds double precision, demand bigint, fair_share double precision)
+LANGUAGE sql STABLE AS $$
+    WITH kept AS (
+        SELECT v.minute, v.tenant_id, v.queue_id, v.completed, v.wait_seconds, v.pending
+        FROM rota.service v
+        WHERE v.tenant_id = ANY (p_tenants)
+          AND v.minute >= date_trunc('minute', p_since) - interval '2 hours'
+          AND v.minute < p_until
+    ), grid AS (
+        SELECT m.minute, p.tenant_id, p.queue_id
+        FROM (SELECT DISTINCT k.tenant_id, k.queue_id FROM kept k) p
+        CROSS JOIN generate_series(date_trunc('minute', p_since) - interval '2 hours',
+                                   p_until, interval '1 minute') m (minute)
+        WHERE m.minute < p_until
+    ), filled AS (
+        SELECT g.minute, g.tenant_id, g.queue_id, coalesce(k.completed, 0) AS completed,
+               coalesce(k.wait_seconds, 0) AS wait_seconds, k.pending,
+               count(k.pending) OVER (PARTITION BY g.tenant_id, g.queue_id
+                                      ORDER BY g.minute) AS records
+        FROM grid g
+        LEFT JOIN kept k
+            ON k.minute = g.minute AND k.tenant_id = g.tenant_id AND k.queue_id = g.queue_id
+    ), carried AS (
+        SELECT f.minute, f.tenant_id, f.queue_id, f.completed, f.wait_seconds,
+               f.completed + coalesce(max(f.pending) OVER (PARTITION BY f.tenant_id, f.queue_id,
+                                                                        f.records), 0) AS demand
+        FROM filled f
+    )
+    SELECT c.minute, c.tenant_id, c.queue_id, c.completed::bigint, c.wait_seconds, c.demand,
+           CASE WHEN h.fair_level IS NOT NULL THEN least(c.demand, t.weight * h.fair_level) END
+    FROM carried c
+    JOIN rota.tenants t ON t.id = c.tenant_id
+    LEFT JOIN rota.queue_history h ON h.minute = c.minute AND h.queue_id = c.queue_id
+    WHERE c.minute >= p_since
 $$;
 
 -- Makes tasks just promoted (or the rest of a load that met a task already

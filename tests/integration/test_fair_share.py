@@ -7,7 +7,7 @@ succeeded task's record keeps its attempts allowed and cost."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -31,7 +31,13 @@ def _serve(conn: Conn, limit: int) -> list[str]:
     """Claims and completes up to `limit` tasks; counts what finished."""
     got = claim(conn, limit)
     db.transact(conn, core.complete([t.token for t in got]))
-    conn.execute("UPDATE rota.finished SET finished_at = now() - interval '2 seconds'")
+    # Counted now: count_service counts up to a second ago, from where its
+    # last count ended (a second before it ran, which was before this).
+    conn.execute(
+        "UPDATE rota.finished SET finished_at = now() - interval '1 second'"
+        " WHERE task_id = ANY (%s)",
+        ([t.id for t in got],),
+    )
     db.run(conn, core.count_service())
     db.run(conn, core.refresh_stats())
     return [t.tenant for t in got]
@@ -78,6 +84,54 @@ def test_a_trickle_is_owed_its_demand_and_more_than_its_service_when_held_back(
     assert detail.served_per_minute == 3 / minutes
     assert detail.demand_per_minute == 6 / minutes
     assert detail.fair_share_per_minute == 6 / minutes
+
+
+def _rows(conn: Conn, tenant: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT v.completed, v.pending FROM rota.service v"
+        " JOIN rota.tenants t ON t.id = v.tenant_id WHERE t.name = %s ORDER BY v.minute",
+        (tenant,),
+    ).fetchall()
+
+
+def test_a_held_tenant_adds_history_only_when_its_backlog_changes(conn: Conn) -> None:
+    _within_a_minute()
+    db.transact(conn, core.configure_tenant("held", concurrency_limit=0))
+    load(conn, envelopes("flood", 50) + envelopes("held", 4))
+    _serve(conn, 10)
+    assert _rows(conn, "held") == [(0, 4)]
+    # Minutes pass with its backlog unchanged: no row is added, yet each
+    # minute still owes it what it asks for and shows it held back.
+    for _ in range(3):
+        _end_the_minute(conn)
+        _serve(conn, 10)
+    assert _rows(conn, "held") == [(0, 4)]
+    now = _now_point(conn, "held")
+    assert (now.completed, now.demand, now.fair_share) == (0, 4, 4)
+    minute = datetime.now(UTC).replace(second=0, microsecond=0)
+    since = minute - timedelta(minutes=3)
+    points = db.run(conn, history.tenant_history(["held"], since, 60))
+    assert [(p.completed, p.demand, p.fair_share) for p in points] == [(0, 4, 4)] * 4
+    detail = db.run(conn, read.tenant("held"))
+    assert detail is not None and detail.fair_share_per_minute is not None
+    assert detail.served_per_minute == 0 < detail.fair_share_per_minute
+    # A change is recorded, and an unchanged backlog again after an hour.
+    load(conn, envelopes("held", 1))
+    db.run(conn, core.refresh_stats())
+    assert _rows(conn, "held") == [(0, 4), (0, 5)]
+    conn.execute("UPDATE rota.stats SET recorded_at = recorded_at - interval '61 minutes'")
+    _end_the_minute(conn)
+    db.run(conn, core.refresh_stats())
+    db.run(conn, core.refresh_stats())
+    assert _rows(conn, "held") == [(0, 4), (0, 5), (0, 5)]
+    # Its backlog gone (served once the limit lifts): one row says none is left.
+    db.transact(conn, core.configure_tenant("held", concurrency_limit=None))
+    _end_the_minute(conn)
+    while _serve(conn, 100):
+        pass
+    assert _rows(conn, "held")[-1] == (5, 0)
+    db.run(conn, core.refresh_stats())
+    assert len(_rows(conn, "held")) == 4
 
 
 def test_a_tenant_that_asked_for_nothing_is_owed_nothing(conn: Conn) -> None:

@@ -181,6 +181,46 @@ def test_figures_per_queue_and_tenant_come_from_the_maintenance_counts(conn: Con
     )
 
 
+def _stats(conn: Conn) -> dict[str, tuple[Any, ...]]:
+    rows = conn.execute(
+        "SELECT t.name, s.waiting, s.running, s.oldest_enqueued_at, s.xmin::text"
+        " FROM rota.stats s JOIN rota.tenants t ON t.id = s.tenant_id"
+    ).fetchall()
+    return {name: tuple(rest) for name, *rest in rows}
+
+
+def test_a_refresh_rewrites_only_what_changed_and_follows_the_oldest_task(conn: Conn) -> None:
+    load(conn, envelopes("a", 3) + envelopes("b", 2))
+    # Enqueued a second apart, in line order.
+    conn.execute(
+        "UPDATE rota.tasks SET enqueued_at = '2026-01-01'::timestamptz + seq * interval '1 s'"
+    )
+    enqueued = conn.execute(
+        "SELECT t.name, k.enqueued_at FROM rota.tasks k JOIN rota.tenants t ON t.id = k.tenant_id"
+        " ORDER BY k.seq"
+    ).fetchall()
+    a_times = [at for name, at in enqueued if name == "a"]
+    b_times = [at for name, at in enqueued if name == "b"]
+    db.run(conn, core.refresh_stats())
+    first = _stats(conn)
+    assert {k: v[:3] for k, v in first.items()} == {
+        "a": (3, 0, a_times[0]),
+        "b": (2, 0, b_times[0]),
+    }
+    counted = conn.execute("SELECT at FROM rota.stats_counted").fetchone()
+    # Nothing changed: no row is rewritten (same row versions); the count's time moves on.
+    db.run(conn, core.refresh_stats())
+    assert conn.execute("SELECT at FROM rota.stats_counted").fetchone() != counted
+    assert _stats(conn) == first
+    # a's first task running, the others released: its oldest waiting is its
+    # next. b's tasks done: its row goes.
+    got = claim(conn, 5)
+    db.transact(conn, core.complete([t.token for t in got if t.tenant == "b"]))
+    db.transact(conn, core.release([t.token for t in got if t.tenant == "a"][1:]))
+    db.run(conn, core.refresh_stats())
+    assert {k: v[:3] for k, v in _stats(conn).items()} == {"a": (2, 1, a_times[1])}
+
+
 def test_tenants_page_at_ten_thousand_tenants(conn: Conn) -> None:
     load(conn, [e for i in range(10_000) for e in envelopes(f"t{i:05d}", 1)])
     db.run(conn, core.refresh_stats())
