@@ -6,11 +6,13 @@ succeeded task's record keeps its attempts allowed and cost."""
 
 from __future__ import annotations
 
+import random
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from rota import core
 from rota.core import db, history, read
@@ -154,3 +156,61 @@ def test_a_succeeded_tasks_record_keeps_attempts_allowed_and_cost(conn: Conn) ->
     conn.execute("UPDATE rota.finished SET max_attempts = NULL, cost = NULL")
     task = db.run(conn, stored_task(got.id))
     assert task is not None and (task.max_attempts, task.cost) == (None, None)
+
+
+def _water_level(served: float, demands: list[float], weights: list[float]) -> float:
+    """The level L at which sum(min(demand, weight * L)) == served."""
+    if sum(demands) <= served:
+        return float("inf")
+    left, weight_left = served, sum(weights)
+    for demand, weight in sorted(zip(demands, weights, strict=True), key=lambda p: p[0] / p[1]):
+        if demand <= weight * (left / weight_left):
+            left, weight_left = left - demand, weight_left - weight
+        else:
+            break
+    return left / weight_left
+
+
+def test_each_queues_fair_level_is_the_water_filling_level(conn: Conn) -> None:
+    rng = random.Random(41)
+    _within_a_minute()
+    expected = {}
+    for case in range(6):
+        queue = f"q{case}"
+        tenants = [
+            (
+                f"c{case}t{i}",
+                rng.choice([0.5, 1.0, 2.0, 3.0]),
+                rng.randint(0, 20),
+                rng.randint(0, 20),
+            )
+            for i in range(rng.randint(2, 6))
+        ]
+        if case % 3 == 0:  # nothing left unfinished: every demand met
+            tenants = [(name, weight, 0, completed) for name, weight, _, completed in tenants]
+        # The queue exists: a task was loaded and run (not counted here).
+        load(conn, envelopes(f"seed{case}", 1, queue=queue))
+        db.transact(conn, core.complete([t.token for t in claim(conn, 1, queues=(queue,))]))
+        for name, weight, pending, _ in tenants:
+            db.transact(conn, core.configure_tenant(name, weight=weight))
+            if pending:
+                load(conn, envelopes(name, pending, queue=queue))
+        for name, _, _, completed in tenants:
+            conn.execute(
+                "INSERT INTO rota.service (minute, queue_id, tenant_id, completed, wait_seconds)"
+                " SELECT date_trunc('minute', now()), q.id, t.id, %s, 0"
+                " FROM rota.queues q, rota.tenants t WHERE q.name = %s AND t.name = %s",
+                (completed, queue, name),
+            )
+        served = sum(c for *_, c in tenants)
+        demands = [float(p + c) for _, _, p, c in tenants]
+        expected[queue] = _water_level(served, demands, [w for _, w, _, _ in tenants])
+    db.run(conn, core.refresh_stats())
+    levels = dict(
+        conn.execute(
+            "SELECT q.name, h.fair_level FROM rota.queue_history h"
+            " JOIN rota.queues q ON q.id = h.queue_id WHERE h.minute = date_trunc('minute', now())"
+        ).fetchall()
+    )
+    assert levels == pytest.approx(expected)
+    assert 0 < sum(level < float("inf") for level in expected.values()) < len(expected)
