@@ -2,14 +2,15 @@
 
 Source: a Python data source (pyspark.sql.datasource) over the buffer's shards,
 one partition per shard, offsets being each shard's last stream entry id, kept
-in Spark's checkpoint. Entries are decoded and validated on the executors.
+in Spark's checkpoint. Each partition's Spark task reads its shard's entries,
+checks them, and loads them on its executor in the same Python worker: in
+chunks through the core's bulk SQL (COPY + one call), in one PostgreSQL
+transaction of its own, with a ledger row keyed by (checkpoint, batch id,
+shard) (rota.loader.spark_load).
 
-Sink: `foreachBatch` has each partition loaded on its executor
-(`mapInArrow`): the partition's tasks go in chunks through the core's bulk
-SQL (COPY + one call) in one PostgreSQL transaction of its own, with a ledger
-row keyed by (checkpoint, batch id, shard). A replayed micro-batch skips the
-shards already loaded and loads the rest, so every task is loaded exactly
-once. Invalid entries, and tasks PostgreSQL refuses, go to the dead-letter
+Sink: `foreachBatch` runs the micro-batch and settles it. A replayed
+micro-batch skips the shards already loaded and loads the rest, so every
+task is loaded exactly once. Invalid entries, and tasks PostgreSQL refuses, go to the dead-letter
 stream before the commit. Loads of different shards never wait for each
 other (a shard holds whole tenants, and loads lock only their tenants' rows),
 so the shards load in parallel. Only small records come back to the driver
@@ -27,14 +28,12 @@ to PostgreSQL and Redis inside each task and close the connections at its end.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -42,10 +41,10 @@ from pyspark.sql import DataFrame, SparkSession
 from rota.buffer import redis_client
 from rota.buffer.streams import all_streams, oldest_age
 from rota.loader.settle import BufferSettle, DeadLettersRefused
-from rota.loader.spark_load import RESULT_SCHEMA, ShardLoad, TenantCost, load_partition
+from rota.loader.spark_load import LoadJob, ShardResult, TenantCost
 from rota.loader.spark_session import SparkOptions
 from rota.loader.spark_session import spark_session as build_session
-from rota.loader.spark_source import SOURCE_NAME, BufferSource
+from rota.loader.spark_source import SOURCE_NAME, loading_source
 from rota.readmodel.metrics import LoaderMetrics
 from rota.runtime.outage import Outage, Polled, retrying
 from rota.settings import Settings
@@ -112,9 +111,11 @@ class BatchSink:
         self.close()
 
     def _load_batch(self, frame: DataFrame, batch_id: int) -> None:
-        job = ShardLoad(self.settings, self.query_key, batch_id)
-        rows = frame.mapInArrow(functools.partial(load_partition, job=job), RESULT_SCHEMA)
-        results = rows.collect()
+        self.settle_batch([ShardResult.from_row(row) for row in frame.collect()], batch_id)
+
+    def settle_batch(self, results: list[ShardResult], batch_id: int) -> None:
+        """The shards' results: trims and counts what loaded; raises
+        ShardOutage if a shard met one (the batch is tried again)."""
         streams = [r.stream for r in results]
         if len(set(streams)) != len(streams):  # a shard split over partitions: never trimmed
             raise RuntimeError(f"micro-batch {batch_id}: a shard in several partitions")
@@ -123,7 +124,7 @@ class BatchSink:
         # Spark calls when the next batch starts (with an idle buffer, never).
         # Backlog counts are lowered by the attempt that loaded the shard.
         loaded = [
-            (r.stream, [TenantCost(t, c) for t, c in orjson.loads(r.tenants).items()])
+            (r.stream, [TenantCost(t, c) for t, c in r.tenants.items()])
             for r in settled
             if r.fresh
         ]
@@ -166,13 +167,17 @@ class BatchSink:
 def spark_session(
     master: str = "local[*]", app_name: str = "rota-loader", options: SparkOptions | None = None
 ) -> SparkSession:
-    """A session (`spark_session.spark_session`) that reads the buffer."""
+    """A session for the loader (`spark_session.spark_session`)."""
     session: SparkSession = build_session(master, app_name, options)
-    session.dataSource.register(BufferSource)
     return session
 
 
-def buffer_stream(session: SparkSession, settings: Settings, max_entries: int = 0) -> DataFrame:
+def buffer_stream(
+    session: SparkSession, settings: Settings, query_key: str, max_entries: int = 0
+) -> DataFrame:
+    """The buffer as a stream that loads, each micro-batch's rows the results
+    of its shards' loads."""
+    session.dataSource.register(loading_source(LoadJob(settings, query_key)))
     return (
         session.readStream.format(SOURCE_NAME)
         .option("redis_url", settings.redis_url)
@@ -226,7 +231,7 @@ def run_streaming(
     sink = BatchSink(settings, query_key=checkpoint_path, should_stop=should_stop, metrics=metrics)
     log.info("Spark loader on %s, checkpoint %s", spark.sparkContext.master, checkpoint_path)
     writer = (
-        buffer_stream(spark, settings, max_entries)
+        buffer_stream(spark, settings, checkpoint_path, max_entries)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint_path)
     )

@@ -1,17 +1,17 @@
-"""The Spark loader's executor side: each shard of a micro-batch loaded in a
-PostgreSQL transaction of its own with its ledger row (checkpoint, batch,
-shard), dead letters written before the commit, and one small result row per
-shard for the driver (rota.loader.spark). Pickled with the batch: plain
-values only; connections are made inside each Spark task and closed at its end.
+"""The Spark loader's executor side, run by the buffer source's `read` (one
+Spark task per shard, rota.loader.spark_source): the shard's entries, read
+and checked once, load in a PostgreSQL transaction of their own with the
+ledger row (checkpoint, micro-batch, shard), dead letters written before the
+commit; the task's one output row is the shard's result, for the driver
+(rota.loader.spark). Pickled with the source: plain values only. Connections
+are made in the executor's Python worker when first needed and kept for the
+next micro-batch (Spark reuses its workers); an outage closes them.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -22,7 +22,7 @@ import psycopg
 from rota import core
 from rota.buffer import redis_client
 from rota.buffer.entries import TaskBatch
-from rota.buffer.streams import Rejected, entry_key
+from rota.buffer.streams import Rejected
 from rota.core import db
 from rota.loader.settle import BufferSettle, Dead, DeadLettersRefused
 from rota.loader.store import load_entries
@@ -37,12 +37,17 @@ EXECUTOR_OUTAGES: tuple[type[Exception], ...] = (
     *redis_client.SERVER_LOST,
 )
 
-# One row per shard a partition held: small, whatever the batch's size.
+# One row per shard: small, whatever the batch's size.
 RESULT_SCHEMA = (
     "stream string, part int, fresh boolean, stored long, dead long, tasks long,"
     " first string, last string, tenants string, outage string"
 )
 _SHARD = re.compile(r"\{(\d+)\}$")
+# Set by Spark on every task of a streaming micro-batch.
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+# (entry id, its valid tasks, its rejected parts), in the shard's order.
+Entry = tuple[str, TaskBatch, list[Rejected]]
 
 
 def shard_of(stream: str) -> int:
@@ -55,12 +60,23 @@ def shard_of(stream: str) -> int:
 
 
 @dataclass(frozen=True)
-class ShardLoad:
-    """Pickled to the executors with the batch: plain values only."""
+class LoadJob:
+    """What the source's tasks load with: pickled with the source."""
 
     settings: Settings
-    query_key: str
-    batch_id: int
+    query_key: str  # the checkpoint: the ledger's key with the batch id
+
+
+def task_batch_id() -> int:
+    """The micro-batch the running Spark task belongs to (the ledger's key):
+    Spark sets it on the tasks of each micro-batch, replays included."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+    if value is None:
+        raise RuntimeError("the buffer source loads only within a streaming micro-batch")
+    return int(value)
 
 
 class TenantCost(NamedTuple):
@@ -78,16 +94,47 @@ class ShardResult:
     stored: int
     dead: int
     tasks: int
-    first: str
-    last: str
+    first: str  # the first entry read ("" when none was)
+    last: str  # the shard's end offset in this micro-batch
     tenants: dict[str, float]  # each tenant's summed cost
     outage: str | None
 
+    @classmethod
+    def from_row(cls, row: Any) -> ShardResult:
+        """From the source's output row (RESULT_SCHEMA)."""
+        return cls(
+            row.stream,
+            row.fresh,
+            row.stored,
+            row.dead,
+            row.tasks,
+            row.first,
+            row.last,
+            orjson.loads(row.tenants),
+            row.outage,
+        )
 
-class _Executor:
-    """One partition's connections, made when first needed, closed at its end."""
+    def row(self) -> tuple[Any, ...]:
+        """The source's output row (RESULT_SCHEMA)."""
+        return (
+            self.stream,
+            shard_of(self.stream),
+            self.fresh,
+            self.stored,
+            self.dead,
+            self.tasks,
+            self.first,
+            self.last,
+            orjson.dumps(self.tenants).decode(),
+            self.outage,
+        )
 
-    def __init__(self, job: ShardLoad) -> None:
+
+class ShardLoader:
+    """An executor's connections, made when first needed and kept between
+    micro-batches; dropped after an outage."""
+
+    def __init__(self, job: LoadJob) -> None:
         self.job = job
         self._conn: psycopg.Connection[Any] | None = None
         self._redis: redis_client.Client | None = None
@@ -116,59 +163,65 @@ class _Executor:
             self._redis.close()
         self._conn = self._redis = None
 
-    def load_shard(self, stream: str, rows: Iterable[tuple[Any, ...]]) -> ShardResult:
-        """Loads one shard's rows in one transaction with its ledger row; a
-        shard the ledger has already (a replay) is only read for its ids."""
+    def load(
+        self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]
+    ) -> ShardResult:
+        """Loads one shard's entries in one transaction with its ledger row; a
+        shard the ledger has already (a replay) is not read. An outage is
+        reported in the result (the connections closed), not raised."""
+        try:
+            return self._load(stream, batch_id, last, entries)
+        except EXECUTOR_OUTAGES as exc:
+            self.close()
+            return ShardResult(stream, False, 0, 0, 0, "", last, {}, repr(exc))
+
+    def _load(
+        self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]
+    ) -> ShardResult:
         job = self.job
         part = shard_of(stream)
         size = job.settings.spark_load_size
-        first = last = ""
+        first = ""
         stored = tasks = 0
         costs: dict[str, float] = {}
         dead: list[Dead] = []
         conn = self.conn
         with conn.transaction():
-            fresh = db.run(conn, core.record_loader_batch(job.query_key, job.batch_id, part))
+            if not db.run(conn, core.record_loader_batch(job.query_key, batch_id, part)):
+                return ShardResult(stream, False, 0, 0, 0, "", last, {}, None)
             # One chunk loads (its thread waiting on PostgreSQL) while the next
-            # is decoded; the connection is used by one thread at a time.
+            # is read; the connection is used by one thread at a time.
             with ThreadPoolExecutor(1, thread_name_prefix="rota-load") as loading:
                 pending: Future[tuple[int, list[Dead]]] | None = None
-                entries: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
+                chunk: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
                 waiting = 0
-                for _, entry_id, data, error in rows:
-                    if not first or entry_key(entry_id) < entry_key(first):
-                        first = entry_id
-                    if not last or entry_key(entry_id) > entry_key(last):
-                        last = entry_id
-                    if not fresh:
+                for entry_id, batch, bad in entries:
+                    first = first or entry_id
+                    dead.extend((stream, entry_id, rejected) for rejected in bad)
+                    if not batch.tenants:
                         continue
-                    if error is not None:
-                        dead.append((stream, entry_id, Rejected(data.encode(), error)))
-                        continue
-                    batch = TaskBatch.from_checked_json(data)
                     for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
                         costs[tenant] = costs.get(tenant, 0.0) + cost
                     envelopes = batch.envelopes()
-                    entries.append(((stream, entry_id), envelopes))
+                    chunk.append(((stream, entry_id), envelopes))
                     tasks += len(envelopes)
                     waiting += len(envelopes)
-                    # In chunks as rows arrive, in order (the previous chunk
+                    # In chunks as entries arrive, in order (the previous chunk
                     # done first): a tenant's tasks take their places in line
                     # in the order they were enqueued.
                     if waiting >= size:
                         stored += _settled(pending, dead)
-                        pending = loading.submit(self._load, entries)
-                        entries, waiting = [], 0
+                        pending = loading.submit(self._load_chunk, chunk)
+                        chunk, waiting = [], 0
                 stored += _settled(pending, dead)
-            if fresh:
-                stored += _settled(self._load(entries), dead)
-                db.run(conn, core.count_loader_batch(job.query_key, job.batch_id, stored, part))
-                # Before the commit: a replay may record them twice, never zero times.
-                if self.settle.record_dead(dead):
-                    raise DeadLettersRefused("dead letters refused; the shard is tried again")
-        return ShardResult(stream, fresh, stored, len(dead), tasks, first, last, costs, None)
+            stored += _settled(self._load_chunk(chunk), dead)
+            db.run(conn, core.count_loader_batch(job.query_key, batch_id, stored, part))
+            # Before the commit: a replay may record them twice, never zero times.
+            if self.settle.record_dead(dead):
+                raise DeadLettersRefused("dead letters refused; the shard is tried again")
+        return ShardResult(stream, True, stored, len(dead), tasks, first, last, costs, None)
 
-    def _load(
+    def _load_chunk(
         self, entries: list[tuple[tuple[str, str], list[TaskEnvelope]]]
     ) -> tuple[int, list[Dead]]:
         """Loads the entries' tasks (savepoints in the shard's transaction):
@@ -188,75 +241,14 @@ def _settled(
     return stored
 
 
-def _rows(batches: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-    """The source's rows (stream, entry_id, data, error) out of Arrow batches."""
-    for batch in batches:
-        yield from zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True)
+_kept: ShardLoader | None = None
 
 
-def load_partition(batches: Iterator[Any], job: ShardLoad) -> Iterator[Any]:
-    """On an executor (`mapInArrow`): loads each shard the partition holds (the
-    source gives one partition per shard, its rows together and in order);
-    yields one result row per shard."""
-    pa = _pyarrow()
-    executor = _Executor(job)
-    results: list[ShardResult] = []
-    rows = _rows(batches)
-    done: set[str] = set()
-    try:
-        for stream, group in itertools.groupby(rows, key=lambda row: str(row[0])):
-            if stream in done:  # it would be skipped by its own ledger row: lost
-                raise ValueError(f"the rows of {stream} are not together in the partition")
-            done.add(stream)
-            try:
-                results.append(executor.load_shard(stream, group))
-            except EXECUTOR_OUTAGES as exc:
-                results.append(ShardResult(stream, False, 0, 0, 0, "", "", {}, repr(exc)))
-                executor.close()
-                for _ in rows:  # read through: Spark expects the input consumed
-                    pass
-                break
-    finally:
-        executor.close()
-    yield pa.RecordBatch.from_pylist(
-        [
-            {
-                "stream": r.stream,
-                "part": shard_of(r.stream),
-                "fresh": r.fresh,
-                "stored": r.stored,
-                "dead": r.dead,
-                "tasks": r.tasks,
-                "first": r.first,
-                "last": r.last,
-                "tenants": orjson.dumps(r.tenants).decode(),
-                "outage": r.outage,
-            }
-            for r in results
-        ],
-        schema=_result_schema(),
-    )
-
-
-def _pyarrow() -> Any:
-    # Imported by name at run time: on the executors, where Spark needs it anyway.
-    return importlib.import_module("pyarrow")
-
-
-@functools.cache
-def _result_schema() -> Any:
-    pa = _pyarrow()
-    return pa.schema(
-        [
-            ("stream", pa.string()),
-            ("part", pa.int32()),
-            ("fresh", pa.bool_()),
-            ("stored", pa.int64()),
-            ("dead", pa.int64()),
-            ("tasks", pa.int64()),
-            ("first", pa.string()),
-            ("last", pa.string()),
-            ("tenants", pa.string()),
-            ("outage", pa.string()),
-        ]
-    )
+def shard_loader(job: LoadJob) -> ShardLoader:
+    """This Python worker's loader for `job`, kept between micro-batches."""
+    global _kept
+    if _kept is None or _kept.job != job:
+        if _kept is not None:
+            _kept.close()
+        _kept = ShardLoader(job)
+    return _kept

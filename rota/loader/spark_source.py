@@ -1,12 +1,16 @@
-"""The buffer as a Spark Structured Streaming source (a Python data source):
-one partition per shard, offsets being each shard's last stream entry id,
-kept in Spark's checkpoint. Entries are decoded and validated on the
-executors; rota.loader.spark loads what they yield."""
+"""The buffer as a Spark Structured Streaming source that loads (a Python
+data source): one partition per shard, offsets being each shard's last
+stream entry id, kept in Spark's checkpoint. Each partition's Spark task
+reads its shard's entries, checks them and loads them on its executor, in
+the one Python worker (rota.loader.spark_load): its only row is the
+shard's result. The source is made for one loader (`loading_source`): what
+it loads with travels pickled with the class, never in its options, which
+Spark shows in plans and its UI."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -15,34 +19,48 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from rota.buffer import redis_client
 from rota.buffer.streams import decode_entry, entry_key, next_entry_id
+from rota.loader.spark_load import RESULT_SCHEMA, Entry, LoadJob, shard_loader, task_batch_id
 from rota.settings import Settings
 
 SOURCE_NAME = "rota_buffer"
-# One row per buffer entry (up to 256 tasks): `data` holds the entry's valid
-# tasks (a TaskBatch's JSON); a rejected part gets a row of its own, with its
-# raw data and the reason in `error`. Rows, not tasks, are what Spark pays for.
-SCHEMA = "stream string, entry_id string, data string, error string"
 PAGE = 1000
 
 
 class BufferSource(DataSource):
     """`spark.readStream.format("rota_buffer")`; options: redis_url, streams,
-    max_payload_bytes, max_entries (per micro-batch, 0 for all available)."""
+    max_payload_bytes, max_entries (per micro-batch, 0 for all available).
+    Loads with its class's `job` (`loading_source`)."""
+
+    job: LoadJob | None = None
 
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return SCHEMA
+        return RESULT_SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return BufferStreamReader(dict(self.options))
+        if self.job is None:
+            raise RuntimeError("the buffer source loads for a loader: use loading_source()")
+        return BufferStreamReader(dict(self.options), self.job)
+
+
+def loading_source(job: LoadJob) -> type[BufferSource]:
+    """The source class for one loader: its job rides along with the class,
+    which Spark pickles by value to the planner and the executors."""
+
+    class LoadingBufferSource(BufferSource):
+        pass
+
+    LoadingBufferSource.job = job
+    return LoadingBufferSource
 
 
 class BufferStreamReader(DataSourceStreamReader):
-    # Pickled to the executors: only plain options here; clients are made where used.
-    def __init__(self, options: dict[str, str]) -> None:
+    # Pickled to the executors: options and the job; clients are made where used.
+    def __init__(self, options: dict[str, str], job: LoadJob) -> None:
+        self.job = job
         self.redis_url = options["redis_url"]
         self.redis_timeout = float(options.get("redis_timeout", "0.5"))
         self.streams = options["streams"].split(",")
@@ -121,31 +139,26 @@ class BufferStreamReader(DataSourceStreamReader):
         return [InputPartition((s, start.get(s, "0-0"), end[s])) for s in streams]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """Loads the partition's shard (an outage is reported in its row)."""
         stream, first, last = partition.value
-        client = self._client()
-        try:
-            cursor = f"({first}"
-            while True:
-                page: Any = client.xrange(stream, min=cursor, max=last, count=PAGE)
-                for raw_id, fields in page:
-                    entry_id = raw_id.decode()
-                    batch, bad = decode_entry(fields, self.max_payload_bytes, self.allowed_queues)
-                    if batch:
-                        # A valid entry goes to the driver as it is; else its valid part.
-                        data = batch.to_json() if bad else fields[b"tasks"]
-                        yield (stream, entry_id, data.decode(), None)
-                    for rejected in bad:
-                        yield (
-                            stream,
-                            entry_id,
-                            rejected.raw.decode(errors="replace"),
-                            rejected.reason,
-                        )
-                if len(page) < PAGE:
-                    return
-                cursor = f"({page[-1][0].decode()}"
-        finally:
-            client.close()
+        loader = shard_loader(self.job)
+        entries = self._entries(loader.buffer, stream, first, last)
+        yield loader.load(stream, task_batch_id(), last, entries).row()
+
+    def _entries(
+        self, buffer: Callable[[], redis_client.Client], stream: str, first: str, last: str
+    ) -> Iterator[Entry]:
+        """The shard's entries after `first` through `last`, in order, each
+        checked: its valid tasks and its rejected parts."""
+        cursor = f"({first}"
+        while True:
+            page: Any = buffer().xrange(stream, min=cursor, max=last, count=PAGE)
+            for raw_id, fields in page:
+                batch, bad = decode_entry(fields, self.max_payload_bytes, self.allowed_queues)
+                yield raw_id.decode(), batch, bad
+            if len(page) < PAGE:
+                return
+            cursor = f"({page[-1][0].decode()}"
 
     def commit(self, end: dict[str, str]) -> None:
         """The batch up to `end` is durable in PostgreSQL: trim it off the shards."""

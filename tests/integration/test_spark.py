@@ -59,8 +59,31 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (745,)
 
 
+def _load(
+    settings: Settings, query: str, batch_id: int, rows: list[tuple[str, str, str]]
+) -> list[Any]:
+    """Loads (stream, entry id, tasks' JSON) rows as the source's tasks do,
+    a shard each, through an executor's loader."""
+    from rota.loader.spark_load import LoadJob, ShardLoader
+
+    loader = ShardLoader(LoadJob(settings, query))
+    try:
+        return [
+            loader.load(
+                stream,
+                batch_id,
+                entries[-1][0],
+                [(e, TaskBatch.from_checked_json(data), []) for e, data in entries],
+            )
+            for stream in sorted({r[0] for r in rows})
+            for entries in [[(e, data) for s, e, data in rows if s == stream]]
+        ]
+    finally:
+        loader.close()
+
+
 def test_a_replayed_micro_batch_skips_the_shards_the_ledger_has_and_loads_the_rest(
-    spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any]
+    app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     from rota.loader.spark import BatchSink
 
@@ -69,25 +92,25 @@ def test_a_replayed_micro_batch_skips_the_shards_the_ledger_has_and_loads_the_re
     parse_pdf = app.tasks["parse_pdf"]
     ids = app.enqueue_many([parse_pdf.call(str(i), tenant=a) for i in range(10)])
     ids += app.enqueue_many([parse_pdf.call(str(i), tenant=b) for i in range(6)])
-    rows = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, ids), 1)]
+    rows = [(s, f"{n}-0", data) for n, (s, data) in enumerate(_entries(settings, ids), 1)]
     shard_a = stream_name(settings.stream_prefix, shard_for(a, settings.shards))
-    frame = _frame(spark, rows)
     sink = BatchSink(settings, query_key="q1")
-    sink(frame, 7)
-    sink(frame, 7)  # the same batch again, as after a crash before Spark's commit
+    sink.settle_batch(_load(settings, "q1", 7, rows), 7)
+    # The same batch again, as after a crash before Spark's commit: nothing read.
+    again = _load(settings, "q1", 7, rows)
+    assert [(r.fresh, r.tasks, r.first) for r in again] == [(False, 0, "")] * 2
+    sink.settle_batch(again, 7)
     assert sink.loaded == 16
     # Batch 8 crashed after shard a's partition committed and before shard b's:
     # its replay loads b's tasks only (a's ids would dedupe them anyway, so
     # the counts tell: the ledger, not ON CONFLICT, skipped them).
     more = app.enqueue_many([parse_pdf.call(f"m{i}", tenant=a) for i in range(4)])
     more += app.enqueue_many([parse_pdf.call(f"m{i}", tenant=b) for i in range(3)])
-    later = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, more), 9)]
-    crashed = BatchSink(settings, query_key="q1")
-    crashed(_frame(spark, [r for r in later if r[0] == shard_a]), 8)
-    crashed.close()
+    later = [(s, f"{n}-0", data) for n, (s, data) in enumerate(_entries(settings, more), 9)]
+    _load(settings, "q1", 8, [r for r in later if r[0] == shard_a])
     replay = BatchSink(settings, query_key="q1")
-    replay(_frame(spark, later), 8)
-    BatchSink(settings, query_key="q2")(frame, 7)  # another query: ids dedupe it anyway
+    replay.settle_batch(_load(settings, "q1", 8, later), 8)
+    _load(settings, "q2", 7, rows)  # another query: ids dedupe it anyway
     sink.close()
     replay.close()
     assert replay.loaded == 3
@@ -108,23 +131,18 @@ def test_a_replayed_micro_batch_skips_the_shards_the_ledger_has_and_loads_the_re
     )
 
 
-def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
-    spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any]
+def test_a_shard_loads_in_chunks_as_its_entries_arrive_keeping_each_tenants_order(
+    app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    from rota.loader.spark import BatchSink
-
     parse_pdf = app.tasks["parse_pdf"]
     ids = []
     for start in range(0, 40, 8):  # five entries per tenant, eight tasks each
         ids += app.enqueue_many(
             [parse_pdf.call(i, tenant=t) for t in ("a", "b") for i in range(start, start + 8)]
         )
-    rows = [(s, f"{n}-0", data, None) for n, (s, data) in enumerate(_entries(settings, ids))]
-    frame = _frame(spark, rows)  # a partition per shard, its rows in order
-    sink = BatchSink(settings.model_copy(update={"spark_load_size": 12}), query_key="q")
-    sink(frame, 0)
-    sink.close()
-    assert sink.loaded == 80
+    rows = [(s, f"{n}-0", data) for n, (s, data) in enumerate(_entries(settings, ids), 1)]
+    results = _load(settings.model_copy(update={"spark_load_size": 12}), "q", 0, rows)
+    assert sum(r.stored for r in results) == 80
     assert conn.execute("SELECT sum(tasks) FROM rota.loader_batches").fetchone() == (80,)
     claimed = db.run(conn, core.claim(["pdfs"], 80, "w"))
     for tenant in ("a", "b"):
@@ -132,22 +150,18 @@ def test_a_batch_loads_in_chunks_as_its_rows_arrive_keeping_each_tenants_order(
 
 
 def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
-    spark: Any, settings: Settings, conn: psycopg.Connection[Any]
+    settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    from rota.loader.spark import BatchSink
-
     batch = TaskBatch(datetime.now(UTC))
     for i in range(3):
         batch.add(envelope_template("x.y", "q"), f"t{i}")
     # Over the cost bound the database checks (the executors' checks catch it;
-    # this row skips them).
+    # this entry skips them).
     batch.costs[1] = 1e7
     data = batch.to_json().decode()
     stream = stream_name(settings.stream_prefix, 0)
-    sink = BatchSink(settings, query_key="q")
-    sink(_frame(spark, [(stream, "5-0", data, None)]), 0)
-    sink.close()
-    assert (sink.loaded, sink.dead_lettered) == (2, 1)
+    (result,) = _load(settings, "q", 0, [(stream, "5-0", data)])
+    assert (result.stored, result.dead) == (2, 1)
     dead = redis.Redis.from_url(settings.redis_url).xrange(
         dead_letter_stream(settings.stream_prefix)
     )
@@ -163,19 +177,6 @@ def _tenants_on_two_shards(settings: Settings) -> tuple[str, str]:
         if shard_for(other, settings.shards) != shard_for(first, settings.shards):
             return first, other
     raise AssertionError("no two tenants on different shards")
-
-
-def _frame(spark: Any, rows: list[tuple[Any, ...]]) -> Any:
-    """The rows as the source gives them: one partition per shard, in order."""
-    from functools import reduce
-
-    from rota.loader.spark_source import SCHEMA
-
-    streams = sorted({row[0] for row in rows})
-    frames = [
-        spark.createDataFrame([r for r in rows if r[0] == s], SCHEMA).coalesce(1) for s in streams
-    ]
-    return reduce(lambda x, y: x.union(y), frames)
 
 
 def _entries(settings: Settings, ids: list[Any]) -> list[tuple[str, str]]:
