@@ -5,12 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers lint typecheck test test-fast demo clean
+.PHONY: install servers lint typecheck docs test test-fast demo clean
 
 $(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,console]' -e './tools[demo,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,console,docs]' -e './tools[demo,bench]'
 	touch $(STAMP)
 
 install: $(STAMP) servers
@@ -25,11 +25,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The documentation site (mkdocs.yml), its reference pages generated from the
+# code at build time (tools/rota_tools/docs_reference.py); --strict makes a
+# broken link or a docstring the build cannot read an error.
+DOCS_SITE ?= build/site
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+
 # The whole suite on TEST_WORKERS processes (pytest-xdist), each with its own
 # servers; tests sharing a module's fixture stay on one, slow ones go first
 # (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: install lint typecheck
+test: install lint typecheck docs
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The unit tier: no servers, no network (tests/unit/conftest.py refuses
@@ -41,4 +48,4 @@ demo: install
 	$(PY) -m rota demo
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(DOCS_SITE)

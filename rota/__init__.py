@@ -2,6 +2,7 @@
 
 from rota import core
 from rota.app import App
+from rota.context import OutsideTask, TaskContext, context
 from rota.core import db
 from rota.errors import (
     CapacityExceeded,
@@ -15,24 +16,28 @@ from rota.errors import (
     ValidationError,
 )
 from rota.settings import Settings
-from rota.task import Task, TaskCall
+from rota.task import Enqueue, Task, TaskCall
 
 __version__ = "0.1.0"
 
 __all__ = [
     "App",
     "CapacityExceeded",
+    "Enqueue",
     "EnqueueError",
     "InvalidName",
     "NotJSONSerializable",
+    "OutsideTask",
     "PayloadTooLarge",
     "Retry",
     "RotaError",
     "Settings",
     "Task",
     "TaskCall",
+    "TaskContext",
     "UnknownTask",
     "ValidationError",
+    "context",
     "core",
     "db",
 ]

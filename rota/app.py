@@ -1,23 +1,22 @@
 """`rota.App`: the task registry, shared by every part of rota, and the
 enqueue API web apps use.
 
-app = rota.App.from_env()
+    app = rota.App.from_env()
 
-@app.task(queue="pdfs", max_attempts=5, backoff=2.0)
-def parse_pdf(path: str) -> None: ...
+    @app.task(queue="pdfs", max_attempts=5, backoff=2.0)
+    def parse_pdf(path: str, pages: int = 0) -> None: ...
 
-parse_pdf.enqueue("a.pdf", tenant="alice")                   # -> task id
-await parse_pdf.aenqueue("a.pdf", tenant="alice")            # asyncio
-app.enqueue("parse_pdf", args=["a.pdf"], queue="pdfs", tenant="alice")
-app.enqueue_many([parse_pdf.call(p, tenant="alice") for p in paths])
+    parse_pdf.using(tenant="alice").enqueue("a.pdf", pages=3)   # -> task id
+    await parse_pdf.using(tenant="alice").aenqueue("a.pdf")     # asyncio
+    app.enqueue_many([parse_pdf.using(tenant="alice").prepare(p) for p in paths])
+    app.enqueue("parse_pdf", ["a.pdf"], queue="pdfs", tenant="alice")  # by name
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Self, overload
 from uuid import UUID
 
 from rota.buffer.entries import TaskBatch
@@ -32,7 +31,16 @@ from rota.model.rules import (
     resolve_eta,
 )
 from rota.settings import Settings
-from rota.task import RESERVED, P, Periodic, R, Task, TaskCall, TaskOptions
+from rota.task import (
+    AsyncConnection,
+    P,
+    Periodic,
+    R,
+    SyncConnection,
+    Task,
+    TaskCall,
+    TaskOptions,
+)
 
 if TYPE_CHECKING:
     from rota.producer import AsyncProducer, Producer, ProducerCore
@@ -100,12 +108,6 @@ class App:
             check_task_name(task_name)
             if task_name in self.tasks:
                 raise ValidationError(f"a task named {task_name!r} is already registered")
-            clash = RESERVED & set(inspect.signature(function).parameters)
-            if clash:
-                raise ValidationError(
-                    f"task {task_name!r} has parameters named {sorted(clash)}, which are "
-                    "enqueue options; rename them"
-                )
             options = TaskOptions(
                 queue=self.settings.default_queue if queue is None else queue,
                 max_attempts=(
@@ -186,9 +188,6 @@ class App:
                 f"task {call.name!r} is not registered in this app; pass queue=... to "
                 "enqueue a task defined elsewhere"
             )
-        if call.kwargs and not RESERVED.isdisjoint(call.kwargs):
-            clash = RESERVED & set(call.kwargs)
-            raise ValidationError(f"{sorted(clash)} are enqueue options, not task arguments")
         if task is not None:
             task.arguments.check(call.name, call.args, call.kwargs)
             options = task.options
@@ -260,11 +259,11 @@ class App:
             self._aproducer = AsyncProducer(self.settings, self._producer_core())
         return self._aproducer
 
-    def call(
+    def prepare(
         self,
         name: str,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
+        args: Sequence[object] = (),
+        kwargs: Mapping[str, object] | None = None,
         *,
         tenant: str,
         queue: str | None = None,
@@ -274,33 +273,91 @@ class App:
         idempotency_key: str | None = None,
         priority: int | None = None,
     ) -> TaskCall:
-        """One run of a task by name, for `enqueue_many` (queue= for tasks that
-        are not registered in this app). `priority` (0-9, higher first) orders
-        the tenant's own tasks, never the tenants."""
+        """One run of a task by name, for `enqueue_many` (`queue=` for tasks
+        that are not registered in this app); options as for `Task.using`."""
         return TaskCall(
-            name, tenant, args, kwargs or {}, queue, eta, countdown, cost, idempotency_key, priority
+            name,
+            tenant,
+            args,
+            dict(kwargs or {}),
+            queue,
+            eta,
+            countdown,
+            cost,
+            idempotency_key,
+            priority,
         )
 
-    def enqueue(self, name: str, *call_args: Any, connection: Any = None, **options: Any) -> UUID:
-        """Enqueues a task by name (`app.enqueue("parse_pdf", args=[...], tenant=...)`,
-        options as for `call`); returns its id once it is durably stored.
-
-        With `connection=` (a psycopg connection), the task is written in that
+    def enqueue(
+        self,
+        name: str,
+        args: Sequence[object] = (),
+        kwargs: Mapping[str, object] | None = None,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        cost: float | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        connection: SyncConnection | None = None,
+    ) -> UUID:
+        """Enqueues a run of a task by name; returns its id once it is durably
+        stored. With `connection=` (a psycopg connection), in that
         connection's transaction: visible if it commits, gone if it rolls back."""
-        calls = [self.call(name, *call_args, **options)]
-        return self.enqueue_many(calls, connection=connection)[0]
+        call = self.prepare(
+            name,
+            args,
+            kwargs,
+            tenant=tenant,
+            queue=queue,
+            eta=eta,
+            countdown=countdown,
+            cost=cost,
+            idempotency_key=idempotency_key,
+            priority=priority,
+        )
+        return self.enqueue_many([call], connection=connection)[0]
 
     async def aenqueue(
-        self, name: str, *call_args: Any, connection: Any = None, **options: Any
+        self,
+        name: str,
+        args: Sequence[object] = (),
+        kwargs: Mapping[str, object] | None = None,
+        *,
+        tenant: str,
+        queue: str | None = None,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        cost: float | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        connection: AsyncConnection | None = None,
     ) -> UUID:
-        calls = [self.call(name, *call_args, **options)]
-        return (await self.aenqueue_many(calls, connection=connection))[0]
+        call = self.prepare(
+            name,
+            args,
+            kwargs,
+            tenant=tenant,
+            queue=queue,
+            eta=eta,
+            countdown=countdown,
+            cost=cost,
+            idempotency_key=idempotency_key,
+            priority=priority,
+        )
+        return (await self.aenqueue_many([call], connection=connection))[0]
 
-    def enqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
-        """Enqueues many tasks at once (all checked before anything is written)."""
+    def enqueue_many(
+        self, calls: Iterable[TaskCall], connection: SyncConnection | None = None
+    ) -> list[UUID]:
+        """Enqueues many runs at once (all checked before anything is written)."""
         return self.producer.store(self.batch(calls), connection)
 
-    async def aenqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]:
+    async def aenqueue_many(
+        self, calls: Iterable[TaskCall], connection: AsyncConnection | None = None
+    ) -> list[UUID]:
         return await self.aproducer.store(self.batch(calls), connection)
 
     def close(self) -> None:
@@ -311,3 +368,15 @@ class App:
         if self._aproducer is not None:
             await self._aproducer.close()
         self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

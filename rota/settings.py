@@ -29,127 +29,388 @@ class Settings(BaseSettings):
         env_prefix="ROTA_", env_file=".env", extra="ignore", populate_by_name=True
     )
 
-    database_url: str = "postgresql://localhost/postgres"
-    # Secrets from files (ROTA_DATABASE_URL_FILE, ...), as container
-    # platforms mount them: nothing on a command line, where `ps` shows it.
-    database_url_file: Path | None = None
-    redis_url_file: Path | None = None
-    direct_database_url_file: Path | None = None
-    dashboard_token_file: Path | None = None
-    # "transaction": ROTA_DATABASE_URL goes through a pooler in transaction
-    # mode (PgBouncer's pool_mode = transaction): rota sends no startup
-    # options, prepares no statements and keeps no session state between
-    # transactions (README, "Behind PgBouncer").
-    database_pooling: Literal["none", "transaction"] = "none"
-    # A URL that reaches PostgreSQL without the pooler, for what needs a
-    # session of its own: a worker's LISTEN, and `rota reaper`'s lock.
-    direct_database_url: str | None = None
-    redis_url: str = "redis://localhost:6379/0"
-    # An allow-list of queue names (comma-separated): when set, enqueues to any
-    # other queue are refused and the loader dead-letters them.
-    queues: str | None = None
+    database_url: str = Field(
+        default="postgresql://localhost/postgres",
+        description="PostgreSQL URL of the database that holds every task.",
+    )
+    # Secrets from files, as container platforms mount them: nothing on a
+    # command line, where `ps` shows it.
+    database_url_file: Path | None = Field(
+        default=None,
+        description="File to read ROTA_DATABASE_URL from when it is not set (a mounted secret).",
+    )
+    redis_url_file: Path | None = Field(
+        default=None,
+        description="File to read ROTA_REDIS_URL from when it is not set (a mounted secret).",
+    )
+    direct_database_url_file: Path | None = Field(
+        default=None,
+        description=(
+            "File to read ROTA_DIRECT_DATABASE_URL from when it is not set (a mounted secret)."
+        ),
+    )
+    dashboard_token_file: Path | None = Field(
+        default=None,
+        description="File to read ROTA_DASHBOARD_TOKEN from when it is not set (a mounted secret).",
+    )
+    database_pooling: Literal["none", "transaction"] = Field(
+        default="none",
+        description=(
+            "`transaction` when ROTA_DATABASE_URL goes through a pooler in transaction mode"
+            " (PgBouncer's pool_mode = transaction): rota then sends no startup options,"
+            " prepares no statements and keeps no session state between transactions."
+        ),
+    )
+    direct_database_url: str | None = Field(
+        default=None,
+        description=(
+            "URL that reaches PostgreSQL without the pooler, for the connections that need a"
+            " session of their own: a worker's LISTEN and `rota reaper`'s lock."
+        ),
+    )
+    redis_url: str = Field(
+        default="redis://localhost:6379/0",
+        description="Redis URL of the buffer that enqueues are written to.",
+    )
+    queues: str | None = Field(
+        default=None,
+        description=(
+            "Allow-list of queue names (comma-separated): when set, enqueues to any other"
+            " queue are refused and the loader dead-letters them."
+        ),
+    )
 
     # Producer
-    stream_prefix: str = "rota:buffer"
-    # One Spark partition per shard: more shards than cores only add
-    # per-batch overhead (docs/benchmarks.md). Raise it with the cores.
-    shards: int = Field(default=2, ge=1, le=1024)
-    max_payload_bytes: int = Field(default=256 * 1024, ge=64)
-    # Entries a shard may hold; past it, enqueues go to the PostgreSQL
-    # fallback, so that one tenant cannot fill Redis for everyone.
-    buffer_max_entries: int = Field(default=1_000_000, ge=1)
-    # Seconds every Redis command may take (ROTA_REDIS_TIMEOUT; a loader's
-    # blocking reads have their own, below): short, so that a producer falls
-    # back to PostgreSQL quickly when Redis is out.
+    stream_prefix: str = Field(
+        default="rota:buffer",
+        description="Prefix of the buffer's Redis keys: shard n is the stream `PREFIX:{n}`.",
+    )
+    # docs/explanation/benchmarks.md has the figures behind the shard count.
+    shards: int = Field(
+        default=2,
+        ge=1,
+        le=1024,
+        description=(
+            "Buffer shards (Redis streams), one Spark partition each: more shards than cores"
+            " only add per-batch overhead, so raise it with the cores."
+        ),
+    )
+    max_payload_bytes: int = Field(
+        default=256 * 1024,
+        ge=64,
+        description="Largest JSON payload (arguments) of one task in bytes; larger is refused.",
+    )
+    buffer_max_entries: int = Field(
+        default=1_000_000,
+        ge=1,
+        description=(
+            "Entries one buffer shard may hold; past it, enqueues go to the PostgreSQL"
+            " fallback, so that one tenant cannot fill Redis for everyone."
+        ),
+    )
     redis_timeout: float = Field(
         default=0.5,
         gt=0,
         validation_alias=AliasChoices("ROTA_REDIS_TIMEOUT", "ROTA_REDIS_TIMEOUT_SECONDS"),
+        description=(
+            "Seconds every Redis command may take (the loaders' blocking reads have their"
+            " own): short, so that a producer falls back to PostgreSQL quickly when Redis"
+            " is out."
+        ),
     )
-    redis_retries: int = Field(default=2, ge=0)
-    # Replicas that must have a buffer write before it is acknowledged (WAIT,
-    # up to ROTA_REDIS_TIMEOUT). 0: the master's word is enough, and a master
-    # lost before its replicas copied a write loses that write.
-    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
-    breaker_failures: int = Field(default=3, ge=1)
-    breaker_reset_seconds: float = Field(default=5.0, gt=0)
-    capacity_cache_seconds: float = Field(default=2.0, ge=0)
-    database_timeout_seconds: int = Field(default=5, ge=1)
+    redis_retries: int = Field(
+        default=2,
+        ge=0,
+        description="Retries of a failed buffer write before the tasks go to PostgreSQL instead.",
+    )
+    redis_wait_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description=(
+            "Replicas that must have a buffer write before it is acknowledged (WAIT, up to"
+            " ROTA_REDIS_TIMEOUT); with 0 the master's word is enough, and a master lost"
+            " before its replicas copied a write loses that write."
+        ),
+    )
+    breaker_failures: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "Redis failures in a row after which a producer stops trying Redis for a while"
+            " and enqueues go straight to PostgreSQL."
+        ),
+    )
+    breaker_reset_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds after which a producer that stopped trying Redis tries it again.",
+    )
+    capacity_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description=(
+            "Seconds a producer trusts the tenants' capacities and the buffer shards' lengths"
+            " it last read."
+        ),
+    )
+    database_timeout_seconds: int = Field(
+        default=5, ge=1, description="Seconds a connection to PostgreSQL may take to open."
+    )
 
     # Task defaults
-    default_queue: str = "default"
-    default_max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
-    default_backoff_seconds: float = Field(default=1.0, ge=0, le=MAX_DELAY_SECONDS)
-    default_backoff_max_seconds: float = Field(default=3600.0, ge=0, le=MAX_DELAY_SECONDS)
+    default_queue: str = Field(default="default", description="Queue of a task that names none.")
+    default_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=MAX_ATTEMPTS,
+        description="Attempts a task gets when it names no max_attempts.",
+    )
+    default_backoff_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=MAX_DELAY_SECONDS,
+        description=(
+            "Base retry delay in seconds when a task names none: doubled per attempt, up to"
+            " the maximum, with jitter."
+        ),
+    )
+    default_backoff_max_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        le=MAX_DELAY_SECONDS,
+        description="Longest retry delay in seconds when a task names none.",
+    )
 
     # Loader
-    loader_group: str = "rota-loader"
-    # Tasks per load transaction: loads of a queue take turns on its lock, so
-    # bigger is not always faster (docs/benchmarks.md).
-    loader_batch_size: int = Field(default=20_000, ge=1)
-    # Tasks per load inside a Spark micro-batch: one loader in one transaction
-    # shares no queue lock, so a larger load only saves per-load work (each
-    # load looks up and saves every tenant it holds).
-    spark_load_size: int = Field(default=100_000, ge=1)
-    loader_read_count: int = Field(default=100, ge=1)  # entries read per shard per pass
-    loader_idle_reclaim_seconds: float = Field(default=60.0, gt=0)
-    # The loaders' Redis socket timeout: longer than their blocking reads.
-    loader_redis_timeout_seconds: float = Field(default=30.0, gt=0)
-    loader_max_deliveries: int = Field(default=5, ge=1)
+    loader_group: str = Field(
+        default="rota-loader",
+        description="Redis consumer group the loaders read the buffer's shards with.",
+    )
+    # docs/explanation/benchmarks.md has the figures behind the batch size.
+    loader_batch_size: int = Field(
+        default=20_000,
+        ge=1,
+        description=(
+            "Tasks per load transaction: loads of a queue take turns on its lock, so bigger"
+            " is not always faster."
+        ),
+    )
+    spark_load_size: int = Field(
+        default=100_000,
+        ge=1,
+        description=(
+            "Tasks per load inside a Spark micro-batch: one loader in one transaction shares"
+            " no queue lock, so a larger load only saves per-load work."
+        ),
+    )
+    loader_read_count: int = Field(
+        default=100, ge=1, description="Buffer entries a loader reads per shard per pass."
+    )
+    loader_idle_reclaim_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds an entry may stay unacknowledged in another loader's hands before a"
+            " loader takes it over (that loader is taken for dead)."
+        ),
+    )
+    loader_redis_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Redis socket timeout of the loaders in seconds, above their blocking reads.",
+    )
+    loader_max_deliveries: int = Field(
+        default=5,
+        ge=1,
+        description="Deliveries of a buffer entry after which the loaders dead-letter it.",
+    )
 
     # Consumer
-    lease_seconds: float = Field(default=60.0, gt=0)
-    heartbeat_seconds: float = Field(default=10.0, gt=0)
-    poll_seconds: float = Field(default=1.0, gt=0)
-    worker_dead_after_seconds: float = Field(default=30.0, gt=0)  # silent this long: dead
-    # Maintenance duties, each on its own interval (seconds; the queue's
-    # duties default to ROTA_MAINTENANCE_SECONDS).
-    maintenance_seconds: float = Field(default=1.0, gt=0)
-    promote_seconds: float | None = Field(default=None, gt=0)
-    expire_leases_seconds: float | None = Field(default=None, gt=0)
-    reap_workers_seconds: float | None = Field(default=None, gt=0)
-    cron_seconds: float | None = Field(default=None, gt=0)
-    retention_seconds: float = Field(default=60.0, gt=0)  # how often the retention duties run
-    # Tenants with their own metric series in a process; the rest are "other".
-    metrics_tenants: int = Field(default=20, ge=0, le=10_000)
-    # How often the console's figures (rota.stats, rota.service) are refreshed.
-    stats_seconds: float = Field(default=5.0, gt=0)
-    # What is kept, and for how long.
-    finished_retention: Duration = 7 * 86_400.0  # succeeded tasks' records
-    dead_retention: Duration = 30 * 86_400.0  # dead tasks
-    worker_retention: Duration = 86_400.0  # rows of stopped or dead workers
-    loader_ledger_retention: Duration = 86_400.0  # Spark ledger rows past each checkpoint's last
-    dead_letter_retention: Duration = 30 * 86_400.0  # the buffer's dead-letter stream
-    # On: succeeded, dead and cancelled tasks are kept, whatever their age,
-    # until `rota archive` has written them.
-    retention_waits_for_archive: bool = False
-    cron_lookback_seconds: float = Field(default=300.0, gt=0)  # missed ticks caught up
-    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
-    # A task whose name the worker's app does not know is handed back (run
-    # again this much later, no attempt used) for a worker that knows it, and
-    # is dead only once nobody ran it for the grace.
-    unknown_task_retry_seconds: float = Field(default=5.0, gt=0)
-    unknown_task_grace_seconds: float = Field(default=600.0, ge=0)
-    # Off: workers' claims and reports skip waiting for the WAL flush. A
-    # database crash can then forget the last moments of them, and those tasks
-    # run again, which at-least-once delivery allows. Loads always wait.
-    worker_synchronous_commit: bool = False
+    lease_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds a claimed task stays a worker's without a heartbeat; then it is run"
+            " again elsewhere."
+        ),
+    )
+    heartbeat_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between a worker's heartbeats, which extend its tasks' leases.",
+    )
+    poll_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds an idle worker waits between claims when no notification wakes it.",
+    )
+    worker_dead_after_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a worker may stay silent before it is declared dead.",
+    )
+    maintenance_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Interval in seconds of the queue's maintenance duties (promote, expire leases,"
+            " reap workers, cron) that have no interval of their own."
+        ),
+    )
+    promote_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Interval in seconds of moving tasks whose time has come into line"
+            " (default: ROTA_MAINTENANCE_SECONDS)."
+        ),
+    )
+    expire_leases_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Interval in seconds of putting back tasks whose lease ran out"
+            " (default: ROTA_MAINTENANCE_SECONDS)."
+        ),
+    )
+    reap_workers_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Interval in seconds of declaring silent workers dead"
+            " (default: ROTA_MAINTENANCE_SECONDS)."
+        ),
+    )
+    cron_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Interval in seconds of enqueueing the cron schedules' due runs"
+            " (default: ROTA_MAINTENANCE_SECONDS)."
+        ),
+    )
+    retention_seconds: float = Field(
+        default=60.0, gt=0, description="How often the retention duties run, in seconds."
+    )
+    metrics_tenants: int = Field(
+        default=20,
+        ge=0,
+        le=10_000,
+        description=(
+            "Tenants with their own metric series in a process; the rest are summed under `other`."
+        ),
+    )
+    stats_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the console's figures (rota.stats, rota.service) are refreshed.",
+    )
+    # What is kept, and for how long: seconds, or text like "30m", "12h", "7d".
+    finished_retention: Duration = Field(
+        default=7 * 86_400.0, description="How long succeeded tasks' records are kept."
+    )
+    dead_retention: Duration = Field(
+        default=30 * 86_400.0, description="How long dead tasks are kept."
+    )
+    worker_retention: Duration = Field(
+        default=86_400.0, description="How long the rows of stopped or dead workers are kept."
+    )
+    loader_ledger_retention: Duration = Field(
+        default=86_400.0,
+        description="How long the Spark loader's ledger rows are kept past each checkpoint's last.",
+    )
+    dead_letter_retention: Duration = Field(
+        default=30 * 86_400.0,
+        description="How long entries stay in the buffer's dead-letter stream.",
+    )
+    retention_waits_for_archive: bool = Field(
+        default=False,
+        description=(
+            "When on, succeeded, dead and cancelled tasks are kept, whatever their age, until"
+            " `rota archive` has written them."
+        ),
+    )
+    cron_lookback_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="How far back in seconds the cron duty catches up missed ticks.",
+    )
+    shutdown_grace_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description=(
+            "Seconds a stopping worker lets its running tasks finish before it hands them back."
+        ),
+    )
+    unknown_task_retry_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds after which a task whose name the worker's app does not know is run"
+            " again (no attempt used), for a worker that knows it."
+        ),
+    )
+    unknown_task_grace_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="Seconds after which a task that no worker knows how to run is dead.",
+    )
+    worker_synchronous_commit: bool = Field(
+        default=False,
+        description=(
+            "When on, workers' claims and reports wait for the WAL flush; when off, a"
+            " database crash can forget their last moments and those tasks run again, which"
+            " at-least-once delivery allows (loads always wait)."
+        ),
+    )
 
-    # The console (`rota dashboard`): required for any bind but loopback,
-    # and for every action; at least 16 characters.
-    dashboard_token: SecretStr | None = Field(default=None, min_length=16)
-    # Required by --metrics-port's /metrics on any address but loopback.
-    metrics_token: SecretStr | None = Field(default=None, min_length=16)
-    # More console tokens, each with a name and scopes: lines of
-    # `NAME SCOPES SHA256` (`rota dashboard-token`); only hashes are stored.
-    console_tokens_file: Path | None = None
-    console_session_seconds: float = Field(default=43_200.0, gt=0, le=30 * 86_400)
-    # What one of the console's statements may take (a page or an API call
-    # that needs more is refused, not left holding one of its connections).
-    console_statement_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
-    # The Host names the console answers to (comma-separated); others get 400,
-    # which keeps a DNS-rebinding page from reaching it through a browser.
-    console_allowed_hosts: str = "localhost,127.0.0.1,[::1]"
+    # The console (`rota dashboard`)
+    dashboard_token: SecretStr | None = Field(
+        default=None,
+        min_length=16,
+        description=(
+            "The console's token of every scope, at least 16 characters: required for any"
+            " bind but loopback, and for every action."
+        ),
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        min_length=16,
+        description=(
+            "Token that --metrics-port's /metrics requires on any address but loopback, at"
+            " least 16 characters."
+        ),
+    )
+    console_tokens_file: Path | None = Field(
+        default=None,
+        description=(
+            "File of further console tokens, each with a name and scopes, as lines of"
+            " `NAME SCOPES SHA256` (`rota dashboard-token` makes them; only hashes are stored)."
+        ),
+    )
+    console_session_seconds: float = Field(
+        default=43_200.0,
+        gt=0,
+        le=30 * 86_400,
+        description="Seconds a console login lasts.",
+    )
+    console_statement_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds one of the console's statements may take: a page or an API call that"
+            " needs more is refused, not left holding one of its connections."
+        ),
+    )
+    console_allowed_hosts: str = Field(
+        default="localhost,127.0.0.1,[::1]",
+        description=(
+            "Host names the console answers to (comma-separated); others get 400, which"
+            " keeps a DNS-rebinding page from reaching it through a browser."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -1,24 +1,37 @@
-"""A registered task, its options, and one call of it to enqueue."""
+"""A registered task, its enqueue options, and one run of it to enqueue.
+
+The task's own arguments and the enqueue options never share a call: the
+options go to `using`, the arguments to what it returns, typed with the
+task function's signature.
+
+    parse_pdf.using(tenant="alice", priority=5).enqueue("a.pdf", pages=3)
+    await parse_pdf.using(tenant="alice").aenqueue("a.pdf")
+    app.enqueue_many(parse_pdf.using(tenant="alice").prepare(p) for p in paths)
+"""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeAlias, TypeVar
 from uuid import UUID
 
 from rota.errors import ValidationError
 from rota.model.envelope import EnvelopeTemplate
 
+if TYPE_CHECKING:
+    import psycopg
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Keyword names that are enqueue options, not task arguments.
-RESERVED = frozenset(
-    {"tenant", "eta", "countdown", "cost", "idempotency_key", "connection", "priority"}
-)
+# A transaction to enqueue in (`connection=`): the task is written with the
+# caller's work, visible if it commits, gone if it rolls back.
+SyncConnection: TypeAlias = "psycopg.Connection[object]"
+AsyncConnection: TypeAlias = "psycopg.AsyncConnection[object]"
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,8 @@ class TaskCall:
     cost: float | None = None
     idempotency_key: str | None = None
     priority: int | None = None  # within the tenant: 0 (default) to 9, higher first
+    # The registered task it runs, when made from one (`Enqueue.prepare`).
+    task: Task[Any, Any] | None = field(default=None, compare=False, repr=False)
 
 
 # Distinct call shapes whose verdict a task remembers; past it, new shapes
@@ -97,19 +112,23 @@ class ArgumentCheck:
 class Enqueuer(Protocol):
     """What a task enqueues through (an `App`); tasks know no more of it."""
 
-    def enqueue_many(self, calls: Iterable[TaskCall], connection: Any = None) -> list[UUID]: ...
+    def enqueue_many(
+        self, calls: Iterable[TaskCall], connection: SyncConnection | None = None
+    ) -> list[UUID]: ...
 
     async def aenqueue_many(
-        self, calls: Iterable[TaskCall], connection: Any = None
+        self, calls: Iterable[TaskCall], connection: AsyncConnection | None = None
     ) -> list[UUID]: ...
 
 
 class Task(Generic[P, R]):
-    """A registered task. Calling it runs the function here and now."""
+    """A registered task. Calling it runs the function here and now; `using`
+    sets the enqueue options of a run."""
 
     def __init__(
         self, app: Enqueuer, fn: Callable[P, R], template: EnvelopeTemplate, options: TaskOptions
     ) -> None:
+        functools.update_wrapper(self, fn)
         self.app = app
         self.fn = fn
         # Asked for every task a worker starts: inspected once.
@@ -118,8 +137,6 @@ class Task(Generic[P, R]):
         self.template = template  # name, queue and retry policy, checked
         self.options = options
         self.arguments = ArgumentCheck(fn)
-        self.__doc__ = fn.__doc__
-        self.__wrapped__ = fn
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
@@ -127,36 +144,89 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<rota.Task {self.name} queue={self.options.queue}>"
 
-    def call(
+    def using(
         self,
-        *args: Any,
+        *,
         tenant: str,
         eta: datetime | None = None,
         countdown: float | None = None,
         cost: float | None = None,
         idempotency_key: str | None = None,
         priority: int | None = None,
-        **kwargs: Any,
-    ) -> TaskCall:
-        return TaskCall(
-            self.name,
-            tenant,
-            args,
-            kwargs,
-            self.options.queue,
-            eta,
-            countdown,
-            cost,
-            idempotency_key,
-            priority,
+        connection: SyncConnection | AsyncConnection | None = None,
+    ) -> Enqueue[P]:
+        """A run's enqueue options: `tenant` (who the run is for), when it may
+        start (`eta` or `countdown` seconds), its `cost` in the tenant's share
+        (the task's by default), an `idempotency_key` (a second enqueue with
+        the same key and tenant is the same task), its `priority` (0-9, higher
+        first, within the tenant), and a `connection` to enqueue in that
+        psycopg transaction. Checked when the run is enqueued."""
+        return Enqueue(
+            self,
+            TaskCall(
+                self.name,
+                tenant,
+                (),
+                {},
+                self.options.queue,
+                eta,
+                countdown,
+                cost,
+                idempotency_key,
+                priority,
+            ),
+            connection,
         )
 
-    def enqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
-        """Enqueues one run: arguments and options (`tenant=`, `eta=`/`countdown=`,
-        `cost=`, `idempotency_key=`, `priority=`) as for `call`; returns the task id once the
-        task is stored. `connection=`: in that psycopg transaction."""
-        return self.app.enqueue_many([self.call(*args, **options)], connection=connection)[0]
 
-    async def aenqueue(self, *args: Any, connection: Any = None, **options: Any) -> UUID:
-        calls = [self.call(*args, **options)]
-        return (await self.app.aenqueue_many(calls, connection=connection))[0]
+class Enqueue(Generic[P]):
+    """A task with its enqueue options (`Task.using`), taking the task's
+    arguments, as its function does."""
+
+    __slots__ = ("_connection", "_options", "task")
+
+    def __init__(
+        self,
+        task: Task[P, Any],
+        options: TaskCall,
+        connection: SyncConnection | AsyncConnection | None,
+    ) -> None:
+        self.task = task
+        self._options = options
+        self._connection = connection
+
+    def prepare(self, *args: P.args, **kwargs: P.kwargs) -> TaskCall:
+        """The run, not yet enqueued: for `app.enqueue_many` (which takes the
+        transaction, if any, as its own `connection=`)."""
+        if self._connection is not None:
+            raise ValidationError(
+                "prepare() makes a run for enqueue_many: pass connection= to enqueue_many"
+            )
+        return self._call(args, kwargs)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> UUID:
+        """Enqueues the run; returns its id once it is stored."""
+        connection: Any = self._connection
+        return self.task.app.enqueue_many([self._call(args, kwargs)], connection=connection)[0]
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> UUID:
+        """Enqueues the run from asyncio; returns its id once it is stored."""
+        connection: Any = self._connection
+        calls = [self._call(args, kwargs)]
+        return (await self.task.app.aenqueue_many(calls, connection=connection))[0]
+
+    def _call(self, args: tuple[object, ...], kwargs: dict[str, object]) -> TaskCall:
+        o = self._options
+        return TaskCall(
+            o.name,
+            o.tenant,
+            args,
+            kwargs,
+            o.queue,
+            o.eta,
+            o.countdown,
+            o.cost,
+            o.idempotency_key,
+            o.priority,
+            self.task,
+        )

@@ -186,7 +186,7 @@ def _tenant_text(t: Any) -> str:
     )
 
 
-queue_app = typer.Typer(help="Queues: list, pause, resume.")
+queue_app = typer.Typer(rich_markup_mode="markdown", help="Queues: list, pause, resume.")
 app.add_typer(queue_app, name="queue", no_args_is_help=True)
 
 

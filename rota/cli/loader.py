@@ -47,7 +47,11 @@ def spark_options(conf: list[str] | None, ui: bool, log_level: str | None) -> An
     return SparkOptions(pairs, ui, log_level)
 
 
-loader_app = typer.Typer(help="Drain the Redis buffer into PostgreSQL.", no_args_is_help=True)
+loader_app = typer.Typer(
+    rich_markup_mode="markdown",
+    help="Drain the Redis buffer into PostgreSQL.",
+    no_args_is_help=True,
+)
 app.add_typer(loader_app, name="loader")
 
 

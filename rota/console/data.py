@@ -330,7 +330,7 @@ def enqueue(c: Connections, body: Any) -> dict[str, Any]:
                 bad = eta_text[:40]
                 raise ValidationError(f"task {n}: eta {bad!r} is not an ISO 8601 time") from None
         calls.append(
-            producer.call(
+            producer.prepare(
                 item["name"],
                 item.get("args", []),
                 item.get("kwargs") or {},

@@ -1,7 +1,6 @@
 """The consumer: workers, the reaper and scheduler (maintenance), cron."""
 
 from rota.consumer.maintenance import Maintenance
-from rota.consumer.running import current_task
 from rota.consumer.worker import Worker
 
-__all__ = ["Maintenance", "Worker", "current_task"]
+__all__ = ["Maintenance", "Worker"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import contextvars
 import logging
 import queue
 import threading
@@ -33,8 +32,6 @@ log = logging.getLogger("rota.worker")
 NOTIFY_WAIT_SECONDS = 1.0
 # PostgreSQL keeps this much of an application_name (NAMEDATALEN - 1).
 APPLICATION_NAME_MAX = 63
-
-current_task: contextvars.ContextVar[core.ClaimedTask] = contextvars.ContextVar("rota_task")
 
 
 class TaskTimeout(Exception):

@@ -47,13 +47,13 @@ from rota.consumer.running import (
     TaskAborted,
     TaskPool,
     TaskTimeout,
-    current_task,
     expire_timeouts,
     heartbeat,
     listen,
     sort_outcome,
     worker_queues,
 )
+from rota.context import current_task
 from rota.core import db
 from rota.readmodel.metrics import WorkerMetrics
 from rota.runtime.outage import Kept, Outage, retrying, rounds

@@ -4,17 +4,17 @@
 
     with Session(engine) as session, session.begin():
         session.add(order)
-        enqueue(session, send_receipt, order.id, tenant="acme")   # in this transaction
-        enqueue_after_commit(session, send_receipt, order.id, tenant="acme")  # after it
+        receipt = send_receipt.using(tenant="acme").prepare(order.id)
+        enqueue(session, receipt)               # in this transaction
+        enqueue_after_commit(session, receipt)  # after it commits (one or the other)
 
 `aenqueue(async_session, ...)` is `enqueue` for an AsyncSession. After an
 AsyncSession's commit, enqueue as usual: `await session.commit()`, then
-`await task.aenqueue(...)`.
+`await task.using(...).aenqueue(...)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -31,23 +31,24 @@ from rota.contrib.connections import (
     check_same_database,
     server_cursors,
 )
-from rota.task import Task, TaskCall
+from rota.task import TaskCall
 
 if TYPE_CHECKING:  # asyncio support needs greenlet (sqlalchemy[asyncio]); sync use does not
     from sqlalchemy.ext.asyncio import AsyncSession
 
 __all__ = ["DifferentDatabase", "aenqueue", "enqueue", "enqueue_after_commit"]
 
-AnySession = Session | scoped_session[Session]
+SessionLike = Session | scoped_session[Session]
 _PENDING = "rota.after_commit"  # the key of a session's pending tasks in Session.info
 
 
-def _calls(
-    task: Task[..., Any], args: Sequence[Any], options: dict[str, Any]
-) -> tuple[App, list[TaskCall]]:
-    if not isinstance(task.app, App):
-        raise TypeError(f"{task!r} does not belong to a rota.App")
-    return task.app, [task.call(*args, **options)]
+def _app_of(call: TaskCall, app: App | None) -> App:
+    """The app a run is enqueued through: given, or its task's."""
+    if app is not None:
+        return app
+    if call.task is None or not isinstance(call.task.app, App):
+        raise TypeError(f"task {call.name!r} belongs to no rota.App here: pass app=")
+    return call.task.app
 
 
 def _driver_connection(dbapi: Any, app: App) -> Any:
@@ -60,23 +61,24 @@ def _driver_connection(dbapi: Any, app: App) -> Any:
     return raw
 
 
-def enqueue(session: AnySession, task: Task[..., Any], *args: Any, **options: Any) -> UUID:
-    """Enqueues in the session's transaction (begun if need be): the task is
-    stored if it commits, gone if it rolls back (a savepoint's rollback
-    included). Arguments and options as for `task.enqueue`."""
-    app, calls = _calls(task, args, options)
+def enqueue(session: SessionLike, call: TaskCall, *, app: App | None = None) -> UUID:
+    """Enqueues a run (`task.using(tenant=...).prepare(...)`) in the
+    session's transaction (begun if need be): the task is stored if it
+    commits, gone if it rolls back (a savepoint's rollback included). `app`:
+    for a run made by name (`app.prepare`)."""
+    app = _app_of(call, app)
     raw = _driver_connection(session.connection().connection, app)
     with server_cursors(raw):
-        return app.enqueue_many(calls, connection=raw)[0]
+        return app.enqueue_many([call], connection=raw)[0]
 
 
-async def aenqueue(session: AsyncSession, task: Task[..., Any], *args: Any, **options: Any) -> UUID:
+async def aenqueue(session: AsyncSession, call: TaskCall, *, app: App | None = None) -> UUID:
     """`enqueue` for an AsyncSession (a `postgresql+psycopg` async engine)."""
-    app, calls = _calls(task, args, options)
+    app = _app_of(call, app)
     connection = await session.connection()
     raw = _driver_connection(await connection.get_raw_connection(), app)
     async with aserver_cursors(raw):
-        return (await app.aenqueue_many(calls, connection=raw))[0]
+        return (await app.aenqueue_many([call], connection=raw))[0]
 
 
 @dataclass
@@ -86,9 +88,7 @@ class _Pending:
     within: SessionTransaction | None  # the innermost transaction it was asked in
 
 
-def enqueue_after_commit(
-    session: AnySession, task: Task[..., Any], *args: Any, **options: Any
-) -> UUID:
+def enqueue_after_commit(session: SessionLike, call: TaskCall, *, app: App | None = None) -> UUID:
     """Enqueues once the session's transaction commits, through the app's
     producer (Redis, or PostgreSQL when Redis is down); nothing if it rolls
     back or is closed uncommitted, nor if the savepoint (`begin_nested`) it
@@ -102,8 +102,8 @@ def enqueue_after_commit(
     failed tasks are not."""
     if isinstance(session, scoped_session):
         session = session()
-    app, calls = _calls(task, args, options)
-    batch = app.batch(calls)
+    app = _app_of(call, app)
+    batch = app.batch([call])
     within = session.get_nested_transaction() or session.get_transaction()
     session.info.setdefault(_PENDING, []).append(_Pending(app, batch, within))
     if not event.contains(session, "after_commit", _committed):

@@ -1,5 +1,5 @@
 """Producers and loaders: tasks into the tables, each at its fair place in
-line (docs/architecture.md, "Fairness")."""
+line (docs/explanation/architecture.md, "Fairness")."""
 
 from __future__ import annotations
 

@@ -124,9 +124,7 @@ class BatchSink:
         # Spark calls when the next batch starts (with an idle buffer, never).
         # Backlog counts are lowered by the attempt that loaded the shard.
         loaded = [
-            (r.stream, [TenantCost(t, c) for t, c in r.tenants.items()])
-            for r in settled
-            if r.fresh
+            (r.stream, [TenantCost(t, c) for t, c in r.tenants.items()]) for r in settled if r.fresh
         ]
         self.settle.finish(loaded, trim_through={r.stream: r.last for r in settled if r.last})
         stored = sum(r.stored for r in settled)

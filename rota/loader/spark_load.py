@@ -163,9 +163,7 @@ class ShardLoader:
             self._redis.close()
         self._conn = self._redis = None
 
-    def load(
-        self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]
-    ) -> ShardResult:
+    def load(self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]) -> ShardResult:
         """Loads one shard's entries in one transaction with its ledger row; a
         shard the ledger has already (a replay) is not read. An outage is
         reported in the result (the connections closed), not raised."""
@@ -175,9 +173,7 @@ class ShardLoader:
             self.close()
             return ShardResult(stream, False, 0, 0, 0, "", last, {}, repr(exc))
 
-    def _load(
-        self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]
-    ) -> ShardResult:
+    def _load(self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]) -> ShardResult:
         job = self.job
         part = shard_of(stream)
         size = job.settings.spark_load_size

@@ -170,7 +170,7 @@ class TaskEnvelope:
     backoff_base: Backoff = 1.0
     backoff_max: Backoff = 3600.0
     eta: Time | None = None
-    # Within its tenant only (docs/architecture.md, "Fairness"); absent means 0.
+    # Within its tenant only (docs/explanation/architecture.md, "Fairness"); absent means 0.
     priority: Priority = 0
     v: Literal[1] = ENVELOPE_VERSION
 

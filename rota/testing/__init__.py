@@ -4,7 +4,7 @@
 
     def test_signup_sends_mail() -> None:
         with InMemory(app) as queue:              # app's enqueues go to memory
-            signup("alice@example.com")            # calls send_mail.enqueue(...)
+            signup("alice@example.com")            # send_mail.using(...).enqueue(...)
             assert len(queue.waiting(task="send_mail", tenant="acme")) == 1
             results = queue.run_all()              # fair order, as a worker would
             assert results.succeeded == 1

@@ -2,7 +2,7 @@
 
 Loading ignores ids seen before (idempotency keys, as `rota.core.load`); a
 task whose ETA is later waits scheduled. Order is rota's start-time fair
-queueing (docs/architecture.md, "Fairness"): each queue has a virtual clock
+queueing (docs/explanation/architecture.md, "Fairness"): each queue has a virtual clock
 `V` (the smallest start tag waiting, or the largest given), each tenant a
 weight `w` (1 unless given) and per queue a finish tag `F`; a task of cost
 `c` entering the line starts at `S = max(V, F)` and moves `F` to `S + c/w`;

@@ -23,9 +23,9 @@ from rota.consumer.running import (
     Outcome,
     TaskAborted,
     TaskTimeout,
-    current_task,
     sort_outcome,
 )
+from rota.context import current_task
 from rota.model.rules import check_time
 from rota.producer import ProducerCore
 from rota.task import Task

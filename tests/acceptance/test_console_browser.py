@@ -131,7 +131,9 @@ def test_an_operator_finds_a_task_reads_why_and_retries_a_dead_one(
     (quiet,) = [row[0] for row in conn.execute("SELECT id FROM rota.tasks WHERE tenant = 'quiet'")]
     # A task that died of a bug since fixed (its worker's app runs it fine now).
     sleep_task = producer.tasks["sleep"]
-    (dead,) = producer.enqueue_many([sleep_task.call(0.01, tenant="acme")], connection=conn)
+    (dead,) = producer.enqueue_many(
+        [sleep_task.using(tenant="acme").prepare(0.01)], connection=conn
+    )
     (claimed,) = db.transact(conn, core.claim(["work"], 1, "old-worker"))
     trace = "Traceback ...\nValueError: bug"
     failure = core.Failure(dead, claimed.attempt, "ValueError: bug", final=True, traceback=trace)

@@ -178,19 +178,19 @@ def test_the_console_tells_the_truth_under_a_flood(
 
     def trickle() -> None:
         while not stop_trickle.wait(0.5):  # 2 tasks a second each
-            producer.enqueue_many([sleep.call(0.05, tenant=name) for name in SMALL])
+            producer.enqueue_many([sleep.using(tenant=name).prepare(0.05) for name in SMALL])
 
     trickler = threading.Thread(target=trickle)
     flood = Flood(dashboard, browser)
     try:
         browser.get(dashboard + "/login")
         log_in(browser)
-        (costly,) = producer.enqueue_many([sleep.call(0.05, tenant="initech", cost=3)])
+        (costly,) = producer.enqueue_many([sleep.using(tenant="initech", cost=3).prepare(0.05)])
         trickler.start()
         started = datetime.now(UTC).replace(second=0, microsecond=0)
         for first in range(0, FLOOD, 500):
             producer.enqueue_many(
-                [sleep.call(0.05, tenant="acme") for _ in range(first, first + 500)]
+                [sleep.using(tenant="acme").prepare(0.05) for _ in range(first, first + 500)]
             )
         wait_for(flood.look, timeout=150, what="acme's flood to be served")
         browser.save_screenshot(str(SHOTS / "flood-overview.png"))

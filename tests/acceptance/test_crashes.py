@@ -44,8 +44,10 @@ def test_a_loader_killed_mid_batch_loses_and_duplicates_nothing(
     app: App, settings: Settings, database_url: str, stage: str
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    ids = app.enqueue_many([parse_pdf.call(str(i), tenant=f"t{i % 7}") for i in range(1000)])
-    ids += [parse_pdf.enqueue("single", tenant="solo") for _ in range(20)]
+    ids = app.enqueue_many(
+        [parse_pdf.using(tenant=f"t{i % 7}").prepare(str(i)) for i in range(1000)]
+    )
+    ids += [parse_pdf.using(tenant="solo").enqueue("single") for _ in range(20)]
     child = subprocess.Popen(
         [sys.executable, str(CHILD), stage], env=_env(settings), stdout=subprocess.PIPE, text=True
     )
@@ -163,10 +165,12 @@ def test_a_running_loader_stops_on_a_signal_after_the_batch_in_hand(
         while db.run(conn, core.queue_counts()).get("pdfs", {}).get("ready", 0) == 0:
             assert time.monotonic() < deadline, "the loader loaded nothing"
             ids += app.enqueue_many(
-                [parse_pdf.call(str(len(ids) + i), tenant=f"t{i % 7}") for i in range(500)]
+                [parse_pdf.using(tenant=f"t{i % 7}").prepare(str(len(ids) + i)) for i in range(500)]
             )
             time.sleep(0.1)
-        ids += app.enqueue_many([parse_pdf.call(str(i), tenant="late") for i in range(2000)])
+        ids += app.enqueue_many(
+            [parse_pdf.using(tenant="late").prepare(str(i)) for i in range(2000)]
+        )
         loader.stop(signum, timeout=60)
     stdout, stderr = loader.output(), loader.errors()
     assert loader.returncode == 0, stderr[-3000:]

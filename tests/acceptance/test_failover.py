@@ -151,7 +151,7 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
             number = 0
             while not stop.is_set():
                 try:
-                    call = app.tasks["sleep"].call(0.05, tenant=f"t{number % 10}")
+                    call = app.tasks["sleep"].using(tenant=f"t{number % 10}").prepare(0.05)
                     sent = time.time()  # before it could be in the buffer, let alone loaded
                     for task_id in app.enqueue_many([call]):
                         acknowledged[task_id] = sent

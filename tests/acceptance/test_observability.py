@@ -62,8 +62,8 @@ def test_a_worker_counts_what_it_runs_and_says_when_it_is_ready(
     try:
         wait_for(lambda: answers(port, "/readyz") == 200, what="the worker to be ready")
         assert answers(port, "/healthz") == 200
-        calls = [producer.tasks["sleep"].call(0, tenant="a") for _ in range(5)]
-        calls += [producer.tasks["boom"].call(tenant="b")]  # 2 attempts, then dead
+        calls = [producer.tasks["sleep"].using(tenant="a").prepare(0) for _ in range(5)]
+        calls += [producer.tasks["boom"].using(tenant="b").prepare()]  # 2 attempts, then dead
         enqueue(conn, producer, calls)
 
         def done() -> bool:
@@ -107,7 +107,9 @@ def test_a_loader_counts_its_passes(env: dict[str, str], producer: App) -> None:
     )
     try:
         wait_for(lambda: answers(port, "/healthz") == 200, what="the loader to listen")
-        producer.enqueue_many([producer.tasks["sleep"].call(0, tenant=f"t{i}") for i in range(40)])
+        producer.enqueue_many(
+            [producer.tasks["sleep"].using(tenant=f"t{i}").prepare(0) for i in range(40)]
+        )
         wait_for(
             lambda: scrape(port).get(("rota_loader_tasks_total", (("outcome", "loaded"),))) == 40,
             what="the tasks to load",

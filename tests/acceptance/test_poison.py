@@ -20,7 +20,7 @@ def _poison(conn: Conn, producer: App) -> dict[str, Any]:
     """Each kind of poison, by name: task ids of the tenant `mallory`."""
     tasks = producer.tasks
     by_call = {
-        name: tasks[name].call(tenant="mallory")
+        name: tasks[name].using(tenant="mallory").prepare()
         for name in (
             "retry_in_a_trillion_seconds",
             "retry_soon_ish",
@@ -34,7 +34,9 @@ def _poison(conn: Conn, producer: App) -> dict[str, Any]:
     (ids["unknown"],) = producer.enqueue_many(
         [TaskCall("nobody.knows.this", "mallory", queue="work")], connection=conn
     )
-    (ids["year_10000"],) = enqueue(conn, producer, [tasks["sleep"].call(0, tenant="mallory")])
+    (ids["year_10000"],) = enqueue(
+        conn, producer, [tasks["sleep"].using(tenant="mallory").prepare(0)]
+    )
     # Rows stored before today's rules (the CHECKs are NOT VALID: old rows
     # stay): a time a client cannot read, and a backoff no interval can hold.
     conn.execute("ALTER TABLE rota.tasks DROP CONSTRAINT enqueued_at_bounded")
@@ -56,7 +58,9 @@ def test_poison_from_one_tenant_hurts_no_other_and_stops_no_worker(
     conn: Conn,
 ) -> None:
     sleep = producer.tasks["sleep"]
-    ordinary = enqueue(conn, producer, [sleep.call(0.005, tenant=f"t{i % 20}") for i in range(400)])
+    ordinary = enqueue(
+        conn, producer, [sleep.using(tenant=f"t{i % 20}").prepare(0.005) for i in range(400)]
+    )
     poison = _poison(conn, producer)
     env = {**env, "ROTA_UNKNOWN_TASK_GRACE_SECONDS": "1", "ROTA_UNKNOWN_TASK_RETRY_SECONDS": "0.2"}
     workers = [start_worker(env, "--concurrency", "4", "--batch-size", "10") for _ in range(2)]

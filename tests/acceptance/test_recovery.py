@@ -70,7 +70,7 @@ def test_a_postgres_restart_is_ridden_out(
     sleep = app.tasks["sleep"]
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            before = app.enqueue_many([sleep.call(0, tenant="a")] * 5, connection=conn)
+            before = app.enqueue_many([sleep.using(tenant="a").prepare(0)] * 5, connection=conn)
         wait_for(lambda: _states(url, before) == {"succeeded"})
         with psycopg.connect(url, autocommit=True) as conn:  # maintenance has a leader
             wait_for(
@@ -88,7 +88,10 @@ def test_a_postgres_restart_is_ridden_out(
 
         with psycopg.connect(url, autocommit=True) as conn:
             later = app.enqueue_many(
-                [sleep.call(0, tenant="a", countdown=1), sleep.call(0, tenant="b")],
+                [
+                    sleep.using(tenant="a", countdown=1).prepare(0),
+                    sleep.using(tenant="b").prepare(0),
+                ],
                 connection=conn,
             )
         # Claims, promotion (maintenance) and heartbeats all came back.

@@ -33,7 +33,7 @@ def test_a_worker_leaves_other_services_tasks_alone(
     (other,) = producer.enqueue_many(
         [TaskCall("other.task", "carol", ["hi"], queue="work")], connection=conn
     )
-    mine = enqueue(conn, producer, [producer.tasks["sleep"].call(0, tenant="carol")])
+    mine = enqueue(conn, producer, [producer.tasks["sleep"].using(tenant="carol").prepare(0)])
     env = {
         **env,
         "ROTA_UNKNOWN_TASK_RETRY_SECONDS": "0.2",

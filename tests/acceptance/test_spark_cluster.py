@@ -77,7 +77,10 @@ def test_the_streaming_loader_on_a_cluster_loads_once_and_restarts_from_its_chec
     ids: list[UUID] = []
     for start in range(0, 40_000, 10_000):
         ids += app.enqueue_many(
-            [parse_pdf.call(str(i), tenant=f"t{i % 100}") for i in range(start, start + 10_000)]
+            [
+                parse_pdf.using(tenant=f"t{i % 100}").prepare(str(i))
+                for i in range(start, start + 10_000)
+            ]
         )
     checkpoint = tmp_path / "checkpoint"
     killed: list[tuple[int, Any]] = []
@@ -95,7 +98,9 @@ def test_the_streaming_loader_on_a_cluster_loads_once_and_restarts_from_its_chec
         os.kill(victims[0], signal.SIGKILL)
 
     _run_loader(spark_cluster, settings, checkpoint, 40_000, conn, kill_a_loading_worker)
-    ids += app.enqueue_many([parse_pdf.call(f"late{i}", tenant="late") for i in range(500)])
+    ids += app.enqueue_many(
+        [parse_pdf.using(tenant="late").prepare(f"late{i}") for i in range(500)]
+    )
     _run_loader(spark_cluster, settings, checkpoint, 40_500, conn)
 
     assert conn.execute("SELECT count(*), count(DISTINCT id) FROM rota.tasks").fetchone() == (

@@ -52,7 +52,10 @@ def _enqueue(app: App, tasks: int) -> list[UUID]:
     ids: list[UUID] = []
     for start in range(0, tasks, 10_000):
         ids += app.enqueue_many(
-            [parse_pdf.call(str(i), tenant=f"t{i % 97}") for i in range(start, start + 10_000)]
+            [
+                parse_pdf.using(tenant=f"t{i % 97}").prepare(str(i))
+                for i in range(start, start + 10_000)
+            ]
         )
     return ids
 

@@ -54,7 +54,7 @@ def test_a_worker_killed_mid_task_loses_nothing(
     env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
 ) -> None:
     sleep = producer.tasks["sleep"]
-    ids = enqueue(conn, producer, [sleep.call(1.5, tenant="a")])
+    ids = enqueue(conn, producer, [sleep.using(tenant="a").prepare(1.5)])
     doomed = start_worker(env, "--concurrency", "1")
     wait_for(lambda: db.run(conn, core.task_states(ids))[ids[0]].status == "running")
     doomed.kill()  # kill -9 in the middle of the task
@@ -73,7 +73,10 @@ def test_sigterm_under_load_loses_and_strands_nothing(
     env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
 ) -> None:
     sleep, async_sleep = producer.tasks["sleep"], producer.tasks["async_sleep"]
-    calls = [(sleep if i % 2 else async_sleep).call(0.05, tenant=f"t{i % 4}") for i in range(150)]
+    calls = [
+        (sleep if i % 2 else async_sleep).using(tenant=f"t{i % 4}").prepare(0.05)
+        for i in range(150)
+    ]
     ids = enqueue(conn, producer, calls)
     workers = [start_worker(env, "--concurrency", "4") for _ in range(2)]
     # Both at work (a worker still starting up dies of the signal, holding nothing).
@@ -104,8 +107,8 @@ def test_concurrency_limit_holds_across_three_workers(
     enqueue(
         conn,
         producer,
-        [sleep.call(0.1, tenant="capped") for _ in range(30)]
-        + [sleep.call(0.1, tenant="free") for _ in range(30)],
+        [sleep.using(tenant="capped").prepare(0.1) for _ in range(30)]
+        + [sleep.using(tenant="free").prepare(0.1) for _ in range(30)],
     )
     workers = [start_worker(env, "--concurrency", "4", "--batch-size", "4") for _ in range(3)]
     try:
@@ -130,9 +133,9 @@ def test_retries_backoff_dead_letters_timeouts_and_unknown_tasks(
         conn,
         producer,
         [
-            producer.tasks["flaky"].call(1, tenant="a"),
-            producer.tasks["boom"].call(tenant="a"),
-            producer.tasks["too_slow"].call(tenant="a"),
+            producer.tasks["flaky"].using(tenant="a").prepare(1),
+            producer.tasks["boom"].using(tenant="a").prepare(),
+            producer.tasks["too_slow"].using(tenant="a").prepare(),
         ],
     )
     ids += producer.enqueue_many([TaskCall("nobody.knows", "a", queue="work")], connection=conn)
@@ -204,7 +207,7 @@ def test_cron_fires_once_per_tick_with_two_schedulers(
 def test_tasks_that_outlive_the_shutdown_grace_are_handed_back_and_the_worker_exits(
     env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
 ) -> None:
-    ids = enqueue(conn, producer, [producer.tasks["sleep"].call(30, tenant="a")])
+    ids = enqueue(conn, producer, [producer.tasks["sleep"].using(tenant="a").prepare(30)])
     worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "1"})
     wait_for(lambda: db.run(conn, core.task_states(ids))[ids[0]].status == "running")
     worker.stop(signal.SIGTERM, timeout=15)  # the grace, not the task's 30 s
@@ -225,7 +228,9 @@ def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
 
     _role_settings(database_url)
     sleep = producer.tasks["sleep"]
-    ids = enqueue(conn, producer, [sleep.call(0.01, tenant=f"t{i % 5}") for i in range(200)])
+    ids = enqueue(
+        conn, producer, [sleep.using(tenant=f"t{i % 5}").prepare(0.01) for i in range(200)]
+    )
     with local_pgbouncer(postgres_server, "transaction") as bouncer:
         pooled = {
             **env,

@@ -9,7 +9,6 @@ import time
 import psycopg
 
 import rota
-from rota.consumer import current_task
 
 app = rota.App.from_env()
 
@@ -19,7 +18,7 @@ LOG_TABLE = """CREATE TABLE IF NOT EXISTS test_log (
 
 
 def log_run(started: float) -> None:
-    task = current_task.get()
+    task = rota.context()
     with psycopg.connect(app.settings.database_url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO test_log VALUES (%s, %s, %s, %s, %s, %s)",
@@ -43,7 +42,7 @@ async def async_sleep(seconds: float) -> None:
 
 @app.task(queue="work", max_attempts=2)
 def flaky(fail_times: int) -> None:
-    if current_task.get().attempt <= fail_times:
+    if rota.context().attempt <= fail_times:
         raise rota.Retry(countdown=0.1)
     log_run(time.time())
 

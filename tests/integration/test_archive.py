@@ -26,7 +26,7 @@ def _ended(app: App, conn: Conn) -> dict[str, set[UUID]]:
     """Tasks that succeeded on days 1, 2 and 3, and one that died on day 2."""
     parse_pdf = app.tasks["parse_pdf"]
     ids = app.enqueue_many(
-        [parse_pdf.call(f"{i}.pdf", tenant=f"t{i % 3}") for i in range(9)], connection=conn
+        [parse_pdf.using(tenant=f"t{i % 3}").prepare(f"{i}.pdf") for i in range(9)], connection=conn
     )
     claimed = db.run(conn, core.claim(["pdfs"], 9, "w"))
     done = db.run(conn, core.complete([(t.id, t.attempt) for t in claimed[:8]]))

@@ -104,7 +104,7 @@ def test_queues_prune_and_stats(app: App, settings: Settings, conn: Conn) -> Non
     conn.execute("UPDATE rota.finished SET finished_at = now() - interval '8 days'")
     assert run_json(settings, "prune", "--older-than", "7d") == {"finished": 2, "dead": 0}
 
-    app.tasks["parse_pdf"].enqueue("a.pdf", tenant="bob")
+    app.tasks["parse_pdf"].using(tenant="bob").enqueue("a.pdf")
     stats = run_json(settings, "stats")
     assert stats["unavailable"] == {}
     assert sum(shard["entries"] for shard in stats["buffer"].values()) == 1
@@ -127,7 +127,7 @@ def test_queues_prune_and_stats(app: App, settings: Settings, conn: Conn) -> Non
 def test_dead_letters_commands(app: App, settings: Settings, conn: Conn) -> None:
     from rota.loader import Loader
 
-    app.tasks["parse_pdf"].enqueue("a.pdf", tenant="alice")
+    app.tasks["parse_pdf"].using(tenant="alice").enqueue("a.pdf")
     loader = Loader(settings.model_copy(update={"queues": "mail"}))
     loader.drain()
     loader.close()

@@ -28,7 +28,7 @@ def _lines(stderr: str) -> list[dict[str, Any]]:
 def test_loader_drain_reports_each_pass(app: App, settings: Settings, conn: Conn) -> None:
     parse_pdf = app.tasks["parse_pdf"]
     for i in range(24):  # an entry each
-        app.enqueue_many([parse_pdf.call(f"{i}.pdf", tenant=f"t{i % 6}")])
+        app.enqueue_many([parse_pdf.using(tenant=f"t{i % 6}").prepare(f"{i}.pdf")])
     # Two entries a shard a pass: several passes, a progress line after each.
     env = {**env_of(settings), "ROTA_SHARDS": str(settings.shards), "ROTA_LOADER_READ_COUNT": "2"}
     done = rota("loader", "drain", "--json", **env)
@@ -46,7 +46,7 @@ def test_loader_drain_reports_each_pass(app: App, settings: Settings, conn: Conn
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (24,)
 
     # Off a terminal without --json: the summary alone.
-    app.enqueue_many([parse_pdf.call("last.pdf", tenant="t0")])
+    app.enqueue_many([parse_pdf.using(tenant="t0").prepare("last.pdf")])
     quiet = rota("loader", "drain", **env)
     assert quiet.returncode == 0 and json.loads(quiet.stdout)["loaded"] == 1
     assert _lines(quiet.stderr) == []
@@ -57,7 +57,9 @@ def test_archive_reports_tasks_and_hours_read(
     app: App, settings: Settings, conn: Conn, tmp_path: Path
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    app.enqueue_many([parse_pdf.call(f"{i}.pdf", tenant="t") for i in range(6)], connection=conn)
+    app.enqueue_many(
+        [parse_pdf.using(tenant="t").prepare(f"{i}.pdf") for i in range(6)], connection=conn
+    )
     claimed = db.run(conn, core.claim(["pdfs"], 6, "w"))
     db.run(conn, core.complete([(t.id, t.attempt) for t in claimed]))
     # Ended over three hours two days ago: three slices of an hour to read.

@@ -129,21 +129,21 @@ def test_the_project_app_comes_from_settings_rota(rota_settings: Settings, rota_
 def test_an_enqueue_in_atomic_commits_with_the_rows(rota_settings: Settings) -> None:
     from django.db import transaction
 
-    from rota.contrib.django import enqueue
+    from rota.contrib.django import enqueue, get_app
     from tests.integration.django_project.models import Order
     from tests.integration.django_project.tasks import mark_paid
 
     url = rota_settings.database_url
     with transaction.atomic():
         order = Order.objects.create(item="book")
-        task_id = enqueue(mark_paid, order.id, tenant="shop")
-        by_name = enqueue("mark_paid", args=[order.id], tenant="shop")
+        task_id = enqueue(mark_paid.using(tenant="shop").prepare(order.id))
+        by_name = enqueue(get_app().prepare("mark_paid", [order.id], tenant="shop"))
         # Not there for anyone else until the request's transaction commits.
         assert _states(url, [task_id, by_name]) == {}
     assert set(_states(url, [task_id, by_name])) == {task_id, by_name}
     assert _buffered(rota_settings) == 0  # straight into PostgreSQL, with the rows
     # Outside atomic(), Django's autocommit: stored at once.
-    alone = enqueue(mark_paid, order.id, tenant="shop")
+    alone = enqueue(mark_paid.using(tenant="shop").prepare(order.id))
     assert set(_states(url, [alone])) == {alone}
 
 
@@ -156,12 +156,12 @@ def test_a_rollback_leaves_no_task(rota_settings: Settings) -> None:
 
     with pytest.raises(Boom), transaction.atomic():
         order = Order.objects.create(item="lamp")
-        dropped = enqueue(mark_paid, order.id, tenant="shop")
+        dropped = enqueue(mark_paid.using(tenant="shop").prepare(order.id))
         raise Boom
     with transaction.atomic():
-        kept = enqueue(mark_paid, 1, tenant="shop")
+        kept = enqueue(mark_paid.using(tenant="shop").prepare(1))
         with pytest.raises(Boom), transaction.atomic():  # a savepoint
-            dropped_too = enqueue(mark_paid, 2, tenant="shop")
+            dropped_too = enqueue(mark_paid.using(tenant="shop").prepare(2))
             raise Boom
     assert not Order.objects.exists()
     assert set(_states(rota_settings.database_url, [dropped, kept, dropped_too])) == {kept}
@@ -176,19 +176,19 @@ def test_enqueue_on_commit_enqueues_only_after_the_commit(rota_settings: Setting
 
     with transaction.atomic():
         order = Order.objects.create(item="pen")
-        task_id = enqueue_on_commit(mark_paid, order.id, tenant="shop")
+        task_id = enqueue_on_commit(mark_paid.using(tenant="shop").prepare(order.id))
         assert _buffered(rota_settings) == 0
     assert _buffered(rota_settings) == 1  # through the buffer, as any enqueue
     with pytest.raises(Boom), transaction.atomic():
         Order.objects.create(item="ink")
-        dropped = enqueue_on_commit(mark_paid, order.id, tenant="shop")
+        dropped = enqueue_on_commit(mark_paid.using(tenant="shop").prepare(order.id))
         raise Boom
     assert _buffered(rota_settings) == 1
     _load(rota_settings)
     assert set(_states(rota_settings.database_url, [task_id, dropped])) == {task_id}
     # Bad arguments fail in the request, not after its commit.
     with pytest.raises(ValueError), transaction.atomic():
-        enqueue_on_commit(mark_paid, tenant="shop")
+        enqueue_on_commit(mark_paid.using(tenant="shop").prepare())
 
 
 def test_a_failed_enqueue_after_the_commit_raises_or_is_logged(
@@ -213,10 +213,10 @@ def test_a_failed_enqueue_after_the_commit_raises_or_is_logged(
 
     with pytest.raises(EnqueueError), transaction.atomic():
         Order.objects.create(item="cup")
-        enqueue_on_commit(notify, 1, tenant="shop")
+        enqueue_on_commit(notify.using(tenant="shop").prepare(1))
     with caplog.at_level(logging.ERROR, logger="rota.contrib.django"), transaction.atomic():
         Order.objects.create(item="mug")
-        task_id = enqueue_on_commit(notify, 2, tenant="shop", robust=True)
+        task_id = enqueue_on_commit(notify.using(tenant="shop").prepare(2), robust=True)
     assert Order.objects.count() == 2
     assert str(task_id) in caplog.text
     nowhere.close()
@@ -235,7 +235,7 @@ def test_a_connection_to_another_database_is_refused(
     def notify(order_id: int) -> None: ...
 
     with pytest.raises(DifferentDatabase, match="rota_django"), transaction.atomic():
-        enqueue(notify, 1, tenant="shop")
+        enqueue(notify.using(tenant="shop").prepare(1))
     assert _states(database_url, []) == {}
     elsewhere.close()
 
@@ -249,7 +249,7 @@ def test_manage_py_rota_worker_runs_the_projects_tasks(rota_settings: Settings) 
 
     with transaction.atomic():
         order = Order.objects.create(item="map")
-        enqueue(mark_paid, order.id, tenant="shop")
+        enqueue(mark_paid.using(tenant="shop").prepare(order.id))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tools")]),

@@ -79,19 +79,20 @@ def test_an_enqueue_in_a_session_commits_and_rolls_back_with_it(
     parse_pdf = app.tasks["parse_pdf"]
     with Session(engine) as session:
         session.add(Order(item="book"))
-        kept = enqueue(session, parse_pdf, "a.pdf", tenant="alice")
+        kept = enqueue(session, parse_pdf.using(tenant="alice").prepare("a.pdf"))
         assert _states(database_url, [kept]) == {}  # not before the commit
         session.commit()
         session.add(Order(item="lamp"))
-        dropped = enqueue(session, parse_pdf, "b.pdf", tenant="alice")
+        dropped = enqueue(session, parse_pdf.using(tenant="alice").prepare("b.pdf"))
         session.rollback()
         with session.begin():
-            kept_too = enqueue(session, parse_pdf, "c.pdf", tenant="alice")
+            kept_too = enqueue(session, parse_pdf.using(tenant="alice").prepare("c.pdf"))
+            by_name = enqueue(session, app.prepare("parse_pdf", ["e.pdf"], tenant="alice"), app=app)
             with pytest.raises(Boom), session.begin_nested():  # a savepoint
-                dropped_too = enqueue(session, parse_pdf, "d.pdf", tenant="alice")
+                dropped_too = enqueue(session, parse_pdf.using(tenant="alice").prepare("d.pdf"))
                 raise Boom
-    ids = [kept, dropped, kept_too, dropped_too]
-    assert set(_states(database_url, ids)) == {kept, kept_too}
+    ids = [kept, dropped, kept_too, dropped_too, by_name]
+    assert set(_states(database_url, ids)) == {kept, kept_too, by_name}
     assert _items(engine) == ["book"]
     assert _buffered(settings) == 0  # straight into PostgreSQL, with the rows
 
@@ -102,33 +103,33 @@ def test_enqueue_after_commit_waits_for_the_commit(
     parse_pdf = app.tasks["parse_pdf"]
     with Session(engine) as session:
         session.add(Order(item="pen"))
-        first = enqueue_after_commit(session, parse_pdf, "a.pdf", tenant="alice")
+        first = enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("a.pdf"))
         session.flush()
         assert _buffered(settings) == 0
         session.commit()
         assert _buffered(settings) == 1
 
         session.add(Order(item="ink"))
-        b = enqueue_after_commit(session, parse_pdf, "b.pdf", tenant="alice")
+        b = enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("b.pdf"))
         session.rollback()
         assert _buffered(settings) == 1
 
         with session.begin():
-            c = enqueue_after_commit(session, parse_pdf, "c.pdf", tenant="alice")
+            c = enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("c.pdf"))
             with pytest.raises(Boom), session.begin_nested():
-                d = enqueue_after_commit(session, parse_pdf, "d.pdf", tenant="alice")
+                d = enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("d.pdf"))
                 raise Boom
             with session.begin_nested():  # released: its task waits for the outer commit
-                e = enqueue_after_commit(session, parse_pdf, "e.pdf", tenant="alice")
+                e = enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("e.pdf"))
             assert _buffered(settings) == 1
         assert _buffered(settings) == 3  # c and e
 
-        f = enqueue_after_commit(session, parse_pdf, "f.pdf", tenant="alice")
+        f = enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("f.pdf"))
     assert _buffered(settings) == 3  # closed without a commit: nothing
     assert _items(engine) == ["pen"]
     # Bad arguments fail where the task is asked for, not at the commit.
     with Session(engine) as session, pytest.raises(ValueError):
-        enqueue_after_commit(session, parse_pdf, tenant="alice")
+        enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare())
     # The ids returned are the ones the committed tasks were stored under.
     loader = Loader(settings)
     assert loader.drain().drained
@@ -150,7 +151,7 @@ def test_a_failed_enqueue_after_the_commit_is_raised_from_commit(engine: Engine)
 
     with Session(engine) as session:
         session.add(Order(item="cup"))
-        enqueue_after_commit(session, notify, 1, tenant="alice")
+        enqueue_after_commit(session, notify.using(tenant="alice").prepare(1))
         with pytest.raises(EnqueueError):
             session.commit()
         # The rows are committed, and the session goes on.
@@ -165,7 +166,7 @@ def test_a_session_on_another_database_is_refused(
 ) -> None:
     other = create_engine(_sqlalchemy_url(empty_database_url))
     with Session(other) as session, pytest.raises(DifferentDatabase):
-        enqueue(session, app.tasks["parse_pdf"], "a.pdf", tenant="alice")
+        enqueue(session, app.tasks["parse_pdf"].using(tenant="alice").prepare("a.pdf"))
     other.dispose()
 
 
@@ -177,9 +178,9 @@ def test_aenqueue_in_an_async_session(app: App, engine: Engine, database_url: st
         try:
             async with AsyncSession(aengine) as session:
                 session.add(Order(item="map"))
-                kept = await aenqueue(session, parse_pdf, "a.pdf", tenant="alice")
+                kept = await aenqueue(session, parse_pdf.using(tenant="alice").prepare("a.pdf"))
                 await session.commit()
-                dropped = await aenqueue(session, parse_pdf, "b.pdf", tenant="alice")
+                dropped = await aenqueue(session, parse_pdf.using(tenant="alice").prepare("b.pdf"))
                 await session.rollback()
             return kept, dropped
         finally:
@@ -198,11 +199,11 @@ def test_a_scoped_session_as_flask_sqlalchemy_has_it(
     session = scoped_session(sessionmaker(engine))
     session.add(Order(item="cap"))
     session.flush()
-    enqueue_after_commit(session, parse_pdf, "a.pdf", tenant="alice")
+    enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("a.pdf"))
     assert _buffered(settings) == 0
     session.commit()
     assert _buffered(settings) == 1
-    enqueue_after_commit(session, parse_pdf, "b.pdf", tenant="alice")
+    enqueue_after_commit(session, parse_pdf.using(tenant="alice").prepare("b.pdf"))
     session.remove()  # the request's teardown, uncommitted
     assert _buffered(settings) == 1
     assert _items(engine) == ["cap"]

@@ -91,7 +91,10 @@ def test_redis_out_of_memory_falls_back_to_postgresql(
 ) -> None:
     _refuse_writes(redis_admin)
     parse_pdf = app.tasks["parse_pdf"]
-    ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice") for i in range(settings.breaker_failures)]
+    ids = [
+        parse_pdf.using(tenant="alice").enqueue(f"{i}.pdf")
+        for i in range(settings.breaker_failures)
+    ]
     states = db.run(conn, core.task_states(ids))
     assert {states[i].status for i in ids} == {"pending"}  # stored in PostgreSQL
     assert app.producer.core.fallbacks == len(ids)
@@ -149,12 +152,12 @@ def test_a_tenants_capacity_counts_what_it_has_in_the_buffer(
     accepted = 0
     for i in range(40):  # no loader running: everything stays in the buffer
         try:
-            parse_pdf.enqueue(f"{i}.pdf", tenant="small")
+            parse_pdf.using(tenant="small").enqueue(f"{i}.pdf")
         except CapacityExceeded:
             continue
         accepted += 1
     assert accepted == 10
-    parse_pdf.enqueue("other.pdf", tenant="big")  # other tenants are not limited by it
+    parse_pdf.using(tenant="big").enqueue("other.pdf")  # other tenants are not limited by it
     loader = Loader(settings)
     try:
         assert loader.drain().drained
@@ -164,10 +167,10 @@ def test_a_tenants_capacity_counts_what_it_has_in_the_buffer(
     keys = [backlog_key(s) for s in all_streams(settings.stream_prefix, settings.shards)]
     assert not any(_client(settings).exists(key) for key in keys)
     with pytest.raises(CapacityExceeded):
-        parse_pdf.enqueue("more.pdf", tenant="small")
+        parse_pdf.using(tenant="small").enqueue("more.pdf")
     tasks = db.run(conn, core.claim(["pdfs"], 20, "w"))
     db.run(conn, core.complete(t.token for t in tasks))
-    parse_pdf.enqueue("more.pdf", tenant="small")
+    parse_pdf.using(tenant="small").enqueue("more.pdf")
 
 
 def test_loading_takes_a_limited_tenants_work_off_the_buffers_count(
@@ -178,8 +181,8 @@ def test_loading_takes_a_limited_tenants_work_off_the_buffers_count(
     db.transact(conn, core.configure_tenant("small", capacity=10))
     parse_pdf = app.tasks["parse_pdf"]
     for i in range(6):
-        parse_pdf.enqueue(f"{i}.pdf", tenant="small")
-    parse_pdf.enqueue("other.pdf", tenant="big")
+        parse_pdf.using(tenant="small").enqueue(f"{i}.pdf")
+    parse_pdf.using(tenant="big").enqueue("other.pdf")
     keys = [backlog_key(s) for s in all_streams(settings.stream_prefix, settings.shards)]
 
     def counted() -> float:
@@ -195,9 +198,9 @@ def test_loading_takes_a_limited_tenants_work_off_the_buffers_count(
     assert counted() == 0
     # Its 6 tasks now wait in PostgreSQL, counted once: 4 more fit.
     for i in range(4):
-        parse_pdf.enqueue(f"again-{i}.pdf", tenant="small")
+        parse_pdf.using(tenant="small").enqueue(f"again-{i}.pdf")
     with pytest.raises(CapacityExceeded):
-        parse_pdf.enqueue("more.pdf", tenant="small")
+        parse_pdf.using(tenant="small").enqueue("more.pdf")
 
 
 def test_a_full_buffer_sends_enqueues_to_postgresql(settings: Settings, conn: Conn) -> None:
@@ -256,7 +259,7 @@ def test_raw_entries_out_of_bounds_are_dead_lettered_with_the_reason(
 
 def test_the_transactional_path_checks_names_like_the_buffer(app: App, conn: Conn) -> None:
     with pytest.raises(InvalidName):
-        app.tasks["parse_pdf"].enqueue("a.pdf", tenant="alice\n", connection=conn)
+        app.tasks["parse_pdf"].using(tenant="alice\n", connection=conn).enqueue("a.pdf")
     assert _task_count(conn) == 0
 
 

@@ -92,8 +92,8 @@ def test_a_transactional_enqueue_does_not_hold_up_another_tenants(
     with psycopg.connect(database_url) as holder, psycopg.connect(database_url) as other:
         other.execute(NO_WAIT)
         other.commit()
-        parse_pdf.enqueue("a.pdf", tenant="alice", connection=holder)
-        parse_pdf.enqueue("b.pdf", tenant="bob", connection=other)
+        parse_pdf.using(tenant="alice", connection=holder).enqueue("a.pdf")
+        parse_pdf.using(tenant="bob", connection=other).enqueue("b.pdf")
         other.commit()
         with psycopg.connect(database_url, autocommit=True) as check:
             assert set(_ready(check, "pdfs")) == {"bob"}

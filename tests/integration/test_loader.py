@@ -65,7 +65,7 @@ def test_an_entry_loaded_twice_creates_its_tasks_once(
     app: App, settings: Settings, conn: Conn
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    app.enqueue_many([parse_pdf.call(f"{i}", tenant="alice") for i in range(10)])
+    app.enqueue_many([parse_pdf.using(tenant="alice").prepare(f"{i}") for i in range(10)])
     first = Loader(settings, consumer="first")
     first.ensure_groups()
     # Loaded and committed, but the loader "dies" before acknowledging.
@@ -86,7 +86,7 @@ def test_a_pass_of_several_chunks_keeps_each_tenants_order(
 ) -> None:
     settings = settings.model_copy(update={"loader_batch_size": 10})
     parse_pdf = app.tasks["parse_pdf"]
-    app.enqueue_many([parse_pdf.call(i, tenant="alice") for i in range(35)])
+    app.enqueue_many([parse_pdf.using(tenant="alice").prepare(i) for i in range(35)])
     loader = Loader(settings)
     result = loader.pass_once()
     loader.close()
@@ -113,7 +113,7 @@ def test_a_pass_woken_by_a_write_over_several_shards_loads_all_of_it(
                 lambda: _client(settings).info("clients")["blocked_clients"] == 1,
                 what="the loader to block on the buffer",
             )
-            spread_app.enqueue_many([work.call(tenant=t) for t in tenants.values()])
+            spread_app.enqueue_many([work.using(tenant=t).prepare() for t in tenants.values()])
             result = passing.result(timeout=30)
     finally:
         loader.close()
@@ -132,7 +132,7 @@ def _decode(entry: Any, settings: Settings) -> list[Any]:
 
 def test_entries_delivered_too_often_are_dead_lettered(app: App, settings: Settings) -> None:
     settings = settings.model_copy(update={"loader_max_deliveries": 2})
-    app.tasks["parse_pdf"].enqueue("a", tenant="alice")
+    app.tasks["parse_pdf"].using(tenant="alice").enqueue("a")
     loaders = [Loader(settings, consumer=f"c{i}") for i in range(3)]
     loaders[0].ensure_groups()
     loaders[0].reader.read_new(None)  # delivery 1, never loaded
@@ -156,7 +156,7 @@ def test_lambda_handler_drains_within_the_time_left(
         "ROTA_SHARDS": "4",
     }.items():
         monkeypatch.setenv(key, value)
-    app.enqueue_many([app.tasks["parse_pdf"].call("a", tenant="t") for _ in range(50)])
+    app.enqueue_many([app.tasks["parse_pdf"].using(tenant="t").prepare("a") for _ in range(50)])
 
     class Context:
         def get_remaining_time_in_millis(self) -> int:
@@ -168,7 +168,7 @@ def test_lambda_handler_drains_within_the_time_left(
 
 
 def test_rota_loader_drain_reports_json_and_an_exit_code(app: App, settings: Settings) -> None:
-    app.enqueue_many([app.tasks["parse_pdf"].call("a", tenant="t") for _ in range(7)])
+    app.enqueue_many([app.tasks["parse_pdf"].using(tenant="t").prepare("a") for _ in range(7)])
     env = {
         "ROTA_DATABASE_URL": settings.database_url,
         "ROTA_REDIS_URL": settings.redis_url,
@@ -185,7 +185,7 @@ def test_rota_loader_drain_reports_json_and_an_exit_code(app: App, settings: Set
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["loaded"] == 7
     env["ROTA_DATABASE_URL"] = "postgresql://rota@127.0.0.1:1/none"
-    app.enqueue_many([app.tasks["parse_pdf"].call("a", tenant="t")])
+    app.enqueue_many([app.tasks["parse_pdf"].using(tenant="t").prepare("a")])
     failed = subprocess.run(
         [sys.executable, "-m", "rota", "loader", "drain"],
         env=env,
@@ -198,7 +198,7 @@ def test_rota_loader_drain_reports_json_and_an_exit_code(app: App, settings: Set
 
 
 def test_rota_stats_as_json_and_prometheus(app: App, settings: Settings) -> None:
-    app.tasks["parse_pdf"].enqueue("a", tenant="alice")
+    app.tasks["parse_pdf"].using(tenant="alice").enqueue("a")
     env = {
         "ROTA_DATABASE_URL": settings.database_url,
         "ROTA_REDIS_URL": settings.redis_url,
@@ -225,7 +225,7 @@ def test_rota_stats_as_json_and_prometheus(app: App, settings: Settings) -> None
 
 
 def test_buffer_stats_show_depth_and_age(app: App, settings: Settings) -> None:
-    app.tasks["parse_pdf"].enqueue("a", tenant="alice")
+    app.tasks["parse_pdf"].using(tenant="alice").enqueue("a")
     loader = Loader(settings)
     stats = wait_for(
         lambda: (

@@ -36,7 +36,7 @@ def test_an_outage_longer_than_every_delivery_loses_nothing(
         database_timeout_seconds=1,
     )
     app = App(settings)
-    ids = app.enqueue_many([app.call("x.y", queue="q", tenant=f"t{i}") for i in range(30)])
+    ids = app.enqueue_many([app.prepare("x.y", queue="q", tenant=f"t{i}") for i in range(30)])
     app.close()
     loader = Loader(settings)
     try:

@@ -371,9 +371,9 @@ def test_why_still_in_the_buffer_or_its_dead_letters(
     app: App, conn: Conn, settings: Settings
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    ahead = app.enqueue_many([parse_pdf.call(str(i), tenant="alice") for i in range(3)])
-    wanted = parse_pdf.enqueue("x", tenant="alice")
-    keyed = parse_pdf.enqueue("y", tenant="alice", idempotency_key="upload-7")
+    ahead = app.enqueue_many([parse_pdf.using(tenant="alice").prepare(str(i)) for i in range(3)])
+    wanted = parse_pdf.using(tenant="alice").enqueue("x")
+    keyed = parse_pdf.using(tenant="alice", idempotency_key="upload-7").enqueue("y")
     client = redis.Redis.from_url(settings.redis_url)
     story = why(conn, settings, wanted, client)
     assert story.where == "buffer"
@@ -405,7 +405,7 @@ def test_dead_letters_replay_and_purge(app: App, conn: Conn, settings: Settings)
     from rota.loader.replay import replay
 
     parse_pdf = app.tasks["parse_pdf"]
-    ids = app.enqueue_many([parse_pdf.call(str(i), tenant="alice") for i in range(3)])
+    ids = app.enqueue_many([parse_pdf.using(tenant="alice").prepare(str(i)) for i in range(3)])
     loader = Loader(settings.model_copy(update={"queues": "mail"}))
     loader.drain()
     loader.close()

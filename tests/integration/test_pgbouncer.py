@@ -102,10 +102,12 @@ def test_producers_loaders_and_200_claimers_work_through_pgbouncer_in_transactio
         parse = app.task(name="app.parse", queue="default")(lambda n: None)
         # Through the buffer and a loader, and straight into PostgreSQL (the
         # fallback's path, in the caller's transaction) on the same pooler.
-        ids = app.enqueue_many([parse.call(n, tenant=f"t{n % 20}") for n in range(3000)])
-        ids += app.enqueue_many([parse.call(n, tenant="limited") for n in range(300)])
+        ids = app.enqueue_many([parse.using(tenant=f"t{n % 20}").prepare(n) for n in range(3000)])
+        ids += app.enqueue_many([parse.using(tenant="limited").prepare(n) for n in range(300)])
         with db.connect(pooled.database_url, pooled=True, autocommit=False) as own:
-            ids += app.enqueue_many([parse.call(n, tenant="direct") for n in range(100)], own)
+            ids += app.enqueue_many(
+                [parse.using(tenant="direct").prepare(n) for n in range(100)], own
+            )
             own.commit()
         app.close()
         loader = Loader(pooled)

@@ -36,7 +36,7 @@ def test_enqueue_writes_to_the_buffer_and_the_loader_makes_it_claimable(
     app: App, settings: Settings, conn: Conn
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    task_id = parse_pdf.enqueue("a.pdf", tenant="alice", pages=3)
+    task_id = parse_pdf.using(tenant="alice").enqueue("a.pdf", pages=3)
     assert _buffered(settings) == 1
     _drain(settings)
     (task,) = db.run(conn, core.claim(["pdfs"], 10, "w"))
@@ -52,7 +52,9 @@ def test_enqueue_writes_to_the_buffer_and_the_loader_makes_it_claimable(
 
 def test_enqueue_by_name_and_many(app: App, settings: Settings, conn: Conn) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    ids = app.enqueue_many([parse_pdf.call(f"{i}.pdf", tenant=f"t{i % 3}") for i in range(600)])
+    ids = app.enqueue_many(
+        [parse_pdf.using(tenant=f"t{i % 3}").prepare(f"{i}.pdf") for i in range(600)]
+    )
     other = app.enqueue("mail.send", args=["x@y"], queue="mail", tenant="t1")
     assert len(set(ids)) == 600
     with pytest.raises(UnknownTask, match="queue="):
@@ -67,7 +69,7 @@ def test_a_tenants_tasks_keep_their_order_through_the_buffer(
     app: App, settings: Settings, conn: Conn
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice") for i in range(20)]
+    ids = [parse_pdf.using(tenant="alice").enqueue(f"{i}.pdf") for i in range(20)]
     _drain(settings)
     assert [t.id for t in db.run(conn, core.claim(["pdfs"], 100, "w"))] == ids
 
@@ -76,8 +78,8 @@ def test_idempotency_key_makes_a_retried_enqueue_one_task(
     app: App, settings: Settings, conn: Conn
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    first = parse_pdf.enqueue("a.pdf", tenant="alice", idempotency_key="upload-42")
-    again = parse_pdf.enqueue("a.pdf", tenant="alice", idempotency_key="upload-42")
+    first = parse_pdf.using(tenant="alice", idempotency_key="upload-42").enqueue("a.pdf")
+    again = parse_pdf.using(tenant="alice", idempotency_key="upload-42").enqueue("a.pdf")
     assert first == again
     _drain(settings)
     assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 1
@@ -85,10 +87,12 @@ def test_idempotency_key_makes_a_retried_enqueue_one_task(
 
 def test_eta_and_countdown(app: App, settings: Settings, conn: Conn) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    later = parse_pdf.enqueue("a.pdf", tenant="alice", countdown=60)
-    at = parse_pdf.enqueue("b.pdf", tenant="alice", eta=datetime.now(UTC) + timedelta(hours=1))
+    later = parse_pdf.using(tenant="alice", countdown=60).enqueue("a.pdf")
+    at = parse_pdf.using(tenant="alice", eta=datetime.now(UTC) + timedelta(hours=1)).enqueue(
+        "b.pdf"
+    )
     with pytest.raises(rota_validation_error()):
-        parse_pdf.enqueue("c.pdf", tenant="alice", countdown=1, eta=datetime.now(UTC))
+        parse_pdf.using(tenant="alice", countdown=1, eta=datetime.now(UTC)).enqueue("c.pdf")
     _drain(settings)
     states = db.run(conn, core.task_states([later, at]))
     assert {s.status for s in states.values()} == {"scheduled"}
@@ -105,23 +109,24 @@ def test_bad_input_writes_nothing(app: App, settings: Settings) -> None:
 
     parse_pdf = app.tasks["parse_pdf"]
     with pytest.raises(InvalidName):
-        parse_pdf.enqueue("a.pdf", tenant="bad tenant")
+        parse_pdf.using(tenant="bad tenant").enqueue("a.pdf")
     with pytest.raises(NotJSONSerializable):
-        parse_pdf.enqueue({1, 2}, tenant="alice")
+        parse_pdf.using(tenant="alice").enqueue({1, 2})
     with pytest.raises(PayloadTooLarge):
-        parse_pdf.enqueue("x" * (settings.max_payload_bytes + 1), tenant="alice")
+        parse_pdf.using(tenant="alice").enqueue("x" * (settings.max_payload_bytes + 1))
     with pytest.raises(ValidationError):
-        parse_pdf.enqueue("a.pdf", tenant="alice", cost=-1)
+        parse_pdf.using(tenant="alice", cost=-1).enqueue("a.pdf")
     with pytest.raises(InvalidName):
         app.enqueue("not a name!", queue="pdfs", tenant="alice")
     with pytest.raises(InvalidName):
         app.enqueue("x.y", queue="Bad Queue", tenant="alice")
-    with pytest.raises(ValidationError, match="enqueue options"):
-        app.enqueue("x.y", queue="pdfs", tenant="alice", kwargs={"tenant": "bob"})
     # One bad call in a batch: nothing of the batch is written.
     with pytest.raises(InvalidName):
         app.enqueue_many(
-            [parse_pdf.call("a.pdf", tenant="ok"), parse_pdf.call("b.pdf", tenant="not ok")]
+            [
+                parse_pdf.using(tenant="ok").prepare("a.pdf"),
+                parse_pdf.using(tenant="not ok").prepare("b.pdf"),
+            ]
         )
     assert _buffered(settings) == 0
 
@@ -131,10 +136,10 @@ def test_transactional_enqueue_commits_and_rolls_back_with_the_caller(
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
     with psycopg.connect(database_url) as conn:
-        kept = parse_pdf.enqueue("a.pdf", tenant="alice", connection=conn)
+        kept = parse_pdf.using(tenant="alice", connection=conn).enqueue("a.pdf")
         conn.commit()
-        dropped = parse_pdf.enqueue("b.pdf", tenant="alice", connection=conn)
-        dropped_too = parse_pdf.enqueue("c.pdf", tenant="alice", connection=conn)
+        dropped = parse_pdf.using(tenant="alice", connection=conn).enqueue("b.pdf")
+        dropped_too = parse_pdf.using(tenant="alice", connection=conn).enqueue("c.pdf")
         conn.rollback()
     with psycopg.connect(database_url, autocommit=True) as check:
         states = db.run(check, core.task_states([kept, dropped, dropped_too]))
@@ -181,11 +186,11 @@ def test_capacity_gives_backpressure(settings: Settings, conn: Conn) -> None:
     # enqueued since: no database round trip per call.
     app = App(settings.model_copy(update={"capacity_cache_seconds": 30}))
     parse_pdf = app.task(lambda path: None, name="parse_pdf")
-    app.enqueue_many([parse_pdf.call("a", tenant="small") for _ in range(5)])
+    app.enqueue_many([parse_pdf.using(tenant="small").prepare("a") for _ in range(5)])
     with pytest.raises(CapacityExceeded) as refused:
-        parse_pdf.enqueue("b", tenant="small")
+        parse_pdf.using(tenant="small").enqueue("b")
     assert refused.value.capacity == 5
-    parse_pdf.enqueue("c", tenant="unlimited")  # other tenants are not affected
+    parse_pdf.using(tenant="unlimited").enqueue("c")  # other tenants are not affected
     app.close()
 
 
@@ -193,11 +198,11 @@ def test_async_twins(app: App, settings: Settings, conn: Conn, database_url: str
     parse_pdf = app.tasks["parse_pdf"]
 
     async def main() -> list[Any]:
-        one = await parse_pdf.aenqueue("a.pdf", tenant="alice")
+        one = await parse_pdf.using(tenant="alice").aenqueue("a.pdf")
         two = await app.aenqueue("parse_pdf", args=["b.pdf"], tenant="bob")
-        many = await app.aenqueue_many([parse_pdf.call("c", tenant="carol")] * 3)
+        many = await app.aenqueue_many([parse_pdf.using(tenant="carol").prepare("c")] * 3)
         async with await psycopg.AsyncConnection.connect(database_url) as aconn:
-            in_tx = await parse_pdf.aenqueue("d.pdf", tenant="dave", connection=aconn)
+            in_tx = await parse_pdf.using(tenant="dave", connection=aconn).aenqueue("d.pdf")
             await aconn.commit()
         await app.aclose()
         return [one, two, *many, in_tx]

@@ -108,9 +108,9 @@ def test_enqueues_across_a_thousand_tenants_load_exactly_once_in_each_tenants_or
     ids: list[UUID] = []
     per_tenant = 6
     for number in range(per_tenant):
-        calls = [parse_pdf.call(f"t{t}", number, tenant=f"t{t}") for t in range(TENANTS)]
+        calls = [parse_pdf.using(tenant=f"t{t}").prepare(f"t{t}", number) for t in range(TENANTS)]
         ids += app.enqueue_many(calls)
-    ids += [parse_pdf.enqueue("t7", per_tenant + n, tenant="t7") for n in range(20)]
+    ids += [parse_pdf.using(tenant="t7").enqueue("t7", per_tenant + n) for n in range(20)]
     app.close()
     assert app.producer.core.fallbacks == 0  # all went to the buffer
 
@@ -142,7 +142,7 @@ def test_a_loader_waiting_on_an_empty_cluster_loads_a_task_as_soon_as_it_comes(
     app = _app(cluster_settings)
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(loader.pass_once, block_ms=5000)
-        app.tasks["parse_pdf"].enqueue("late", 1, tenant="late")
+        app.tasks["parse_pdf"].using(tenant="late").enqueue("late", 1)
         assert waiting.result().loaded == 1
     loader.close()
     app.close()
@@ -160,7 +160,7 @@ def test_stats_dead_letters_and_the_async_producer_work_on_a_cluster(
     async def produce() -> list[UUID]:
         app = _app(cluster_settings)
         task = app.tasks["parse_pdf"]
-        ids = [await task.aenqueue(f"a{i}", i, tenant=f"a{i}") for i in range(30)]
+        ids = [await task.using(tenant=f"a{i}").aenqueue(f"a{i}", i) for i in range(30)]
         await app.aclose()
         return ids
 
@@ -219,7 +219,7 @@ def test_a_shard_whose_slot_moves_while_producing_loses_nothing(
         number = 0
         while not stop.is_set() or number < 400:
             tenant = tenants[number % len(tenants)]
-            acknowledged.append(parse_pdf.enqueue(tenant, number, tenant=tenant))
+            acknowledged.append(parse_pdf.using(tenant=tenant).enqueue(tenant, number))
             number += 1
 
     with ThreadPoolExecutor(1) as pool:
@@ -307,7 +307,7 @@ def test_a_master_killed_while_producing_costs_no_acknowledged_task(
         number = 0
         while not stop.is_set():
             tenant = f"k{number % 50}"
-            acknowledged.append(parse_pdf.enqueue(tenant, number, tenant=tenant))
+            acknowledged.append(parse_pdf.using(tenant=tenant).enqueue(tenant, number))
             number += 1
 
     with ThreadPoolExecutor(1) as pool:
@@ -347,7 +347,7 @@ def test_the_spark_loader_loads_a_clusters_shards_exactly_once_in_order(
     ids: list[UUID] = []
     for number in range(3):
         ids += app.enqueue_many(
-            [parse_pdf.call(f"s{t}", number, tenant=f"s{t}") for t in range(TENANTS)]
+            [parse_pdf.using(tenant=f"s{t}").prepare(f"s{t}", number) for t in range(TENANTS)]
         )
     app.close()
     checkpoint = str(tmp_path / "checkpoint")

@@ -272,7 +272,7 @@ def test_the_loader_loads_the_buffer_and_may_do_nothing_else(
 ) -> None:
     app = App(Settings(database_url=urls["rota"], redis_url=redis_url))
     try:
-        app.enqueue_many([app.call("x.y", queue="q", tenant=f"t{i}") for i in range(50)])
+        app.enqueue_many([app.prepare("x.y", queue="q", tenant=f"t{i}") for i in range(50)])
     finally:
         app.close()
     loader = Loader(Settings(database_url=urls["loader"], redis_url=redis_url))

@@ -35,8 +35,10 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     from rota.loader.spark import run_streaming
 
     parse_pdf = app.tasks["parse_pdf"]
-    first = app.enqueue_many([parse_pdf.call(str(i), tenant=f"t{i % 9}") for i in range(700)])
-    first += [parse_pdf.enqueue("one", tenant="solo") for _ in range(5)]
+    first = app.enqueue_many(
+        [parse_pdf.using(tenant=f"t{i % 9}").prepare(str(i)) for i in range(700)]
+    )
+    first += [parse_pdf.using(tenant="solo").enqueue("one") for _ in range(5)]
     client = redis.Redis.from_url(settings.redis_url)
     client.xadd(stream_name(settings.stream_prefix, 1), {b"v": ENTRY_VERSION, b"tasks": b"[{"})
     checkpoint = str(tmp_path / "checkpoint")
@@ -50,7 +52,7 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     # Trimmed by the sink once loaded, without waiting for the next batch.
     assert sum(client.xlen(s) for s in shards) == 0
 
-    second = app.enqueue_many([parse_pdf.call("late", tenant="t1") for _ in range(40)])
+    second = app.enqueue_many([parse_pdf.using(tenant="t1").prepare("late") for _ in range(40)])
     sink = run_streaming(settings, checkpoint=checkpoint, available_now=True, session=spark)
     assert sink.loaded == 40
     assert sum(client.xlen(s) for s in shards) == 0
@@ -90,8 +92,8 @@ def test_a_replayed_micro_batch_skips_the_shards_the_ledger_has_and_loads_the_re
     # Two tenants on two shards: two partitions, each its own transaction.
     a, b = _tenants_on_two_shards(settings)
     parse_pdf = app.tasks["parse_pdf"]
-    ids = app.enqueue_many([parse_pdf.call(str(i), tenant=a) for i in range(10)])
-    ids += app.enqueue_many([parse_pdf.call(str(i), tenant=b) for i in range(6)])
+    ids = app.enqueue_many([parse_pdf.using(tenant=a).prepare(str(i)) for i in range(10)])
+    ids += app.enqueue_many([parse_pdf.using(tenant=b).prepare(str(i)) for i in range(6)])
     rows = [(s, f"{n}-0", data) for n, (s, data) in enumerate(_entries(settings, ids), 1)]
     shard_a = stream_name(settings.stream_prefix, shard_for(a, settings.shards))
     sink = BatchSink(settings, query_key="q1")
@@ -104,8 +106,8 @@ def test_a_replayed_micro_batch_skips_the_shards_the_ledger_has_and_loads_the_re
     # Batch 8 crashed after shard a's partition committed and before shard b's:
     # its replay loads b's tasks only (a's ids would dedupe them anyway, so
     # the counts tell: the ledger, not ON CONFLICT, skipped them).
-    more = app.enqueue_many([parse_pdf.call(f"m{i}", tenant=a) for i in range(4)])
-    more += app.enqueue_many([parse_pdf.call(f"m{i}", tenant=b) for i in range(3)])
+    more = app.enqueue_many([parse_pdf.using(tenant=a).prepare(f"m{i}") for i in range(4)])
+    more += app.enqueue_many([parse_pdf.using(tenant=b).prepare(f"m{i}") for i in range(3)])
     later = [(s, f"{n}-0", data) for n, (s, data) in enumerate(_entries(settings, more), 9)]
     _load(settings, "q1", 8, [r for r in later if r[0] == shard_a])
     replay = BatchSink(settings, query_key="q1")
@@ -138,7 +140,11 @@ def test_a_shard_loads_in_chunks_as_its_entries_arrive_keeping_each_tenants_orde
     ids = []
     for start in range(0, 40, 8):  # five entries per tenant, eight tasks each
         ids += app.enqueue_many(
-            [parse_pdf.call(i, tenant=t) for t in ("a", "b") for i in range(start, start + 8)]
+            [
+                parse_pdf.using(tenant=t).prepare(i)
+                for t in ("a", "b")
+                for i in range(start, start + 8)
+            ]
         )
     rows = [(s, f"{n}-0", data) for n, (s, data) in enumerate(_entries(settings, ids), 1)]
     results = _load(settings.model_copy(update={"spark_load_size": 12}), "q", 0, rows)

@@ -65,7 +65,7 @@ def test_the_whole_path_over_verified_tls(
         ).fetchone() == (True,)
     app = App(settings)
     try:
-        ids = app.enqueue_many([app.call("x.y", queue="q", tenant=f"t{i}") for i in range(20)])
+        ids = app.enqueue_many([app.prepare("x.y", queue="q", tenant=f"t{i}") for i in range(20)])
     finally:
         app.close()
     assert app.producer.core.fallbacks == 0  # went through the TLS Redis
@@ -135,7 +135,7 @@ def test_each_component_works_with_its_redis_acl_and_is_refused_the_rest(
     db.transact(conn, core.configure_tenant("limited", capacity=100))
     producer = App(Settings(database_url=database_url, redis_url=acl_urls["producer"]))
     try:
-        producer.enqueue_many([producer.call("x.y", queue="q", tenant="limited")] * 3)
+        producer.enqueue_many([producer.prepare("x.y", queue="q", tenant="limited")] * 3)
         producer.enqueue("x.y", queue="q", tenant="free")
         assert producer.producer.core.fallbacks == 0  # all into the buffer
     finally:

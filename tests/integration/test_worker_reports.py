@@ -16,7 +16,7 @@ def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
     app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice", connection=conn) for i in range(3)]
+    ids = [parse_pdf.using(tenant="alice", connection=conn).enqueue(f"{i}.pdf") for i in range(3)]
     worker = Worker(app, queues=["pdfs"], maintenance=False)
     db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 3))
     claimed = db.run(conn, core.claim(["pdfs"], 3, worker.key))
@@ -43,7 +43,7 @@ def test_completions_sent_with_a_refused_claim_are_reported_apart_next(
     app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     parse_pdf = app.tasks["parse_pdf"]
-    ids = [parse_pdf.enqueue(f"{i}.pdf", tenant="alice", connection=conn) for i in range(4)]
+    ids = [parse_pdf.using(tenant="alice", connection=conn).enqueue(f"{i}.pdf") for i in range(4)]
     worker = Worker(app, queues=["pdfs"], batch_size=2, maintenance=False)
     db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 4))
     done = db.run(conn, core.claim(["pdfs"], 2, worker.key))

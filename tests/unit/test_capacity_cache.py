@@ -15,7 +15,7 @@ def test_a_failed_refresh_is_not_retried_before_the_cache_is_due(
 ) -> None:
     settings = Settings(capacity_cache_seconds=30)
     app = App(settings)
-    batch = app.batch([app.call("x.y", queue="q", tenant="alice")])
+    batch = app.batch([app.prepare("x.y", queue="q", tenant="alice")])
     core = ProducerCore(settings)
 
     first = core.store(batch)
@@ -35,7 +35,7 @@ def test_a_failed_refresh_is_not_retried_before_the_cache_is_due(
 def test_the_refresh_is_tried_again_once_due() -> None:
     settings = Settings(capacity_cache_seconds=0)
     app = App(settings)
-    batch = app.batch([app.call("x.y", queue="q", tenant="alice")])
+    batch = app.batch([app.prepare("x.y", queue="q", tenant="alice")])
     core = ProducerCore(settings)
     for _ in range(2):
         flow = core.store(batch)

@@ -81,7 +81,7 @@ def make(**overrides: Any) -> tuple[App, Harness]:
 
 
 def calls(app: App, *tenants: str, cost: float = 1.0) -> TaskBatch:
-    return app.batch([app.call("mail.send", queue="mail", tenant=t, cost=cost) for t in tenants])
+    return app.batch([app.prepare("mail.send", queue="mail", tenant=t, cost=cost) for t in tenants])
 
 
 def test_tasks_go_to_the_buffer_when_redis_takes_them() -> None:

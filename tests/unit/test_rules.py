@@ -37,7 +37,7 @@ def noop() -> None: ...
 
 def _enqueue_batch(app: rota.App, **options: Any) -> Any:
     """Checks a call as enqueue would (everything but the write)."""
-    return app.batch([app.tasks["parse"].call("a.pdf", **{"tenant": "alice", **options})])
+    return app.batch([app.tasks["parse"].using(**{"tenant": "alice", **options}).prepare("a.pdf")])
 
 
 @pytest.mark.parametrize(
@@ -119,20 +119,21 @@ def test_max_attempts_zero_is_refused_not_silently_three(app: rota.App) -> None:
         def nope() -> None: ...
 
 
-def test_parameters_that_clash_with_enqueue_options_are_refused(app: rota.App) -> None:
-    for clash in (
-        "tenant",
-        "cost",
-        "eta",
-        "countdown",
-        "idempotency_key",
-        "connection",
-        "priority",
-    ):
-        namespace: dict[str, Any] = {}
-        exec(f"def task({clash}): ...", namespace)
-        with pytest.raises(ValidationError, match=clash):
-            app.task(name=f"clash_{clash}")(namespace["task"])
+@pytest.mark.parametrize(
+    "name", ["tenant", "cost", "eta", "countdown", "idempotency_key", "connection", "priority"]
+)
+def test_parameters_named_like_enqueue_options_are_the_tasks_own(app: rota.App, name: str) -> None:
+    """The options go to `using`, the task's arguments to `prepare`: a
+    parameter named like an option is declared, and gets its own argument."""
+    namespace: dict[str, Any] = {}
+    exec(f"def task({name}): ...", namespace)
+    task = app.task(name=f"named_{name}")(namespace["task"])
+    by_keyword = app.batch([task.using(tenant="a").prepare(**{name: "x"})])
+    assert json.loads(by_keyword.payloads[0]) == {"args": [], "kwargs": {name: "x"}}
+    assert (by_keyword.tenants, by_keyword.costs, by_keyword.etas) == (["a"], [1.0], [None])
+    assert by_keyword.priorities == [0]
+    by_position = app.batch([task.using(tenant="a").prepare("x")])
+    assert json.loads(by_position.payloads[0]) == {"args": ["x"], "kwargs": {}}
 
 
 @pytest.mark.parametrize(
@@ -143,9 +144,9 @@ def test_arguments_that_do_not_fit_the_signature_are_refused_at_enqueue(
     app: rota.App, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     with pytest.raises(ValidationError, match="arguments do not fit"):
-        app.batch([app.tasks["parse"].call(*args, tenant="alice", **kwargs)])
-    app.batch([app.tasks["parse"].call("a", 2, tenant="alice")])  # fits
-    app.batch([app.tasks["parse"].call(path="a", tenant="alice")])
+        app.batch([app.tasks["parse"].using(tenant="alice").prepare(*args, **kwargs)])
+    app.batch([app.tasks["parse"].using(tenant="alice").prepare("a", 2)])  # fits
+    app.batch([app.tasks["parse"].using(tenant="alice").prepare(path="a")])
 
 
 def test_idempotency_ids_are_per_tenant_unambiguously() -> None:
@@ -218,7 +219,7 @@ def test_deep_nesting_is_a_typed_error() -> None:
 
 
 def test_many_distinct_templates_in_one_batch(app: rota.App) -> None:
-    calls = [app.call(f"other.t{i}", queue="q", tenant="a") for i in range(5000)]
+    calls = [app.prepare(f"other.t{i}", queue="q", tenant="a") for i in range(5000)]
     batch = app.batch(calls)
     assert batch.template == list(range(5000))
     assert [e.name for e in batch.envelopes()] == [f"other.t{i}" for i in range(5000)]
@@ -271,9 +272,9 @@ def test_settings_never_show_passwords() -> None:
 
 def test_an_allow_list_of_queues(app: rota.App) -> None:
     limited = rota.App(Settings(queues="pdfs, mail"))
-    limited.batch([limited.call("x.y", queue="mail", tenant="a")])
+    limited.batch([limited.prepare("x.y", queue="mail", tenant="a")])
     with pytest.raises(ValidationError, match="ROTA_QUEUES"):
-        limited.batch([limited.call("x.y", queue="other", tenant="a")])
+        limited.batch([limited.prepare("x.y", queue="other", tenant="a")])
     with pytest.raises(ValidationError, match="ROTA_QUEUES"):
         limited.task(queue="other")(noop)
     with pytest.raises(ValueError):
@@ -319,8 +320,8 @@ def test_priority_defaults_to_the_tasks_own_and_a_call_may_change_it(app: rota.A
     @app.task(priority=5)
     def urgent() -> None: ...
 
-    calls = [urgent.call(tenant="a"), urgent.call(tenant="a", priority=0)]
-    calls.append(app.call("elsewhere.task", queue="q", tenant="a", priority=2))
+    calls = [urgent.using(tenant="a").prepare(), urgent.using(tenant="a", priority=0).prepare()]
+    calls.append(app.prepare("elsewhere.task", queue="q", tenant="a", priority=2))
     assert app.batch(calls).priorities == [5, 0, 2]
 
 

@@ -17,7 +17,6 @@ import pytest
 
 import rota
 from rota.buffer import redis_client
-from rota.consumer import current_task
 from rota.core import db
 from rota.errors import (
     CapacityExceeded,
@@ -64,7 +63,7 @@ def test_enqueues_go_to_memory_and_run(app: rota.App) -> None:
         return "sent"
 
     with InMemory(app) as queue:
-        task_id = send_mail.enqueue("a@example.com", tenant="acme", subject="welcome")
+        task_id = send_mail.using(tenant="acme").enqueue("a@example.com", subject="welcome")
         assert len(queue.waiting(task="send_mail", tenant="acme")) == 1
         assert queue.waiting(tenant="other") == []
         (waiting,) = queue.waiting(task=send_mail, queue="mail")
@@ -114,13 +113,13 @@ def test_no_redis_or_postgresql_client_is_made(
 
     @app.task
     async def parent(n: int) -> None:
-        await child.aenqueue(n, tenant="t")
+        await child.using(tenant="t").aenqueue(n)
 
     with InMemory(app) as queue:
-        parent.enqueue(1, tenant="t")
-        app.enqueue_many([parent.call(n, tenant="t") for n in range(2, 600)])
-        asyncio.run(parent.aenqueue(600, tenant="t"))
-        child.enqueue(0, tenant="t", connection=object())  # stored as if committed
+        parent.using(tenant="t").enqueue(1)
+        app.enqueue_many([parent.using(tenant="t").prepare(n) for n in range(2, 600)])
+        asyncio.run(parent.using(tenant="t").aenqueue(600))
+        child.using(tenant="t", connection=object()).enqueue(0)  # stored as if committed
         assert queue.run_all().succeeded == 1201
         with pytest.raises(RuntimeError, match="no Redis"):
             queue.producer.redis  # noqa: B018
@@ -131,29 +130,32 @@ def test_connection_enqueues_are_stored(queue: InMemory, app: rota.App) -> None:
     @app.task
     def job() -> None: ...
 
-    task_id = job.enqueue(tenant="t", connection=object())
+    task_id = job.using(tenant="t", connection=object()).enqueue()
     assert [t.id for t in queue.waiting()] == [task_id]
 
 
 @pytest.mark.parametrize(
     ("call", "error"),
     [
-        (lambda task: task.call("x", tenant="bad tenant"), InvalidName),
-        (lambda task: task.call(math.nan, tenant="t"), NotJSONSerializable),
-        (lambda task: task.call({1, 2}, tenant="t"), NotJSONSerializable),
-        (lambda task: task.call("x" * 300_000, tenant="t"), PayloadTooLarge),
-        (lambda task: task.call("x", "y", "z", tenant="t"), ValidationError),  # signature
-        (lambda task: task.call("x", tenant="t", countdown="5"), ValidationError),
+        (lambda task: task.using(tenant="bad tenant").prepare("x"), InvalidName),
+        (lambda task: task.using(tenant="t").prepare(math.nan), NotJSONSerializable),
+        (lambda task: task.using(tenant="t").prepare({1, 2}), NotJSONSerializable),
+        (lambda task: task.using(tenant="t").prepare("x" * 300_000), PayloadTooLarge),
+        (lambda task: task.using(tenant="t").prepare("x", "y", "z"), ValidationError),  # signature
+        (lambda task: task.using(tenant="t", countdown="5").prepare("x"), ValidationError),
         (
-            lambda task: task.call("x", tenant="t", countdown=1, eta=datetime.now(UTC)),
+            lambda task: task.using(tenant="t", countdown=1, eta=datetime.now(UTC)).prepare("x"),
             ValidationError,
         ),
-        (lambda task: task.call("x", tenant="t", eta=datetime(2030, 1, 1)), ValidationError),
-        (lambda task: task.call("x", tenant="t", cost=0), ValidationError),
-        (lambda task: task.call("x", tenant="t", idempotency_key=""), ValidationError),
-        (lambda task: task.call(2**64, tenant="t"), ValidationError),
+        (
+            lambda task: task.using(tenant="t", eta=datetime(2030, 1, 1)).prepare("x"),
+            ValidationError,
+        ),
+        (lambda task: task.using(tenant="t", cost=0).prepare("x"), ValidationError),
+        (lambda task: task.using(tenant="t", idempotency_key="").prepare("x"), ValidationError),
+        (lambda task: task.using(tenant="t").prepare(2**64), ValidationError),
         (lambda task: rota.TaskCall("nope", "t"), UnknownTask),
-        (lambda task: rota.TaskCall("job", "t", kwargs={"tenant": "x"}), ValidationError),
+        (lambda task: rota.TaskCall("job", "t", ["x"], {"tenant": "x"}), ValidationError),
         (lambda task: rota.TaskCall("job", "t", ["x"], queue="Bad Queue"), InvalidName),
     ],
 )
@@ -171,7 +173,7 @@ def test_enqueues_are_refused_as_in_production(call: Any, error: type[Exception]
         assert type(in_memory.value) is type(production.value)
         assert str(in_memory.value) == str(production.value)
         with pytest.raises(error):
-            asyncio.run(app.aenqueue_many([job.call("ok", tenant="t"), call(job)]))
+            asyncio.run(app.aenqueue_many([job.using(tenant="t").prepare("ok"), call(job)]))
         assert queue.tasks() == []  # all or nothing
 
 
@@ -190,15 +192,15 @@ def test_idempotency_keys_deduplicate(queue: InMemory, app: rota.App) -> None:
     @app.task
     def charge(amount: int) -> None: ...
 
-    first = charge.enqueue(5, tenant="acme", idempotency_key="order-1")
-    again = charge.enqueue(7, tenant="acme", idempotency_key="order-1")
-    other = charge.enqueue(5, tenant="bob", idempotency_key="order-1")  # per tenant
+    first = charge.using(tenant="acme", idempotency_key="order-1").enqueue(5)
+    again = charge.using(tenant="acme", idempotency_key="order-1").enqueue(7)
+    other = charge.using(tenant="bob", idempotency_key="order-1").enqueue(5)  # per tenant
     assert first == again != other
-    ids = app.enqueue_many([charge.call(1, tenant="c", idempotency_key="k")] * 3)
+    ids = app.enqueue_many([charge.using(tenant="c", idempotency_key="k").prepare(1)] * 3)
     assert len(set(ids)) == 1
     assert [t.args for t in queue.waiting(tenant="acme")] == [[5]]  # the first one's
     assert queue.run_all().succeeded == 3
-    assert charge.enqueue(5, tenant="acme", idempotency_key="order-1") == first
+    assert charge.using(tenant="acme", idempotency_key="order-1").enqueue(5) == first
     assert queue.waiting() == []  # a task that ran is not brought back
 
 
@@ -208,9 +210,9 @@ def test_eta_and_countdown_are_not_run_early(queue: InMemory, app: rota.App) -> 
         return n
 
     start = queue.now()
-    later.enqueue(1, tenant="t", countdown=60)
-    later.enqueue(2, tenant="t", eta=start + timedelta(hours=2))
-    later.enqueue(3, tenant="t")
+    later.using(tenant="t", countdown=60).enqueue(1)
+    later.using(tenant="t", eta=start + timedelta(hours=2)).enqueue(2)
+    later.using(tenant="t").enqueue(3)
     assert [t.status for t in queue.waiting()] == ["scheduled", "scheduled", "pending"]
     assert [r.result for r in queue.run_all()] == [3]
     queue.advance(30)
@@ -222,7 +224,7 @@ def test_eta_and_countdown_are_not_run_early(queue: InMemory, app: rota.App) -> 
     assert [r.result for r in queue.run_all(now=start + timedelta(hours=2))] == [2]
     assert queue.now() >= start + timedelta(hours=2)
 
-    later.enqueue(4, tenant="t", countdown=10)  # from the clock as it is now
+    later.using(tenant="t", countdown=10).enqueue(4)  # from the clock as it is now
     (waiting,) = queue.waiting()
     assert waiting.eta is not None and waiting.eta - waiting.enqueued_at == timedelta(seconds=10)
     assert waiting.enqueued_at >= start + timedelta(hours=2)
@@ -236,12 +238,12 @@ def test_a_failure_is_retried_after_its_backoff_then_succeeds(
 
     @app.task(max_attempts=3, backoff=10)
     def flaky() -> str:
-        calls.append(current_task.get().attempt)
+        calls.append(rota.context().attempt)
         if len(calls) == 1:
             raise ConnectionError("smtp down")
         return "ok"
 
-    flaky.enqueue(tenant="t")
+    flaky.using(tenant="t").enqueue()
     first = queue.run_all()
     assert (first.retried, first.succeeded) == (1, 0)
     assert first.runs[0].error == "ConnectionError: smtp down"
@@ -268,7 +270,7 @@ def test_dead_after_max_attempts(queue: InMemory, app: rota.App) -> None:
     def broken(n: int) -> None:
         raise ValueError(f"bad input {n}")
 
-    broken.enqueue(7, tenant="t")
+    broken.using(tenant="t").enqueue(7)
     results = queue.run_all(advance=True)
     assert [(r.attempt, r.outcome) for r in results] == [
         (1, "retried"),
@@ -284,10 +286,10 @@ def test_dead_after_max_attempts(queue: InMemory, app: rota.App) -> None:
 def test_retry_asks_for_its_countdown(queue: InMemory, app: rota.App) -> None:
     @app.task(max_attempts=2, backoff=0)
     def poll() -> None:
-        if current_task.get().attempt == 1:
+        if rota.context().attempt == 1:
             raise rota.Retry(countdown=30, reason="not ready")
 
-    poll.enqueue(tenant="t")
+    poll.using(tenant="t").enqueue()
     assert queue.run_all().retried == 1
     (waiting,) = queue.failed()
     assert waiting.error == "not ready" and waiting.traceback is None
@@ -302,7 +304,7 @@ def test_retry_out_of_bounds_and_the_last_attempt(queue: InMemory, app: rota.App
     def stubborn() -> None:
         raise rota.Retry(countdown=-1)
 
-    stubborn.enqueue(tenant="t")
+    stubborn.using(tenant="t").enqueue()
     results = queue.run_all()  # backoff 0: the second attempt runs at once
     assert [r.outcome for r in results] == ["retried", "dead"]
     assert "retried after the task's backoff instead" in (results.runs[0].error or "")
@@ -314,38 +316,38 @@ def test_secrets_are_masked_in_stored_errors(queue: InMemory, app: rota.App) -> 
     def leaky() -> None:
         raise RuntimeError("cannot reach postgresql://rota:hunter2@db/app")
 
-    leaky.enqueue(tenant="t")
+    leaky.using(tenant="t").enqueue()
     queue.run_all()
     (dead,) = queue.dead()
     assert "hunter2" not in (dead.error or "") + (dead.traceback or "")
 
 
-def test_async_tasks_run_with_current_task(queue: InMemory, app: rota.App) -> None:
+def test_async_tasks_run_with_their_context(queue: InMemory, app: rota.App) -> None:
     seen: list[tuple[str, int]] = []
 
     @app.task
     async def notify(user: str) -> str:
         await asyncio.sleep(0)
-        task = current_task.get()
+        task = rota.context()
         seen.append((task.tenant, task.attempt))
         return user.upper()
 
-    notify.enqueue("ann", tenant="acme")
-    asyncio.run(notify.aenqueue("bob", tenant="acme"))
+    notify.using(tenant="acme").enqueue("ann")
+    asyncio.run(notify.using(tenant="acme").aenqueue("bob"))
     results = queue.run_all()  # from sync code
     assert [r.result for r in results] == ["ANN", "BOB"]
 
     async def from_a_coroutine() -> list[Any]:
-        await notify.aenqueue("cy", tenant="acme")
-        notify.enqueue("di", tenant="acme")
+        await notify.using(tenant="acme").aenqueue("cy")
+        notify.using(tenant="acme").enqueue("di")
         ran = [r.result for r in await queue.arun_all()]
-        notify.enqueue("ed", tenant="acme")
+        notify.using(tenant="acme").enqueue("ed")
         return ran + [r.result for r in queue.run_all()]  # run_all from a coroutine too
 
     assert asyncio.run(from_a_coroutine()) == ["CY", "DI", "ED"]
     assert seen == [("acme", 1)] * 5
-    with pytest.raises(LookupError):
-        current_task.get()  # not left set in the caller's context
+    with pytest.raises(rota.OutsideTask):
+        rota.context()  # not left set in the caller's context
 
 
 def test_timeouts_fail_the_task(queue: InMemory, app: rota.App) -> None:
@@ -357,8 +359,8 @@ def test_timeouts_fail_the_task(queue: InMemory, app: rota.App) -> None:
     async def aslow() -> None:
         await asyncio.sleep(5)
 
-    slow.enqueue(tenant="t")
-    aslow.enqueue(tenant="t")
+    slow.using(tenant="t").enqueue()
+    aslow.using(tenant="t").enqueue()
     results = queue.run_all()
     assert [r.outcome for r in results] == ["dead", "dead"]
     assert all(re.search(r"TaskTimeout: timed out after 0.05 s", r.error or "") for r in results)
@@ -373,8 +375,8 @@ def test_system_exit_fails_like_any_error(queue: InMemory, app: rota.App) -> Non
     async def aquits() -> None:
         raise KeyboardInterrupt
 
-    quits.enqueue(tenant="t")
-    aquits.enqueue(tenant="t")
+    quits.using(tenant="t").enqueue()
+    aquits.using(tenant="t").enqueue()
     assert [r.error for r in queue.run_all()] == [
         "SystemExit: 3",
         "rota.consumer.running.TaskAborted: the task raised KeyboardInterrupt",
@@ -387,14 +389,14 @@ def test_tasks_enqueued_by_tasks_land_in_memory(queue: InMemory, app: rota.App) 
 
     @app.task
     def signup(user: str) -> None:
-        welcome.enqueue(user, tenant=current_task.get().tenant, countdown=60)
+        welcome.using(tenant=rota.context().tenant, countdown=60).enqueue(user)
 
     @app.task
     async def asignup(user: str) -> None:
-        await welcome.aenqueue(user, tenant="acme")
+        await welcome.using(tenant="acme").aenqueue(user)
 
-    signup.enqueue("ann", tenant="acme")
-    asignup.enqueue("bob", tenant="acme")
+    signup.using(tenant="acme").enqueue("ann")
+    asignup.using(tenant="acme").enqueue("bob")
     assert queue.run_all().succeeded == 3  # bob's welcome ran; ann's waits a minute
     assert [(t.args, t.status) for t in queue.tasks(task="welcome")] == [
         (["ann"], "scheduled"),
@@ -407,10 +409,10 @@ def test_tenants_are_served_in_fair_order(queue: InMemory, app: rota.App) -> Non
     @app.task
     def job(n: int) -> None: ...
 
-    app.enqueue_many([job.call(n, tenant="flood") for n in range(5)])
-    job.enqueue(0, tenant="steady")
-    job.enqueue(1, tenant="steady")
-    job.enqueue(0, tenant="quiet")
+    app.enqueue_many([job.using(tenant="flood").prepare(n) for n in range(5)])
+    job.using(tenant="steady").enqueue(0)
+    job.using(tenant="steady").enqueue(1)
+    job.using(tenant="quiet").enqueue(0)
     order = [r.task.tenant for r in queue.run_all()]
     assert order == ["flood", "steady", "quiet", "flood", "steady", "flood", "flood", "flood"]
 
@@ -420,9 +422,11 @@ def test_weights_and_costs_give_shares(app: rota.App) -> None:
     def job(n: int) -> None: ...
 
     with InMemory(app, weights={"gold": 2}) as queue:
-        app.enqueue_many([job.call(n, tenant=t) for n in range(4) for t in ("gold", "tin")])
-        job.enqueue(0, tenant="big", cost=3)
-        job.enqueue(1, tenant="big", cost=3)
+        app.enqueue_many(
+            [job.using(tenant=t).prepare(n) for n in range(4) for t in ("gold", "tin")]
+        )
+        job.using(tenant="big", cost=3).enqueue(0)
+        job.using(tenant="big", cost=3).enqueue(1)
         order = "".join(r.task.tenant[0] for r in queue.run_all())
     assert order == "gtbggtgttb"
 
@@ -431,9 +435,9 @@ def test_late_tenants_are_served_within_a_round(queue: InMemory, app: rota.App) 
     @app.task
     def job(n: int) -> None:
         if n == 2:
-            job.enqueue(99, tenant="late")
+            job.using(tenant="late").enqueue(99)
 
-    app.enqueue_many([job.call(n, tenant="flood") for n in range(6)])
+    app.enqueue_many([job.using(tenant="flood").prepare(n) for n in range(6)])
     order = [(r.task.tenant, r.task.args[0]) for r in queue.run_all()]
     assert order.index(("late", 99)) == 4  # within a round, not after the flood
 
@@ -454,23 +458,23 @@ def test_capacities_push_back(app: rota.App) -> None:
     def job() -> None: ...
 
     with InMemory(app, capacities={"small": 2}) as queue:
-        job.enqueue(tenant="small")
-        job.enqueue(tenant="small")
+        job.using(tenant="small").enqueue()
+        job.using(tenant="small").enqueue()
         with pytest.raises(CapacityExceeded):
-            job.enqueue(tenant="small")
-        job.enqueue(tenant="other")
+            job.using(tenant="small").enqueue()
+        job.using(tenant="other").enqueue()
         assert len(queue.waiting()) == 3
 
 
 def test_a_start_time_and_a_run_limit(app: rota.App) -> None:
     @app.task
     def forever() -> None:
-        forever.enqueue(tenant="t")
+        forever.using(tenant="t").enqueue()
 
     start = datetime(2031, 5, 6, 7, 8, tzinfo=UTC)
     with InMemory(app, now=start) as queue:
         assert start <= queue.now() < start + timedelta(seconds=5)
-        forever.enqueue(tenant="t")
+        forever.using(tenant="t").enqueue()
         assert len(queue.run_all(limit=25)) == 25
         (waiting,) = queue.waiting()
         assert waiting.enqueued_at >= start
@@ -504,11 +508,11 @@ def test_priority_runs_a_tenants_urgent_task_at_its_next_turn(
     @app.task
     def job(n: int) -> None: ...
 
-    app.enqueue_many([job.call(n, tenant="flood") for n in range(5)])
-    job.enqueue(0, tenant="steady")
-    job.enqueue(1, tenant="steady")
-    job.enqueue(99, tenant="flood", priority=9)  # behind flood's own backlog
-    job.enqueue(98, tenant="flood", priority=5)
+    app.enqueue_many([job.using(tenant="flood").prepare(n) for n in range(5)])
+    job.using(tenant="steady").enqueue(0)
+    job.using(tenant="steady").enqueue(1)
+    job.using(tenant="flood", priority=9).enqueue(99)  # behind flood's own backlog
+    job.using(tenant="flood", priority=5).enqueue(98)
     order = [(r.task.tenant, r.task.args[0]) for r in queue.run_all()]
     # The tenants' turns are as without priorities; flood's turns run its
     # most urgent tasks first, each displaced task taking the urgent one's
@@ -521,7 +525,7 @@ def test_everything_urgent_is_no_more_than_a_share(queue: InMemory, app: rota.Ap
     @app.task
     def job(n: int) -> None: ...
 
-    app.enqueue_many([job.call(n, tenant="loud", priority=9) for n in range(4)])
-    app.enqueue_many([job.call(n, tenant="calm") for n in range(4)])
+    app.enqueue_many([job.using(tenant="loud", priority=9).prepare(n) for n in range(4)])
+    app.enqueue_many([job.using(tenant="calm").prepare(n) for n in range(4)])
     order = "".join(r.task.tenant[0] for r in queue.run_all())
     assert order == "lclclclc"

@@ -165,21 +165,24 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
                 tenant = rng.choice(
                     ["steady"] + [f"small-{i:02d}" for i in range(run.small_tenants)]
                 )
-                producer.enqueue_many([work.call(TASK_MS, tenant=tenant)])
+                producer.enqueue_many([work.using(tenant=tenant).prepare(TASK_MS)])
                 time.sleep(1 / run.trickle_per_second)
 
         try:
             # Spark's start-up (session, first micro-batch) is not the steady
             # state whose fairness the demo shows: one task goes through first.
             console.print("[bold]warming up the pipeline (Spark's first micro-batch) ...")
-            producer.enqueue_many([work.call(TASK_MS, tenant=WARM_UP)])
+            producer.enqueue_many([work.using(tenant=WARM_UP).prepare(TASK_MS)])
             while _done_of(conn, WARM_UP) < 1:
                 time.sleep(0.2)
             started = time.monotonic()
             console.print(f"[bold]flood: {run.flood:,} tasks for one tenant; others trickle in")
             for i in range(0, run.flood, 10_000):
                 producer.enqueue_many(
-                    [work.call(TASK_MS, tenant="flood") for _ in range(min(10_000, run.flood - i))]
+                    [
+                        work.using(tenant="flood").prepare(TASK_MS)
+                        for _ in range(min(10_000, run.flood - i))
+                    ]
                 )
             trickler = threading.Thread(target=trickle, daemon=True)
             trickler.start()

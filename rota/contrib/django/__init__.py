@@ -16,8 +16,9 @@
 
     with transaction.atomic():
         order = Order.objects.create(...)
-        enqueue(send_receipt, order.id, tenant="acme")            # in this transaction
-        enqueue_on_commit(send_receipt, order.id, tenant="acme")  # after it commits
+        receipt = send_receipt.using(tenant="acme").prepare(order.id)
+        enqueue(receipt)             # in this transaction
+        enqueue_on_commit(receipt)   # after it commits (one or the other)
 
 `ROTA` holds rota.Settings' fields (any case: "REDIS_URL" or "redis_url");
 what it leaves out comes from the ROTA_* environment variables as usual.
@@ -28,7 +29,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -41,7 +42,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from rota.app import App
 from rota.contrib.connections import DifferentDatabase, check_same_database, server_cursors
 from rota.settings import Settings
-from rota.task import Task, TaskCall
+from rota.task import TaskCall
 
 __all__ = [
     "DifferentDatabase",
@@ -134,26 +135,21 @@ def connection(using: str = DEFAULT_DB_ALIAS, app: App | None = None) -> psycopg
     return raw
 
 
-def _app_and_calls(
-    task: Task[..., Any] | str, args: Sequence[Any], options: dict[str, Any]
-) -> tuple[App, list[TaskCall]]:
-    if isinstance(task, str):
-        app = get_app()
-        return app, [app.call(task, *args, **options)]
-    if not isinstance(task.app, App):
-        raise TypeError(f"{task!r} does not belong to a rota.App")
-    return task.app, [task.call(*args, **options)]
+def _app_of(call: TaskCall) -> App:
+    """The app a run is enqueued through: its task's, or the project's
+    (ROTA_APP) for a run made by name (`app.prepare`)."""
+    if call.task is not None and isinstance(call.task.app, App):
+        return call.task.app
+    return get_app()
 
 
-def enqueue(
-    task: Task[..., Any] | str, *args: Any, using: str = DEFAULT_DB_ALIAS, **options: Any
-) -> UUID:
-    """Enqueues in the transaction of Django's database `using`: inside
-    `transaction.atomic()` the task is stored if the block commits and gone if
-    it rolls back; outside one, it is stored at once (autocommit). `task` is
-    a task (arguments and options as for `task.enqueue`) or a task's name
-    (as for `app.enqueue`: `args=[...]`, `tenant=...`)."""
-    app, calls = _app_and_calls(task, args, options)
+def enqueue(call: TaskCall, *, using: str = DEFAULT_DB_ALIAS) -> UUID:
+    """Enqueues a run (`task.using(tenant=...).prepare(...)`) in the
+    transaction of Django's database `using`: inside `transaction.atomic()`
+    the task is stored if the block commits and gone if it rolls back;
+    outside one, it is stored at once (autocommit)."""
+    app = _app_of(call)
+    calls = [call]
     raw = connection(using, app)
     try:
         with server_cursors(raw):
@@ -166,11 +162,7 @@ def enqueue(
 
 
 def enqueue_on_commit(
-    task: Task[..., Any] | str,
-    *args: Any,
-    using: str = DEFAULT_DB_ALIAS,
-    robust: bool = False,
-    **options: Any,
+    call: TaskCall, *, using: str = DEFAULT_DB_ALIAS, robust: bool = False
 ) -> UUID:
     """Enqueues once the transaction of database `using` commits (Django's
     `transaction.on_commit`; at once outside `atomic()`), through the app's
@@ -184,7 +176,8 @@ def enqueue_on_commit(
     end of the atomic block (and Django runs none of that transaction's later
     on_commit callbacks); `robust=True` logs it to the "rota.contrib.django"
     logger and goes on."""
-    app, calls = _app_and_calls(task, args, options)
+    app = _app_of(call)
+    calls = [call]
     batch = app.batch(calls)
     task_id = batch.ids[0]
 

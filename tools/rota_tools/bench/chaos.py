@@ -485,7 +485,7 @@ def produce(ids_dir: Path, rate: float, seconds_per_task: float) -> None:
     while True:
         tenant = f"t{sent % TENANTS}"
         with contextlib.suppress(EnqueueError, CapacityExceeded):
-            task_id = work.enqueue(seconds_per_task, tenant=tenant)
+            task_id = work.using(tenant=tenant).enqueue(seconds_per_task)
             out.write(f"{task_id}\n")
             out.flush()
         sent += 1

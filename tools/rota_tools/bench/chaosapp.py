@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import rota
-from rota.consumer import current_task
 
 app = rota.App.from_env()
 _lock = threading.Lock()
@@ -24,7 +23,7 @@ def _runs_file() -> Path:
 def work(seconds: float) -> None:
     started = time.time()
     time.sleep(seconds)
-    task = current_task.get()
+    task = rota.context()
     line = f"{task.id} {task.tenant} {task.attempt} {os.getpid()} {started:.6f} {time.time():.6f}\n"
     with _lock, _runs_file().open("a") as runs:
         runs.write(line)

@@ -54,7 +54,7 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
     many, plain = [], []
     for _ in range(runs):
         calls = [
-            noop.call(i, "payload-padding-abcdefghij", tenant=skewed_tenant(i, tenants))
+            noop.using(tenant=skewed_tenant(i, tenants)).prepare(i, "payload-padding-abcdefghij")
             for i in range(tasks)
         ]
         _flush_buffer(settings)
@@ -79,7 +79,7 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
     single = []
     for i in range(2000):
         started = time.perf_counter()
-        noop.enqueue(i, "payload-padding-abcdefghij", tenant=skewed_tenant(i, tenants))
+        noop.using(tenant=skewed_tenant(i, tenants)).enqueue(i, "payload-padding-abcdefghij")
         single.append((time.perf_counter() - started) * 1000)
     _flush_buffer(settings)
     app.close()
@@ -92,7 +92,7 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
     with db.connect(settings.database_url) as conn:
         reset(conn)
     fallback_calls = [
-        down_noop.call(i, "pad", tenant=skewed_tenant(i, tenants)) for i in range(20_000)
+        down_noop.using(tenant=skewed_tenant(i, tenants)).prepare(i, "pad") for i in range(20_000)
     ]
     started = time.perf_counter()
     for i in range(0, len(fallback_calls), 5_000):
@@ -101,7 +101,7 @@ def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> di
     fallback_single = []
     for i in range(200):
         started = time.perf_counter()
-        down_noop.enqueue(i, "pad", tenant="single")
+        down_noop.using(tenant="single").enqueue(i, "pad")
         fallback_single.append((time.perf_counter() - started) * 1000)
     down.close()
     return {
@@ -140,7 +140,7 @@ def _commit_latencies(conn: psycopg.Connection[Any]) -> list[float] | None:
 def _warm_up(app: App, conn: psycopg.Connection[Any]) -> None:
     """Enqueues the warm-up task and waits until the running loader has loaded
     it: the loader is up (Spark's first micro-batch is slow)."""
-    app.tasks["noop"].enqueue(0, "warm-up", tenant=WARM_UP)
+    app.tasks["noop"].using(tenant=WARM_UP).enqueue(0, "warm-up")
     deadline = time.monotonic() + 120
     while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < 1:
         assert time.monotonic() < deadline, "the loader loaded nothing in 120 s"
@@ -170,7 +170,7 @@ def _fill_buffer(app: App, tasks: int, tenants: int) -> None:
     for i in range(0, tasks, 10_000):
         app.enqueue_many(
             [
-                noop.call(j, "pad", tenant=skewed_tenant(j, tenants))
+                noop.using(tenant=skewed_tenant(j, tenants)).prepare(j, "pad")
                 for j in range(i, min(tasks, i + 10_000))
             ]
         )
@@ -335,7 +335,7 @@ def bench_pipeline_load(
         while time.monotonic() < deadline:
             app.enqueue_many(
                 [
-                    noop.call(sent + k, "pad", tenant=skewed_tenant(sent + k, tenants))
+                    noop.using(tenant=skewed_tenant(sent + k, tenants)).prepare(sent + k, "pad")
                     for k in range(20)
                 ]
             )
@@ -588,7 +588,7 @@ def bench_end_to_end(
             # then forgotten, as the first task of a cold pipeline says nothing
             # of the steady state.
             _wait_until(lambda: _live_workers(conn) == len(workers), "the workers register")
-            probe = noop.enqueue(-1, "warm-up", tenant="bench-warm-up")
+            probe = noop.using(tenant="bench-warm-up").enqueue(-1, "warm-up")
             _wait_until(lambda: _finished(conn) == 1, "a first task runs")
             conn.execute(query("bench_forget_finished"), {"id": probe})
             meter = CpuMeter(
@@ -607,7 +607,7 @@ def bench_end_to_end(
                 rate,
                 lambda first, n: app.enqueue_many(
                     [
-                        noop.call(i, "pad", tenant=skewed_tenant(i, tenants))
+                        noop.using(tenant=skewed_tenant(i, tenants)).prepare(i, "pad")
                         for i in range(first, first + n)
                     ]
                 ),

@@ -1,5 +1,5 @@
 """Tenants spread over several PostgreSQL primaries, simulated before rota
-routes by tenant (docs/scaling.md, "Sharding tenants").
+routes by tenant (docs/explanation/scaling.md, "Sharding tenants").
 
 Each tenant lives on one shard (rendezvous hashing of its name). The same
 workload runs on 1, 2 and 3 local PostgreSQL instances; a claimer picks the
