@@ -18,7 +18,12 @@ Blocks of other languages (text, sql, yaml, toml, ...) are text to read.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +77,8 @@ def blocks(page: Path) -> list[Block]:
         start = i + 1
         i += 1
         while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i].lstrip())
+            text = lines[i]
+            body.append(text[indent:] if text[:indent].strip() == "" else text.lstrip())
             i += 1
         i += 1  # the closing fence
         language = RUN_LANGUAGES.get(word, word or "text")
@@ -101,16 +107,107 @@ def blocks(page: Path) -> list[Block]:
 # a line of JSON back (ok, or the error). Top-level `await` works, as in
 # `python -m asyncio`.
 DRIVER = r"""
-import ast, asyncio, json, sys, traceback
+import ast, asyncio, contextlib, json, sys, traceback
+replies = sys.stdout
 namespace = {"__name__": "__main__"}
 for line in sys.stdin:
     code = json.loads(line)
     try:
-        compiled = compile(code, "<docs>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-        result = eval(compiled, namespace)
-        if asyncio.iscoroutine(result):
-            asyncio.run(result)
-        print(json.dumps({"ok": True}), flush=True)
+        with contextlib.redirect_stdout(sys.stderr):  # what a block prints is not a reply
+            compiled = compile(code, "<docs>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+            result = eval(compiled, namespace)
+            if asyncio.iscoroutine(result):
+                asyncio.run(result)
+        reply = {"ok": True}
     except BaseException:
-        print(json.dumps({"ok": False, "error": traceback.format_exc()}), flush=True)
+        reply = {"ok": False, "error": traceback.format_exc()}
+    replies.write(json.dumps(reply) + "\n")
+    replies.flush()
 """
+
+
+SHELL_TIMEOUT = 180.0
+RETRY_SECONDS = 60.0
+
+
+class Session:
+    """One page's run: a scratch directory, a Python interpreter for its
+    ```python blocks, and the background processes its blocks started."""
+
+    def __init__(self, directory: Path, env: dict[str, str], python: str) -> None:
+        self.directory = directory
+        self.env = env
+        self.executable = python
+        self.python: subprocess.Popen[str] | None = None
+        self.background: list[subprocess.Popen[bytes]] = []
+
+    def run(self, block: Block) -> None:
+        if block.mode == "file":
+            path = self.directory / block.reason
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(block.code)
+        elif block.mode == "retry":
+            deadline = time.monotonic() + RETRY_SECONDS
+            while True:
+                try:
+                    self._shell(block)
+                    return
+                except AssertionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        elif block.language == "python":
+            self._python(block)
+        elif block.mode == "background":
+            self.background.append(
+                subprocess.Popen(
+                    ["bash", "-c", block.code],
+                    cwd=self.directory,
+                    env=self.env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(self.directory / f"background-{block.line}.log", "wb"),  # noqa: SIM115
+                    start_new_session=True,
+                )
+            )
+        else:
+            self._shell(block)
+
+    def _shell(self, block: Block) -> None:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.code],
+            cwd=self.directory,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=SHELL_TIMEOUT,
+        )
+        assert done.returncode == 0, (
+            f"{block.where} failed:\n{block.code}\n{done.stdout}\n{done.stderr}"
+        )
+
+    def _python(self, block: Block) -> None:
+        if self.python is None:
+            self.python = subprocess.Popen(
+                [self.executable, "-c", DRIVER],
+                cwd=self.directory,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        assert self.python.stdin is not None and self.python.stdout is not None
+        self.python.stdin.write(json.dumps(block.code) + "\n")
+        self.python.stdin.flush()
+        reply = json.loads(self.python.stdout.readline() or '{"ok": false, "error": "exited"}')
+        assert reply["ok"], f"{block.where} failed:\n{block.code}\n{reply.get('error')}"
+
+    def close(self) -> None:
+        if self.python is not None:
+            self.python.kill()
+            self.python.wait()
+        for process in self.background:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(process.pid, signal.SIGKILL)
