@@ -125,6 +125,11 @@ class Task(Generic[P, R]):
     """A registered task. Calling it runs the function here and now; `using`
     sets the enqueue options of a run."""
 
+    # Copied from the function (functools.update_wrapper), as a decorator's are.
+    __name__: str
+    __qualname__: str
+    __wrapped__: Callable[P, R]
+
     def __init__(
         self, app: Enqueuer, fn: Callable[P, R], template: EnvelopeTemplate, options: TaskOptions
     ) -> None:

@@ -13,7 +13,6 @@ import pytest
 from tests.docs_examples import ROOT, Session, blocks, pages
 
 
-
 def test_every_example_runs_or_says_why_not() -> None:
     """No block is skipped without a reason, and each page's marks parse."""
     for page in pages():

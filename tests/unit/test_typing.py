@@ -35,6 +35,7 @@ async def main() -> None:
     await notify.using(tenant="alice", countdown=60).aenqueue(7)
     app.enqueue_many([parse_pdf.using(tenant="alice").prepare(p) for p in ["a", "b"]])
     pages: int = parse_pdf("a.pdf")
+    name: str = parse_pdf.__name__
     reveal_type(parse_pdf.using(tenant="a").enqueue("a.pdf"))
 """
 
