@@ -10,6 +10,7 @@ import platform
 import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
@@ -585,6 +586,53 @@ def bench_compare(
         for side, failures in stage_report["failures"].items():
             typer.echo(f"  {side}: {len(failures)} failed run(s): {failures[-1]}")
         typer.echo("")
+
+
+@bench_app.command("report")
+def bench_report(
+    runs: Annotated[str, typer.Option(help="the folder of runs' JSON reports")] = "bench-runs",
+    run: Annotated[bool, typer.Option(help="run the stages first, into --runs")] = False,
+    stages: Annotated[
+        str, typer.Option(help="with --run: comma-separated, of: " + ", ".join(STAGES))
+    ] = ",".join(STAGES),
+    rounds: Annotated[int, typer.Option(help="with --run: runs of each stage")] = 3,
+    page: Annotated[
+        str, typer.Option(help="the page whose generated part is rewritten")
+    ] = "docs/explanation/benchmarks.md",
+    timeout: Annotated[float, typer.Option(help="seconds one run may take")] = 1200.0,
+) -> None:
+    """The benchmarks page's figures from one set of runs: each stage's
+    figures (medians and ranges, ratios to the same run's baselines), the
+    machine and the dates once. `--run` makes the runs first."""
+    from rota_tools.bench import compare as ab
+    from rota_tools.bench import report
+    from rota_tools.devservers import local_postgres, local_redis
+
+    folder = Path(runs)
+    if run:
+        try:
+            chosen = ab.parse_stages(stages)
+        except ab.CompareError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        if rounds < 1:
+            raise typer.BadParameter("--rounds must be at least 1")
+        with local_postgres(BENCH_POSTGRES) as pg, local_redis() as rd:
+            report.run_stages(
+                ab.repository_root(),
+                chosen,
+                rounds,
+                folder,
+                pg.url,
+                rd.url,
+                timeout,
+                lambda line: typer.echo(line, err=True),
+            )
+    try:
+        generated = report.render(report.load_runs(folder))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    report.write_page(Path(page), generated)
+    typer.echo(f"wrote {page} from {folder}")
 
 
 def demo(

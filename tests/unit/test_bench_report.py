@@ -1,0 +1,50 @@
+"""`rota bench report`: the page's generated part from a folder of runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rota_tools.bench import report
+
+MACHINE = {"cpus": 2, "python": "3.11.7", "platform": "Linux-x86_64"}
+
+
+def _run(folder: Path, name: str, at: str, rate: float, ratio: float) -> None:
+    kept = {
+        "stage": "enqueue",
+        "report": {
+            "at": at,
+            "machine": MACHINE,
+            "enqueue_many_tasks_per_s": rate,
+            "ratio_to_plain_pipelining": ratio,
+        },
+    }
+    (folder / name).write_text(json.dumps(kept))
+
+
+def test_the_generated_part_holds_medians_ranges_machine_and_dates(tmp_path: Path) -> None:
+    _run(tmp_path, "enqueue-1.json", "2026-11-26T10:00:00+00:00", 200_000, 0.9)
+    _run(tmp_path, "enqueue-2.json", "2026-11-26T11:00:00+00:00", 180_000, 0.8)
+    _run(tmp_path, "enqueue-3.json", "2026-11-27T09:00:00+00:00", 210_000, 1.0)
+    (tmp_path / "notes.json").write_text(json.dumps({"stage": "unknown"}))
+    text = report.render(report.load_runs(tmp_path))
+    assert "Measured 2026-11-26 to 2026-11-27 on 2 cores, Linux-x86_64, Python 3.11.7" in text
+    assert "median of 3 runs" in text
+    assert "| enqueue_many tasks/s | **200.0k** (180.0k to 210.0k) | 200.0k, 180.0k, 210.0k |" in text
+    assert "| … ÷ plain pipelined XADD | **0.9** (0.8 to 1) |" in text
+    assert "### claim" not in text  # no runs of it: no table
+
+
+def test_the_page_keeps_what_is_around_the_generated_part(tmp_path: Path) -> None:
+    _run(tmp_path, "enqueue-1.json", "2026-11-26T10:00:00+00:00", 200_000, 0.9)
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nWhat they are.\n\n## Method\n\nHow.\n")
+    first = report.render(report.load_runs(tmp_path))
+    report.write_page(page, first)
+    _run(tmp_path, "enqueue-2.json", "2026-11-26T11:00:00+00:00", 100_000, 0.5)
+    report.write_page(page, report.render(report.load_runs(tmp_path)))
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\n" + report.START)
+    assert text.count(report.START) == 1 and text.endswith("What they are.\n\n## Method\n\nHow.\n")
+    assert "**150.0k**" in text
