@@ -214,3 +214,32 @@ def test_each_queues_fair_level_is_the_water_filling_level(conn: Conn) -> None:
     )
     assert levels == pytest.approx(expected)
     assert 0 < sum(level < float("inf") for level in expected.values()) < len(expected)
+
+
+def test_a_minutes_fair_level_counts_completions_counted_after_its_last_refresh(
+    conn: Conn,
+) -> None:
+    _within_a_minute()
+    load(conn, envelopes("flood", 100) + envelopes("trickle", 3))
+    _serve(conn, 20)
+
+    def level(minutes_ago: int) -> float:
+        row = conn.execute(
+            "SELECT h.fair_level FROM rota.queue_history h"
+            " WHERE h.minute = date_trunc('minute', now()) - make_interval(mins => %s)",
+            (minutes_ago,),
+        ).fetchone()
+        assert row is not None
+        return float(row[0])
+
+    # The trickle's 3 met, the flood owed the other 17 of 20.
+    assert level(0) == 17
+    _end_the_minute(conn)
+    conn.execute("UPDATE rota.stats_counted SET at = at - interval '1 minute'")
+    # Ten more of the flood's completions in that minute, counted late.
+    conn.execute(
+        "UPDATE rota.service v SET completed = completed + 10 FROM rota.tenants t"
+        " WHERE t.id = v.tenant_id AND t.name = 'flood'"
+    )
+    db.run(conn, core.refresh_stats())
+    assert level(1) == 27

@@ -4,7 +4,8 @@
 -- the last record forward (rota.tenant_minutes). rota.stats is written only
 -- where its counts changed, so when it was counted moves to one row
 -- (rota.stats_counted). A minute's fair level is computed from the live
--- counts, once per refresh of that minute. A pair's oldest waiting task is
+-- counts at each refresh of that minute, and once more at the first
+-- refresh of the next (rota.fair_levels). A pair's oldest waiting task is
 -- looked up again only when its first place in line or its count changed.
 
 ALTER TABLE rota.stats DROP COLUMN at, ADD COLUMN recorded_at timestamptz,
@@ -13,6 +14,49 @@ CREATE TABLE rota.stats_counted (
     only_row boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (only_row),
     at timestamptz NOT NULL
 );
+
+-- Each queue's max-min fair level in a minute, into its history row: with
+-- the minute's completions shared by water-filling over the tenants'
+-- weights and demands (their completions in the minute and their
+-- unfinished tasks as rota.stats counts them), a tenant is owed
+-- least(demand, weight * level); infinity when every demand was met.
+-- Tenants in ascending order of demand / weight: the largest prefix that the
+-- completions satisfy whole leaves the rest to share by weight.
+CREATE FUNCTION rota.fair_levels(p_minute timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    WITH d AS (
+        SELECT queue_id, coalesce(v.completed, 0)::float8 AS completed,
+               (coalesce(v.completed, 0) + coalesce(s.waiting + s.running, 0))::float8 AS demand,
+               t.weight
+        FROM (SELECT queue_id, tenant_id, completed FROM rota.service
+              WHERE minute = p_minute) v
+        FULL JOIN (SELECT queue_id, tenant_id, waiting, running FROM rota.stats
+                   WHERE waiting + running > 0) s USING (queue_id, tenant_id)
+        JOIN rota.tenants t ON t.id = tenant_id
+    ), totals AS (
+        SELECT queue_id, sum(completed) AS served, sum(demand) AS asked, sum(weight) AS w_all
+        FROM d GROUP BY 1
+    ), ranked AS (
+        SELECT queue_id, demand / weight AS r,
+               sum(demand) OVER upto AS d_upto, sum(weight) OVER upto AS w_upto
+        FROM d
+        WINDOW upto AS (PARTITION BY queue_id ORDER BY demand / weight ROWS UNBOUNDED PRECEDING)
+    ), levels AS (
+        SELECT x.queue_id,
+               CASE WHEN x.asked <= x.served THEN 'Infinity'::float8
+                    ELSE coalesce((max(ARRAY[k.w_upto, (x.served - k.d_upto) / (x.w_all - k.w_upto)])
+                                   FILTER (WHERE k.w_upto < x.w_all
+                                             AND k.d_upto + k.r * (x.w_all - k.w_upto) <= x.served))[2],
+                                  x.served / x.w_all)
+               END AS level
+        FROM totals x JOIN ranked k ON k.queue_id = x.queue_id
+        GROUP BY x.queue_id, x.asked, x.served, x.w_all
+    )
+    UPDATE rota.queue_history h SET fair_level = l.level
+    FROM levels l WHERE h.minute = p_minute AND h.queue_id = l.queue_id;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION rota.refresh_stats() RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -23,6 +67,12 @@ BEGIN
     -- One refresh at a time; a second caller leaves it to the first.
     IF NOT pg_try_advisory_xact_lock(hashtext('rota.refresh_stats')) THEN
         RETURN 0;
+    END IF;
+    -- The first refresh of a minute: the last minute's fair levels again,
+    -- with its completions counted since its last refresh and the counts
+    -- as they stood at its end (rota.stats, not yet recounted).
+    IF (SELECT c.at FROM rota.stats_counted c) < v_minute THEN
+        PERFORM rota.fair_levels(v_minute - interval '1 minute');
     END IF;
     -- Only what changed is written: rows of pairs with nothing left go,
     -- rows whose counts changed are updated, new pairs are inserted. A pair's
@@ -134,43 +184,10 @@ BEGIN
         ON d.minute = x.minute AND d.queue_id = x.queue_id
     WHERE x.minute >= v_minute - interval '1 minute'
       AND h.minute = x.minute AND h.queue_id = x.queue_id;
-    -- This minute's max-min fair level per queue: with the minute's
-    -- completions shared by water-filling over the tenants' weights and
-    -- demands (completions and unfinished tasks now), a tenant is owed
-    -- least(demand, weight * level); infinity when every demand was met.
-    -- Tenants in ascending order of demand / weight: the largest prefix
-    -- that the completions satisfy whole leaves the rest to share by weight.
-    -- A minute keeps the level of its last refresh.
-    WITH d AS (
-        SELECT queue_id, coalesce(v.completed, 0)::float8 AS completed,
-               (coalesce(v.completed, 0) + coalesce(s.waiting + s.running, 0))::float8 AS demand,
-               t.weight
-        FROM (SELECT queue_id, tenant_id, completed FROM rota.service
-              WHERE minute = v_minute) v
-        FULL JOIN (SELECT queue_id, tenant_id, waiting, running FROM rota.stats
-                   WHERE waiting + running > 0) s USING (queue_id, tenant_id)
-        JOIN rota.tenants t ON t.id = tenant_id
-    ), totals AS (
-        SELECT queue_id, sum(completed) AS served, sum(demand) AS asked, sum(weight) AS w_all
-        FROM d GROUP BY 1
-    ), ranked AS (
-        SELECT queue_id, demand / weight AS r,
-               sum(demand) OVER upto AS d_upto, sum(weight) OVER upto AS w_upto
-        FROM d
-        WINDOW upto AS (PARTITION BY queue_id ORDER BY demand / weight ROWS UNBOUNDED PRECEDING)
-    ), levels AS (
-        SELECT x.queue_id,
-               CASE WHEN x.asked <= x.served THEN 'Infinity'::float8
-                    ELSE coalesce((max(ARRAY[k.w_upto, (x.served - k.d_upto) / (x.w_all - k.w_upto)])
-                                   FILTER (WHERE k.w_upto < x.w_all
-                                             AND k.d_upto + k.r * (x.w_all - k.w_upto) <= x.served))[2],
-                                  x.served / x.w_all)
-               END AS level
-        FROM totals x JOIN ranked k ON k.queue_id = x.queue_id
-        GROUP BY x.queue_id, x.asked, x.served, x.w_all
-    )
-    UPDATE rota.queue_history h SET fair_level = l.level
-    FROM levels l WHERE h.minute = v_minute AND h.queue_id = l.queue_id;
+    -- This minute's fair levels, from the counts now; a minute keeps those
+    -- of its last refresh, and its first refresh of the next minute
+    -- recomputed them (above) with the completions counted since.
+    PERFORM rota.fair_levels(v_minute);
     DELETE FROM rota.queue_history WHERE minute < now() - interval '1 day';
     RETURN v_rows;
 END
