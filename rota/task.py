@@ -166,22 +166,7 @@ class Task(Generic[P, R]):
         the same key and tenant is the same task), its `priority` (0-9, higher
         first, within the tenant), and a `connection` to enqueue in that
         psycopg transaction. Checked when the run is enqueued."""
-        return Enqueue(
-            self,
-            TaskCall(
-                self.name,
-                tenant,
-                (),
-                {},
-                self.options.queue,
-                eta,
-                countdown,
-                cost,
-                idempotency_key,
-                priority,
-            ),
-            connection,
-        )
+        return Enqueue(self, (tenant, eta, countdown, cost, idempotency_key, priority), connection)
 
 
 class Enqueue(Generic[P]):
@@ -193,7 +178,9 @@ class Enqueue(Generic[P]):
     def __init__(
         self,
         task: Task[P, Any],
-        options: TaskCall,
+        # (tenant, eta, countdown, cost, idempotency_key, priority): a tuple,
+        # the cheapest thing to make on every enqueue.
+        options: tuple[str, datetime | None, float | None, float | None, str | None, int | None],
         connection: SyncConnection | AsyncConnection | None,
     ) -> None:
         self.task = task
@@ -221,17 +208,18 @@ class Enqueue(Generic[P]):
         return (await self.task.app.aenqueue_many(calls, connection=connection))[0]
 
     def _call(self, args: tuple[object, ...], kwargs: dict[str, object]) -> TaskCall:
-        o = self._options
+        task = self.task
+        tenant, eta, countdown, cost, key, priority = self._options
         return TaskCall(
-            o.name,
-            o.tenant,
+            task.name,
+            tenant,
             args,
             kwargs,
-            o.queue,
-            o.eta,
-            o.countdown,
-            o.cost,
-            o.idempotency_key,
-            o.priority,
-            self.task,
+            task.options.queue,
+            eta,
+            countdown,
+            cost,
+            key,
+            priority,
+            task,
         )
