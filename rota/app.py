@@ -25,6 +25,7 @@ from rota.model.envelope import check_run, envelope_template, task_id_for_key
 from rota.model.rules import (
     check_idempotency_key,
     check_priority,
+    check_result_ttl,
     check_task_name,
     check_tenant,
     check_timeout,
@@ -44,6 +45,7 @@ from rota.task import (
 
 if TYPE_CHECKING:
     from rota.producer import AsyncProducer, Producer, ProducerCore
+    from rota.result import Result
 
 
 def _utc_now() -> datetime:
@@ -84,6 +86,7 @@ class App:
         timeout: float | None = None,
         cost: float = 1.0,
         priority: int = 0,
+        result_ttl: float | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -98,10 +101,13 @@ class App:
         timeout: float | None = None,
         cost: float = 1.0,
         priority: int = 0,
+        result_ttl: float | None = None,
     ) -> Any:
         """Registers a task. `backoff` is the first retry delay in seconds (it
         doubles per attempt, with jitter); `timeout` bounds one run; `priority`
-        (0-9, higher first, within a tenant) is its runs' default."""
+        (0-9, higher first, within a tenant) is its runs' default;
+        `result_ttl` keeps each run's return value (JSON) that many seconds
+        after it succeeds, for `app.result(task_id)`."""
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or function.__name__
@@ -122,6 +128,7 @@ class App:
                 timeout=check_timeout(timeout),
                 cost=cost,
                 priority=check_priority(priority),
+                result_ttl=None if result_ttl is None else check_result_ttl(result_ttl),
             )
             # Checked once here, so a bad option fails at import, not at enqueue.
             template = envelope_template(
@@ -359,6 +366,13 @@ class App:
         self, calls: Iterable[TaskCall], connection: AsyncConnection | None = None
     ) -> list[UUID]:
         return await self.aproducer.store(self.batch(calls), connection)
+
+    def result(self, task_id: UUID) -> Result:
+        """The result of the task with this id (what enqueue returned):
+        `status()`, `get(timeout=)`, `await aget(timeout=)`."""
+        from rota.result import Result
+
+        return Result(self.settings, task_id)
 
     def close(self) -> None:
         if self._producer is not None:

@@ -52,3 +52,34 @@ class Retry(RotaError):
         super().__init__(reason)
         self.countdown = countdown
         self.reason = reason
+
+
+class ResultError(RotaError):
+    """A task's result cannot be given; the subclass says why."""
+
+    def __init__(self, task_id: object, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
+class TaskFailed(ResultError):
+    """The task is dead: it failed its last attempt (or could not run)."""
+
+    def __init__(self, task_id: object, error: str | None, traceback: str | None) -> None:
+        super().__init__(task_id, f"task {task_id} is dead: {error or 'no error kept'}")
+        self.error = error
+        self.traceback = traceback
+
+
+class TaskCancelled(ResultError):
+    """The task was cancelled before it succeeded."""
+
+
+class ResultExpired(ResultError):
+    """The task succeeded, and its result was dropped when its result_ttl ended."""
+
+
+class ResultNotKept(ResultError):
+    """The task succeeded, but no result is kept for it: its task keeps none
+    (no result_ttl), or the result was refused (too big, not JSON), said in
+    the message."""

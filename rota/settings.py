@@ -100,6 +100,20 @@ class Settings(BaseSettings):
         ge=64,
         description="Largest JSON payload (arguments) of one task in bytes; larger is refused.",
     )
+    max_result_bytes: int = Field(
+        default=1024 * 1024,
+        ge=64,
+        le=64 * 1024 * 1024,
+        description=(
+            "Largest result (a task's return value as JSON) kept, in bytes; a larger one"
+            " is refused with the reason and the task still succeeds."
+        ),
+    )
+    results_prune_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often maintenance drops results past their result_ttl.",
+    )
     buffer_max_entries: int = Field(
         default=1_000_000,
         ge=1,

@@ -43,6 +43,7 @@ class TaskOptions:
     timeout: float | None
     cost: float
     priority: int = 0
+    result_ttl: float | None = None  # seconds a run's return value is kept (None: not kept)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from croniter import croniter
 from rota import core
 from rota.app import App
 from rota.core import db
+from rota.core.results import prune_results
 from rota.errors import ValidationError
 from rota.model.envelope import make_envelope, task_id_for_key
 from rota.runtime.outage import Kept, Outage, rounds
@@ -100,6 +101,7 @@ class Maintenance:
             Duty("prune_dead", settings.retention_seconds, self.prune_dead),
             Duty("prune_workers", settings.retention_seconds, self.prune_workers),
             Duty("prune_loader_ledger", settings.retention_seconds, self.prune_loader_ledger),
+            Duty("prune_results", settings.results_prune_seconds, self.prune_results),
             Duty("count_service", settings.stats_seconds, self.count_service),
             Duty("refresh_stats", settings.stats_seconds, self.refresh_stats),
         ]
@@ -214,6 +216,9 @@ class Maintenance:
             conn,
             core.prune_loader_batches(self.settings.loader_ledger_retention, LEDGER_ROWS_KEPT),
         )
+
+    def prune_results(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
+        result.pruned["results"] = db.run(conn, prune_results())
 
     # -- cron ------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import psycopg
 
 from rota import core
 from rota.core.db import Op
+from rota.core.results import KeptResult, complete_keeping, wake_result_waiters
 
 log = logging.getLogger("rota.worker")
 
@@ -61,9 +62,12 @@ class Unreported:
     failed: list[core.Failure] = field(default_factory=list)
     stale: list[Token] = field(default_factory=list)  # not started: handed back
     unknown: list[Token] = field(default_factory=list)  # names the app does not know
+    kept: list[KeptResult] = field(default_factory=list)  # completions with their results
+    # Failed tasks that keep results: their waiters are woken if they end.
+    waited: set[UUID] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.done or self.failed or self.stale or self.unknown)
+        return bool(self.done or self.failed or self.stale or self.unknown or self.kept)
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,21 @@ def report(
         _note_refused(len(unreported.done), len(completed))
         finished += len(unreported.done)
         unreported.done = []
+    if unreported.kept:
+        kept = yield from send(
+            unreported.kept, lambda items: complete_keeping(items, key), _token_of_kept, key
+        )
+        _note_refused(len(unreported.kept), len(kept))
+        finished += len(unreported.kept)
+        unreported.kept = []
     if unreported.failed:
         outcomes = yield from send(
             unreported.failed, lambda failures: core.fail(failures, key), _token_of_failure, key
         )
+        ended = [o.id for o in outcomes if o.id in unreported.waited and o.status != "scheduled"]
+        if ended:
+            yield from wake_result_waiters(ended)
+        unreported.waited.difference_update(f.task_id for f in unreported.failed)
         for outcome in outcomes:
             if observe is not None:
                 observe(outcome)
@@ -130,7 +145,7 @@ def completes_alone(unreported: Unreported) -> bool:
     """Whether completions are all there is to report (the steady state):
     then they can travel with the next claim (`complete_and_claim`)."""
     return bool(unreported.done) and not (
-        unreported.failed or unreported.stale or unreported.unknown
+        unreported.failed or unreported.stale or unreported.unknown or unreported.kept
     )
 
 
@@ -233,6 +248,10 @@ def unreadable_claim(
 
 def _same(token: Token) -> Token:
     return token
+
+
+def _token_of_kept(kept: KeptResult) -> Token:
+    return kept.token
 
 
 def _token_of_failure(failure: core.Failure) -> Token:

@@ -21,7 +21,9 @@ from rota.app import App
 from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
 from rota.core import db
+from rota.core.results import KeptResult
 from rota.errors import Retry, ValidationError
+from rota.model.envelope import dump_result
 from rota.model.rules import check_delay
 from rota.runtime.outage import Kept, Outage, rounds
 from rota.settings import Settings
@@ -111,6 +113,8 @@ class Attempt(NamedTuple):
 class Outcome:
     task: core.ClaimedTask
     error: BaseException | None  # None: success
+    value: Any = None  # what the task returned, when its result is kept
+    keep: float | None = None  # seconds its result is kept (None: not kept)
 
 
 class StaleClaim(Exception):
@@ -172,9 +176,19 @@ def retry_failure(task: core.ClaimedTask, retry: Retry) -> core.Failure:
     return core.Failure(task.id, task.attempt, reason[:MESSAGE_MAX], retry_at)
 
 
-def sort_outcome(outcome: Outcome, unreported: Unreported) -> None:
+def sort_outcome(
+    outcome: Outcome, unreported: Unreported, max_result_bytes: int = 1024 * 1024
+) -> None:
     """Files a finished task's outcome under what is to be reported."""
     task, error = outcome.task, outcome.error
+    if outcome.keep is not None and error is None:
+        data, refused = dump_result(outcome.value, max_result_bytes)
+        if refused is not None:
+            log.warning("task %s succeeded; its result is not kept: %s", task.id, refused)
+        unreported.kept.append(KeptResult(task.token, data, refused, outcome.keep))
+        return
+    if outcome.keep is not None and not isinstance(error, StaleClaim):
+        unreported.waited.add(task.id)
     if isinstance(error, StaleClaim):
         log.warning(
             "not starting task %s: its lease ran out while the database was out of reach; "

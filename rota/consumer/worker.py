@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import functools
 import logging
 import os
@@ -24,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import psycopg
@@ -277,7 +277,7 @@ class Worker:
             return self._pool.submit(self._run_sync, registered, flight)
         run = asyncio.run_coroutine_threadsafe(self._run_async(registered, flight), self._loop)
         flight.future = run
-        run.add_done_callback(functools.partial(self._done, task))
+        run.add_done_callback(functools.partial(self._done, task, registered.options.result_ttl))
 
     def _lease_ran_out(self, flight: InFlight) -> bool:
         """Whether the task's lease has surely expired: no heartbeat reached
@@ -294,11 +294,12 @@ class Worker:
                     raise StaleClaim()
                 flight.begin()
             current_task.set(flight.task)
-            registered.fn(*flight.task.args, **flight.task.kwargs)
+            value = registered.fn(*flight.task.args, **flight.task.kwargs)
         except BaseException as exc:  # as the pool's future would keep it
-            self._ended(Outcome(flight.task, exc))
+            self._ended(Outcome(flight.task, exc, keep=registered.options.result_ttl))
         else:
-            self._ended(Outcome(flight.task, None))
+            keep = registered.options.result_ttl
+            self._ended(Outcome(flight.task, None, value if keep is not None else None, keep))
 
     async def _run_async(self, registered: Task[Any, Any], flight: InFlight) -> Any:
         async with self._async_slots:
@@ -315,9 +316,11 @@ class Worker:
             except (SystemExit, KeyboardInterrupt) as exc:
                 raise TaskAborted(f"the task raised {type(exc).__name__}") from None
 
-    def _done(self, task: core.ClaimedTask, future: concurrent.futures.Future[Any]) -> None:
+    def _done(self, task: core.ClaimedTask, keep: float | None, future: Future[Any]) -> None:
         if not future.cancelled():
-            self._ended(Outcome(task, future.exception()))
+            error = future.exception()
+            value = future.result() if error is None and keep is not None else None
+            self._ended(Outcome(task, error, value, keep))
 
     def _ended(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
@@ -360,7 +363,7 @@ class Worker:
             flight = self.in_flight.pop(outcome.task.id, None)
             if flight is None:
                 continue  # already reported (a timeout, then the late result)
-            sort_outcome(outcome, self.unreported)
+            sort_outcome(outcome, self.unreported, self.settings.max_result_bytes)
             if flight.started_at is None:
                 continue  # never started (a stale claim)
             task, failed = outcome.task, outcome.error is not None

@@ -114,6 +114,22 @@ def dump_payload(args: Any, kwargs: Any, max_bytes: int) -> str:
     return data.decode()
 
 
+def dump_result(value: Any, max_bytes: int) -> tuple[str | None, str | None]:
+    """A task's return value as JSON text, or why it cannot be kept (not
+    JSON, or over `max_bytes`): (json, None) or (None, reason)."""
+    try:
+        data = _dumps(value, default=_refuse, option=_JSON_OPTIONS)
+        if b"null" in data:
+            json.dumps(value, allow_nan=False)  # NaN and infinities: orjson writes null
+    except (TypeError, ValueError) as exc:
+        return None, f"the result is not JSON: {exc}"
+    if len(data) > max_bytes:
+        return None, (
+            f"the result is {len(data)} bytes of JSON, over ROTA_MAX_RESULT_BYTES ({max_bytes})"
+        )
+    return data.decode(), None
+
+
 _SAFE_UNKNOWN = SafeUUID.unknown
 
 

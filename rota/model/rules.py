@@ -173,6 +173,15 @@ def check_max_attempts(value: Any) -> int:
     return int(check_number("max_attempts", value, 1, MAX_ATTEMPTS, integer=True))
 
 
+# A result is kept at most a year.
+RESULT_TTL_MAX = 365 * 86400.0
+
+
+def check_result_ttl(value: Any) -> float:
+    """Seconds a result is kept: above 0, at most a year."""
+    return float(check_number("result_ttl", value, 0.0, RESULT_TTL_MAX, low_open=True))
+
+
 def check_timeout(value: Any) -> float | None:
     if value is None:
         return None

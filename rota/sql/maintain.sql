@@ -49,3 +49,6 @@ SELECT rota.refresh_stats()
 -- name: archived_before
 -- Everything that ended before this is archived (`rota archive`); NULL: nothing is.
 SELECT max(before) FROM rota.archives
+
+-- name: prune_results
+SELECT rota.prune_results(%(limit)s::integer)

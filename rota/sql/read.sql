@@ -373,3 +373,11 @@ SELECT coalesce(sum(m.completed), 0) AS served, coalesce(sum(m.demand), 0) AS de
 FROM rota.tenant_minutes(ARRAY[%(tenant_id)s]::integer[],
                          date_trunc('minute', now()) - make_interval(mins => %(minutes)s),
                          date_trunc('minute', now())) m
+
+-- name: task_result
+SELECT status, value::text AS value, refused, kept, error, traceback, finished_at, expires_at
+FROM rota.task_result(%(id)s::uuid)
+
+-- name: listen_results
+-- A task's id, when its result is kept or it ends without one.
+LISTEN rota_results

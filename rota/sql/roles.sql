@@ -93,6 +93,8 @@ BEGIN
                               rota.enter_line_of(uuid[]),
                               rota.vclock(integer)
         TO rota_producer, rota_loader, rota_worker;
+    -- A task's result, by its id (what enqueue returned).
+    GRANT EXECUTE ON FUNCTION rota.task_result(uuid) TO rota_producer, rota_worker;
     -- Backpressure: the producers read their tenants' backlog.
     GRANT SELECT ON rota.tenant_backlog TO rota_producer, rota_loader;
     -- The Spark loader's ledger of micro-batches.
@@ -122,6 +124,10 @@ BEGIN
         rota.prune_dead(interval, integer),
         rota.prune_workers(interval),
         rota.prune_loader_batches(interval, integer),
+        rota.prune_results(integer),
+        rota.worker_complete_keeping(text, bytea, uuid[], integer[], jsonb[], text[],
+                                     double precision[]),
+        rota.wake_result_waiters(uuid[]),
         rota.count_service(),
         rota.refresh_stats()
         TO rota_worker;

@@ -1942,4 +1942,103 @@ CREATE TRIGGER enter_line AFTER INSERT ON rota.tasks
 CREATE FUNCTION rota.enter_line_of(p_ids uuid[]) RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$ SELECT $$;
 
+-- Results, kept for the tasks that ask for them (`@app.task(result_ttl=...)`):
+-- the return value as JSON, or why it was refused (too big, not JSON), until
+-- it expires. Written with the completion, in its transaction; a waiter is
+-- woken by NOTIFY on rota_results with the task's id.
+CREATE TABLE rota.results (
+    task_id uuid PRIMARY KEY,
+    value jsonb,  -- NULL when refused, or once expired
+    refused text,  -- why no value is kept: it was too big, or not JSON
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX results_expire ON rota.results (expires_at) WHERE value IS NOT NULL;
+-- Expired results keep their row (it tells "expired" from "unknown") while
+-- their task's record lasts.
+CREATE INDEX results_expired ON rota.results (task_id) WHERE value IS NULL;
+
+-- Completes claimed tasks, as rota.complete, and keeps the results of those
+-- completed (p_values[i] or the reason p_refused[i], for p_ttls[i] seconds);
+-- wakes their waiters. Returns the ids completed.
+CREATE FUNCTION rota.complete_keeping(p_ids uuid[], p_attempts integer[], p_values jsonb[],
+                                      p_refused text[], p_ttls double precision[])
+RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    WITH done AS (
+        SELECT c.task_id FROM rota.complete_counted(p_ids, p_attempts) c
+    ), kept AS (
+        INSERT INTO rota.results (task_id, value, refused, expires_at)
+        SELECT k.id, k.value, k.refused, now() + make_interval(secs => k.ttl)
+        FROM unnest(p_ids, p_values, p_refused, p_ttls) AS k (id, value, refused, ttl)
+        JOIN done d ON d.task_id = k.id
+        ON CONFLICT (task_id) DO NOTHING
+        RETURNING task_id
+    )
+    SELECT k.task_id FROM kept k, LATERAL pg_notify('rota_results', k.task_id::text) n;
+END
+$$;
+
+CREATE FUNCTION rota.worker_complete_keeping(p_worker text, p_secret bytea, p_ids uuid[],
+                                             p_attempts integer[], p_values jsonb[],
+                                             p_refused text[], p_ttls double precision[])
+RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.complete_keeping(p_ids, p_attempts, p_values, p_refused,
+                                                     p_ttls);
+END
+$$;
+
+-- Wakes the waiters of tasks that ended without a result (dead, cancelled).
+CREATE FUNCTION rota.wake_result_waiters(p_ids uuid[]) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_notify('rota_results', id::text) FROM unnest(p_ids) AS id;
+$$;
+
+-- What became of a task, for its result's waiter: its state, and the result
+-- (or the refusal) once it succeeded, or the error and traceback it died of.
+-- `kept`: a result row was found; past `expires_at` its value is gone.
+CREATE FUNCTION rota.task_result(p_id uuid)
+RETURNS TABLE (status text, value jsonb, refused text, kept boolean, error text,
+               traceback text, finished_at timestamptz, expires_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM rota.running r WHERE r.task_id = t.id)
+                THEN 'running' ELSE t.status::text END,
+           NULL::jsonb, NULL::text, false, t.last_error, t.traceback, t.finished_at,
+           NULL::timestamptz
+    FROM rota.tasks t WHERE t.id = p_id
+    UNION ALL
+    SELECT 'succeeded', CASE WHEN r.expires_at > now() THEN r.value END,
+           CASE WHEN r.expires_at > now() THEN r.refused END, r.task_id IS NOT NULL, NULL,
+           NULL, f.finished_at, r.expires_at
+    FROM rota.finished f
+    LEFT JOIN rota.results r ON r.task_id = f.task_id
+    WHERE f.task_id = p_id
+$$;
+
+-- Up to p_limit results past their time lose their value (their row stays,
+-- to say "expired", while their task's record lasts); up to p_limit expired
+-- ones whose task's record is gone go. Returns the rows changed.
+CREATE FUNCTION rota.prune_results(p_limit integer) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    WITH expired AS (
+        UPDATE rota.results SET value = NULL, refused = NULL
+        WHERE task_id = ANY (ARRAY(
+            SELECT r.task_id FROM rota.results r
+            WHERE r.expires_at <= now() AND r.value IS NOT NULL LIMIT p_limit))
+        RETURNING 1
+    ), forgotten AS (
+        DELETE FROM rota.results WHERE task_id = ANY (ARRAY(
+            SELECT r.task_id FROM rota.results r
+            WHERE r.value IS NULL
+              AND NOT EXISTS (SELECT 1 FROM rota.finished f WHERE f.task_id = r.task_id)
+            LIMIT p_limit))
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM expired) + (SELECT count(*) FROM forgotten)
+$$;
+
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;

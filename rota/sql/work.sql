@@ -106,3 +106,17 @@ SELECT rota.worker_beat(%(worker)s::text, %(secret)s::bytea)
 
 -- name: worker_stop
 SELECT rota.worker_stop(%(worker)s::text, %(secret)s::bytea)
+
+-- name: complete_keeping
+SELECT id FROM rota.complete_keeping(%(ids)b::uuid[], %(attempts)b::integer[],
+                                     %(values)s::jsonb[], %(refused)s::text[],
+                                     %(ttls)s::double precision[]) AS id
+
+-- name: worker_complete_keeping
+SELECT id FROM rota.worker_complete_keeping(%(worker)s::text, %(secret)s::bytea,
+                                            %(ids)b::uuid[], %(attempts)b::integer[],
+                                            %(values)s::jsonb[], %(refused)s::text[],
+                                            %(ttls)s::double precision[]) AS id
+
+-- name: wake_result_waiters
+SELECT rota.wake_result_waiters(%(ids)b::uuid[])

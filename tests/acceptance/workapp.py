@@ -57,6 +57,32 @@ def too_slow() -> None:
     time.sleep(2)
 
 
+@app.task(queue="work", result_ttl=3600)
+def add(a: int, b: int) -> dict[str, int]:
+    return {"sum": a + b, "attempt": rota.context().attempt}
+
+
+@app.task(queue="work", result_ttl=3600)
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@app.task(queue="work", result_ttl=3600)
+def huge(size: int) -> str:
+    return "x" * size
+
+
+@app.task(queue="work", result_ttl=3600, max_attempts=1)
+def doomed() -> int:
+    raise RuntimeError("doomed from the start")
+
+
+@app.task(queue="work", result_ttl=0.5)
+def brief() -> int:
+    return 7
+
+
 @app.periodic("* * * * *", tenant="cron")
 def every_minute(tick: str) -> None:
     log_run(time.time())

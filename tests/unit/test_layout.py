@@ -128,7 +128,7 @@ def test_no_import_cycles() -> None:
 
 def test_the_top_level_is_grouped() -> None:
     """Top-level modules are the public face (the app, tasks, a running task's
-    context, settings, errors); everything else lives in a package named for
+    context, result, settings, errors); everything else lives in a package named for
     what it serves."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "app", "context", "errors", "settings", "task"]
+    assert top == ["__init__", "__main__", "app", "context", "errors", "result", "settings", "task"]

@@ -1,0 +1,78 @@
+"""Results: kept with the completion of the tasks that ask for them, read by
+their waiters (`rota.App.result`), pruned when they expire."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from rota.core.db import Execute, Op, UUIDArray, first, value, values
+from rota.core.rows import Rows
+from rota.core.work import WorkerKey, _as, token_params
+from rota.sql import query
+
+# NOTIFY channel: a task's id when its result is kept or it ended without one.
+CHANNEL = "rota_results"
+
+
+@dataclass(frozen=True)
+class KeptResult:
+    """A completed task's result to keep: its JSON, or why none is kept."""
+
+    token: tuple[UUID, int]
+    json: str | None  # the return value as JSON text
+    refused: str | None  # why it is not kept (too big, not JSON)
+    ttl_seconds: float
+
+
+def complete_keeping(
+    kept: Sequence[KeptResult], as_worker: WorkerKey | None = None
+) -> Op[set[UUID]]:
+    """Completes claimed tasks, keeping their results, in one transaction;
+    returns the ids completed (a stale token is refused, its result with it).
+    Their waiters are woken."""
+    params = {
+        **token_params(k.token for k in kept),
+        "values": [k.json for k in kept],
+        "refused": [k.refused for k in kept],
+        "ttls": [k.ttl_seconds for k in kept],
+    }
+    statement = _as(as_worker, query("complete_keeping"), query("worker_complete_keeping"), params)
+    return set((yield from values(*statement)))
+
+
+def wake_result_waiters(task_ids: Sequence[UUID]) -> Op[None]:
+    """Wakes the waiters of tasks that ended without a result (dead, cancelled)."""
+    yield from values(query("wake_result_waiters"), {"ids": UUIDArray(task_ids)})
+
+
+@dataclass(frozen=True)
+class ResultState:
+    """What became of a task, as its result's waiter reads it."""
+
+    status: str  # pending, scheduled, running, succeeded, dead or cancelled
+    value: str | None  # the result's JSON text
+    refused: str | None
+    kept: bool  # a result (or its refusal) is kept, unexpired
+    error: str | None
+    traceback: str | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+
+
+def task_result(task_id: UUID) -> Op[ResultState | None]:
+    """The task's state and result; None when PostgreSQL has no trace of it
+    (still in the buffer, pruned, or no such task)."""
+    return first(query("task_result"), {"id": task_id}, Rows(ResultState))
+
+
+def prune_results(limit: int = 10_000) -> Op[int]:
+    """Drops up to `limit` expired results."""
+    return int((yield from value(query("prune_results"), {"limit": limit})))
+
+
+def listen_results() -> Op[None]:
+    """Subscribes the connection to the NOTIFY of ended tasks with waiters."""
+    yield Execute(query("listen_results"))

@@ -1,0 +1,141 @@
+"""A task's result, by its id: `app.result(task_id)`.
+
+    result = app.result(task_id)
+    result.status()             # "waiting", "running", "succeeded", "dead", ...
+    value = result.get(timeout=30)
+    value = await result.aget(timeout=30)
+
+`get` waits on PostgreSQL's NOTIFY (the worker notifies when it keeps a
+result, or when a task that keeps results ends without one): no table is
+polled while nothing happens. Only tasks declared with `result_ttl` keep
+their return value.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+import orjson
+
+from rota.core import db
+from rota.core.results import ResultState, listen_results, task_result
+from rota.errors import ResultExpired, ResultNotKept, TaskCancelled, TaskFailed
+
+if TYPE_CHECKING:
+    from rota.settings import Settings
+
+# A waiter also looks again this often, should a notification be missed
+# (its connection lost and made again, or a task cancelled while waiting).
+RECHECK_SECONDS = 5.0
+# Behind a transaction pooler with no direct URL there is no LISTEN: polled.
+POLL_SECONDS = 0.5
+
+STATUSES = {"pending": "waiting"}
+
+
+class Result:
+    """What a task returned, once it has; see the module's docstring."""
+
+    def __init__(self, settings: Settings, task_id: UUID) -> None:
+        self.settings = settings
+        self.task_id = task_id
+
+    def __repr__(self) -> str:
+        return f"<rota.Result {self.task_id}>"
+
+    def status(self) -> str:
+        """waiting, scheduled, running, succeeded, dead or cancelled; unknown
+        when PostgreSQL has no trace of it yet (still in the buffer) or any
+        more (pruned), or no such task."""
+        with db.connect(self.settings.database_url, pooled=self._pooled) as conn:
+            state = db.run(conn, task_result(self.task_id))
+        return "unknown" if state is None else STATUSES.get(state.status, state.status)
+
+    @property
+    def _pooled(self) -> bool:
+        return self.settings.transaction_pooling
+
+    def get(self, timeout: float | None = None) -> object:
+        """The task's return value, once it succeeded; waits up to `timeout`
+        seconds (None: as long as it takes), then raises TimeoutError. A dead
+        task raises TaskFailed (its last error and traceback), a cancelled
+        one TaskCancelled, an expired result ResultExpired, a task that keeps
+        none (or whose result was refused) ResultNotKept."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        url = self.settings.session_database_url
+        with db.connect(
+            url or self.settings.database_url, pooled=url is None and self._pooled
+        ) as conn:
+            if url is not None:
+                conn.autocommit = True
+                db.run(conn, listen_results())
+            while True:
+                ended, value = _ended(self.task_id, db.run(conn, task_result(self.task_id)))
+                if ended:
+                    return value
+                wait = _left(deadline, self.task_id)
+                if url is None:
+                    time.sleep(min(wait, POLL_SECONDS))
+                    continue
+                for note in conn.notifies(timeout=min(wait, RECHECK_SECONDS)):
+                    if note.payload == str(self.task_id):
+                        break
+
+    async def aget(self, timeout: float | None = None) -> object:
+        """`get` for asyncio."""
+        import asyncio
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        url = self.settings.session_database_url
+        conn = await db.aconnect(
+            url or self.settings.database_url, pooled=url is None and self._pooled
+        )
+        async with conn:
+            if url is not None:
+                await conn.set_autocommit(True)
+                await db.arun(conn, listen_results())
+            while True:
+                state = await db.arun(conn, task_result(self.task_id))
+                ended, value = _ended(self.task_id, state)
+                if ended:
+                    return value
+                wait = _left(deadline, self.task_id)
+                if url is None:
+                    await asyncio.sleep(min(wait, POLL_SECONDS))
+                    continue
+                async for note in conn.notifies(timeout=min(wait, RECHECK_SECONDS)):
+                    if note.payload == str(self.task_id):
+                        break
+
+
+def _left(deadline: float | None, task_id: UUID) -> float:
+    if deadline is None:
+        return RECHECK_SECONDS
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"task {task_id} has not ended")
+    return left
+
+
+def _ended(task_id: UUID, state: ResultState | None) -> tuple[bool, object]:
+    """(True, the value) once the task succeeded with a result kept; raises
+    when it ended otherwise; (False, None) while it has not ended."""
+    if state is None or state.status in ("pending", "scheduled", "running"):
+        return False, None
+    if state.status == "dead":
+        raise TaskFailed(task_id, state.error, state.traceback)
+    if state.status == "cancelled":
+        raise TaskCancelled(task_id, f"task {task_id} was cancelled")
+    if not state.kept:
+        raise ResultNotKept(
+            task_id, f"task {task_id} succeeded; its task keeps no result (no result_ttl)"
+        )
+    if state.refused is not None:
+        raise ResultNotKept(task_id, f"task {task_id} succeeded; {state.refused}")
+    if state.value is None:
+        raise ResultExpired(
+            task_id, f"task {task_id} succeeded; its result expired at {state.expires_at}"
+        )
+    return True, orjson.loads(state.value)
