@@ -76,7 +76,9 @@ def create_app(settings: Settings) -> Starlette:
         post = ["POST"]
         routes.append(Route("/api" + path, guarded(json_act, True, "act"), methods=post))
         routes.append(Route("/actions" + path, guarded(form_act, False, "act"), methods=post))
+    result_api, _ = console.reading(task.result, "task.html")
     routes += [
+        Route("/api/tasks/{id}/result", guarded(result_api, True)),
         Route("/api/tasks", guarded(serve(api.enqueue), True, "enqueue"), methods=["POST"]),
         Route("/find", guarded(serve(task.find), api=False)),
         Route("/login", serve(session.login_page)),

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import orjson
 import psycopg
 import redis
 from psycopg.pq import TransactionStatus
@@ -24,6 +25,7 @@ from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
 from rota.core import db, read
+from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import replay as replay_letters
 from rota.model.jsondata import plain
@@ -213,7 +215,28 @@ def story(c: Connections, task: UUID) -> dict[str, Any]:
     with c.postgres() as conn:
         found = task_story(conn, client, c.settings, task)
     data: dict[str, Any] = plain(found)
+    data["result"] = result(c, task)
     return data
+
+
+def result(c: Connections, task: UUID) -> dict[str, Any] | None:
+    """A task's result as a waiter would get it (GET /api/tasks/ID/result);
+    None when PostgreSQL has no trace of the task."""
+    with c.postgres() as conn:
+        state = db.run(conn, task_result(task))
+    if state is None:
+        return None
+    expired = state.kept and state.value is None and state.refused is None
+    return {
+        "id": str(task),
+        "status": "waiting" if state.status == "pending" else state.status,
+        "kept": state.kept,
+        "value": orjson.loads(state.value) if state.value is not None else None,
+        "refused": state.refused,
+        "expired": expired and state.status == "succeeded",
+        "expires_at": state.expires_at.isoformat() if state.expires_at else None,
+        "error": state.error,
+    }
 
 
 def workers(c: Connections) -> dict[str, Any]:

@@ -25,6 +25,10 @@ def story(request: Request, c: data.Connections) -> dict[str, Any]:
     return data.story(c, data.task_id(request.path_params["id"]))
 
 
+def result(request: Request, c: data.Connections) -> dict[str, Any] | None:
+    return data.result(c, data.task_id(request.path_params["id"]))
+
+
 def cancel(
     request: Request, body: dict[str, Any], c: data.Connections, actor: str
 ) -> dict[str, Any]:
