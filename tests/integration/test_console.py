@@ -112,6 +112,35 @@ def test_the_api_tells_a_tasks_story(http: httpx.Client, conn: Conn) -> None:
     assert http.get("/api/tasks", params={"state": "ready"}).json()["tasks"][0]["tenant"] == "flood"
 
 
+def test_the_api_and_the_task_page_give_a_tasks_result(http: httpx.Client, conn: Conn) -> None:
+    from rota.core.results import KeptResult, complete_keeping
+
+    load(conn, envelopes("acme", 3))
+    kept, refused, plain = claim(conn, 3)
+    db.transact(
+        conn,
+        complete_keeping(
+            [
+                KeptResult(kept.token, '{"total": 42}', None, 3600),
+                KeptResult(refused.token, None, "the result is not JSON: set", 3600),
+            ]
+        ),
+    )
+    db.transact(conn, core.complete([plain.token]))
+    got = http.get(f"/api/tasks/{kept.id}/result").json()
+    assert (got["status"], got["value"], got["expired"]) == ("succeeded", {"total": 42}, False)
+    assert http.get(f"/api/tasks/{refused.id}/result").json()["refused"].endswith("set")
+    assert http.get(f"/api/tasks/{plain.id}/result").json()["kept"] is False
+    page = http.get(f"/tasks/{refused.id}").text
+    assert "not kept: the result is not JSON: set" in page
+    assert "{\"total\": 42}" in http.get(f"/tasks/{kept.id}").text
+    conn.execute("UPDATE rota.results SET expires_at = now() - interval '1 s'")
+    assert http.get(f"/api/tasks/{kept.id}/result").json()["expired"] is True
+    missing = "00000000-0000-7000-8000-000000000000"
+    assert http.get(f"/api/tasks/{missing}/result").status_code == 404
+    assert "expired at" in http.get(f"/tasks/{kept.id}").text
+
+
 def test_enqueue_over_http_checks_like_the_sdk(http: httpx.Client, settings: Settings) -> None:
     created = http.post(
         "/api/tasks",

@@ -130,6 +130,8 @@ STAGES: dict[str, Stage] = {
                 "synchronous_commit_ratio_to_pgqueuer.1_process",
             ),
             _m("enqueue → start p50 ms (NOTIFY)", "enqueue_to_start_ms.p50", higher=False),
+            _m("1 process keeping results ÷ without", "results.ratio_to_without"),
+            _m("result.get() after the end p50 ms", "results.get_after_end_ms.p50", higher=False),
         ),
     ),
     "end-to-end": Stage(

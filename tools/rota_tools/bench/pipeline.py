@@ -447,16 +447,19 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
     throughput: dict[str, float] = {}
     # The default (reports need no WAL flush), then reports waiting for it, as
     # the peers' do (ROTA_WORKER_SYNCHRONOUS_COMMIT=true).
-    runs = [(str(n), n, settings) for n in (1, 2)] + [
+    runs = [(str(n), n, settings, "noop") for n in (1, 2)] + [
         (
             f"{n}_synchronous_commit",
             n,
             settings.model_copy(update={"worker_synchronous_commit": True}),
+            "noop",
         )
         for n in (1, 2)
     ]
+    # The same with each run's result kept (`result_ttl`).
+    runs.append(("1_results", 1, settings, "noop_result"))
     with db.connect(settings.database_url) as conn:
-        for key, processes, run_settings in runs:
+        for key, processes, run_settings, name in runs:
             reset(conn)
             for i in range(0, tasks, 10_000):
                 db.transact(
@@ -464,7 +467,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                     core.load(
                         [
                             make_envelope(
-                                name="noop", queue=QUEUE, tenant=skewed_tenant(j, tenants), args=[j]
+                                name=name, queue=QUEUE, tenant=skewed_tenant(j, tenants), args=[j]
                             )
                             for j in range(i, min(tasks, i + 10_000))
                         ]
@@ -497,9 +500,10 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
                 )
                 time.sleep(0.05)
             _wait_for_finished(conn, 60, workers)
+            starts = _start_latencies(conn)
+            gets = _result_latencies(conn, settings)
         finally:
             stop_workers(workers)
-        starts = _start_latencies(conn)
     figures: dict[str, Any] = {
         "params": {
             "tasks": tasks,
@@ -512,6 +516,13 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
             f"{n}_process": round(throughput[f"{n}_synchronous_commit"]) for n in (1, 2)
         },
         "enqueue_to_start_ms": start_figures(starts),
+        "results": {
+            "tasks_per_s_1_process": round(throughput["1_results"]),
+            "ratio_to_without": round(throughput["1_results"] / throughput["1"], 3),
+            # From the completion's transaction to get() returning, in a
+            # process waiting on it meanwhile (woken by NOTIFY).
+            "get_after_end_ms": start_figures(gets),
+        },
         "goal": {"start_p50_ms_at_most": 50, "ratio_to_pgqueuer_at_least": 2.0},
     }
     if importlib.util.find_spec("pgqueuer") is not None:
@@ -548,6 +559,27 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
             k: round(throughput[k.split("_")[0]] / v, 2) for k, v in peer.items()
         }
     return figures
+
+
+def _result_latencies(
+    conn: psycopg.Connection[Any], settings: Settings, runs: int = 40
+) -> list[float]:
+    """Loads one task that keeps its result at a time and waits for it from
+    here (an idle worker runs it); ms from its completion's transaction to
+    get() returning."""
+    from rota.model.envelope import make_envelope
+    from rota.result import Result
+
+    latencies = []
+    for i in range(runs):
+        envelope = make_envelope(name="noop_result", queue=QUEUE, tenant="t", args=[i])
+        db.transact(conn, core.load([envelope]))
+        assert Result(settings, envelope.id).get(timeout=30) == 1
+        returned = time.time()
+        row = conn.execute(query("bench_finished_at"), {"id": envelope.id}).fetchone()
+        assert row is not None, "a task get() returned is not in rota.finished"
+        latencies.append((returned - row[0].timestamp()) * 1000)
+    return latencies
 
 
 def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

@@ -370,3 +370,7 @@ COPY {table} (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, b
 
 -- name: bench_copy_ceiling_drop
 DROP TABLE IF EXISTS {table}
+
+-- name: bench_finished_at
+-- When a task's completion began (its transaction's start).
+SELECT finished_at FROM rota.finished WHERE task_id = %(id)s
