@@ -2,7 +2,7 @@
 
 from rota import core
 from rota.app import App
-from rota.context import OutsideTask, TaskContext, context
+from rota.context import Cancelled, OutsideTask, TaskContext, context
 from rota.core import db
 from rota.errors import (
     CapacityExceeded,
@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "App",
+    "Cancelled",
     "CapacityExceeded",
     "Enqueue",
     "EnqueueError",

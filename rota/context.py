@@ -4,7 +4,8 @@ or under `rota.testing`."""
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 from uuid import UUID
@@ -17,10 +18,17 @@ if TYPE_CHECKING:
 # Set by the worker (and rota.testing) around each run; a task's own asyncio
 # tasks and threads started with contextvars.copy_context see it too.
 current_task: contextvars.ContextVar[ClaimedTask] = contextvars.ContextVar("rota_task")
+# Set when the running task's cancel was asked (rota task cancel, the console).
+current_cancel: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("rota_cancel")
 
 
 class OutsideTask(RotaError):
     """`rota.context()` was called outside a running task."""
+
+
+class Cancelled(RotaError):
+    """Raised by `rota.context().raise_if_cancelled()` in a task whose cancel
+    was asked: the task ends cancelled, not retried."""
 
 
 @dataclass(frozen=True)
@@ -35,11 +43,23 @@ class TaskContext:
     max_attempts: int
     enqueued_at: datetime
     lease_expires_at: datetime  # the worker extends it while the task runs
+    _cancel: threading.Event | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
         """A failure now is final: the task is dead-lettered, not retried."""
         return self.attempt >= self.max_attempts
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether this run's cancel was asked: a sync task should stop (an
+        async one is cancelled by its worker, a CancelledError at its await)."""
+        return self._cancel is not None and self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raises Cancelled once this run's cancel was asked."""
+        if self.cancelled:
+            raise Cancelled(f"task {self.id} was cancelled while it ran")
 
 
 def context() -> TaskContext:
@@ -56,4 +76,5 @@ def context() -> TaskContext:
         max_attempts=task.max_attempts,
         enqueued_at=task.enqueued_at,
         lease_expires_at=task.lease_expires_at,
+        _cancel=current_cancel.get(None),
     )

@@ -10,9 +10,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
+from uuid import UUID
 
 import psycopg
 
@@ -20,6 +21,7 @@ from rota import core
 from rota.app import App
 from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
+from rota.context import Cancelled
 from rota.core import db
 from rota.core.results import KeptResult
 from rota.errors import Retry, ValidationError
@@ -51,6 +53,8 @@ class InFlight:
     timed_out: bool = False
     waited: float | None = None  # seconds from its enqueue to its start
     handed_back: bool = False  # at shutdown, before it started: it must not start
+    # Set when its cancel is asked: the task sees it (rota.context().cancelled).
+    cancel: threading.Event = field(default_factory=threading.Event)
 
     def begin(self) -> None:
         self.started_at = time.monotonic()
@@ -125,6 +129,34 @@ class StaleClaim(Exception):
 class TaskAborted(Exception):
     """An async task raised SystemExit or KeyboardInterrupt: it fails like any
     error instead of stopping the worker's event loop."""
+
+
+def apply_cancels(
+    cancels: collections.deque[UUID],
+    in_flight: dict[UUID, InFlight],
+    starting: threading.Lock,
+    unreported: Unreported,
+    ended: Callable[[Outcome], None],
+) -> None:
+    """Stops the tasks whose cancel was asked: one not started is handed
+    back (its release ends it cancelled); an async one is cancelled at its
+    await; a sync one sees it (`rota.context().cancelled`) and stops itself.
+    Each ends once, as its report settles (a completion first wins)."""
+    while cancels:
+        flight = in_flight.get(cancels.popleft())
+        if flight is None:
+            continue  # already ended, or not this worker's
+        flight.cancel.set()
+        with starting:
+            unstarted = flight.started_at is None and flight.hand_back()
+        if unstarted:
+            del in_flight[flight.task.id]
+            unreported.stale.append(flight.task.token)
+        elif flight.future is not None and flight.future.cancel():
+            ended(Outcome(flight.task, Cancelled(f"task {flight.task.id} was cancelled")))
+        log.info(
+            "task %s: cancelled while %s", flight.task.id, "waiting" if unstarted else "running"
+        )
 
 
 def expire_timeouts(flights: Iterable[InFlight], outcomes: collections.deque[Outcome]) -> None:
@@ -218,13 +250,20 @@ def sort_outcome(
 
 
 def listen(
-    settings: Settings, queues: list[str], wake: threading.Event, stopping: threading.Event
+    settings: Settings,
+    queues: list[str],
+    wake: threading.Event,
+    stopping: threading.Event,
+    cancel: Callable[[UUID], None] = lambda _task: None,
+    worker: str = "",
 ) -> None:
-    """Sets `wake` on each NOTIFY for one of `queues`, until `stopping`; after
-    a lost connection it listens again once reconnected (the claim loop polls
-    meanwhile). Without a session URL (behind a transaction pooler) it
-    returns at once and the claim loop polls."""
+    """Sets `wake` on each NOTIFY for one of `queues`, and calls `cancel`
+    with each task of `worker` cancelled while it runs, until `stopping`;
+    after a lost connection it listens again once reconnected (the claim
+    loop polls meanwhile). Without a session URL (behind a transaction
+    pooler) it returns at once and the claim loop polls."""
     wanted = set(queues)
+    mine = worker + " "
     url = settings.session_database_url  # LISTEN needs a session: never a pooled one
     if url is None:
         log.info(
@@ -237,10 +276,14 @@ def listen(
     def listening() -> None:
         with db.connect(url, connect_timeout=settings.database_timeout_seconds) as conn:
             db.run(conn, core.listen_ready())
+            db.run(conn, core.listen_cancel())
             outage.recovered()
             while not stopping.is_set():
                 for note in conn.notifies(timeout=NOTIFY_WAIT_SECONDS):
-                    if note.payload in wanted:
+                    if note.channel == "rota_cancel":
+                        if note.payload.startswith(mine):
+                            cancel(UUID(note.payload[len(mine) :]))
+                    elif note.payload in wanted:
                         wake.set()
 
     outage = Outage("PostgreSQL (LISTEN)", log)

@@ -47,13 +47,14 @@ from rota.consumer.running import (
     TaskAborted,
     TaskPool,
     TaskTimeout,
+    apply_cancels,
     expire_timeouts,
     heartbeat,
     listen,
     sort_outcome,
     worker_queues,
 )
-from rota.context import current_task
+from rota.context import current_cancel, current_task
 from rota.core import db
 from rota.readmodel.metrics import WorkerMetrics
 from rota.runtime.outage import Kept, Outage, retrying, rounds
@@ -94,6 +95,8 @@ class Worker:
         # Its claims and reports carry it: a worker role acts for itself only.
         self.key = core.WorkerKey.new(self.id)
         self.stopping = threading.Event()
+        self.exited = threading.Event()  # cancels still reach a worker that is stopping
+        self.cancels: collections.deque[uuid.UUID] = collections.deque()
         self.wake = threading.Event()
         self.in_flight: dict[uuid.UUID, InFlight] = {}
         # Finished tasks, appended by the task threads and the event loop and
@@ -145,7 +148,9 @@ class Worker:
         self._loop_thread.start()
         helpers = [
             threading.Thread(
-                target=listen, args=(self.settings, queues, self.wake, self.stopping), daemon=True
+                target=listen,
+                args=(self.settings, queues, self.wake, self.exited, self._cancel_asked, self.id),
+                daemon=True,
             ),
             threading.Thread(target=self._heartbeat, daemon=True),
         ]
@@ -170,6 +175,7 @@ class Worker:
             return self._shutdown(kept.current)
         finally:
             self.stopping.set()
+            self.exited.set()
             self._pool.shutdown()
             self._loop.call_soon_threadsafe(self._loop.stop)
             kept.drop()
@@ -186,6 +192,7 @@ class Worker:
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""
         self.last_step = time.monotonic()
+        self._apply_cancels()
         self._collect_outcomes()
         expire_timeouts(self.in_flight.values(), self.outcomes)
         # Up to one batch beyond the running tasks is prefetched.
@@ -235,6 +242,7 @@ class Worker:
         while self.in_flight and time.monotonic() < deadline:
             self.wake.wait(SHUTDOWN_CHECK_SECONDS)
             self.wake.clear()
+            self._apply_cancels()
             self._collect_outcomes()
         stuck = [f.task.token for f in list(self.in_flight.values())]
         if stuck:
@@ -279,6 +287,15 @@ class Worker:
         flight.future = run
         run.add_done_callback(functools.partial(self._done, task, registered.options.result_ttl))
 
+    def _cancel_asked(self, task_id: uuid.UUID) -> None:
+        self.cancels.append(task_id)
+        self.wake.set()
+
+    def _apply_cancels(self) -> None:
+        apply_cancels(
+            self.cancels, self.in_flight, self._pool.starting, self.unreported, self._ended
+        )
+
     def _lease_ran_out(self, flight: InFlight) -> bool:
         """Whether the task's lease has surely expired: no heartbeat reached
         the database for longer than the lease since it was claimed."""
@@ -294,6 +311,7 @@ class Worker:
                     raise StaleClaim()
                 flight.begin()
             current_task.set(flight.task)
+            current_cancel.set(flight.cancel)
             value = registered.fn(*flight.task.args, **flight.task.kwargs)
         except BaseException as exc:  # as the pool's future would keep it
             self._ended(Outcome(flight.task, exc, keep=registered.options.result_ttl))
@@ -307,6 +325,7 @@ class Worker:
                 raise StaleClaim()
             flight.begin()
             current_task.set(flight.task)
+            current_cancel.set(flight.cancel)
             try:
                 return await asyncio.wait_for(
                     registered.fn(*flight.task.args, **flight.task.kwargs), flight.timeout

@@ -341,6 +341,12 @@ def stop_worker(worker: str | WorkerKey) -> Op[None]:
         yield Execute(query("stop_worker"), {"id": worker})
 
 
+def listen_cancel() -> Op[None]:
+    """Subscribes the connection to the NOTIFY sent when a running task is
+    cancelled (the payload is "worker task")."""
+    yield Execute(query("listen_cancel"))
+
+
 def listen_ready() -> Op[None]:
     """Subscribes the connection to the NOTIFY sent when tasks become
     claimable (the payload is the queue's name)."""

@@ -1184,9 +1184,14 @@ BEGIN
     SET status = 'cancelled', cancel_requested = true, finished_at = now(),
         last_error = 'cancelled by ' || p_actor
     WHERE t.id = ANY (v_now);
-    -- Claimed: it ends with its attempt.
+    -- Claimed: it ends with its attempt, and the worker holding it is told
+    -- (rota_cancel: "worker task"), to stop it now.
     UPDATE rota.tasks t SET cancel_requested = true
     WHERE t.id = ANY (p_ids) AND t.status = 'pending' AND NOT t.id = ANY (v_now);
+    PERFORM pg_notify('rota_cancel', r.worker || ' ' || r.task_id::text)
+    FROM rota.running r WHERE r.task_id = ANY (p_ids);
+    -- Their results' waiters learn it at once.
+    PERFORM pg_notify('rota_results', c::text) FROM unnest(v_now) AS c;
     RETURN QUERY
     WITH outcomes AS (
         SELECT t.id,

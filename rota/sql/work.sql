@@ -120,3 +120,7 @@ SELECT id FROM rota.worker_complete_keeping(%(worker)s::text, %(secret)s::bytea,
 
 -- name: wake_result_waiters
 SELECT rota.wake_result_waiters(%(ids)b::uuid[])
+
+-- name: listen_cancel
+-- "worker task" when a task that worker runs is cancelled.
+LISTEN rota_cancel

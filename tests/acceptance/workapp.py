@@ -57,6 +57,16 @@ def too_slow() -> None:
     time.sleep(2)
 
 
+@app.task(queue="work", max_attempts=5)
+def patient(seconds: float) -> None:
+    """Runs `seconds` unless cancelled: it looks every 10 ms (cooperative)."""
+    started = time.time()
+    while time.time() - started < seconds:
+        rota.context().raise_if_cancelled()
+        time.sleep(0.01)
+    log_run(started)
+
+
 @app.task(queue="work", result_ttl=3600)
 def add(a: int, b: int) -> dict[str, int]:
     return {"sum": a + b, "attempt": rota.context().attempt}

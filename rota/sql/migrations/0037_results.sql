@@ -1,4 +1,5 @@
--- rota 0037: results kept for the tasks that ask for them.
+-- rota 0037: results kept for the tasks that ask for them; a cancel reaches
+-- the worker running the task (NOTIFY rota_cancel).
 
 -- Results, kept for the tasks that ask for them (`@app.task(result_ttl=...)`):
 -- the return value as JSON, or why it was refused (too big, not JSON), until
@@ -97,6 +98,53 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM expired) + (SELECT count(*) FROM forgotten)
+$$;
+
+-- Cancelling tells the worker that holds a task, and wakes result waiters.
+CREATE OR REPLACE FUNCTION rota.cancel(p_ids uuid[], p_actor text)
+RETURNS TABLE (id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now uuid[];
+BEGIN
+    WITH unscheduled AS (
+        DELETE FROM rota.scheduled s WHERE s.task_id = ANY (p_ids) RETURNING s.task_id
+    )
+    SELECT coalesce(array_agg(task_id), '{}') INTO v_now FROM unscheduled;
+    WITH unready AS (
+        DELETE FROM rota.ready r WHERE r.task_id = ANY (p_ids) RETURNING r.task_id
+    )
+    SELECT v_now || coalesce(array_agg(task_id), '{}') INTO v_now FROM unready;
+    UPDATE rota.tasks t
+    SET status = 'cancelled', cancel_requested = true, finished_at = now(),
+        last_error = 'cancelled by ' || p_actor
+    WHERE t.id = ANY (v_now);
+    -- Claimed: it ends with its attempt, and the worker holding it is told
+    -- (rota_cancel: "worker task"), to stop it now.
+    UPDATE rota.tasks t SET cancel_requested = true
+    WHERE t.id = ANY (p_ids) AND t.status = 'pending' AND NOT t.id = ANY (v_now);
+    PERFORM pg_notify('rota_cancel', r.worker || ' ' || r.task_id::text)
+    FROM rota.running r WHERE r.task_id = ANY (p_ids);
+    -- Their results' waiters learn it at once.
+    PERFORM pg_notify('rota_results', c::text) FROM unnest(v_now) AS c;
+    RETURN QUERY
+    WITH outcomes AS (
+        SELECT t.id,
+               CASE WHEN t.id = ANY (v_now) THEN 'cancelled'
+                    WHEN t.status = 'pending' THEN 'cancelling'
+                    ELSE t.status::text END AS outcome
+        FROM rota.tasks t WHERE t.id = ANY (p_ids)
+        UNION ALL
+        SELECT f.task_id, 'succeeded' FROM rota.finished f WHERE f.task_id = ANY (p_ids)
+    ), logged AS (
+        INSERT INTO rota.audit (actor, action, target, detail, count)
+        SELECT p_actor, 'cancel', 'task', jsonb_build_object('ids', to_jsonb(p_ids)),
+               count(*) FILTER (WHERE o.outcome IN ('cancelled', 'cancelling'))
+        FROM outcomes o
+    )
+    SELECT o.id, o.outcome FROM outcomes o;
+END
 $$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;
