@@ -101,7 +101,7 @@ def test_a_postgres_restart_is_ridden_out(
                 lambda: (
                     conn.execute(
                         "SELECT count(*) FROM pg_stat_activity "
-                        "WHERE query LIKE '%%LISTEN rota_ready'"
+                        "WHERE query ~ 'LISTEN rota_(ready|cancel)'"
                     ).fetchone()
                     == (1,)
                 )

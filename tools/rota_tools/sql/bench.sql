@@ -321,7 +321,7 @@ LIMIT %(limit)s
 -- name: bench_listening
 -- How many sessions of this database wait on rota's LISTEN (idle workers).
 SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND state = 'idle' AND query LIKE '%%LISTEN rota_ready%%'
+WHERE datname = current_database() AND state = 'idle' AND query ~ 'LISTEN rota_(ready|cancel)'
 
 -- name: bench_pgqueue_setup
 -- The least a durable PostgreSQL queue written to directly does (the start
