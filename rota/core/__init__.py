@@ -2,15 +2,18 @@
 
 Every function returns an operation for `rota.core.db.run` / `rota.core.db.arun`:
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        tasks = db.transact(conn, ops.claim(["pdfs"], limit=100, worker="w1"))
-        db.transact(conn, ops.complete([(t.id, t.attempt) for t in tasks]))
+    from rota import core
+    from rota.core import db
+
+    with db.connect(url) as conn:
+        tasks = db.transact(conn, core.claim(["pdfs"], limit=100, worker="w1"))
+        db.transact(conn, core.complete([t.token for t in tasks]))
 
 One module per audience, each with its own file of SQL blocks (rota/sql/):
-`load` (producers and loaders), `work` (workers), `maintain` (the
-maintenance duties), `admin` (operators' actions) and `read` and `stored`
-(the read model). Each reads its statements' rows by column name
-(rota.core.rows).
+`load` (producers and loaders), `work` (workers), `results` (kept results
+and their waiters), `maintain` (the maintenance duties), `admin`
+(operators' actions) and `read` and `stored` (the read model). Each reads
+its statements' rows by column name (rota.core.rows).
 """
 
 from rota.core.admin import (
