@@ -4,7 +4,6 @@ or under `rota.testing`."""
 from __future__ import annotations
 
 import contextvars
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -18,8 +17,20 @@ if TYPE_CHECKING:
 # Set by the worker (and rota.testing) around each run; a task's own asyncio
 # tasks and threads started with contextvars.copy_context see it too.
 current_task: contextvars.ContextVar[ClaimedTask] = contextvars.ContextVar("rota_task")
-# Set when the running task's cancel was asked (rota task cancel, the console).
-current_cancel: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("rota_cancel")
+
+
+class CancelFlag:
+    """Raised (`asked`) when a running task's cancel is asked; one per run,
+    so as cheap to make as an object can be."""
+
+    __slots__ = ("asked",)
+
+    def __init__(self) -> None:
+        self.asked = False
+
+
+# The running task's flag (rota task cancel, the console).
+current_cancel: contextvars.ContextVar[CancelFlag] = contextvars.ContextVar("rota_cancel")
 
 
 class OutsideTask(RotaError):
@@ -43,7 +54,7 @@ class TaskContext:
     max_attempts: int
     enqueued_at: datetime
     lease_expires_at: datetime  # the worker extends it while the task runs
-    _cancel: threading.Event | None = field(default=None, repr=False, compare=False)
+    _cancel: CancelFlag | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
@@ -54,7 +65,7 @@ class TaskContext:
     def cancelled(self) -> bool:
         """Whether this run's cancel was asked: a sync task should stop (an
         async one is cancelled by its worker, a CancelledError at its await)."""
-        return self._cancel is not None and self._cancel.is_set()
+        return self._cancel is not None and self._cancel.asked
 
     def raise_if_cancelled(self) -> None:
         """Raises Cancelled once this run's cancel was asked."""

@@ -21,7 +21,7 @@ from rota import core
 from rota.app import App
 from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
-from rota.context import Cancelled
+from rota.context import CancelFlag, Cancelled
 from rota.core import db
 from rota.core.results import KeptResult
 from rota.errors import Retry, ValidationError
@@ -53,8 +53,8 @@ class InFlight:
     timed_out: bool = False
     waited: float | None = None  # seconds from its enqueue to its start
     handed_back: bool = False  # at shutdown, before it started: it must not start
-    # Set when its cancel is asked: the task sees it (rota.context().cancelled).
-    cancel: threading.Event = field(default_factory=threading.Event)
+    # Raised when its cancel is asked: the task sees it (rota.context().cancelled).
+    cancel: CancelFlag = field(default_factory=CancelFlag)
 
     def begin(self) -> None:
         self.started_at = time.monotonic()
@@ -146,7 +146,7 @@ def apply_cancels(
         flight = in_flight.get(cancels.popleft())
         if flight is None:
             continue  # already ended, or not this worker's
-        flight.cancel.set()
+        flight.cancel.asked = True
         with starting:
             unstarted = flight.started_at is None and flight.hand_back()
         if unstarted:
