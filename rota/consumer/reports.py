@@ -21,7 +21,12 @@ import psycopg
 
 from rota import core
 from rota.core.db import Op
-from rota.core.results import KeptResult, complete_keeping, wake_result_waiters
+from rota.core.results import (
+    KeptResult,
+    complete_keeping,
+    complete_keeping_and_claim,
+    wake_result_waiters,
+)
 
 log = logging.getLogger("rota.worker")
 
@@ -142,10 +147,11 @@ def report(
 
 
 def completes_alone(unreported: Unreported) -> bool:
-    """Whether completions are all there is to report (the steady state):
-    then they can travel with the next claim (`complete_and_claim`)."""
-    return bool(unreported.done) and not (
-        unreported.failed or unreported.stale or unreported.unknown or unreported.kept
+    """Whether completions (with or without results) are all there is to
+    report (the steady state): then they can travel with the next claim
+    (`complete_and_claim`)."""
+    return bool(unreported.done or unreported.kept) and not (
+        unreported.failed or unreported.stale or unreported.unknown
     )
 
 
@@ -160,11 +166,16 @@ def complete_and_claim(
     (core.complete_and_claim); returns how many finished, and the tasks
     claimed (None: the claim is left to a statement of its own). A refusal
     of the statement leaves the completions unreported, for `report`."""
-    tokens = unreported.done
-    settled = yield from core.complete_and_claim(tokens, queues, limit, key, lease_seconds)
-    unreported.done = []
-    _note_refused(len(tokens), settled.completed)
-    return len(tokens), settled.claimed
+    tokens, kept = unreported.done, unreported.kept
+    if kept:
+        settled = yield from complete_keeping_and_claim(
+            tokens, kept, queues, limit, key, lease_seconds
+        )
+    else:
+        settled = yield from core.complete_and_claim(tokens, queues, limit, key, lease_seconds)
+    unreported.done, unreported.kept = [], []
+    _note_refused(len(tokens) + len(kept), settled.completed)
+    return len(tokens) + len(kept), settled.claimed
 
 
 def _note_refused(reported: int, completed: int) -> None:

@@ -213,7 +213,8 @@ class Worker:
             # Completions sent with a refused claim are still held, and not
             # what it took. At least one step apart follows: they are reported
             # on their own, narrowed down if need be.
-            in_hand = {*self.in_flight, *(task_id for task_id, _ in self.unreported.done)}
+            done = [*self.unreported.done, *(k.token for k in self.unreported.kept)]
+            in_hand = {*self.in_flight, *(task_id for task_id, _ in done)}
             self.narrowing = max(1, db.run(conn, unreadable_claim(self.key, in_hand, exc)))
             return
         if self.narrowing:

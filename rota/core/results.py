@@ -10,7 +10,7 @@ from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, value, values
 from rota.core.rows import Rows
-from rota.core.work import WorkerKey, _as, token_params
+from rota.core.work import _SETTLED, Settled, WorkerKey, _as, _claiming, token_params
 from rota.sql import query
 
 # NOTIFY channel: a task's id when its result is kept or it ended without one.
@@ -41,6 +41,31 @@ def complete_keeping(
     }
     statement = _as(as_worker, query("complete_keeping"), query("worker_complete_keeping"), params)
     return set((yield from values(*statement)))
+
+
+def complete_keeping_and_claim(
+    done: Sequence[tuple[UUID, int]],
+    kept: Sequence[KeptResult],
+    queues: Sequence[str],
+    limit: int,
+    worker: str | WorkerKey,
+    lease_seconds: float = 60.0,
+) -> Op[Settled]:
+    """`core.complete_and_claim` for completions some of which keep results
+    (`kept`): one statement, one transaction."""
+    claiming = query("complete_keeping_claim"), query("worker_complete_keeping_claim")
+    statement, params = _claiming(*claiming, queues, limit, worker, lease_seconds)
+    none: list[None] = [None] * len(done)
+    params = {
+        **params,
+        **token_params([*done, *(k.token for k in kept)]),
+        "values": [*none, *(k.json for k in kept)],
+        "refused": [*none, *(k.refused for k in kept)],
+        "ttls": [*none, *(k.ttl_seconds for k in kept)],
+    }
+    settled = yield Execute(statement, params, _SETTLED)
+    (((completed, claimed_too), claimed),) = settled
+    return Settled(completed, claimed if claimed_too else None)
 
 
 def wake_result_waiters(task_ids: Sequence[UUID]) -> Op[None]:

@@ -127,6 +127,9 @@ BEGIN
         rota.prune_results(integer),
         rota.worker_complete_keeping(text, bytea, uuid[], integer[], jsonb[], text[],
                                      double precision[]),
+        rota.worker_complete_keeping_claim(text, bytea, uuid[], integer[], jsonb[], text[],
+                                           double precision[], text[], integer,
+                                           double precision),
         rota.wake_result_waiters(uuid[]),
         rota.count_service(),
         rota.refresh_stats()

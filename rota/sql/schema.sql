@@ -2046,4 +2046,62 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT (SELECT count(*) FROM expired) + (SELECT count(*) FROM forgotten)
 $$;
 
+-- rota.complete_claim for a batch whose completions keep results: each
+-- task's result (p_values[i], or the reason p_refused[i], for p_ttls[i]
+-- seconds; NULLs for a task that keeps none) kept with its completion, the
+-- waiters woken, then the claim, in one statement.
+CREATE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts integer[],
+                                            p_values jsonb[], p_refused text[],
+                                            p_ttls double precision[], p_queues text[],
+                                            p_limit integer, p_worker text,
+                                            p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
+               completed integer, claimed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_completed integer;
+    v_locked boolean;
+BEGIN
+    WITH done AS MATERIALIZED (
+        SELECT c.task_id, c.counted FROM rota.complete_counted(p_ids, p_attempts) c
+    ), kept AS (
+        INSERT INTO rota.results (task_id, value, refused, expires_at)
+        SELECT k.id, k.value, k.refused, now() + make_interval(secs => k.ttl)
+        FROM unnest(p_ids, p_values, p_refused, p_ttls) AS k (id, value, refused, ttl)
+        JOIN done d ON d.task_id = k.id
+        WHERE k.ttl IS NOT NULL
+        ON CONFLICT (task_id) DO NOTHING
+        RETURNING task_id
+    )
+    SELECT (SELECT count(*) FROM done), coalesce((SELECT bool_or(d.counted) FROM done d), false)
+    INTO v_completed, v_locked
+    FROM (SELECT count(pg_notify('rota_results', k.task_id::text)) FROM kept k) woken;
+    RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
+                        NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
+                        v_completed, NOT v_locked;
+    IF NOT v_locked THEN
+        RETURN QUERY SELECT c.*, NULL::integer, NULL::boolean
+                     FROM rota.claim(p_queues, p_limit, p_worker, p_lease_seconds) c;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION rota.worker_complete_keeping_claim(
+    p_worker text, p_secret bytea, p_ids uuid[], p_attempts integer[], p_values jsonb[],
+    p_refused text[], p_ttls double precision[], p_queues text[], p_limit integer,
+    p_lease_seconds double precision
+)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
+               completed integer, claimed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    RETURN QUERY SELECT * FROM rota.complete_keeping_claim(p_ids, p_attempts, p_values,
+                                                           p_refused, p_ttls, p_queues, p_limit,
+                                                           p_worker, p_lease_seconds);
+END
+$$;
+
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;

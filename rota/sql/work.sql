@@ -124,3 +124,20 @@ SELECT rota.wake_result_waiters(%(ids)b::uuid[])
 -- name: listen_cancel
 -- "worker task" when a task that worker runs is cancelled.
 LISTEN rota_cancel
+
+-- name: complete_keeping_claim
+SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at,
+       completed, claimed
+FROM rota.complete_keeping_claim(%(ids)b::uuid[], %(attempts)b::integer[], %(values)s::jsonb[],
+                                 %(refused)s::text[], %(ttls)s::double precision[],
+                                 %(queues)b::text[], %(limit)s::integer, %(worker)s::text,
+                                 %(lease_seconds)s::float8)
+
+-- name: worker_complete_keeping_claim
+SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at,
+       completed, claimed
+FROM rota.worker_complete_keeping_claim(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
+                                        %(attempts)b::integer[], %(values)s::jsonb[],
+                                        %(refused)s::text[], %(ttls)s::double precision[],
+                                        %(queues)b::text[], %(limit)s::integer,
+                                        %(lease_seconds)s::float8)
