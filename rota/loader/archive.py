@@ -36,6 +36,7 @@ COLUMNS = (
     ("started_at", "timestamp"),
     ("finished_at", "timestamp"),
     ("last_error", "string"),
+    ("result", "string"),  # a success's kept result, as JSON (NULL: none, or expired)
 )
 SLICE = timedelta(hours=1)  # one Spark partition: what one executor reads at once
 # Progress: tasks read so far, slices read, slices in all (a slice's counts

@@ -48,16 +48,19 @@ FROM (SELECT min(finished_at) AS first, max(finished_at) AS last FROM rota.finis
 
 -- name: archive_rows
 -- What `rota archive` writes of the tasks that ended in [start, end): the
--- record of those that succeeded, and dead or cancelled ones whole.
+-- record of those that succeeded, with their result while it is kept, and
+-- dead or cancelled ones whole.
 SELECT f.task_id::text, 'succeeded', q.name, tn.name, NULL::text, NULL::text, f.attempts,
-       f.enqueued_at, f.started_at, f.finished_at, NULL::text
+       f.enqueued_at, f.started_at, f.finished_at, NULL::text,
+       CASE WHEN r.expires_at > now() THEN r.value::text END
 FROM rota.finished f
 JOIN rota.queues q ON q.id = f.queue_id
 JOIN rota.tenants tn ON tn.id = f.tenant_id
+LEFT JOIN rota.results r ON r.task_id = f.task_id
 WHERE f.finished_at >= %(start)s AND f.finished_at < %(end)s
 UNION ALL
 SELECT t.id::text, t.status::text, q.name, tn.name, t.name, t.payload::text, t.attempts,
-       t.enqueued_at, NULL, t.finished_at, t.last_error
+       t.enqueued_at, NULL, t.finished_at, t.last_error, NULL::text
 FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id

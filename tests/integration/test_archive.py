@@ -14,6 +14,7 @@ import pytest
 from rota import App, Settings, core
 from rota.consumer.maintenance import Maintenance, TickResult
 from rota.core import db
+from rota.core.results import KeptResult, complete_keeping
 from rota.loader.archive import archive
 
 pytestmark = pytest.mark.spark
@@ -29,7 +30,9 @@ def _ended(app: App, conn: Conn) -> dict[str, set[UUID]]:
         [parse_pdf.using(tenant=f"t{i % 3}").prepare(f"{i}.pdf") for i in range(9)], connection=conn
     )
     claimed = db.run(conn, core.claim(["pdfs"], 9, "w"))
-    done = db.run(conn, core.complete([(t.id, t.attempt) for t in claimed[:8]]))
+    done = db.run(conn, core.complete([(t.id, t.attempt) for t in claimed[1:8]]))
+    kept = KeptResult(claimed[0].token, '{"pages": 3}', None, 86400 * 30)
+    done |= db.transact(conn, complete_keeping([kept]))
     assert len(done) == 8
     by_day: dict[str, set[UUID]] = {}
     for n, task_id in enumerate(ids[:8]):
@@ -75,6 +78,8 @@ def test_ended_tasks_are_archived_by_day_and_queue_each_once(
     [dead] = [r for r in found[day_2] if r["status"] == "dead"]
     assert (dead["name"], dead["last_error"], dead["tenant"]) == ("parse_pdf", "boom", "t2")
     assert '"8.pdf"' in dead["payload"]
+    results = [r["result"] for rows in found.values() for r in rows if r["result"] is not None]
+    assert results == ['{"pages": 3}']  # the one success that kept its result
 
     # The same bound again: nothing new, nothing rewritten.
     again = archive(settings, DAY_3, location, session=spark)
