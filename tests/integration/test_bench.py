@@ -137,6 +137,15 @@ def test_bench_work(settings: Settings) -> None:
     report = bench(settings, "work", "--tasks", "500", "--tenants", "20")
     assert set(report["tasks_per_s"]) == {"1_process", "2_process"}
     assert report["enqueue_to_start_ms"]["p50"] > 0
+    assert report["results"]["get_after_end_ms"]["p50"] > 0
+    assert report["results"]["ratio_to_without"] > 0
+
+
+def test_bench_cancel(settings: Settings) -> None:
+    report = bench(settings, "cancel", "--runs", "2")
+    for kind in ("sync_cooperative", "async"):
+        latency = report[kind]["cancel_to_cancelled_ms"]
+        assert 0 < latency["p50"] <= latency["p99"]
 
 
 def test_fairness_scenarios_against_the_baselines(settings: Settings) -> None:

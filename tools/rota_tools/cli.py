@@ -588,6 +588,22 @@ def bench_compare(
         typer.echo("")
 
 
+@bench_app.command("cancel")
+def bench_cancel_command(
+    runs: Annotated[int, typer.Option(help="cancels of each kind of task")] = 30,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Cancel of a running task to its row ending `cancelled`: a sync task
+    (cooperative) and an async one, p50 and p99."""
+    from rota_tools.bench.cancel import bench_cancel
+
+    with bench_settings(database_url, redis_url, local) as settings:
+        _report("cancel", bench_cancel(settings, runs), as_json)
+
+
 @bench_app.command("report")
 def bench_report(
     runs: Annotated[str, typer.Option(help="the folder of runs' JSON reports")] = "bench-runs",

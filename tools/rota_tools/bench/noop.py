@@ -14,3 +14,22 @@ def noop(*args: object) -> None:
 def noop_result(*args: object) -> int:
     """Nothing, and a result kept: what keeping results costs."""
     return 1
+
+
+@app.task(queue="bench")
+def spin(seconds: float) -> None:
+    """Busy for `seconds` unless cancelled: looks every millisecond."""
+    import time
+
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        rota.context().raise_if_cancelled()
+        time.sleep(0.001)
+
+
+@app.task(queue="bench")
+async def async_spin(seconds: float) -> None:
+    """Waits `seconds`, cancelled at its await."""
+    import asyncio
+
+    await asyncio.sleep(seconds)

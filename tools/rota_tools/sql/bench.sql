@@ -374,3 +374,7 @@ DROP TABLE IF EXISTS {table}
 -- name: bench_finished_at
 -- When a task's completion began (its transaction's start).
 SELECT finished_at FROM rota.finished WHERE task_id = %(id)s
+
+-- name: bench_is_running
+-- A task a worker has claimed.
+SELECT 1 FROM rota.running WHERE task_id = %(id)s

@@ -1,0 +1,71 @@
+"""`rota bench cancel`: how long a running task takes to stop once its cancel
+is asked (rota.cancel issued to the task's row `cancelled`), for a sync task
+that looks at its flag every millisecond and for an async one cancelled at
+its await, each run by an idle worker process."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from rota import Settings, core
+from rota.core import db
+from rota.model.envelope import make_envelope
+from rota_tools.bench.core import reset
+from rota_tools.bench.starts import start_figures
+from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.sql import query
+
+APP = "rota_tools.bench.noop:app"
+QUEUE = "bench"
+
+
+def _wait(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.001)
+
+
+def _running(conn: psycopg.Connection[Any], task_id: UUID) -> bool:
+    return conn.execute(query("bench_is_running"), {"id": task_id}).fetchone() is not None
+
+
+def _cancelled(conn: psycopg.Connection[Any], task_id: UUID) -> bool:
+    return db.run(conn, core.task_states([task_id]))[task_id].status == "cancelled"
+
+
+def _latencies(conn: psycopg.Connection[Any], name: str, runs: int) -> list[float]:
+    latencies = []
+    for _ in range(runs):
+        envelope = make_envelope(name=name, queue=QUEUE, tenant="t", args=[60])
+        db.transact(conn, core.load([envelope]))
+        _wait(functools.partial(_running, conn, envelope.id), f"{name} to start")
+        time.sleep(0.05)  # well into its run
+        asked = time.perf_counter()
+        db.transact(conn, core.cancel([envelope.id], "bench"))
+        _wait(functools.partial(_cancelled, conn, envelope.id), f"{name}'s cancel")
+        latencies.append((time.perf_counter() - asked) * 1000)
+    return latencies
+
+
+def bench_cancel(settings: Settings, runs: int) -> dict[str, Any]:
+    figures: dict[str, Any] = {"params": {"runs": runs}}
+    with db.connect(settings.database_url) as conn:
+        reset(conn)
+        workers = spawn_workers(APP, [QUEUE], 1, settings, concurrency=4, batch_size=10)
+        try:
+            for key, name in (("sync_cooperative", "spin"), ("async", "async_spin")):
+                figures[key] = {
+                    "cancel_to_cancelled_ms": start_figures(_latencies(conn, name, runs))
+                }
+        finally:
+            stop_workers(workers)
+    figures["goal"] = {"p50_ms_at_most": 1000}
+    return figures
