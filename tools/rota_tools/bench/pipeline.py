@@ -518,7 +518,10 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         "enqueue_to_start_ms": start_figures(starts),
         "results": {
             "tasks_per_s_1_process": round(throughput["1_results"]),
-            "ratio_to_without": round(throughput["1_results"] / throughput["1"], 3),
+            # None when a run too small to time left nothing to divide by.
+            "ratio_to_without": (
+                round(throughput["1_results"] / throughput["1"], 3) if throughput["1"] else None
+            ),
             # From the completion's transaction to get() returning, in a
             # process waiting on it meanwhile (woken by NOTIFY).
             "get_after_end_ms": start_figures(gets),
