@@ -4,6 +4,7 @@ cancelled, once, and the tenant's freed slot is taken by its next task."""
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
@@ -60,3 +61,27 @@ def test_a_running_task_is_cancelled_and_its_slot_freed(
         assert counted == (0,)  # the limit's count released once each
     finally:
         stop(worker)
+
+
+def test_a_cancel_reaches_a_worker_that_is_shutting_down(
+    env: dict[str, str], settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    """SIGTERM: the worker waits for its running task within the grace; a
+    cancel sent meanwhile still stops it, and the worker exits at once."""
+    with App(settings) as producer:
+        (task,) = enqueue(conn, producer, [patient.using(tenant="t").prepare(60)])
+    worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "60"})
+    try:
+        wait_for(lambda: _running(conn, task), timeout=30, what="the task to run")
+        worker.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # shutting down, waiting for its running task
+        assert worker.poll() is None
+        asked = time.monotonic()
+        db.run(conn, core.cancel([task], "test"))
+        wait_for(lambda: _status(conn, task) == "cancelled", timeout=10, what="the cancel")
+        assert worker.wait(timeout=10) == 0
+        print(
+            f"cancelled during shutdown; the worker exited {time.monotonic() - asked:.2f} s later"
+        )
+    finally:
+        stop(worker, None)
