@@ -6,15 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, value, values
 from rota.core.rows import Rows
-from rota.core.work import _SETTLED, Settled, WorkerKey, _as, _claiming, token_params
+from rota.core.work import Settled, WorkerKey, _as, settle_and_claim, token_params
 from rota.sql import query
-
-# NOTIFY channel: a task's id when its result is kept or it ended without one.
-CHANNEL = "rota_results"
 
 
 @dataclass(frozen=True)
@@ -27,18 +25,25 @@ class KeptResult:
     ttl_seconds: float
 
 
+def _keeping(done: Sequence[tuple[UUID, int]], kept: Sequence[KeptResult]) -> dict[str, Any]:
+    """The parameters of completions (`done`, keeping no result, first) and
+    of completions that keep their results (`kept`)."""
+    none: list[None] = [None] * len(done)
+    return {
+        **token_params([*done, *(k.token for k in kept)]),
+        "values": [*none, *(k.json for k in kept)],
+        "refused": [*none, *(k.refused for k in kept)],
+        "ttls": [*none, *(k.ttl_seconds for k in kept)],
+    }
+
+
 def complete_keeping(
     kept: Sequence[KeptResult], as_worker: WorkerKey | None = None
 ) -> Op[set[UUID]]:
     """Completes claimed tasks, keeping their results, in one transaction;
     returns the ids completed (a stale token is refused, its result with it).
     Their waiters are woken."""
-    params = {
-        **token_params(k.token for k in kept),
-        "values": [k.json for k in kept],
-        "refused": [k.refused for k in kept],
-        "ttls": [k.ttl_seconds for k in kept],
-    }
+    params = _keeping((), kept)
     statement = _as(as_worker, query("complete_keeping"), query("worker_complete_keeping"), params)
     return set((yield from values(*statement)))
 
@@ -54,18 +59,7 @@ def complete_keeping_and_claim(
     """`core.complete_and_claim` for completions some of which keep results
     (`kept`): one statement, one transaction."""
     claiming = query("complete_keeping_claim"), query("worker_complete_keeping_claim")
-    statement, params = _claiming(*claiming, queues, limit, worker, lease_seconds)
-    none: list[None] = [None] * len(done)
-    params = {
-        **params,
-        **token_params([*done, *(k.token for k in kept)]),
-        "values": [*none, *(k.json for k in kept)],
-        "refused": [*none, *(k.refused for k in kept)],
-        "ttls": [*none, *(k.ttl_seconds for k in kept)],
-    }
-    settled = yield Execute(statement, params, _SETTLED)
-    (((completed, claimed_too), claimed),) = settled
-    return Settled(completed, claimed if claimed_too else None)
+    return settle_and_claim(claiming, _keeping(done, kept), queues, limit, worker, lease_seconds)
 
 
 def wake_result_waiters(task_ids: Sequence[UUID]) -> Op[None]:

@@ -100,8 +100,21 @@ def complete_and_claim(
     (`claimed` is None; rota.complete_claim says why): the caller claims in a
     statement of its own."""
     claiming = query("complete_claim"), query("worker_complete_claim")
-    statement, params = _claiming(*claiming, queues, limit, worker, lease_seconds)
-    settled = yield Execute(statement, {**params, **token_params(tokens)}, _SETTLED)
+    return settle_and_claim(claiming, token_params(tokens), queues, limit, worker, lease_seconds)
+
+
+def settle_and_claim(
+    statements: tuple[str, str],
+    reports: dict[str, Any],
+    queues: Sequence[str],
+    limit: int,
+    worker: str | WorkerKey,
+    lease_seconds: float,
+) -> Op[Settled]:
+    """Runs a statement that reports (`reports`: its parameters) and then
+    claims (the plain one, or the worker's), in one round trip."""
+    statement, params = _claiming(*statements, queues, limit, worker, lease_seconds)
+    settled = yield Execute(statement, {**params, **reports}, _SETTLED)
     (((completed, claimed_too), claimed),) = settled
     return Settled(completed, claimed if claimed_too else None)
 

@@ -108,9 +108,9 @@ SELECT rota.worker_beat(%(worker)s::text, %(secret)s::bytea)
 SELECT rota.worker_stop(%(worker)s::text, %(secret)s::bytea)
 
 -- name: complete_keeping
-SELECT id FROM rota.complete_keeping(%(ids)b::uuid[], %(attempts)b::integer[],
-                                     %(values)s::jsonb[], %(refused)s::text[],
-                                     %(ttls)s::double precision[]) AS id
+SELECT task_id AS id
+FROM rota.complete_keeping(%(ids)b::uuid[], %(attempts)b::integer[], %(values)s::jsonb[],
+                           %(refused)s::text[], %(ttls)s::double precision[])
 
 -- name: worker_complete_keeping
 SELECT id FROM rota.worker_complete_keeping(%(worker)s::text, %(secret)s::bytea,

@@ -16,26 +16,30 @@ CREATE INDEX results_expire ON rota.results (expires_at) WHERE value IS NOT NULL
 -- their task's record lasts.
 CREATE INDEX results_expired ON rota.results (task_id) WHERE value IS NULL;
 
--- Completes claimed tasks, as rota.complete, and keeps the results of those
--- completed (p_values[i] or the reason p_refused[i], for p_ttls[i] seconds);
--- wakes their waiters. Returns the ids completed.
+-- Completes claimed tasks, as rota.complete_counted, and keeps the results
+-- of those completed (p_values[i] or the reason p_refused[i], for p_ttls[i]
+-- seconds; NULLs for a task that keeps none), waking their waiters. Returns
+-- every task completed, and whether its tenant's count was kept.
 CREATE FUNCTION rota.complete_keeping(p_ids uuid[], p_attempts integer[], p_values jsonb[],
                                       p_refused text[], p_ttls double precision[])
-RETURNS SETOF uuid
+RETURNS TABLE (task_id uuid, counted boolean)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 BEGIN
     RETURN QUERY
-    WITH done AS (
-        SELECT c.task_id FROM rota.complete_counted(p_ids, p_attempts) c
+    WITH done AS MATERIALIZED (
+        SELECT c.task_id, c.counted FROM rota.complete_counted(p_ids, p_attempts) c
     ), kept AS (
         INSERT INTO rota.results (task_id, value, refused, expires_at)
         SELECT k.id, k.value, k.refused, now() + make_interval(secs => k.ttl)
         FROM unnest(p_ids, p_values, p_refused, p_ttls) AS k (id, value, refused, ttl)
         JOIN done d ON d.task_id = k.id
+        WHERE k.ttl IS NOT NULL
         ON CONFLICT (task_id) DO NOTHING
         RETURNING task_id
     )
-    SELECT k.task_id FROM kept k, LATERAL pg_notify('rota_results', k.task_id::text) n;
+    SELECT d.task_id, d.counted
+    FROM done d, (SELECT count(pg_notify('rota_results', k.task_id::text)) FROM kept k) woken;
 END
 $$;
 
@@ -46,8 +50,8 @@ RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM rota.check_worker(p_worker, p_secret);
-    RETURN QUERY SELECT * FROM rota.complete_keeping(p_ids, p_attempts, p_values, p_refused,
-                                                     p_ttls);
+    RETURN QUERY SELECT c.task_id FROM rota.complete_keeping(p_ids, p_attempts, p_values,
+                                                             p_refused, p_ttls) c;
 END
 $$;
 
@@ -164,20 +168,8 @@ DECLARE
     v_completed integer;
     v_locked boolean;
 BEGIN
-    WITH done AS MATERIALIZED (
-        SELECT c.task_id, c.counted FROM rota.complete_counted(p_ids, p_attempts) c
-    ), kept AS (
-        INSERT INTO rota.results (task_id, value, refused, expires_at)
-        SELECT k.id, k.value, k.refused, now() + make_interval(secs => k.ttl)
-        FROM unnest(p_ids, p_values, p_refused, p_ttls) AS k (id, value, refused, ttl)
-        JOIN done d ON d.task_id = k.id
-        WHERE k.ttl IS NOT NULL
-        ON CONFLICT (task_id) DO NOTHING
-        RETURNING task_id
-    )
-    SELECT (SELECT count(*) FROM done), coalesce((SELECT bool_or(d.counted) FROM done d), false)
-    INTO v_completed, v_locked
-    FROM (SELECT count(pg_notify('rota_results', k.task_id::text)) FROM kept k) woken;
+    SELECT count(*), coalesce(bool_or(c.counted), false) INTO v_completed, v_locked
+    FROM rota.complete_keeping(p_ids, p_attempts, p_values, p_refused, p_ttls) c;
     RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
                         NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
                         v_completed, NOT v_locked;
