@@ -26,6 +26,7 @@ from rota.model.rules import (
     check_idempotency_key,
     check_priority,
     check_result_ttl,
+    check_soft_timeout,
     check_task_name,
     check_tenant,
     check_timeout,
@@ -71,6 +72,22 @@ class App:
         """Settings from the ROTA_* environment variables."""
         return cls(Settings())
 
+    @staticmethod
+    def load(spec: str) -> App:
+        """The App that `package.module:attribute` names (ValueError if none)."""
+        import importlib
+
+        module_name, _, attribute = spec.partition(":")
+        if not module_name or not attribute:
+            raise ValueError(f"an app is named package.module:app, not {spec!r}")
+        try:
+            found = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot load the app {spec!r}: {exc}") from None
+        if not isinstance(found, App):
+            raise ValueError(f"{spec} is a {type(found).__name__}, not a rota.App")
+        return found
+
     @overload
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...  # @app.task
 
@@ -84,6 +101,7 @@ class App:
         backoff: float | None = None,
         backoff_max: float | None = None,
         timeout: float | None = None,
+        soft_timeout: float | None = None,
         cost: float = 1.0,
         priority: int = 0,
         result_ttl: float | None = None,
@@ -99,12 +117,15 @@ class App:
         backoff: float | None = None,
         backoff_max: float | None = None,
         timeout: float | None = None,
+        soft_timeout: float | None = None,
         cost: float = 1.0,
         priority: int = 0,
         result_ttl: float | None = None,
     ) -> Any:
         """Registers a task. `backoff` is the first retry delay in seconds (it
-        doubles per attempt, with jitter); `timeout` bounds one run; `priority`
+        doubles per attempt, with jitter); `timeout` bounds one run (in the
+        process pool, its process is killed then); `soft_timeout`, in the
+        process pool, raises rota.SoftTimeLimitExceeded in the task; `priority`
         (0-9, higher first, within a tenant) is its runs' default;
         `result_ttl` keeps each run's return value (JSON) that many seconds
         after it succeeds, for `app.result(task_id)`."""
@@ -126,6 +147,7 @@ class App:
                     else backoff_max
                 ),
                 timeout=check_timeout(timeout),
+                soft_timeout=check_soft_timeout(soft_timeout, timeout),
                 cost=cost,
                 priority=check_priority(priority),
                 result_ttl=None if result_ttl is None else check_result_ttl(result_ttl),

@@ -54,6 +54,11 @@ class Retry(RotaError):
         self.reason = reason
 
 
+class SoftTimeLimitExceeded(RotaError):
+    """Raised inside a task of the process pool at its `soft_timeout`: time to
+    clean up before its `timeout` kills it."""
+
+
 class ResultError(RotaError):
     """A task's result cannot be given; the subclass says why."""
 

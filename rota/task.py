@@ -40,10 +40,12 @@ class TaskOptions:
     max_attempts: int
     backoff: float
     backoff_max: float
-    timeout: float | None
+    timeout: float | None  # seconds a run may take (the process pool kills it then)
     cost: float
     priority: int = 0
     result_ttl: float | None = None  # seconds a run's return value is kept (None: not kept)
+    # Seconds until the process pool raises SoftTimeLimitExceeded in a run.
+    soft_timeout: float | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Annotated, Any, TypeVar
@@ -60,17 +59,11 @@ def load_app(spec: str) -> Any:
     """`package.module:attribute` -> the rota.App it names."""
     from rota.app import App
 
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise typer.BadParameter(f"--app must look like package.module:app, got {spec!r}")
     sys.path.insert(0, os.getcwd())
     try:
-        application = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise typer.BadParameter(f"cannot load the app {spec!r}: {exc}") from None
-    if not isinstance(application, App):
-        raise typer.BadParameter(f"{spec} is a {type(application).__name__}, not a rota.App")
-    return application
+        return App.load(spec)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def split_names(names: str | None) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 from typing import Annotated
@@ -22,6 +23,11 @@ from rota.cli.app import (
 from rota.runtime.process import on_stop_signals, tune_gc
 
 
+class Pool(enum.StrEnum):
+    threads = "threads"
+    processes = "processes"
+
+
 @app.command()
 def worker(
     app_spec: Annotated[str, typer.Option("--app", help="package.module:app")],
@@ -31,6 +37,10 @@ def worker(
     exclude: Annotated[str | None, typer.Option(help="queues to leave alone")] = None,
     concurrency: int = 4,
     batch_size: int = 10,
+    pool: Annotated[
+        Pool,
+        typer.Option(help="threads, or processes: sync tasks in child processes, one per slot"),
+    ] = Pool.threads,
     maintenance: Annotated[bool, typer.Option(help="take part in reaper/scheduler duty")] = True,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
@@ -52,6 +62,8 @@ def worker(
         concurrency=concurrency,
         batch_size=batch_size,
         maintenance=maintenance,
+        pool=pool.value,
+        app_spec=app_spec,
     )
     on_stop_signals(runner.stop)
     if metrics_port is not None:

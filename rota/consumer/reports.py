@@ -38,8 +38,19 @@ MESSAGE_MAX = 4000
 TRACEBACK_MAX = 64 * 1024
 
 
+class ChildFailure(Exception):
+    """A task's exception as its child process described it (process pool)."""
+
+    def __init__(self, line: str, trace: str) -> None:
+        super().__init__(line)
+        self.line = line
+        self.trace = trace
+
+
 def describe(error: BaseException) -> str:
     """An exception as one stored line; never raises, whatever its __str__ does."""
+    if isinstance(error, ChildFailure):
+        return error.line
     try:
         text = "".join(traceback.format_exception_only(error)).strip()
     except Exception:
@@ -49,6 +60,8 @@ def describe(error: BaseException) -> str:
 
 def full_traceback(error: BaseException) -> str:
     """An exception's whole traceback, its end kept if too long; never raises."""
+    if isinstance(error, ChildFailure):
+        return error.trace or error.line
     try:
         text = "".join(traceback.format_exception(error))
     except Exception:

@@ -55,10 +55,15 @@ class InFlight:
     handed_back: bool = False  # at shutdown, before it started: it must not start
     # Raised when its cancel is asked: the task sees it (rota.context().cancelled).
     cancel: CancelFlag = field(default_factory=CancelFlag)
+    # Kills the child process running it (the process pool), once it started.
+    kill: Callable[[], None] | None = None
 
     def begin(self) -> None:
         self.started_at = time.monotonic()
         self.waited = max(0.0, time.time() - self.task.enqueued_at.timestamp())
+
+    def killed_by(self, kill: Callable[[], None]) -> None:
+        self.kill = kill
 
     def hand_back(self) -> bool:
         """Whether the task, not started, is kept from starting now (under
@@ -140,7 +145,8 @@ def apply_cancels(
 ) -> None:
     """Stops the tasks whose cancel was asked: one not started is handed
     back (its release ends it cancelled); an async one is cancelled at its
-    await; a sync one sees it (`rota.context().cancelled`) and stops itself.
+    await; a sync one sees it (`rota.context().cancelled`) and stops itself,
+    or, in the process pool, is killed with its process.
     Each ends once, as its report settles (a completion first wins)."""
     while cancels:
         flight = in_flight.get(cancels.popleft())
@@ -154,6 +160,8 @@ def apply_cancels(
             unreported.stale.append(flight.task.token)
         elif flight.future is not None and flight.future.cancel():
             ended(Outcome(flight.task, Cancelled(f"task {flight.task.id} was cancelled")))
+        elif flight.kill is not None:
+            flight.kill()  # its thread sees the child die, and ends it cancelled
         log.info(
             "task %s: cancelled while %s", flight.task.id, "waiting" if unstarted else "running"
         )

@@ -31,6 +31,7 @@ import psycopg
 from rota import core
 from rota.app import App
 from rota.consumer.maintenance import Leadership, Maintenance
+from rota.consumer.processes import Children
 from rota.consumer.reports import (
     UnknownTaskPolicy,
     Unreported,
@@ -83,7 +84,11 @@ class Worker:
         concurrency: int = 4,
         batch_size: int = 10,
         maintenance: bool = True,
+        pool: str = "threads",
+        app_spec: str | None = None,
     ) -> None:
+        """`pool="processes"` runs sync tasks in child processes, which import
+        the app by `app_spec` (package.module:app; found when left out)."""
         self.app = app
         self.settings = app.settings
         self.fixed_queues = list(queues) if queues else None
@@ -120,6 +125,9 @@ class Worker:
         # seconds after it (or after their claim, if later).
         self.last_heartbeat = time.monotonic()
         self._pool = TaskPool(concurrency, "rota-task")
+        if pool not in ("threads", "processes"):
+            raise ValueError(f"the pool is threads or processes, not {pool!r}")
+        self._children = Children(app, app_spec) if pool == "processes" else None
         self._loop = asyncio.new_event_loop()
         self._async_slots = asyncio.Semaphore(concurrency)
         self._loop_thread = threading.Thread(
@@ -177,6 +185,8 @@ class Worker:
             self.stopping.set()
             self.exited.set()
             self._pool.shutdown()
+            if self._children is not None:
+                self._children.close()  # what still runs was handed back
             self._loop.call_soon_threadsafe(self._loop.stop)
             kept.drop()
 
@@ -279,7 +289,9 @@ class Worker:
         if registered is None:
             self.unreported.unknown.append(task.token)
             return
-        flight = InFlight(task, timeout=registered.options.timeout, claimed_at=time.monotonic())
+        # A child process keeps its task's time limits itself.
+        timeout = None if self._children and not registered.is_async else registered.options.timeout
+        flight = InFlight(task, timeout=timeout, claimed_at=time.monotonic())
         self.in_flight[task.id] = flight
         if not registered.is_async:
             # A prefetched task waits unstarted (handed back at shutdown).
@@ -311,9 +323,20 @@ class Worker:
                 if self._lease_ran_out(flight):
                     raise StaleClaim()
                 flight.begin()
-            current_task.set(flight.task)
-            current_cancel.set(flight.cancel)
-            value = registered.fn(*flight.task.args, **flight.task.kwargs)
+            if self._children is None:
+                current_task.set(flight.task)
+                current_cancel.set(flight.cancel)
+                value = registered.fn(*flight.task.args, **flight.task.kwargs)
+            else:
+                options = registered.options
+                value = self._children.run(
+                    flight.task,
+                    options.timeout,
+                    options.soft_timeout,
+                    options.result_ttl is not None,
+                    flight.cancel,
+                    flight.killed_by,
+                )
         except BaseException as exc:  # as the pool's future would keep it
             self._ended(Outcome(flight.task, exc, keep=registered.options.result_ttl))
         else:

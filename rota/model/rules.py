@@ -182,10 +182,21 @@ def check_result_ttl(value: Any) -> float:
     return float(check_number("result_ttl", value, 0.0, RESULT_TTL_MAX, low_open=True))
 
 
-def check_timeout(value: Any) -> float | None:
+def check_timeout(value: Any, what: str = "timeout") -> float | None:
     if value is None:
         return None
-    return float(check_number("timeout", value, 0, MAX_TIMEOUT_SECONDS, low_open=True))
+    return float(check_number(what, value, 0, MAX_TIMEOUT_SECONDS, low_open=True))
+
+
+def check_soft_timeout(value: Any, timeout: Any) -> float | None:
+    """A soft time limit: below the hard one (`timeout`) when both are set."""
+    soft = check_timeout(value, "soft_timeout")
+    if soft is not None and timeout is not None and soft >= timeout:
+        raise ValidationError(
+            f"soft_timeout ({soft:g} s) must be below timeout ({timeout:g} s): the soft "
+            "limit warns the task before the hard one kills it"
+        )
+    return soft
 
 
 def check_time(what: str, value: Any) -> datetime:

@@ -1,5 +1,6 @@
 """Cancelling a running task reaches the worker that holds it: an async task
-is cancelled at its await, a sync one sees the flag and stops; the task ends
+is cancelled at its await, a sync one sees the flag and stops, one in the
+process pool is killed with its process; the task ends
 cancelled, once, and the tenant's freed slot is taken by its next task."""
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ def _running(conn: psycopg.Connection[Any], task_id: Any) -> bool:
     return row is not None
 
 
-@pytest.mark.parametrize("kind", ["sync, cooperative", "async"])
+@pytest.mark.parametrize("kind", ["sync, cooperative", "async", "process pool, killed"])
 def test_a_running_task_is_cancelled_and_its_slot_freed(
     kind: str, env: dict[str, str], settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     db.transact(conn, core.configure_tenant("held", concurrency_limit=1))
-    long = patient if kind.startswith("sync") else async_sleep
+    # The process pool's task never looks at the flag: its process is killed.
+    long = {"sync": patient, "async": async_sleep, "process": sleep}[kind.split()[0].strip(",")]
+    pool = ["--pool", "processes"] if kind.startswith("process") else []
     with App(settings) as producer:
         first, after = enqueue(
             conn,
             producer,
             [long.using(tenant="held").prepare(60), sleep.using(tenant="held").prepare(0)],
         )
-    worker = start_worker(env, "--concurrency", "4")
+    worker = start_worker(env, "--concurrency", "4", *pool)
     try:
         wait_for(lambda: _running(conn, first), timeout=30, what="the long task to run")
         time.sleep(0.3)  # well started

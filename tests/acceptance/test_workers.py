@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from rota import App, Settings, TaskCall, core
 from rota.core import db
@@ -18,7 +19,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
 
-def start_worker(env: dict[str, str], *extra: str) -> LoggedProcess:
+def start_worker(env: dict[str, str], *extra: str, **popen: Any) -> LoggedProcess:
     return start_logged(
         [
             sys.executable,
@@ -33,6 +34,7 @@ def start_worker(env: dict[str, str], *extra: str) -> LoggedProcess:
         ],
         env=env,
         cwd=ROOT,
+        **popen,
     )
 
 
@@ -204,11 +206,12 @@ def test_cron_fires_once_per_tick_with_two_schedulers(
     assert len({row[0]["args"][-1] for row in rows}) == ticks
 
 
+@pytest.mark.parametrize("pool", ["threads", "processes"])
 def test_tasks_that_outlive_the_shutdown_grace_are_handed_back_and_the_worker_exits(
-    env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
+    pool: str, env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
 ) -> None:
     ids = enqueue(conn, producer, [producer.tasks["sleep"].using(tenant="a").prepare(30)])
-    worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "1"})
+    worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "1"}, "--pool", pool)
     wait_for(lambda: db.run(conn, core.task_states(ids))[ids[0]].status == "running")
     worker.stop(signal.SIGTERM, timeout=15)  # the grace, not the task's 30 s
     assert worker.returncode == 0

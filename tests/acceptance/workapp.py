@@ -132,3 +132,31 @@ def unprintable() -> None:
 @app.task(queue="work", max_attempts=2)
 def fails_once_stored() -> None:
     raise ValueError("fails")
+
+
+# The process pool's limits and deaths.
+@app.task(queue="work", timeout=1.0, max_attempts=1)
+def hangs() -> None:
+    """Stuck in C code (a sleep): only a kill stops it."""
+    time.sleep(60)
+
+
+@app.task(queue="work", timeout=30.0, soft_timeout=0.5, result_ttl=3600, max_attempts=1)
+def tidies_up() -> str:
+    try:
+        time.sleep(60)
+    except rota.SoftTimeLimitExceeded:
+        return "tidied up"
+    return "slept"
+
+
+@app.task(queue="work", result_ttl=3600)
+def pid() -> int:
+    return os.getpid()
+
+
+@app.task(queue="work", max_attempts=1)
+def logs_then_sleeps(seconds: float) -> None:
+    """Logs its run (with its process id) first, then sleeps."""
+    log_run(time.time())
+    time.sleep(seconds)

@@ -235,17 +235,32 @@ def bench_work(
     tasks: int = 50_000,
     tenants: int = 1000,
     concurrency: int = 8,
+    pool: Annotated[
+        str,
+        typer.Option(
+            help="processes: the process pool beside threads, on CPU-bound and no-op tasks"
+        ),
+    ] = "threads",
+    runs: Annotated[int, typer.Option(help="alternating runs per pool (--pool processes)")] = 3,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
     as_json: AsJson = False,
 ) -> None:
     """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
-    and enqueue -> start latency with NOTIFY."""
+    and enqueue -> start latency with NOTIFY. With --pool processes: the
+    process pool's tasks/s beside the thread pool's, CPU-bound and no-op."""
     from rota_tools.bench.pipeline import bench_work as run
+    from rota_tools.bench.pools import bench_pools
 
+    if pool not in ("threads", "processes"):
+        raise typer.BadParameter(f"--pool is threads or processes, not {pool!r}")
     with bench_settings(database_url, redis_url, local) as settings:
-        _report("work", run(settings, tasks, tenants, concurrency), as_json)
+        if pool == "processes":
+            figures = bench_pools(settings, min(tasks, 400), min(tasks, 20_000), runs)
+        else:
+            figures = run(settings, tasks, tenants, concurrency)
+        _report("work", figures, as_json)
 
 
 def _fairness_command(scenario: str) -> None:

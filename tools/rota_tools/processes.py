@@ -44,6 +44,7 @@ def spawn_workers(
     concurrency: int = 8,
     batch_size: int = 10,
     poll_seconds: float = 1.0,
+    pool: str = "threads",
 ) -> list[subprocess.Popen[bytes]]:
     """Starts `count` `rota worker` processes against `settings`' servers."""
     arguments = [
@@ -56,6 +57,8 @@ def spawn_workers(
         str(concurrency),
         "--batch-size",
         str(batch_size),
+        "--pool",
+        pool,
     ]
     env = _env(settings, poll_seconds)
     return [_start(arguments, env) for _ in range(count)]

@@ -33,3 +33,12 @@ async def async_spin(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+@app.task(queue="bench")
+def crunch(rounds: int) -> int:
+    """Pure-Python arithmetic, `rounds` steps: CPU-bound, holding the GIL."""
+    total = 0
+    for i in range(rounds):
+        total = (total + i * i) % 1_000_003
+    return total
