@@ -1,8 +1,8 @@
 """The process pool (`rota worker --pool processes`): sync tasks run in child
 processes, so CPU-bound tasks use every core.
 
-Each task thread of the worker owns one child and hands it one task at a
-time over a pipe. The children are forked from a fork server that imported
+Each task thread of the worker hands an idle child one task at a time over
+a pipe. The children are forked from a fork server that imported
 the app once (fast to replace, and never a copy of the worker's threads,
 locks or connections). A run past its task's `timeout` (the hard limit) is
 killed with its child; `soft_timeout` raises SoftTimeLimitExceeded in the
@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import queue
 import select
 import signal
 import sys
@@ -156,8 +157,8 @@ class Child:
 
 
 class Children:
-    """The worker's children, one per task thread, each started on its
-    thread's first task and replaced after it is killed or dies."""
+    """The worker's children: each runs one task at a time; started before
+    the worker claims, replaced after one is killed or dies."""
 
     def __init__(self, app: App, spec: str | None) -> None:
         self.spec = spec or spec_of(app)
@@ -167,9 +168,15 @@ class Children:
         # unguarded code runs in the fork server once, as multiprocessing says.)
         preload = ["__main__", "rota.consumer.processes", self.spec.split(":")[0]]
         self._context.set_forkserver_preload(preload)
-        self._local = threading.local()
+        self._idle: queue.SimpleQueue[Child] = queue.SimpleQueue()
         self._all: set[Child] = set()
+        self._killed: list[Child] = []
         self._lock = threading.Lock()
+
+    def start(self, count: int) -> None:
+        """Starts `count` children, so that no task waits for one."""
+        for _ in range(count):
+            self._idle.put(self._start())
 
     def run(
         self,
@@ -180,32 +187,35 @@ class Children:
         cancel: CancelFlag,
         on_start: Callable[[Callable[[], None]], None],
     ) -> Any:
-        """Runs `task` in this thread's child and returns its value (None
-        unless `keep`), or raises what it raised, Cancelled after a cancel
+        """Runs `task` in an idle child and returns its value (None unless
+        `keep`), or raises what it raised, Cancelled after a cancel
         (`on_start` is given the kill), HardTimeLimit or ChildDied."""
-        child: Child | None = getattr(self._local, "child", None)
-        if child is None:
+        try:
+            child = self._idle.get_nowait()
+        except queue.Empty:
+            child = self._start()
+        if child.conn.poll():  # an idle child's pipe reads only at its end: it died
+            child.kill()
+            self._forget(child)
             child = self._start()
         on_start(child.kill)
         if cancel.asked:  # asked as it started, before the kill could reach it
+            self._idle.put(child)
             raise Cancelled(f"task {task.id} was cancelled as it started")
-        try:
-            child.conn.send((task, soft_timeout, keep))
-        except OSError:  # it died while idle: the task goes to a new one
-            self._forget(child)
-            child = self._start()
-            on_start(child.kill)
-            child.conn.send((task, soft_timeout, keep))
+        child.conn.send((task, soft_timeout, keep))
         # Its end of the pipe closes when it dies (its process sentinel comes
         # from the fork server, which a signal to the process group may end).
         ready = multiprocessing.connection.wait([child.conn], timeout)
         if child.conn in ready:
             try:
-                return _raise_or_return(child.conn.recv())
+                answer = child.conn.recv()
             except EOFError:
                 pass  # it died as it answered
+            else:
+                self._idle.put(child)
+                return _raise_or_return(answer)
         child.kill()
-        died = child.how_it_died()
+        died = "" if cancel.asked or not ready else child.how_it_died()
         self._forget(child)
         if cancel.asked:
             raise Cancelled(f"task {task.id} was cancelled while it ran (its process was killed)")
@@ -214,21 +224,25 @@ class Children:
         raise ChildDied(f"the task's process died: {died}")
 
     def _start(self) -> Child:
-        child = self._local.child = Child(self._context, self.spec)
+        child = Child(self._context, self.spec)
         with self._lock:
             self._all.add(child)
+            # Reaps the children killed before (their exit status read).
+            self._killed = [k for k in self._killed if k.process.exitcode is None]
         return child
 
     def _forget(self, child: Child) -> None:
-        self._local.child = None
+        """Drops a killed child without waiting for it to be reaped: its
+        task's end is reported first."""
+        child.conn.close()
         with self._lock:
             self._all.discard(child)
-        child.close()
+            self._killed.append(child)
 
     def close(self) -> None:
         """Ends every child (a running task's included: the worker exits)."""
         with self._lock:
-            children, self._all = list(self._all), set()
+            children, self._all, self._killed = [*self._all, *self._killed], set(), []
         for child in children:
             child.kill()
             child.close()

@@ -154,6 +154,8 @@ class Worker:
             conn, core.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat)
         )
         self._loop_thread.start()
+        if self._children is not None:
+            self._children.start(self.concurrency)
         helpers = [
             threading.Thread(
                 target=listen,

@@ -188,3 +188,19 @@ def test_sigterm_to_the_process_group_lets_running_tasks_finish(
         assert _state(conn, task).status == "succeeded", worker.errors()
     finally:
         stop(worker, None)
+
+
+def test_a_child_that_dies_while_idle_is_replaced_before_its_next_task(
+    env: dict[str, str], producer: App, conn: psycopg.Connection[Any]
+) -> None:
+    worker = start_worker(env, "--pool", "processes", "--concurrency", "1")
+    try:
+        (first,) = enqueue(conn, producer, [pid.using(tenant="a").prepare()])
+        idle = producer.result(first).get(timeout=30)
+        os.kill(idle, signal.SIGKILL)  # the OOM killer, between two tasks
+        wait_for(lambda: not _alive(idle), what="the idle child to die")
+        (second,) = enqueue(conn, producer, [pid.using(tenant="a").prepare()])
+        assert producer.result(second).get(timeout=30) not in (idle, worker.process.pid)
+        assert _state(conn, second).attempts == 1  # its one attempt, not a failed one first
+    finally:
+        stop(worker)

@@ -1,7 +1,8 @@
 """`rota bench cancel`: how long a running task takes to stop once its cancel
 is asked (rota.cancel issued to the task's row `cancelled`), for a sync task
-that looks at its flag every millisecond and for an async one cancelled at
-its await, each run by an idle worker process."""
+that looks at its flag every millisecond, for an async one cancelled at
+its await, and for a sync one in the process pool, killed with its process;
+each run by an idle worker process."""
 
 from __future__ import annotations
 
@@ -58,14 +59,20 @@ def _latencies(conn: psycopg.Connection[Any], name: str, runs: int) -> list[floa
 def bench_cancel(settings: Settings, runs: int) -> dict[str, Any]:
     figures: dict[str, Any] = {"params": {"runs": runs}}
     with db.connect(settings.database_url) as conn:
-        reset(conn)
-        workers = spawn_workers(APP, [QUEUE], 1, settings, concurrency=4, batch_size=10)
-        try:
-            for key, name in (("sync_cooperative", "spin"), ("async", "async_spin")):
-                figures[key] = {
-                    "cancel_to_cancelled_ms": start_figures(_latencies(conn, name, runs))
-                }
-        finally:
-            stop_workers(workers)
+        for pool, kinds in (
+            ("threads", (("sync_cooperative", "spin"), ("async", "async_spin"))),
+            ("processes", (("process_pool_killed", "spin"),)),
+        ):
+            reset(conn)
+            workers = spawn_workers(
+                APP, [QUEUE], 1, settings, concurrency=4, batch_size=10, pool=pool
+            )
+            try:
+                for key, name in kinds:
+                    figures[key] = {
+                        "cancel_to_cancelled_ms": start_figures(_latencies(conn, name, runs))
+                    }
+            finally:
+                stop_workers(workers)
     figures["goal"] = {"p50_ms_at_most": 1000}
     return figures
