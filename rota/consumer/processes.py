@@ -13,6 +13,7 @@ gets a new child.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -31,6 +32,7 @@ from rota.consumer.reports import TRACEBACK_MAX, ChildFailure, describe, full_tr
 from rota.context import CancelFlag, Cancelled, current_cancel, current_task
 from rota.core import ClaimedTask
 from rota.errors import Retry, SoftTimeLimitExceeded
+from rota.runtime import tracing
 
 log = logging.getLogger("rota.worker")
 
@@ -103,26 +105,37 @@ def serve(conn: multiprocessing.connection.Connection, spec: str, worker: int) -
     app = App.load(spec)
     while True:
         try:
-            task, soft, keep = conn.recv()
+            message = conn.recv()
         except EOFError:
             return
-        current_task.set(task)
-        current_cancel.set(CancelFlag())
-        answer: tuple[Any, ...]
-        try:
-            if soft is not None:
-                signal.setitimer(signal.ITIMER_REAL, soft)
-            try:
-                value = app.tasks[task.name].fn(*task.args, **task.kwargs)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            answer = ("ok", value if keep else None)
-        except BaseException as exc:  # SystemExit too: the child carries on
-            answer = _answer(exc)
+        # A context of its own per task: the trace it attaches ends with it.
+        answer = contextvars.Context().run(_run_one, app, *message)
         try:
             conn.send(answer)
         except Exception as exc:  # a return value that cannot be pickled
             conn.send(("failed", f"its result cannot be sent to the worker: {describe(exc)}", ""))
+
+
+def _run_one(
+    app: App,
+    task: ClaimedTask,
+    soft: float | None,
+    keep: bool,
+    trace: dict[str, str] | None,
+) -> tuple[Any, ...]:
+    current_task.set(task)
+    current_cancel.set(CancelFlag())
+    tracing.attach(trace)
+    try:
+        if soft is not None:
+            signal.setitimer(signal.ITIMER_REAL, soft)
+        try:
+            value = app.tasks[task.name].fn(*task.args, **task.kwargs)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return ("ok", value if keep else None)
+    except BaseException as exc:  # SystemExit too: the child carries on
+        return _answer(exc)
 
 
 # -- in the worker -----------------------------------------------------------
@@ -202,7 +215,7 @@ class Children:
         if cancel.asked:  # asked as it started, before the kill could reach it
             self._idle.put(child)
             raise Cancelled(f"task {task.id} was cancelled as it started")
-        child.conn.send((task, soft_timeout, keep))
+        child.conn.send((task, soft_timeout, keep, tracing.current()))
         # Its end of the pipe closes when it dies (its process sentinel comes
         # from the fork server, which a signal to the process group may end).
         ready = multiprocessing.connection.wait([child.conn], timeout)

@@ -58,6 +58,7 @@ from rota.consumer.running import (
 from rota.context import current_cancel, current_task
 from rota.core import db
 from rota.readmodel.metrics import WorkerMetrics
+from rota.runtime import tracing
 from rota.runtime.outage import Kept, Outage, retrying, rounds
 from rota.task import Task
 
@@ -325,25 +326,30 @@ class Worker:
                 if self._lease_ran_out(flight):
                     raise StaleClaim()
                 flight.begin()
-            if self._children is None:
-                current_task.set(flight.task)
-                current_cancel.set(flight.cancel)
-                value = registered.fn(*flight.task.args, **flight.task.kwargs)
-            else:
-                options = registered.options
-                value = self._children.run(
-                    flight.task,
-                    options.timeout,
-                    options.soft_timeout,
-                    options.result_ttl is not None,
-                    flight.cancel,
-                    flight.killed_by,
-                )
+            value = self._call(registered, flight)
         except BaseException as exc:  # as the pool's future would keep it
             self._ended(Outcome(flight.task, exc, keep=registered.options.result_ttl))
         else:
             keep = registered.options.result_ttl
             self._ended(Outcome(flight.task, None, value if keep is not None else None, keep))
+
+    def _call(self, registered: Task[Any, Any], flight: InFlight) -> Any:
+        """One run of a sync task, in this thread or in a child process."""
+        with tracing.run(flight.task):
+            if self._children is None:
+                current_task.set(flight.task)
+                current_cancel.set(flight.cancel)
+                return registered.fn(*flight.task.args, **flight.task.kwargs)
+            options = registered.options
+            keep = options.result_ttl is not None
+            return self._children.run(
+                flight.task,
+                options.timeout,
+                options.soft_timeout,
+                keep,
+                flight.cancel,
+                flight.killed_by,
+            )
 
     async def _run_async(self, registered: Task[Any, Any], flight: InFlight) -> Any:
         async with self._async_slots:
@@ -353,9 +359,10 @@ class Worker:
             current_task.set(flight.task)
             current_cancel.set(flight.cancel)
             try:
-                return await asyncio.wait_for(
-                    registered.fn(*flight.task.args, **flight.task.kwargs), flight.timeout
-                )
+                with tracing.run(flight.task):
+                    return await asyncio.wait_for(
+                        registered.fn(*flight.task.args, **flight.task.kwargs), flight.timeout
+                    )
             except TimeoutError:
                 raise TaskTimeout(f"timed out after {flight.timeout} s") from None
             except (SystemExit, KeyboardInterrupt) as exc:

@@ -15,6 +15,7 @@ from rota.buffer.streams import Rejected
 from rota.core import db
 from rota.core.db import Op
 from rota.model.envelope import TaskEnvelope
+from rota.runtime import tracing
 
 K = TypeVar("K")
 
@@ -26,7 +27,8 @@ def load_entries(
     the tasks stored, and each task PostgreSQL refused as a dead letter with
     the entry (`K`) it came from."""
     good = [envelope for _, envelopes in entries for envelope in envelopes]
-    stored, refused = load_in_chunks(conn, good, size)
+    with tracing.load(len(good), (envelope.payload for envelope in good)):
+        stored, refused = load_in_chunks(conn, good, size)
     if not refused:
         return stored, []
     # Rare: only then is it worth mapping tasks to their entries.

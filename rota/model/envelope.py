@@ -318,6 +318,16 @@ def parse_envelope(raw: bytes | str | dict[str, Any], max_payload_bytes: int) ->
 
 
 _PAYLOAD_KEYS = frozenset(("args", "kwargs"))  # compared with, not built, per task
+_TRACED_KEYS = frozenset(("args", "kwargs", "trace"))
+
+
+def _traced(keys: Any, trace: Any) -> bool:
+    """A payload with a W3C trace context (rota.runtime.tracing)."""
+    return (
+        keys == _TRACED_KEYS
+        and type(trace) is dict
+        and all(type(k) is str and type(v) is str for k, v in trace.items())
+    )
 
 
 def check_payload(payload: str, max_payload_bytes: int) -> None:
@@ -329,6 +339,11 @@ def check_payload(payload: str, max_payload_bytes: int) -> None:
         decoded = _loads(raw)
     except orjson.JSONDecodeError as exc:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
-    if type(decoded) is not dict or decoded.keys() != _PAYLOAD_KEYS:
-        raise ValidationError("payload must be a JSON object with exactly 'args' and 'kwargs'")
+    if type(decoded) is not dict or (
+        decoded.keys() != _PAYLOAD_KEYS and not _traced(decoded.keys(), decoded.get("trace"))
+    ):
+        raise ValidationError(
+            "payload must be a JSON object with exactly 'args' and 'kwargs' (and, from a "
+            "traced enqueue, 'trace': an object of strings)"
+        )
     check_json_integers(raw)

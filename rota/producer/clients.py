@@ -30,6 +30,7 @@ from rota.producer.core import (
     ReadBufferBacklogs,
     WriteBuffer,
 )
+from rota.runtime import tracing
 from rota.settings import Settings
 
 RedisEffect = WriteBuffer | ProbeBuffer | ReadBufferBacklogs
@@ -137,7 +138,8 @@ class Producer:
         return self._redis
 
     def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
-        return drive(self.core.store(batch, connection), self._carry_out)
+        with tracing.enqueue(batch, self.core.settings.max_payload_bytes):
+            return drive(self.core.store(batch, connection), self._carry_out)
 
     def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):
@@ -201,7 +203,8 @@ class AsyncProducer:
         return self._redis
 
     async def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
-        return await adrive(self.core.store(batch, connection), self._carry_out)
+        with tracing.enqueue(batch, self.core.settings.max_payload_bytes):
+            return await adrive(self.core.store(batch, connection), self._carry_out)
 
     async def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):

@@ -160,3 +160,12 @@ def logs_then_sleeps(seconds: float) -> None:
     """Logs its run (with its process id) first, then sleeps."""
     log_run(time.time())
     time.sleep(seconds)
+
+
+@app.task(queue="work")
+def traced_step() -> None:
+    """Makes a span of its own: a child of its run's span."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("workapp").start_as_current_span("inside the task"):
+        log_run(time.time())

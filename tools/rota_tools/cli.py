@@ -300,6 +300,15 @@ def bench_end_to_end(
             "transaction mode, with LISTEN on a direct URL and without (polling)",
         ),
     ] = False,
+    tracing: Annotated[
+        bool,
+        typer.Option(
+            "--tracing",
+            help="OpenTelemetry tracing off and on, alternating --rounds times (needs "
+            "rota[otel] and opentelemetry-sdk)",
+        ),
+    ] = False,
+    rounds: Annotated[int, typer.Option(help="--tracing: runs of each")] = 3,
     as_json: AsJson = False,
 ) -> None:
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
@@ -307,6 +316,11 @@ def bench_end_to_end(
     from rota_tools.bench.starts import start_baselines
 
     with bench_settings(database_url, redis_url, local) as settings:
+        if tracing:
+            from rota_tools.bench.tracing import bench_tracing
+
+            figures = bench_tracing(settings, tasks, tenants, rate, concurrency, rounds)
+            return _report("end-to-end", figures, as_json)
         figures = run(settings, tasks, tenants, rate, concurrency)
         # Simpler designs at the same pace, on the same servers: what rota's
         # hops (buffer -> loader -> commit -> NOTIFY -> claim) add to a Redis
