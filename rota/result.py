@@ -80,7 +80,7 @@ class Result:
                     time.sleep(min(wait, POLL_SECONDS))
                     continue
                 for note in conn.notifies(timeout=min(wait, RECHECK_SECONDS)):
-                    if note.payload == str(self.task_id):
+                    if str(self.task_id) in note.payload:  # ids, comma-separated
                         break
 
     async def aget(self, timeout: float | None = None) -> object:
@@ -106,7 +106,7 @@ class Result:
                     await asyncio.sleep(min(wait, POLL_SECONDS))
                     continue
                 async for note in conn.notifies(timeout=min(wait, RECHECK_SECONDS)):
-                    if note.payload == str(self.task_id):
+                    if str(self.task_id) in note.payload:  # ids, comma-separated
                         break
 
 

@@ -1984,8 +1984,17 @@ BEGIN
         ON CONFLICT (task_id) DO NOTHING
         RETURNING task_id
     )
+    -- One notification per 200 results, their ids comma-separated (under the
+    -- 8000-byte payload cap): a waiter looks for its own id in it.
     SELECT d.task_id, d.counted
-    FROM done d, (SELECT count(pg_notify('rota_results', k.task_id::text)) FROM kept k) woken;
+    FROM done d, (
+        SELECT count(pg_notify('rota_results', c.ids))
+        FROM (
+            SELECT string_agg(n.task_id::text, ',') AS ids
+            FROM (SELECT k.task_id, (row_number() OVER ()) / 200 AS chunk FROM kept k) n
+            GROUP BY n.chunk
+        ) c
+    ) woken;
 END
 $$;
 
