@@ -23,6 +23,7 @@ from rota.errors import (
 )
 from rota.settings import Settings
 from rota.task import Enqueue, Task, TaskCall
+from rota.workflow import Workflow, after, chain, group
 
 __version__ = "0.1.0"
 
@@ -50,7 +51,11 @@ __all__ = [
     "TaskFailed",
     "UnknownTask",
     "ValidationError",
+    "Workflow",
+    "after",
+    "chain",
     "context",
     "core",
     "db",
+    "group",
 ]

@@ -47,6 +47,7 @@ from rota.task import (
 if TYPE_CHECKING:
     from rota.producer import AsyncProducer, Producer, ProducerCore
     from rota.result import Result
+    from rota.workflow import Node, Workflow
 
 
 def _utc_now() -> datetime:
@@ -71,22 +72,6 @@ class App:
     def from_env(cls) -> App:
         """Settings from the ROTA_* environment variables."""
         return cls(Settings())
-
-    @staticmethod
-    def load(spec: str) -> App:
-        """The App that `package.module:attribute` names (ValueError if none)."""
-        import importlib
-
-        module_name, _, attribute = spec.partition(":")
-        if not module_name or not attribute:
-            raise ValueError(f"an app is named package.module:app, not {spec!r}")
-        try:
-            found = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load the app {spec!r}: {exc}") from None
-        if not isinstance(found, App):
-            raise ValueError(f"{spec} is a {type(found).__name__}, not a rota.App")
-        return found
 
     @overload
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...  # @app.task
@@ -209,7 +194,11 @@ class App:
                 f"queue {queue!r} is not in ROTA_QUEUES ({', '.join(sorted(allowed))})"
             )
 
-    def _add(self, batch: TaskBatch, call: TaskCall) -> None:
+    def _add(
+        self, batch: TaskBatch, call: TaskCall, task_id: UUID | None = None, eta: Any = None
+    ) -> None:
+        """Checks `call` and adds it to `batch` (with `task_id`, and `eta`
+        over the call's own, when given)."""
         task = self.tasks.get(call.name)
         if task is None and call.queue is None:
             check_task_name(call.name)
@@ -247,17 +236,14 @@ class App:
             call.tenant,
             call.args,
             call.kwargs,
-            (
-                task_id_for_key(
-                    check_idempotency_key(call.idempotency_key), check_tenant(call.tenant)
-                )
-                if call.idempotency_key is not None
-                else None
-            ),
+            task_id or self.task_id_of(call),
             call.cost if call.cost is not None else default_cost,
-            call.eta
-            if call.countdown is None and call.eta is None
-            else resolve_eta(call.eta, call.countdown, batch.enqueued_at),
+            eta
+            or (
+                call.eta
+                if call.countdown is None and call.eta is None
+                else resolve_eta(call.eta, call.countdown, batch.enqueued_at)
+            ),
             self.settings.max_payload_bytes,
             call.priority if call.priority is not None else default_priority,
         )
@@ -388,6 +374,22 @@ class App:
         self, calls: Iterable[TaskCall], connection: AsyncConnection | None = None
     ) -> list[UUID]:
         return await self.aproducer.store(self.batch(calls), connection)
+
+    def task_id_of(self, call: TaskCall) -> UUID | None:
+        """The id an idempotency key gives (None: a new one)."""
+        if call.idempotency_key is None:
+            return None
+        return task_id_for_key(
+            check_idempotency_key(call.idempotency_key), check_tenant(call.tenant)
+        )
+
+    def enqueue_workflow(self, flow: Node, connection: SyncConnection | None = None) -> Workflow:
+        """Stores a workflow (`rota.chain`, `rota.group`, `.then`) straight in
+        PostgreSQL, in one transaction (`connection`'s, when given): all of it,
+        or, for a bad graph, nothing (a ValidationError says why)."""
+        from rota.workflow import enqueue
+
+        return enqueue(self, flow, connection)
 
     def result(self, task_id: UUID) -> Result:
         """The result of the task with this id (what enqueue returned):

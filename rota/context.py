@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextvars
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from rota.errors import RotaError
 
 if TYPE_CHECKING:
     from rota.core import ClaimedTask
+    from rota.task import Enqueue, P, Task
 
 # Set by the worker (and rota.testing) around each run; a task's own asyncio
 # tasks and threads started with contextvars.copy_context see it too.
@@ -66,6 +67,11 @@ class TaskContext:
         """Whether this run's cancel was asked: a sync task should stop (an
         async one is cancelled by its worker, a CancelledError at its await)."""
         return self._cancel is not None and self._cancel.asked
+
+    def child(self, task: Task[P, Any], **options: Any) -> Enqueue[P]:
+        """`task.using(...)` for a child of this run: its tenant's, with the
+        other enqueue options given (`rota.context().child(index).enqueue(page)`)."""
+        return task.using(tenant=self.tenant, **options)
 
     def raise_if_cancelled(self) -> None:
         """Raises Cancelled once this run's cancel was asked."""

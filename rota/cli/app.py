@@ -57,11 +57,11 @@ def settings_from(database_url: str | None = None, redis_url: str | None = None)
 
 def load_app(spec: str) -> Any:
     """`package.module:attribute` -> the rota.App it names."""
-    from rota.app import App
+    from rota.runtime.process import load_app as load
 
     sys.path.insert(0, os.getcwd())
     try:
-        return App.load(spec)
+        return load(spec)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -33,6 +33,7 @@ from rota.context import CancelFlag, Cancelled, current_cancel, current_task
 from rota.core import ClaimedTask
 from rota.errors import Retry, SoftTimeLimitExceeded
 from rota.runtime import tracing
+from rota.runtime.process import load_app
 
 log = logging.getLogger("rota.worker")
 
@@ -102,7 +103,7 @@ def serve(conn: multiprocessing.connection.Connection, spec: str, worker: int) -
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _soft_limit)
-    app = App.load(spec)
+    app = load_app(spec)
     while True:
         try:
             message = conn.recv()

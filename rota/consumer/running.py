@@ -46,6 +46,7 @@ class TaskTimeout(Exception):
 class InFlight:
     task: core.ClaimedTask
     timeout: float | None
+    keep: float | None = None  # seconds its result is kept (None: not kept)
     # The event loop's, once an async task is handed over (a sync task has none).
     future: concurrent.futures.Future[Any] | None = None
     claimed_at: float = 0.0

@@ -294,14 +294,18 @@ class Worker:
             return
         # A child process keeps its task's time limits itself.
         timeout = None if self._children and not registered.is_async else registered.options.timeout
-        flight = InFlight(task, timeout=timeout, claimed_at=time.monotonic())
+        # A workflow's member keeps its result for its join ("keep" seconds).
+        keep = registered.options.result_ttl
+        if "keep" in task.payload:
+            keep = max(keep or 0.0, task.payload["keep"])
+        flight = InFlight(task, timeout=timeout, claimed_at=time.monotonic(), keep=keep)
         self.in_flight[task.id] = flight
         if not registered.is_async:
             # A prefetched task waits unstarted (handed back at shutdown).
             return self._pool.submit(self._run_sync, registered, flight)
         run = asyncio.run_coroutine_threadsafe(self._run_async(registered, flight), self._loop)
         flight.future = run
-        run.add_done_callback(functools.partial(self._done, task, registered.options.result_ttl))
+        run.add_done_callback(functools.partial(self._done, task, keep))
 
     def _cancel_asked(self, task_id: uuid.UUID) -> None:
         self.cancels.append(task_id)
@@ -328,9 +332,9 @@ class Worker:
                 flight.begin()
             value = self._call(registered, flight)
         except BaseException as exc:  # as the pool's future would keep it
-            self._ended(Outcome(flight.task, exc, keep=registered.options.result_ttl))
+            self._ended(Outcome(flight.task, exc, keep=flight.keep))
         else:
-            keep = registered.options.result_ttl
+            keep = flight.keep
             self._ended(Outcome(flight.task, None, value if keep is not None else None, keep))
 
     def _call(self, registered: Task[Any, Any], flight: InFlight) -> Any:
@@ -341,7 +345,7 @@ class Worker:
                 current_cancel.set(flight.cancel)
                 return registered.fn(*flight.task.args, **flight.task.kwargs)
             options = registered.options
-            keep = options.result_ttl is not None
+            keep = flight.keep is not None
             return self._children.run(
                 flight.task,
                 options.timeout,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, value, values
@@ -15,9 +15,9 @@ from rota.core.work import Settled, WorkerKey, _as, settle_and_claim, token_para
 from rota.sql import query
 
 
-@dataclass(frozen=True)
-class KeptResult:
-    """A completed task's result to keep: its JSON, or why none is kept."""
+class KeptResult(NamedTuple):
+    """A completed task's result to keep: its JSON, or why none is kept (a
+    tuple: one is made per task on the worker's hot path)."""
 
     token: tuple[UUID, int]
     json: str | None  # the return value as JSON text
@@ -29,11 +29,12 @@ def _keeping(done: Sequence[tuple[UUID, int]], kept: Sequence[KeptResult]) -> di
     """The parameters of completions (`done`, keeping no result, first) and
     of completions that keep their results (`kept`)."""
     none: list[None] = [None] * len(done)
+    tokens, values, refused, ttls = zip(*kept, strict=True) if kept else ((), (), (), ())
     return {
-        **token_params([*done, *(k.token for k in kept)]),
-        "values": [*none, *(k.json for k in kept)],
-        "refused": [*none, *(k.refused for k in kept)],
-        "ttls": [*none, *(k.ttl_seconds for k in kept)],
+        **token_params([*done, *tokens]),
+        "values": [*none, *values],
+        "refused": [*none, *refused],
+        "ttls": [*none, *ttls],
     }
 
 

@@ -36,6 +36,7 @@ from rota.model.rules import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     QUEUE_PATTERN,
+    RESULT_TTL_MAX,
     TASK_NAME_MAX,
     TASK_PATTERN,
     TENANT_PATTERN,
@@ -318,15 +319,21 @@ def parse_envelope(raw: bytes | str | dict[str, Any], max_payload_bytes: int) ->
 
 
 _PAYLOAD_KEYS = frozenset(("args", "kwargs"))  # compared with, not built, per task
-_TRACED_KEYS = frozenset(("args", "kwargs", "trace"))
+_OPTIONAL_KEYS = frozenset(("trace", "keep"))
 
 
-def _traced(keys: Any, trace: Any) -> bool:
-    """A payload with a W3C trace context (rota.runtime.tracing)."""
+def _traced(keys: Any, decoded: dict[str, Any]) -> bool:
+    """A payload with, beside `args` and `kwargs`, a W3C trace context
+    (`trace`, rota.runtime.tracing) or a result to keep for its join (`keep`,
+    seconds: rota.workflow)."""
+    if not keys >= _PAYLOAD_KEYS or not keys - _PAYLOAD_KEYS <= _OPTIONAL_KEYS:
+        return False
+    trace, keep = decoded.get("trace", {}), decoded.get("keep", 1)
     return (
-        keys == _TRACED_KEYS
-        and type(trace) is dict
+        type(trace) is dict
         and all(type(k) is str and type(v) is str for k, v in trace.items())
+        and type(keep) in (int, float)
+        and 0 < keep <= RESULT_TTL_MAX
     )
 
 
@@ -340,10 +347,10 @@ def check_payload(payload: str, max_payload_bytes: int) -> None:
     except orjson.JSONDecodeError as exc:
         raise NotJSONSerializable(f"payload is not JSON: {exc}") from None
     if type(decoded) is not dict or (
-        decoded.keys() != _PAYLOAD_KEYS and not _traced(decoded.keys(), decoded.get("trace"))
+        decoded.keys() != _PAYLOAD_KEYS and not _traced(decoded.keys(), decoded)
     ):
         raise ValidationError(
-            "payload must be a JSON object with exactly 'args' and 'kwargs' (and, from a "
-            "traced enqueue, 'trace': an object of strings)"
+            "payload must be a JSON object of exactly 'args' and 'kwargs', and optionally "
+            "'trace' (an object of strings) and 'keep' (seconds)"
         )
     check_json_integers(raw)

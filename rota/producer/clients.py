@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -32,6 +32,8 @@ from rota.producer.core import (
 )
 from rota.runtime import tracing
 from rota.settings import Settings
+
+T = TypeVar("T")
 
 RedisEffect = WriteBuffer | ProbeBuffer | ReadBufferBacklogs
 NodeOf = Callable[[str], Any] | None
@@ -140,6 +142,19 @@ class Producer:
     def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
         with tracing.enqueue(batch, self.core.settings.max_payload_bytes):
             return drive(self.core.store(batch, connection), self._carry_out)
+
+    def transact(self, op: Op[T], connection: psycopg.Connection[Any] | None = None) -> T:
+        """Runs `op` straight in PostgreSQL in a transaction of its own: in
+        `connection`'s (a savepoint there), else on the producer's connection."""
+        if connection is not None:
+            with connection.transaction():
+                return db.run(connection, op)
+        with self._conn_lock:
+            try:
+                return db.transact(self._connection(), op)
+            except psycopg.OperationalError:
+                self._drop_connection()
+                raise
 
     def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):

@@ -84,3 +84,10 @@ RETURNING batch_id
 -- The tasks the partition stored, once it is loaded (in the same transaction).
 UPDATE rota.loader_batches SET tasks = %(tasks)s
 WHERE query = %(query)s AND batch_id = %(batch_id)s AND part = %(part)s
+
+-- name: add_workflow
+-- A workflow's joins and members, after its tasks' load, in its transaction.
+SELECT rota.add_workflow(%(joins)b::uuid[], %(results)s::text[], %(payloads)s::json[],
+                         %(members)b::uuid[], %(member_joins)b::uuid[],
+                         %(positions)s::integer[], %(tenant)s::text,
+                         %(waiting_at)s::timestamptz)

@@ -381,3 +381,17 @@ FROM rota.task_result(%(id)s::uuid)
 -- name: listen_results
 -- A task's id, when its result is kept or it ends without one.
 LISTEN rota_results
+
+-- name: task_graph
+-- A task's place in a workflow: the join it belongs to (with its count), and
+-- its own members when it is a join.
+SELECT (SELECT m.join_id FROM rota.members m WHERE m.task_id = %(id)s) AS join_id,
+       (SELECT j.waiting FROM rota.joins j JOIN rota.members m ON m.join_id = j.task_id
+        WHERE m.task_id = %(id)s) AS join_waiting,
+       (SELECT j.members FROM rota.joins j JOIN rota.members m ON m.join_id = j.task_id
+        WHERE m.task_id = %(id)s) AS join_members,
+       j.waiting, j.members, j.failed_member,
+       ARRAY(SELECT m.task_id FROM rota.members m WHERE m.join_id = %(id)s
+             ORDER BY m.position) AS member_ids
+FROM (SELECT 1) one
+LEFT JOIN rota.joins j ON j.task_id = %(id)s

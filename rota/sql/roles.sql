@@ -95,6 +95,10 @@ BEGIN
         TO rota_producer, rota_loader, rota_worker;
     -- A task's result, by its id (what enqueue returned).
     GRANT EXECUTE ON FUNCTION rota.task_result(uuid) TO rota_producer, rota_worker;
+    -- Workflows: a graph's joins and members, stored with its tasks.
+    GRANT EXECUTE ON FUNCTION rota.add_workflow(uuid[], text[], json[], uuid[], uuid[], integer[],
+                                                text, timestamptz)
+        TO rota_producer, rota_worker;
     -- Backpressure: the producers read their tenants' backlog.
     GRANT SELECT ON rota.tenant_backlog TO rota_producer, rota_loader;
     -- The Spark loader's ledger of micro-batches.

@@ -257,6 +257,36 @@ CREATE TABLE rota.scheduled (
 );
 CREATE INDEX scheduled_run_at ON rota.scheduled (run_at);
 
+-- Workflows (rota.workflow): a join is a task that waits, holding no place
+-- in line, no slot and no concurrency count, until each of its members has
+-- succeeded. A member's completion counts its join down in the completion's
+-- own transaction (rota.complete_counted), so a join enters the line exactly
+-- once. While it waits a join is 'scheduled' with no row in rota.scheduled;
+-- the last member's completion gives it one, due now, and maintenance puts it
+-- in line with its members' results as its first argument.
+CREATE TABLE rota.joins (
+    task_id uuid PRIMARY KEY,
+    members integer NOT NULL CONSTRAINT members_positive CHECK (members > 0),
+    waiting integer NOT NULL CONSTRAINT waiting_bounded CHECK (waiting BETWEEN 0 AND members),
+    -- 'one': the first argument is the one member's result (a chain's step);
+    -- 'list': the list of the members' results, in their order (a group's join).
+    results text NOT NULL CONSTRAINT results_kind CHECK (results IN ('one', 'list')),
+    -- The join's own payload, which its members' results are put before.
+    payload json NOT NULL,
+    -- The member whose death or cancel made the join dead (retrying it lets
+    -- the join wait again).
+    failed_member uuid
+);
+-- Whether any join waits: completions look for members only then.
+CREATE INDEX joins_waiting ON rota.joins (task_id) WHERE waiting > 0;
+
+CREATE TABLE rota.members (
+    task_id uuid PRIMARY KEY,  -- a task has one join at most: a graph is a tree
+    join_id uuid NOT NULL REFERENCES rota.joins (task_id) ON DELETE CASCADE,
+    position integer NOT NULL  -- its result's place among the join's members
+);
+CREATE INDEX members_of_join ON rota.members (join_id, position);
+
 -- The queue's virtual clock: the smallest start tag still waiting, or the
 -- largest ever given when nothing waits (each tenant's largest, through an
 -- index; never below the queue's floor). Read without a lock: a load places
@@ -407,6 +437,13 @@ BEGIN
                g.max_attempts, g.cost
         FROM done d JOIN gone g ON g.id = d.task_id
         RETURNING task_id
+    ), released AS (
+        -- The joins whose last member this was: due now (still waiting, not
+        -- dead or cancelled meanwhile).
+        INSERT INTO rota.scheduled (run_at, task_id)
+        SELECT now(), t.id FROM rota.tasks t
+        WHERE t.id = ANY (ARRAY(SELECT rota.count_down_joins(ARRAY(SELECT task_id FROM done))))
+          AND t.status = 'scheduled'
     )
     SELECT s.task_id, d.counted FROM stored s JOIN done d ON d.task_id = s.task_id;
 END
@@ -957,8 +994,14 @@ BEGIN
             SELECT ctid FROM rota.scheduled WHERE run_at <= now()
             ORDER BY run_at LIMIT p_limit FOR UPDATE SKIP LOCKED))
         RETURNING task_id
+    ), joined AS MATERIALIZED (
+        -- Joins run with their members' results before their own arguments.
+        SELECT j.task_id FROM rota.joins j WHERE j.task_id = ANY (ARRAY(SELECT task_id FROM due))
     ), promoted AS (
-        UPDATE rota.tasks t SET status = 'pending'
+        UPDATE rota.tasks t
+        SET status = 'pending',
+            payload = CASE WHEN t.id = ANY (ARRAY(SELECT task_id FROM joined))
+                           THEN rota.joined_payload(t.id) ELSE t.payload END
         WHERE t.id = ANY (ARRAY(SELECT task_id FROM due)) AND t.status = 'scheduled'
         RETURNING t.id, t.seq, t.queue_id, t.tenant_id, t.cost, t.priority
     )
@@ -1069,7 +1112,9 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
             WHERE f.finished_at < now() - rota.retention(
                 p_older_than, (SELECT l.finished_retention_floor FROM rota.limits l))
             LIMIT p_limit))
-        RETURNING 1
+        RETURNING task_id
+    ), unjoined AS (
+        DELETE FROM rota.joins WHERE task_id = ANY (ARRAY(SELECT task_id FROM pruned))
     )
     SELECT count(*) FROM pruned
 $$;
@@ -1092,7 +1137,9 @@ BEGIN
             WHERE t.status = 'cancelled' AND t.finished_at < now() - v_older_than
             LIMIT p_limit))
         AND status IN ('dead', 'cancelled')
-        RETURNING 1
+        RETURNING id
+    ), unjoined AS (
+        DELETE FROM rota.joins WHERE task_id = ANY (ARRAY(SELECT id FROM pruned))
     )
     SELECT count(*) INTO v_count FROM pruned;
     RETURN v_count;
@@ -1180,6 +1227,10 @@ BEGIN
         DELETE FROM rota.ready r WHERE r.task_id = ANY (p_ids) RETURNING r.task_id
     )
     SELECT v_now || coalesce(array_agg(task_id), '{}') INTO v_now FROM unready;
+    -- Joins waiting for their members (scheduled, with no schedule yet).
+    v_now := v_now || ARRAY(
+        SELECT t.id FROM rota.tasks t JOIN rota.joins j ON j.task_id = t.id
+        WHERE t.id = ANY (p_ids) AND t.status = 'scheduled' AND NOT t.id = ANY (v_now));
     UPDATE rota.tasks t
     SET status = 'cancelled', cancel_requested = true, finished_at = now(),
         last_error = 'cancelled by ' || p_actor
@@ -1228,7 +1279,9 @@ BEGIN
         RETURNING t.id
     )
     SELECT coalesce(array_agg(id), '{}') INTO v_ids FROM revived;
-    INSERT INTO rota.scheduled (run_at, task_id) SELECT now(), x FROM unnest(v_ids) x;
+    -- A join whose members have not all succeeded waits for them again.
+    INSERT INTO rota.scheduled (run_at, task_id) SELECT now(), x FROM unnest(v_ids) x
+    WHERE NOT EXISTS (SELECT FROM rota.joins j WHERE j.task_id = x AND j.waiting > 0);
     INSERT INTO rota.audit (actor, action, target, detail, count)
     VALUES (p_actor, 'retry', p_target, jsonb_build_object('ids', to_jsonb(v_ids)),
             cardinality(v_ids));
@@ -2102,6 +2155,171 @@ BEGIN
     RETURN QUERY SELECT * FROM rota.complete_keeping_claim(p_ids, p_attempts, p_values,
                                                            p_refused, p_ttls, p_queues, p_limit,
                                                            p_worker, p_lease_seconds);
+END
+$$;
+
+
+-- Counts down the joins of those of p_ids that are members; returns the
+-- joins that stopped waiting. Joins are locked in id order, as every
+-- countdown locks them, so that completions of members of the same joins
+-- cannot deadlock.
+CREATE FUNCTION rota.count_down_joins(p_ids uuid[]) RETURNS SETOF uuid
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM rota.joins WHERE waiting > 0) THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH counted AS MATERIALIZED (
+        SELECT m.join_id, count(*)::integer AS n
+        FROM rota.members m WHERE m.task_id = ANY (p_ids) GROUP BY m.join_id
+    ), locked AS MATERIALIZED (
+        SELECT j.task_id FROM rota.joins j
+        WHERE j.task_id = ANY (ARRAY(SELECT join_id FROM counted))
+        ORDER BY j.task_id FOR UPDATE
+    ), counted_down AS (
+        UPDATE rota.joins j SET waiting = j.waiting - c.n
+        FROM counted c
+        WHERE j.task_id = ANY (ARRAY(SELECT task_id FROM locked)) AND j.task_id = c.join_id
+          AND j.waiting > 0
+        RETURNING j.task_id, j.waiting
+    )
+    SELECT d.task_id FROM counted_down d WHERE d.waiting = 0;
+END
+$$;
+
+-- A join's payload as it runs: its members' results (the one member's, or
+-- the list in their order; null where none was kept) before its own arguments.
+CREATE FUNCTION rota.joined_payload(p_join uuid) RETURNS json
+LANGUAGE sql STABLE AS $$
+    SELECT (jsonb_build_object('args', jsonb_build_array(
+                CASE j.results
+                    WHEN 'one' THEN (SELECT r.value FROM rota.members m
+                                     LEFT JOIN rota.results r ON r.task_id = m.task_id
+                                     WHERE m.join_id = j.task_id)
+                    ELSE (SELECT coalesce(jsonb_agg(r.value ORDER BY m.position), '[]')
+                          FROM rota.members m LEFT JOIN rota.results r ON r.task_id = m.task_id
+                          WHERE m.join_id = j.task_id)
+                END) || (j.payload::jsonb -> 'args'))
+            || (j.payload::jsonb - 'args'))::json
+    FROM rota.joins j WHERE j.task_id = p_join
+$$;
+
+-- A member that dies or is cancelled makes its waiting join dead with the
+-- reason (and so on up, the join being a task like any); retrying the member
+-- lets the join wait again.
+CREATE FUNCTION rota.member_ended() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_join uuid;
+BEGIN
+    UPDATE rota.joins j SET failed_member = NEW.id
+    FROM rota.members m
+    WHERE m.task_id = NEW.id AND j.task_id = m.join_id AND j.waiting > 0
+      AND j.failed_member IS NULL
+    RETURNING j.task_id INTO v_join;
+    IF v_join IS NOT NULL THEN
+        UPDATE rota.tasks t
+        SET status = 'dead', finished_at = now(),
+            last_error = format('member %s %s: %s', NEW.id,
+                                CASE NEW.status WHEN 'dead' THEN 'died' ELSE 'was cancelled' END,
+                                coalesce(NEW.last_error, 'no error recorded'))
+        WHERE t.id = v_join AND t.status = 'scheduled';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER member_ended AFTER UPDATE OF status ON rota.tasks
+    FOR EACH ROW
+    WHEN (NEW.status IN ('dead', 'cancelled') AND OLD.status NOT IN ('dead', 'cancelled'))
+    EXECUTE FUNCTION rota.member_ended();
+
+CREATE FUNCTION rota.member_revived() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_join uuid;
+BEGIN
+    UPDATE rota.joins j SET failed_member = NULL
+    FROM rota.members m
+    WHERE m.task_id = NEW.id AND j.task_id = m.join_id AND j.failed_member = NEW.id
+    RETURNING j.task_id INTO v_join;
+    IF v_join IS NOT NULL THEN
+        UPDATE rota.tasks t
+        SET status = 'scheduled', finished_at = NULL,
+            last_error = format('waits again: member %s was retried', NEW.id)
+        WHERE t.id = v_join AND t.status = 'dead';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER member_revived AFTER UPDATE OF status ON rota.tasks
+    FOR EACH ROW
+    WHEN (OLD.status IN ('dead', 'cancelled') AND NEW.status NOT IN ('dead', 'cancelled'))
+    EXECUTE FUNCTION rota.member_revived();
+
+-- Stores a workflow's joins and members (rota.workflow), in the transaction
+-- that loaded its new tasks: the joins were loaded scheduled at p_waiting_at,
+-- and are taken off the schedule here to wait. A member stored before
+-- (rota.workflow.after) must be known, of p_tenant, neither dead nor
+-- cancelled, and in no other join; one that succeeded counts as done.
+-- Refuses a bad graph with the reason (nothing of it stays).
+CREATE FUNCTION rota.add_workflow(
+    p_joins uuid[], p_results text[], p_payloads json[],
+    p_members uuid[], p_member_joins uuid[], p_positions integer[],
+    p_tenant text, p_waiting_at timestamptz
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_bad record;
+BEGIN
+    -- Held until the transaction ends: a member cannot complete unseen.
+    PERFORM FROM rota.tasks t WHERE t.id = ANY (p_members) ORDER BY t.id FOR SHARE;
+    WITH found AS (
+        SELECT x.id,
+               coalesce((SELECT t.status::text FROM rota.tasks t WHERE t.id = x.id),
+                        (SELECT 'succeeded' FROM rota.finished f WHERE f.task_id = x.id))
+                   AS status,
+               coalesce((SELECT coalesce(t.tenant, n.name) FROM rota.tasks t
+                         JOIN rota.tenants n ON n.id = t.tenant_id WHERE t.id = x.id),
+                        (SELECT n.name FROM rota.finished f
+                         JOIN rota.tenants n ON n.id = f.tenant_id WHERE f.task_id = x.id))
+                   AS tenant,
+               (SELECT m.join_id FROM rota.members m WHERE m.task_id = x.id) AS other_join
+        FROM unnest(p_members) AS x(id)
+    )
+    SELECT * INTO v_bad FROM found f
+    WHERE f.status IS NULL OR f.status NOT IN ('pending', 'scheduled', 'succeeded')
+       OR f.tenant <> p_tenant OR f.other_join IS NOT NULL
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION '%', CASE
+            WHEN v_bad.status IS NULL THEN format('a join on an unknown task: %s', v_bad.id)
+            WHEN v_bad.tenant <> p_tenant THEN format(
+                'task %s is tenant %s''s: a workflow''s tasks are all one tenant''s (%s)',
+                v_bad.id, v_bad.tenant, p_tenant)
+            WHEN v_bad.other_join IS NOT NULL THEN format(
+                'task %s is already a member of join %s: a task has one join at most',
+                v_bad.id, v_bad.other_join)
+            ELSE format('task %s is %s: retry it before joining it', v_bad.id, v_bad.status)
+        END;
+    END IF;
+    DELETE FROM rota.scheduled s WHERE s.run_at = p_waiting_at AND s.task_id = ANY (p_joins);
+    INSERT INTO rota.joins (task_id, members, waiting, results, payload)
+    SELECT j.id, c.n, c.waiting, j.results, j.payload
+    FROM unnest(p_joins, p_results, p_payloads) AS j(id, results, payload)
+    JOIN (SELECT m.join_id, count(*)::integer AS n,
+                 count(*) FILTER (WHERE NOT EXISTS (
+                     SELECT FROM rota.finished f WHERE f.task_id = m.member))::integer AS waiting
+          FROM unnest(p_members, p_member_joins) AS m(member, join_id)
+          GROUP BY m.join_id) c ON c.join_id = j.id;
+    INSERT INTO rota.members (task_id, join_id, position)
+    SELECT * FROM unnest(p_members, p_member_joins, p_positions);
+    -- A join whose members had all succeeded already is due now.
+    INSERT INTO rota.scheduled (run_at, task_id)
+    SELECT now(), j.task_id FROM rota.joins j
+    WHERE j.task_id = ANY (p_joins) AND j.waiting = 0;
 END
 $$;
 

@@ -85,9 +85,9 @@ def test_one_trace_from_a_web_request_to_the_run_through_buffer_and_loader(
     assert enqueue["attributes"]["messaging.message.id"] == task_id
     # The loader's span, in the loader's process, links to the enqueue.
     assert load["resource"]["attributes"]["service.name"] == "loader"
-    assert {(link["context"]["trace_id"], link["context"]["span_id"]) for link in load["links"]} == {
-        (trace_id, enqueue["context"]["span_id"])
-    }
+    assert {
+        (link["context"]["trace_id"], link["context"]["span_id"]) for link in load["links"]
+    } == {(trace_id, enqueue["context"]["span_id"])}
     # The run, in the worker's process, is the enqueue's child, and a span the
     # task makes is the run's (in the process pool, made in the task's child).
     assert run["resource"]["attributes"]["service.name"] == "worker"

@@ -133,4 +133,14 @@ def test_the_top_level_is_grouped() -> None:
     context, result, settings, errors); everything else lives in a package named for
     what it serves."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "app", "context", "errors", "result", "settings", "task"]
+    assert top == [
+        "__init__",
+        "__main__",
+        "app",
+        "context",
+        "errors",
+        "result",
+        "settings",
+        "task",
+        "workflow",
+    ]
