@@ -207,7 +207,9 @@ class App:
                 "enqueue a task defined elsewhere"
             )
         if task is not None:
-            task.arguments.check(call.name, call.args, call.kwargs)
+            # A workflow's step: the result it receives comes first.
+            args = (None, *call.args) if call.receives else call.args
+            task.arguments.check(call.name, args, call.kwargs)
             options = task.options
             template = task.template
             if call.queue is not None and call.queue != template.queue:

@@ -11,12 +11,22 @@ task function's signature.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeAlias, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+)
 from uuid import UUID
 
 from rota.errors import ValidationError
@@ -26,6 +36,7 @@ if TYPE_CHECKING:
     import psycopg
 
 P = ParamSpec("P")
+Q = ParamSpec("Q")  # a join's arguments after the result it receives
 R = TypeVar("R")
 
 # A transaction to enqueue in (`connection=`): the task is written with the
@@ -74,6 +85,8 @@ class TaskCall:
     priority: int | None = None  # within the tenant: 0 (default) to 9, higher first
     # The registered task it runs, when made from one (`Enqueue.prepare`).
     task: Task[Any, Any] | None = field(default=None, compare=False, repr=False)
+    # A workflow's join or step: a result goes before `args` when it runs.
+    receives: bool = False
 
 
 # Distinct call shapes whose verdict a task remembers; past it, new shapes
@@ -198,6 +211,14 @@ class Enqueue(Generic[P]):
                 "prepare() makes a run for enqueue_many: pass connection= to enqueue_many"
             )
         return self._call(args, kwargs)
+
+    def receiving(
+        self: Enqueue[Concatenate[Any, Q]], *args: Q.args, **kwargs: Q.kwargs
+    ) -> TaskCall:
+        """A workflow's join or chain step: its first argument is the result
+        it receives (a list, after a group), given when it runs; these are
+        the rest."""
+        return dataclasses.replace(self.prepare(*args, **kwargs), receives=True)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> UUID:
         """Enqueues the run; returns its id once it is stored."""

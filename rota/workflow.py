@@ -150,6 +150,10 @@ class Plan:
     def add(self, node: Node, new_id: NewId) -> list[UUID]:
         """Adds `node`; returns the tasks whose ends are its end."""
         if isinstance(node, TaskCall):
+            if node.receives:
+                raise ValidationError(
+                    f"{node.name} receives a result, but nothing comes before it in the workflow"
+                )
             return [self.task(node, new_id)]
         if isinstance(node, After):
             return list(node.ids)
@@ -168,6 +172,11 @@ class Plan:
         return ends
 
     def join(self, call: TaskCall, members: list[UUID], results: str, new_id: NewId) -> UUID:
+        if not call.receives:
+            raise ValidationError(
+                f"{call.name}, a join or a chain's later step, receives a result first: "
+                "prepare it with .using(...).receiving(...)"
+            )
         join_id = self.task(call, new_id)
         self.joins[join_id] = results
         self.members.extend(Member(m, join_id, n) for n, m in enumerate(members))

@@ -57,17 +57,17 @@ class _Prepared(NamedTuple):
 _PREPARED = Rows(_Prepared)
 
 
-def load(envelopes: Iterable[TaskEnvelope]) -> Op[int]:
+def load(envelopes: Iterable[TaskEnvelope], last: bool = True) -> Op[int]:
     """Bulk-loads tasks with their fair positions: COPY into rota.tasks (one
     INSERT up to SMALL_LOAD tasks), whose insert trigger gives them their
     places in line (rota.tasks_enter_line). Tasks loaded or run before (same
-    id) are ignored. Run it in a transaction (db.transact). Returns how many
-    were new."""
+    id) are ignored. Run it in a transaction (db.transact); `last=False` when
+    the operation goes on after it. Returns how many were new."""
     tasks = _first_of_each_id(envelopes)
     if not tasks:
         return 0
     if len(tasks) <= SMALL_LOAD:
-        (stored,) = yield Execute(query("insert_tasks"), _columns(tasks), ONLY, alone=True)
+        (stored,) = yield Execute(query("insert_tasks"), _columns(tasks), ONLY, alone=last)
         return int(stored)
     # The savepoint comes first so that it travels with BEGIN and the
     # preparation (db.transact); a batch loaded again rolls back to it and

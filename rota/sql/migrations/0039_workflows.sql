@@ -158,10 +158,12 @@ BEGIN
     ), released AS (
         -- The joins whose last member this was: due now (still waiting, not
         -- dead or cancelled meanwhile).
+        -- The countdown drives the statement (a function scan, always run),
+        -- never a subquery that the plan may skip.
         INSERT INTO rota.scheduled (run_at, task_id)
-        SELECT now(), t.id FROM rota.tasks t
-        WHERE t.id = ANY (ARRAY(SELECT rota.count_down_joins(ARRAY(SELECT task_id FROM done))))
-          AND t.status = 'scheduled'
+        SELECT now(), j.id
+        FROM rota.count_down_joins(ARRAY(SELECT task_id FROM done)) AS j(id)
+        WHERE (SELECT t.status FROM rota.tasks t WHERE t.id = j.id) = 'scheduled'
     )
     SELECT s.task_id, d.counted FROM stored s JOIN done d ON d.task_id = s.task_id;
 END
