@@ -169,3 +169,23 @@ def traced_step() -> None:
 
     with trace.get_tracer("workapp").start_as_current_span("inside the task"):
         log_run(time.time())
+
+
+# Workflows.
+@app.task(queue="work", max_attempts=5)
+def square(x: int) -> int:
+    started = time.time()
+    time.sleep(0.01)
+    log_run(started)
+    return x * x
+
+
+@app.task(queue="work", max_attempts=5, result_ttl=3600)
+def total(results: list[int], label: str) -> int:
+    log_run(time.time())
+    return sum(results)
+
+
+@app.task(queue="work", max_attempts=5, result_ttl=3600)
+def plus(previous: int, n: int) -> int:
+    return previous + n
