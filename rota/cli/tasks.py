@@ -106,11 +106,29 @@ def render_story(story: Any) -> str:
             lines.append(f"arguments {task.payload}")
         if task.traceback:
             lines += ["traceback:", task.traceback.rstrip()]
+        lines += graph_lines(task.graph)
         for at, actor, action in task.history:
             lines.append(f"{cell(at)}  {action} by {actor}")
     if story.dead_letter is not None:
         lines.append(f"dead letter {story.dead_letter.id}: {story.dead_letter.raw[:500]}")
     return "\n".join(lines)
+
+
+def graph_lines(graph: Any) -> list[str]:
+    """A task's place in its workflow, for `rota task show`."""
+    if graph is None:
+        return []
+    lines = []
+    if graph.join_id is not None:
+        lines.append(
+            f"member of join {graph.join_id} ({graph.join_waiting} of its "
+            f"{graph.join_members} member(s) yet to succeed)"
+        )
+    if graph.members is not None:
+        failed = f"; dead of member {graph.failed_member}" if graph.failed_member else ""
+        lines.append(f"join of {graph.members} member(s), {graph.waiting} yet to succeed{failed}:")
+        lines += [f"  member {member}" for member in graph.member_ids]
+    return lines
 
 
 @task_app.command("show")

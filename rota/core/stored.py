@@ -11,6 +11,7 @@ from uuid import UUID
 
 from rota.core.db import Op, first, select, value
 from rota.core.rows import Both, Rows
+from rota.core.workflows import TaskGraph, task_graph
 from rota.errors import ValidationError
 from rota.sql import query
 
@@ -63,6 +64,7 @@ class StoredTask:
     # as urgent and earlier), and the lower-priority ones ahead of it in line
     # that it runs before (past AHEAD_CAP: AHEAD_CAP + 1).
     urgent_before: int = 0
+    graph: TaskGraph | None = None  # its place in a workflow (rota.workflow), if any
     lower_ahead: int = 0
 
 
@@ -76,10 +78,13 @@ def stored_task(task_id: UUID) -> Op[StoredTask | None]:
 def _stored_task(task_id: UUID) -> Op[StoredTask | None]:
     audit = yield from select(query("task_audit"), {"id": str(task_id)}, _HISTORY)
     history = tuple((entry.at, entry.actor, entry.action) for entry in audit)
+    found_graph = yield from task_graph(task_id)
+    in_graph = found_graph.join_id is not None or found_graph.members is not None
+    graph = found_graph if in_graph else None
     found = yield from first(query("task_story"), {"id": task_id}, _STORY)
     if found is None:
         done = yield from first(query("finished_story"), {"id": task_id}, _FINISHED)
-        return None if done is None else dataclasses.replace(done, history=history)
+        return None if done is None else dataclasses.replace(done, history=history, graph=graph)
     task, kept = found
     workers = yield from value(query("queue_workers"), {"queue": task.queue})
     ahead, estimated, turn = None, False, None
@@ -102,6 +107,7 @@ def _stored_task(task_id: UUID) -> Op[StoredTask | None]:
     return dataclasses.replace(
         task,
         history=history,
+        graph=graph,
         ahead=ahead,
         ahead_estimated=estimated,
         queue_workers=int(workers),

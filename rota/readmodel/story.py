@@ -175,6 +175,12 @@ def why(task: StoredTask, now: datetime | None = None) -> str:
         if task.cancel_requested:
             text += "; cancelled: it will not be retried"
         return text
+    graph = task.graph
+    if task.status == "scheduled" and graph is not None and graph.waiting:
+        return (
+            f"a join of a workflow: waits for {graph.waiting} of its {graph.members} "
+            "member(s) to succeed (it holds no place in line meanwhile)"
+        )
     if task.status == "scheduled":
         run_at = task.run_at or now
         wait = max(0.0, (run_at - now).total_seconds())

@@ -415,3 +415,40 @@ def test_a_pages_handlers_run_alone(settings: Settings, conn: Conn) -> None:
         assert figures["unavailable"] == {} and figures["queues"][0]["waiting"] == 2
     finally:
         conns.close()
+
+
+def test_a_task_shows_its_place_in_a_workflow(
+    http: httpx.Client, conn: Conn, settings: Settings
+) -> None:
+    import rota
+    from rota.cli.tasks import render_story
+    from rota.readmodel.story import task_story
+
+    with rota.App(settings) as app:
+
+        @app.task(queue="flows")
+        def step(n: int) -> int:
+            return n
+
+        @app.task(queue="flows")
+        def gather(results: list[int]) -> None: ...
+
+        stored = app.enqueue_workflow(
+            rota.group(
+                step.using(tenant="acme").prepare(1), step.using(tenant="acme").prepare(2)
+            ).then(gather.using(tenant="acme").receiving())
+        )
+    first, second, join = stored.ids
+    story = task_story(conn, None, settings, join)
+    assert story.why.startswith("a join of a workflow: waits for 2 of its 2 member(s)")
+    text = render_story(story)
+    assert f"join of 2 member(s), 2 yet to succeed:\n  member {first}\n  member {second}" in text
+    member = render_story(task_story(conn, None, settings, first))
+    assert f"member of join {join} (2 of its 2 member(s) yet to succeed)" in member
+    assert http.get(f"/api/tasks/{join}").json()["task"]["graph"]["member_ids"] == [
+        str(first),
+        str(second),
+    ]
+    page = http.get(f"/tasks/{join}").text
+    assert "join of 2 member(s), 2 yet to succeed" in page and f'href="/tasks/{first}"' in page
+    assert f'member of join <a href="/tasks/{join}">' in http.get(f"/tasks/{second}").text
