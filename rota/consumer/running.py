@@ -47,6 +47,9 @@ class InFlight:
     task: core.ClaimedTask
     timeout: float | None
     keep: float | None = None  # seconds its result is kept (None: not kept)
+    # Kept only for its workflow's join: a null result needs no row (the join
+    # gets null for a member without one).
+    for_join: bool = False
     # The event loop's, once an async task is handed over (a sync task has none).
     future: concurrent.futures.Future[Any] | None = None
     claimed_at: float = 0.0
@@ -62,6 +65,11 @@ class InFlight:
     def begin(self) -> None:
         self.started_at = time.monotonic()
         self.waited = max(0.0, time.time() - self.task.enqueued_at.timestamp())
+
+    def outcome(self, value: Any) -> Outcome:
+        """Its success, returning `value`."""
+        keep = None if value is None and self.for_join else self.keep
+        return Outcome(self.task, None, value if keep is not None else None, keep)
 
     def killed_by(self, kill: Callable[[], None]) -> None:
         self.kill = kill

@@ -295,17 +295,19 @@ class Worker:
         # A child process keeps its task's time limits itself.
         timeout = None if self._children and not registered.is_async else registered.options.timeout
         # A workflow's member keeps its result for its join ("keep" seconds).
-        keep = registered.options.result_ttl
+        keep, for_join = registered.options.result_ttl, False
         if "keep" in task.payload:
-            keep = max(keep or 0.0, task.payload["keep"])
-        flight = InFlight(task, timeout=timeout, claimed_at=time.monotonic(), keep=keep)
+            keep, for_join = max(keep or 0.0, task.payload["keep"]), keep is None
+        flight = InFlight(
+            task, timeout=timeout, claimed_at=time.monotonic(), keep=keep, for_join=for_join
+        )
         self.in_flight[task.id] = flight
         if not registered.is_async:
             # A prefetched task waits unstarted (handed back at shutdown).
             return self._pool.submit(self._run_sync, registered, flight)
         run = asyncio.run_coroutine_threadsafe(self._run_async(registered, flight), self._loop)
         flight.future = run
-        run.add_done_callback(functools.partial(self._done, task, keep))
+        run.add_done_callback(functools.partial(self._done, flight))
 
     def _cancel_asked(self, task_id: uuid.UUID) -> None:
         self.cancels.append(task_id)
@@ -334,8 +336,7 @@ class Worker:
         except BaseException as exc:  # as the pool's future would keep it
             self._ended(Outcome(flight.task, exc, keep=flight.keep))
         else:
-            keep = flight.keep
-            self._ended(Outcome(flight.task, None, value if keep is not None else None, keep))
+            self._ended(flight.outcome(value))
 
     def _call(self, registered: Task[Any, Any], flight: InFlight) -> Any:
         """One run of a sync task, in this thread or in a child process."""
@@ -372,11 +373,13 @@ class Worker:
             except (SystemExit, KeyboardInterrupt) as exc:
                 raise TaskAborted(f"the task raised {type(exc).__name__}") from None
 
-    def _done(self, task: core.ClaimedTask, keep: float | None, future: Future[Any]) -> None:
+    def _done(self, flight: InFlight, future: Future[Any]) -> None:
         if not future.cancelled():
             error = future.exception()
-            value = future.result() if error is None and keep is not None else None
-            self._ended(Outcome(task, error, value, keep))
+            if error is None:
+                self._ended(flight.outcome(future.result()))
+            else:
+                self._ended(Outcome(flight.task, error, keep=flight.keep))
 
     def _ended(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)

@@ -230,6 +230,27 @@ def bench_import_command(
         _report("import", bench_import(settings, rows, tenants, runs, master), as_json)
 
 
+@bench_app.command("workflow")
+def bench_workflow_command(
+    tenants: Annotated[int, typer.Option(help="tenants, each a group with a join")] = 1000,
+    members: Annotated[int, typer.Option(help="members of each small group")] = 100,
+    big: Annotated[int, typer.Option(help="members of the one huge group (0: none)")] = 100_000,
+    step_tasks: Annotated[int, typer.Option(help="tasks of the step-cost runs")] = 20_000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Workflows: every join runs once; small tenants' joins beside a huge
+    group against alone; a member's cost against a plain task's."""
+    from rota_tools.bench.workflow import bench_workflow
+
+    with bench_settings(database_url, redis_url, local) as settings:
+        figures = bench_workflow(settings, tenants, members, big, step_tasks, runs)
+        _report("workflow", figures, as_json)
+
+
 @bench_app.command("work")
 def bench_work(
     tasks: int = 50_000,

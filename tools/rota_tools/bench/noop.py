@@ -42,3 +42,8 @@ def crunch(rounds: int) -> int:
     for i in range(rounds):
         total = (total + i * i) % 1_000_003
     return total
+
+
+@app.task(queue="bench")
+def gathered(results: list[object]) -> None:
+    """A workflow's join: nothing but receiving its members' results."""

@@ -378,3 +378,12 @@ SELECT finished_at FROM rota.finished WHERE task_id = %(id)s
 -- name: bench_is_running
 -- A task a worker has claimed.
 SELECT 1 FROM rota.running WHERE task_id = %(id)s
+
+-- name: bench_joins_done
+-- Of the given joins: how many finished, how many ran more than once, and
+-- each finished one's seconds from `since` to its end.
+SELECT count(*) AS done,
+       count(*) FILTER (WHERE f.attempts > 1) AS twice,
+       coalesce(array_agg(extract(epoch FROM f.finished_at - %(since)s::timestamptz)), '{}')
+           AS seconds
+FROM rota.finished f WHERE f.task_id = ANY (%(ids)s::uuid[])

@@ -1,0 +1,166 @@
+"""`rota bench workflow`: many tenants' small workflows (a group with a
+join) beside one tenant's huge group. Every join must run exactly once; the
+small tenants' joins should finish about as soon as without the huge group
+(each task of a graph takes its tenant's turns); and a workflow member
+should cost about what a plain task does."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+import rota
+from rota import App, Settings
+from rota.core import db
+from rota.model.envelope import make_envelope
+from rota_tools.bench.core import reset
+from rota_tools.bench.pipeline import NOOP_APP, QUEUE, _finished, _wait_for_finished
+from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.sql import query
+
+WORKERS, CONCURRENCY = 2, 8
+
+
+def _app(settings: Settings) -> App:
+    from rota_tools.bench import noop
+
+    app = App(settings)
+    app.tasks.update(noop.app.tasks)
+    return app
+
+
+def _flows(app: App, tenants: int, members: int, big: int) -> tuple[list[UUID], int]:
+    """Enqueues the graphs; returns the small tenants' joins and the tasks in all."""
+    noop, gathered = app.tasks["noop"], app.tasks["gathered"]
+    if big:
+        huge = rota.group(*(noop.using(tenant="huge").prepare(i) for i in range(big)))
+        app.enqueue_workflow(huge.then(gathered.using(tenant="huge").receiving()))
+    joins = [
+        app.enqueue_workflow(
+            rota.group(*(noop.using(tenant=f"t{t}").prepare(i) for i in range(members))).then(
+                gathered.using(tenant=f"t{t}").receiving()
+            )
+        ).last
+        for t in range(tenants)
+    ]
+    return joins, big + (1 if big else 0) + tenants * (members + 1)
+
+
+def _run(
+    conn: psycopg.Connection[Any], settings: Settings, tenants: int, members: int, big: int
+) -> dict[str, Any]:
+    reset(conn)
+    app = _app(settings)
+    try:
+        joins, total = _flows(app, tenants, members, big)
+    finally:
+        app.close()
+    since = datetime.now(UTC)
+    workers = spawn_workers(
+        NOOP_APP, [QUEUE], WORKERS, settings, concurrency=CONCURRENCY, batch_size=100
+    )
+    try:
+        deadline = time.monotonic() + 1800
+        while True:
+            done = conn.execute(
+                query("bench_joins_done"), {"ids": joins, "since": since}
+            ).fetchone()
+            assert done is not None
+            if done[0] == len(joins) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        _wait_for_finished(conn, total, workers)
+    finally:
+        stop_workers(workers)
+    done_, twice, seconds = conn.execute(
+        query("bench_joins_done"), {"ids": joins, "since": since}
+    ).fetchone() or (0, 0, [])
+    return {
+        "joins": len(joins),
+        "joins_run": int(done_),
+        "joins_run_twice": int(twice),
+        "join_seconds_p50": statistics.median(float(s) for s in seconds) if seconds else None,
+    }
+
+
+def _rate(conn: psycopg.Connection[Any], settings: Settings, tasks: int, workflow: bool) -> float:
+    """Tasks/s of one worker process: plain no-op tasks, or as many members
+    of 100-member groups with joins (the joins not counted)."""
+    reset(conn)
+    if workflow:
+        app = _app(settings)
+        try:
+            noop, gathered = app.tasks["noop"], app.tasks["gathered"]
+            for g in range(tasks // 100):
+                app.enqueue_workflow(
+                    rota.group(
+                        *(noop.using(tenant=f"t{g % 100}").prepare(i) for i in range(100))
+                    ).then(gathered.using(tenant=f"t{g % 100}").receiving())
+                )
+        finally:
+            app.close()
+    else:
+        envelopes = [
+            make_envelope(name="noop", queue=QUEUE, tenant=f"t{i % 100}", args=[i])
+            for i in range(tasks)
+        ]
+        from rota import core
+
+        for i in range(0, tasks, 10_000):
+            db.transact(conn, core.load(envelopes[i : i + 10_000]))
+    workers = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
+    try:
+        _wait_for_finished(conn, 200, workers)
+        begin, started = _finished(conn), time.perf_counter()
+        _wait_for_finished(conn, tasks, workers)  # the members (joins come after)
+        return (_finished(conn) - begin) / (time.perf_counter() - started)
+    finally:
+        stop_workers(workers)
+
+
+def bench_workflow(
+    settings: Settings, tenants: int, members: int, big: int, step_tasks: int, runs: int
+) -> dict[str, Any]:
+    with db.connect(settings.database_url) as conn:
+        alone, beside = [], []
+        plain, steps = [], []
+        for _ in range(runs):
+            alone.append(_run(conn, settings, tenants, members, 0))
+            beside.append(_run(conn, settings, tenants, members, big))
+            plain.append(_rate(conn, settings, step_tasks, workflow=False))
+            steps.append(_rate(conn, settings, step_tasks, workflow=True))
+    p50_alone = statistics.median(r["join_seconds_p50"] for r in alone)
+    p50_beside = statistics.median(r["join_seconds_p50"] for r in beside)
+    plain_rate, step_rate = statistics.median(plain), statistics.median(steps)
+    return {
+        "params": {
+            "tenants": tenants,
+            "members": members,
+            "big_group": big,
+            "workers": WORKERS,
+            "concurrency": CONCURRENCY,
+            "step_tasks": step_tasks,
+            "runs": runs,
+        },
+        "joins": sum(r["joins"] for r in beside),
+        "joins_run": sum(r["joins_run"] for r in beside),
+        "joins_run_twice": sum(r["joins_run_twice"] for r in beside + alone),
+        "small_tenants_join_p50_s": {
+            "alone": round(p50_alone, 3),
+            "beside_big": round(p50_beside, 3),
+        },
+        "small_tenants_join_p50_ratio_to_alone": round(p50_beside / p50_alone, 3),
+        "tasks_per_s": {"plain": round(plain_rate), "workflow_members": round(step_rate)},
+        "step_cost_ratio_to_plain": round(plain_rate / step_rate, 3),
+        "runs_detail": {"alone": alone, "beside_big": beside},
+        "goal": {
+            "joins_run_twice": 0,
+            "small_tenants_join_p50_ratio_to_alone_at_most": 1.2,
+            "step_cost_ratio_to_plain_at_most": 1.3,
+        },
+    }
