@@ -18,7 +18,7 @@ dependencies (rota.add_workflow), so that a join runs exactly once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
@@ -214,10 +214,6 @@ def keep_for_join(payload: str, ttl: float | None) -> str:
 
 def members_of(made: Plan) -> set[UUID]:
     return {m.id for m in made.members}
-
-
-def ordered(made: Plan) -> Iterable[tuple[UUID, TaskCall]]:
-    return made.calls
 
 
 def enqueue(app: Enqueuing, flow: Node, connection: SyncConnection | None = None) -> Workflow:
