@@ -387,11 +387,19 @@ class App:
 
     def enqueue_workflow(self, flow: Node, connection: SyncConnection | None = None) -> Workflow:
         """Stores a workflow (`rota.chain`, `rota.group`, `.then`) straight in
-        PostgreSQL, in one transaction (`connection`'s, when given): all of it,
-        or, for a bad graph, nothing (a ValidationError says why)."""
+        PostgreSQL in one transaction (with `connection=`, the caller's, as
+        enqueue_many does): all of it, or, for a bad graph, nothing (a
+        ValidationError says why)."""
         from rota.workflow import enqueue
 
         return enqueue(self, flow, connection)
+
+    async def aenqueue_workflow(
+        self, flow: Node, connection: AsyncConnection | None = None
+    ) -> Workflow:
+        from rota.workflow import aenqueue
+
+        return await aenqueue(self, flow, connection)
 
     def result(self, task_id: UUID) -> Result:
         """The result of the task with this id (what enqueue returned):

@@ -35,8 +35,9 @@ from rota.runtime import tracing
 from rota.task import TaskCall
 
 if TYPE_CHECKING:
+    from rota.core.db import Op
     from rota.settings import Settings
-    from rota.task import SyncConnection, Task
+    from rota.task import AsyncConnection, SyncConnection, Task
 
 
 class Enqueuing(Protocol):
@@ -47,6 +48,9 @@ class Enqueuing(Protocol):
 
     @property
     def producer(self) -> Any: ...
+
+    @property
+    def aproducer(self) -> Any: ...
 
     def task_id_of(self, call: TaskCall) -> UUID | None: ...
 
@@ -221,6 +225,34 @@ def enqueue(app: Enqueuing, flow: Node, connection: SyncConnection | None = None
     stores its joins and members in one transaction."""
     import psycopg
 
+    op, stored, batch = _prepared(app, flow)
+    with tracing.enqueue(batch, app.settings.max_payload_bytes):
+        try:
+            app.producer.transact(op(), connection)
+        except psycopg.errors.RaiseException as exc:
+            raise ValidationError(exc.diag.message_primary or str(exc)) from None
+    return stored
+
+
+async def aenqueue(
+    app: Enqueuing, flow: Node, connection: AsyncConnection | None = None
+) -> Workflow:
+    """`enqueue`, awaited (`App.aenqueue_workflow`)."""
+    import psycopg
+
+    op, stored, batch = _prepared(app, flow)
+    with tracing.enqueue(batch, app.settings.max_payload_bytes):
+        try:
+            await app.aproducer.transact(op(), connection)
+        except psycopg.errors.RaiseException as exc:
+            raise ValidationError(exc.diag.message_primary or str(exc)) from None
+    return stored
+
+
+def _prepared(app: Enqueuing, flow: Node) -> tuple[Callable[[], Op[int]], Workflow, TaskBatch]:
+    """The graph checked and made into tasks: the operation that stores it
+    (made once tracing had its say in the payloads), what it stores, and
+    its tasks' batch."""
     from rota.core.workflows import add_workflow
 
     made, tenant = plan(flow, app.task_id_of)
@@ -233,14 +265,13 @@ def enqueue(app: Enqueuing, flow: Node, connection: SyncConnection | None = None
             registered = app.tasks.get(batch.templates[batch.template[i]].name)
             ttl = registered.options.result_ttl if registered is not None else None
             batch.payloads[i] = keep_for_join(batch.payloads[i], ttl)
-    with tracing.enqueue(batch, app.settings.max_payload_bytes):
+
+    def op() -> Op[int]:
         envelopes = batch.envelopes()
-        op = add_workflow(envelopes, joins_of(made, envelopes), made.members, tenant, WAITING_AT)
-        try:
-            app.producer.transact(op, connection)
-        except psycopg.errors.RaiseException as exc:
-            raise ValidationError(exc.diag.message_primary or str(exc)) from None
-    return Workflow(list(batch.ids), _last(made))
+        joins = joins_of(made, envelopes)
+        return add_workflow(envelopes, joins, made.members, tenant, WAITING_AT)
+
+    return op, Workflow(list(batch.ids), _last(made)), batch
 
 
 def _last(made: Plan) -> UUID:

@@ -144,11 +144,14 @@ class Producer:
             return drive(self.core.store(batch, connection), self._carry_out)
 
     def transact(self, op: Op[T], connection: psycopg.Connection[Any] | None = None) -> T:
-        """Runs `op` straight in PostgreSQL in a transaction of its own: in
-        `connection`'s (a savepoint there), else on the producer's connection."""
+        """Runs `op` straight in PostgreSQL, as a load with `connection=`
+        does: in the caller's open transaction (it commits or rolls back with
+        the caller's work), else in a transaction of its own (on `connection`
+        in autocommit, or on the producer's)."""
         if connection is not None:
-            with connection.transaction():
-                return db.run(connection, op)
+            if connection.autocommit:
+                return db.transact(connection, op)
+            return db.run(connection, op)
         with self._conn_lock:
             try:
                 return db.transact(self._connection(), op)
@@ -220,6 +223,21 @@ class AsyncProducer:
     async def store(self, batch: TaskBatch, connection: Any = None) -> list[UUID]:
         with tracing.enqueue(batch, self.core.settings.max_payload_bytes):
             return await adrive(self.core.store(batch, connection), self._carry_out)
+
+    async def transact(
+        self, op: Op[T], connection: psycopg.AsyncConnection[Any] | None = None
+    ) -> T:
+        """`Producer.transact`, awaited."""
+        if connection is not None:
+            if connection.autocommit:
+                return await db.atransact(connection, op)
+            return await db.arun(connection, op)
+        async with self._conn_lock:
+            try:
+                return await db.atransact(await self._connection(), op)
+            except psycopg.OperationalError:
+                await self._drop_connection()
+                raise
 
     async def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):

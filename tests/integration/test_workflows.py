@@ -209,3 +209,46 @@ def test_bad_graphs_are_refused_with_the_reason_and_nothing_is_stored(
             flows.enqueue_workflow(flow)
     assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == before
     assert conn.execute("SELECT count(*) FROM rota.joins").fetchone() == (1,)
+
+
+def test_a_huge_group_takes_only_its_tenants_turns(
+    flows: App, conn: psycopg.Connection[Any]
+) -> None:
+    step, gather = flows.tasks["step"], flows.tasks["gather"]
+    flows.enqueue_workflow(
+        rota.group(*(step.using(tenant="big").prepare(n) for n in range(10_000))).then(
+            gather.using(tenant="big").receiving("all")
+        )
+    )
+    (single,) = flows.enqueue_workflow(step.using(tenant="small").prepare(1)).ids
+    # Fair order: the small tenant's one task comes at its first turn, not
+    # after the 10,000 members enqueued before it.
+    first = claim(conn, limit=2, queues=(QUEUE,))
+    assert single in {t.id for t in first}
+
+
+def test_a_workflow_enqueued_from_asyncio_and_in_a_callers_transaction(
+    flows: App, conn: psycopg.Connection[Any], settings: Settings
+) -> None:
+    import asyncio
+
+    step, gather = flows.tasks["step"], flows.tasks["gather"]
+    flow = rota.group(step.using(tenant="acme").prepare(1)).then(
+        gather.using(tenant="acme").receiving("async")
+    )
+
+    async def enqueue() -> rota.Workflow:
+        async with await psycopg.AsyncConnection.connect(settings.database_url) as aconn:
+            stored = await flows.aenqueue_workflow(flow, connection=aconn)
+            await aconn.rollback()  # the caller's transaction: nothing of it stays
+        assert stored.last not in db.run(conn, core.task_states([stored.last]))
+        return await flows.aenqueue_workflow(flow)
+
+    stored = asyncio.run(enqueue())
+    assert _status(conn, stored.last) == "scheduled"
+    assert conn.execute("SELECT count(*) FROM rota.joins").fetchone() == (1,)
+    # In a caller's transaction, rolled back: nothing stays.
+    with psycopg.connect(settings.database_url) as other:
+        flows.enqueue_workflow(flow, connection=other)
+        other.rollback()
+    assert conn.execute("SELECT count(*) FROM rota.joins").fetchone() == (1,)
