@@ -186,7 +186,9 @@ def _tenant_text(t: Any) -> str:
     )
 
 
-queue_app = typer.Typer(rich_markup_mode="markdown", help="Queues: list, pause, resume.")
+queue_app = typer.Typer(
+    rich_markup_mode="markdown", help="Queues: list, pause, resume, charge by time or cost."
+)
 app.add_typer(queue_app, name="queue", no_args_is_help=True)
 
 
@@ -247,6 +249,32 @@ def queue_resume(
 ) -> None:
     """Resume a paused queue."""
     _pause_queue(name, False, actor, as_json, database_url)
+
+
+@queue_app.command("charge")
+def queue_charge(
+    name: str,
+    by: Annotated[
+        str,
+        typer.Option(
+            help="time: a tenant's task costs its measured seconds per run (equal weights, "
+            "equal worker time); cost: its declared cost alone (the default)"
+        ),
+    ],
+    actor: Actor = None,
+    as_json: AsJson = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """How a queue charges its tenants' turns: by measured run time or by declared cost."""
+    from rota import core
+
+    if by not in ("time", "cost"):
+        raise typer.BadParameter(f"--by is time or cost, not {by!r}")
+    found = run_admin(database_url, core.charge_queue(name, by == "time", actor_or_default(actor)))
+    if not found:
+        typer.echo(f"rota: no queue named {name!r}", err=True)
+        raise typer.Exit(1)
+    emit({"queue": name, "charge": by}, as_json, lambda: f"{name}: charged by {by}")
 
 
 @app.command()

@@ -120,6 +120,10 @@ class Worker:
         self.claims_outage = Outage("PostgreSQL (claims and reports)", log)
         self.metrics = WorkerMetrics(self.settings.metrics_tenants)
         self._queue_of_failed: dict[uuid.UUID, str] = {}
+        # (queue, tenant) -> (runs, seconds) since the last heartbeat; the
+        # heartbeat takes the dict whole (a run added to it as it is taken is
+        # lost, which a mean of many runs does not feel).
+        self.run_times: dict[tuple[str, str], tuple[int, float]] = {}
         # When the claim loop last went round (readiness: it is claiming).
         self.last_step = time.monotonic()
         # When a heartbeat last reached the database: leases run out `lease`
@@ -432,6 +436,10 @@ class Worker:
                 self._queue_of_failed[task.id] = task.queue
         if ran:
             self.metrics.attempts(ran)
+            times = self.run_times
+            for attempt in ran:
+                runs, seconds = times.get((attempt.queue, attempt.tenant), (0, 0.0))
+                times[attempt.queue, attempt.tenant] = (runs + 1, seconds + attempt.ran)
 
     def _observe_failure(self, outcome: core.FailOutcome) -> None:
         queue = self._queue_of_failed.pop(outcome.id, "unknown")
@@ -471,6 +479,10 @@ class Worker:
             else set()
         )
         self.last_heartbeat = beat_started
+        # Runs' seconds since the last beat (queues charged by time cost by them).
+        times, self.run_times = self.run_times, {}
+        if times:
+            db.run(conn, core.record_run_times(times))
         # Only tasks still in flight count: one that finished meanwhile left
         # the running table without losing anything.
         lost = [t for t, _ in tokens if t not in held and t in self.in_flight]

@@ -137,6 +137,13 @@ def pause_queue(name: str, paused: bool, actor: str) -> Op[bool]:
     return value(query("pause_queue"), {"name": name, "paused": paused, "actor": actor})
 
 
+def charge_queue(name: str, charge_time: bool, actor: str) -> Op[bool]:
+    """Charges a queue's tenants by measured run time, or by declared cost
+    alone; False if there is no such queue."""
+    check_queue(name)
+    return value(query("charge_queue"), {"name": name, "charge_time": charge_time, "actor": actor})
+
+
 def pause_tenant(name: str, paused: bool, actor: str) -> Op[bool]:
     """Pauses (or resumes) a tenant in every queue; False if there is none."""
     check_tenant(name)

@@ -338,6 +338,21 @@ def register_worker(
     )
 
 
+def record_run_times(times: dict[tuple[str, str], tuple[int, float]]) -> Op[None]:
+    """Records runs and their seconds per (queue, tenant): in queues charged
+    by time, what the next loads cost each tenant's tasks."""
+    pairs = sorted(times.items())
+    yield Execute(
+        query("record_run_times"),
+        {
+            "queues": [queue for (queue, _), _ in pairs],
+            "tenants": [tenant for (_, tenant), _ in pairs],
+            "runs": [runs for _, (runs, _) in pairs],
+            "seconds": [seconds for _, (_, seconds) in pairs],
+        },
+    )
+
+
 def worker_heartbeat(worker: str | WorkerKey) -> Op[bool]:
     """False when the worker was declared dead meanwhile (it must stop)."""
     if isinstance(worker, WorkerKey):

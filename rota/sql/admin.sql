@@ -69,3 +69,6 @@ WHERE t.status IN ('dead', 'cancelled') AND t.finished_at >= %(start)s AND t.fin
 -- name: record_archive
 INSERT INTO rota.archives (before, since, location, tasks)
 VALUES (%(before)s, %(since)s, %(location)s, %(tasks)s)
+
+-- name: charge_queue
+SELECT rota.charge_queue(%(name)s, %(charge_time)s, %(actor)s)

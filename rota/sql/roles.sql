@@ -120,6 +120,7 @@ BEGIN
         rota.worker_claims(text, bytea),
         rota.worker_beat(text, bytea),
         rota.worker_stop(text, bytea),
+        rota.record_run_times(text[], text[], integer[], double precision[]),
         rota.requeue_expired(),
         rota.promote_due(integer),
         rota.reap_workers(text[]),

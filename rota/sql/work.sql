@@ -141,3 +141,8 @@ FROM rota.worker_complete_keeping_claim(%(worker)s::text, %(secret)s::bytea, %(i
                                         %(refused)s::text[], %(ttls)s::double precision[],
                                         %(queues)b::text[], %(limit)s::integer,
                                         %(lease_seconds)s::float8)
+
+-- name: record_run_times
+-- Runs and their seconds per queue and tenant since the last heartbeat.
+SELECT rota.record_run_times(%(queues)s::text[], %(tenants)s::text[], %(runs)s::integer[],
+                             %(seconds)s::double precision[])
