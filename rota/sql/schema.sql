@@ -283,10 +283,16 @@ CREATE TABLE rota.joins (
     payload json NOT NULL,
     -- The member whose death or cancel made the join dead (retrying it lets
     -- the join wait again).
-    failed_member uuid
+    failed_member uuid,
+    -- Its count reached zero: it was made due (once).
+    released boolean NOT NULL DEFAULT false
+) WITH (
+    -- Room on the page: a countdown changes no indexed column, so that each
+    -- member's completion rewrites the row in place (HOT).
+    fillfactor = 50
 );
 -- Whether any join waits: completions look for members only then.
-CREATE INDEX joins_waiting ON rota.joins (task_id) WHERE waiting > 0;
+CREATE INDEX joins_waiting ON rota.joins (task_id) WHERE NOT released;
 
 CREATE TABLE rota.members (
     task_id uuid PRIMARY KEY,  -- a task has one join at most: a graph is a tree
@@ -1300,7 +1306,7 @@ BEGIN
     SELECT coalesce(array_agg(id), '{}') INTO v_ids FROM revived;
     -- A join whose members have not all succeeded waits for them again.
     INSERT INTO rota.scheduled (run_at, task_id) SELECT now(), x FROM unnest(v_ids) x
-    WHERE NOT EXISTS (SELECT FROM rota.joins j WHERE j.task_id = x AND j.waiting > 0);
+    WHERE NOT EXISTS (SELECT FROM rota.joins j WHERE j.task_id = x AND NOT j.released);
     INSERT INTO rota.audit (actor, action, target, detail, count)
     VALUES (p_actor, 'retry', p_target, jsonb_build_object('ids', to_jsonb(v_ids)),
             cardinality(v_ids));
@@ -2179,31 +2185,30 @@ $$;
 
 
 -- Counts down the joins of those of p_ids that are members; returns the
--- joins that stopped waiting. Joins are locked in id order, as every
--- countdown locks them, so that completions of members of the same joins
--- cannot deadlock.
+-- joins that stopped waiting. The update walks the joins in id order (the
+-- plan is pinned to a nested loop over the sorted counts), so that it locks
+-- them in that order, as every countdown does: completions of members of the
+-- same joins cannot deadlock.
 CREATE FUNCTION rota.count_down_joins(p_ids uuid[]) RETURNS SETOF uuid
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_seqscan = off
+AS $$
 BEGIN
-    IF NOT EXISTS (SELECT FROM rota.joins WHERE waiting > 0) THEN
+    IF NOT EXISTS (SELECT FROM rota.joins WHERE NOT released) THEN
         RETURN;
     END IF;
     RETURN QUERY
     WITH counted AS MATERIALIZED (
         SELECT m.join_id, count(*)::integer AS n
-        FROM rota.members m WHERE m.task_id = ANY (p_ids) GROUP BY m.join_id
-    ), locked AS MATERIALIZED (
-        SELECT j.task_id FROM rota.joins j
-        WHERE j.task_id = ANY (ARRAY(SELECT join_id FROM counted))
-        ORDER BY j.task_id FOR UPDATE
+        FROM rota.members m WHERE m.task_id = ANY (p_ids)
+        GROUP BY m.join_id ORDER BY m.join_id
     ), counted_down AS (
-        UPDATE rota.joins j SET waiting = j.waiting - c.n
+        UPDATE rota.joins j SET waiting = j.waiting - c.n, released = j.waiting = c.n
         FROM counted c
-        WHERE j.task_id = ANY (ARRAY(SELECT task_id FROM locked)) AND j.task_id = c.join_id
-          AND j.waiting > 0
-        RETURNING j.task_id, j.waiting
+        WHERE j.task_id = c.join_id AND NOT j.released
+        RETURNING j.task_id, j.released
     )
-    SELECT d.task_id FROM counted_down d WHERE d.waiting = 0;
+    SELECT d.task_id FROM counted_down d WHERE d.released;
 END
 $$;
 
@@ -2234,7 +2239,7 @@ DECLARE
 BEGIN
     UPDATE rota.joins j SET failed_member = NEW.id
     FROM rota.members m
-    WHERE m.task_id = NEW.id AND j.task_id = m.join_id AND j.waiting > 0
+    WHERE m.task_id = NEW.id AND j.task_id = m.join_id AND NOT j.released
       AND j.failed_member IS NULL
     RETURNING j.task_id INTO v_join;
     IF v_join IS NOT NULL THEN
@@ -2325,8 +2330,8 @@ BEGIN
         END;
     END IF;
     DELETE FROM rota.scheduled s WHERE s.run_at = p_waiting_at AND s.task_id = ANY (p_joins);
-    INSERT INTO rota.joins (task_id, members, waiting, results, payload)
-    SELECT j.id, c.n, c.waiting, j.results, j.payload
+    INSERT INTO rota.joins (task_id, members, waiting, results, payload, released)
+    SELECT j.id, c.n, c.waiting, j.results, j.payload, c.waiting = 0
     FROM unnest(p_joins, p_results, p_payloads) AS j(id, results, payload)
     JOIN (SELECT m.join_id, count(*)::integer AS n,
                  count(*) FILTER (WHERE NOT EXISTS (
@@ -2338,7 +2343,7 @@ BEGIN
     -- A join whose members had all succeeded already is due now.
     INSERT INTO rota.scheduled (run_at, task_id)
     SELECT now(), j.task_id FROM rota.joins j
-    WHERE j.task_id = ANY (p_joins) AND j.waiting = 0;
+    WHERE j.task_id = ANY (p_joins) AND j.released;
 END
 $$;
 
