@@ -133,6 +133,9 @@ class Outcome:
     error: BaseException | None  # None: success
     value: Any = None  # what the task returned, when its result is kept
     keep: float | None = None  # seconds its result is kept (None: not kept)
+    # When it ended (time.monotonic): its run time is measured to here, not
+    # to when the claim loop collects it.
+    ended: float = field(default_factory=time.monotonic)
 
 
 class StaleClaim(Exception):

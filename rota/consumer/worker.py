@@ -430,7 +430,7 @@ class Worker:
             if flight.started_at is None:
                 continue  # never started (a stale claim)
             task, failed = outcome.task, outcome.error is not None
-            seconds = time.monotonic() - flight.started_at
+            seconds = outcome.ended - flight.started_at
             ran.append(Attempt(task.queue, task.tenant, flight.waited or 0.0, seconds, failed))
             if failed:
                 self._queue_of_failed[task.id] = task.queue

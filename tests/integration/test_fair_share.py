@@ -243,3 +243,47 @@ def test_a_minutes_fair_level_counts_completions_counted_after_its_last_refresh(
     )
     db.run(conn, core.refresh_stats())
     assert level(1) == 27
+
+
+def test_a_queue_charged_by_time_costs_each_tenant_its_measured_seconds(
+    conn: psycopg.Connection[Any],
+) -> None:
+    load(conn, envelopes("long", 1) + envelopes("short", 1))  # the queue and pairs exist
+    claim(conn, 2)
+    assert db.run(conn, core.charge_queue("default", True, "test"))
+    assert not db.run(conn, core.charge_queue("nowhere", True, "test"))
+    # Measured: long 100 ms a run, short 1 ms (a queue not charged records nothing).
+    db.run(
+        conn,
+        core.record_run_times(
+            {
+                ("default", "long"): (20, 2.0),
+                ("default", "short"): (20, 0.02),
+                ("other", "x"): (1, 9.0),
+            }
+        ),
+    )
+    seconds = dict(
+        conn.execute(
+            "SELECT tn.name, tq.run_seconds FROM rota.tenant_queues tq "
+            "JOIN rota.tenants tn ON tn.id = tq.tenant_id"
+        ).fetchall()
+    )
+    assert seconds == pytest.approx({"long": 0.1, "short": 0.001})
+    # A mean over about the last ten runs: ten more at 0.3 s move it halfway.
+    db.run(conn, core.record_run_times({("default", "long"): (10, 3.0)}))
+    moved = conn.execute(
+        "SELECT tq.run_seconds FROM rota.tenant_queues tq JOIN rota.tenants tn "
+        "ON tn.id = tq.tenant_id WHERE tn.name = 'long'"
+    ).fetchone()
+    assert moved == (pytest.approx(0.2),)
+    db.run(conn, core.record_run_times({("default", "long"): (10, 1.0)}))  # back to 0.1 s
+    # Equal weights, equal worker time: about 100 short tasks per long one.
+    load(conn, envelopes("long", 50) + envelopes("short", 3000))
+    order = [t.tenant for t in claim(conn, 1000)]
+    assert 6 <= order.count("long") <= 14  # ~1000 / 101 by count, 50/50 by time
+    # Charged by cost again: one task each per turn.
+    db.run(conn, core.charge_queue("default", False, "test"))
+    load(conn, envelopes("long2", 50) + envelopes("short2", 50))
+    rest = [t.tenant for t in claim(conn, 5000) if t.tenant.endswith("2")]
+    assert rest[:10].count("long2") == 5

@@ -251,6 +251,22 @@ def bench_workflow_command(
         _report("workflow", figures, as_json)
 
 
+@bench_app.command("runtime-fairness")
+def bench_runtime_fairness_command(
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Shares of worker time of a tenant with 100 ms tasks beside one with
+    1 ms tasks: charged by measured time (equal weights, 2:1) and by count."""
+    from rota_tools.bench.runtime import bench_runtime_fairness
+
+    with bench_settings(database_url, redis_url, local) as settings:
+        _report("runtime-fairness", bench_runtime_fairness(settings, runs), as_json)
+
+
 @bench_app.command("work")
 def bench_work(
     tasks: int = 50_000,

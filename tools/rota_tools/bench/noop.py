@@ -47,3 +47,11 @@ def crunch(rounds: int) -> int:
 @app.task(queue="bench")
 def gathered(results: list[object]) -> None:
     """A workflow's join: nothing but receiving its members' results."""
+
+
+@app.task(queue="bench")
+def sleep_ms(milliseconds: float) -> None:
+    """Holds its worker slot for `milliseconds` (runtime fairness)."""
+    import time
+
+    time.sleep(milliseconds / 1000)

@@ -387,3 +387,15 @@ SELECT count(*) AS done,
        coalesce(array_agg(extract(epoch FROM f.finished_at - %(since)s::timestamptz)), '{}')
            AS seconds
 FROM rota.finished f WHERE f.task_id = ANY (%(ids)s::uuid[])
+
+-- name: bench_waiting_of
+-- Tasks in line per tenant (the runtime-fairness feeder keeps them topped up).
+SELECT tn.name, count(*) FROM rota.ready r JOIN rota.tenants tn ON tn.id = r.tenant_id
+GROUP BY tn.name
+
+-- name: bench_runs_of
+-- Runs per tenant that ended in the window.
+SELECT tn.name, count(*)
+FROM rota.finished f JOIN rota.tenants tn ON tn.id = f.tenant_id
+WHERE f.finished_at >= %(since)s AND f.finished_at < %(until)s
+GROUP BY tn.name
