@@ -132,6 +132,7 @@ def test_a_stored_task_reads_every_column_of_its_story_by_name(conn: Conn) -> No
         "started_at",
         "urgent_before",
         "lower_ahead",
+        "graph",
     }
     # A column taken straight from rota.tasks keeps its name there: the
     # task's fields are named as the table's columns.
