@@ -153,7 +153,8 @@ SELECT
 -- name: bench_reset
 -- Empties rota's tables between benchmark runs.
 TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.finished,
-         rota.tenant_queues, rota.tenants, rota.queues, rota.workers RESTART IDENTITY;
+         rota.tenant_queues, rota.tenants, rota.queues, rota.workers, rota.results,
+         rota.joins, rota.members RESTART IDENTITY;
 DROP TABLE IF EXISTS rota_bench_raw
 
 -- name: bench_raw_setup
