@@ -238,7 +238,14 @@ class App:
             call.tenant,
             call.args,
             call.kwargs,
-            task_id or self.task_id_of(call),
+            task_id
+            or (
+                task_id_for_key(
+                    check_idempotency_key(call.idempotency_key), check_tenant(call.tenant)
+                )
+                if call.idempotency_key is not None
+                else None
+            ),
             call.cost if call.cost is not None else default_cost,
             eta
             or (
