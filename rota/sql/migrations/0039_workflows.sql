@@ -163,11 +163,13 @@ BEGIN
     ), released AS (
         -- The joins whose last member this was: due now (still waiting, not
         -- dead or cancelled meanwhile).
-        -- The countdown drives the statement (a function scan, always run),
-        -- never a subquery that the plan may skip.
+        -- The countdown drives the statement (a function scan), never a
+        -- subquery that the plan may skip; it runs only while some join
+        -- waits (one probe of joins_waiting otherwise).
         INSERT INTO rota.scheduled (run_at, task_id)
         SELECT now(), j.id
-        FROM rota.count_down_joins(ARRAY(SELECT task_id FROM done)) AS j(id)
+        FROM (SELECT WHERE EXISTS (SELECT FROM rota.joins w WHERE NOT w.released)) gate,
+             LATERAL rota.count_down_joins(ARRAY(SELECT task_id FROM done)) AS j(id)
         WHERE (SELECT t.status FROM rota.tasks t WHERE t.id = j.id) = 'scheduled'
     )
     SELECT s.task_id, d.counted FROM stored s JOIN done d ON d.task_id = s.task_id;
