@@ -238,14 +238,8 @@ class App:
             call.tenant,
             call.args,
             call.kwargs,
-            task_id
-            or (
-                task_id_for_key(
-                    check_idempotency_key(call.idempotency_key), check_tenant(call.tenant)
-                )
-                if call.idempotency_key is not None
-                else None
-            ),
+            # The key's id from task_id_of, called only for a keyed call.
+            task_id or (self.task_id_of(call) if call.idempotency_key is not None else None),
             call.cost if call.cost is not None else default_cost,
             eta
             or (
