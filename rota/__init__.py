@@ -21,6 +21,7 @@ from rota.errors import (
     UnknownTask,
     ValidationError,
 )
+from rota.model.limits import Limit
 from rota.settings import Settings
 from rota.task import Enqueue, Task, TaskCall
 from rota.workflow import Workflow, after, chain, group
@@ -34,6 +35,7 @@ __all__ = [
     "Enqueue",
     "EnqueueError",
     "InvalidName",
+    "Limit",
     "NotJSONSerializable",
     "OutsideTask",
     "PayloadTooLarge",

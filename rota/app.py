@@ -22,6 +22,7 @@ from uuid import UUID
 from rota.buffer.entries import TaskBatch
 from rota.errors import UnknownTask, ValidationError
 from rota.model.envelope import check_run, envelope_template, task_id_for_key
+from rota.model.limits import Limit
 from rota.model.rules import (
     check_idempotency_key,
     check_priority,
@@ -90,6 +91,7 @@ class App:
         cost: float = 1.0,
         priority: int = 0,
         result_ttl: float | None = None,
+        limit: Limit | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -106,6 +108,7 @@ class App:
         cost: float = 1.0,
         priority: int = 0,
         result_ttl: float | None = None,
+        limit: Limit | None = None,
     ) -> Any:
         """Registers a task. `backoff` is the first retry delay in seconds (it
         doubles per attempt, with jitter); `timeout` bounds one run (in the
@@ -113,7 +116,8 @@ class App:
         process pool, raises rota.SoftTimeLimitExceeded in the task; `priority`
         (0-9, higher first, within a tenant) is its runs' default;
         `result_ttl` keeps each run's return value (JSON) that many seconds
-        after it succeeds, for `app.result(task_id)`."""
+        after it succeeds, for `app.result(task_id)`; `limit` (a rota.Limit)
+        caps its runs' concurrency and rate per key, over every tenant."""
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or function.__name__
@@ -136,6 +140,7 @@ class App:
                 cost=cost,
                 priority=check_priority(priority),
                 result_ttl=None if result_ttl is None else check_result_ttl(result_ttl),
+                limit=limit,
             )
             # Checked once here, so a bad option fails at import, not at enqueue.
             template = envelope_template(
@@ -144,6 +149,10 @@ class App:
             self.check_queue_allowed(options.queue)
             check_run("check", options.cost)
             registered: Task[Any, Any] = Task(self, function, template, options)
+            if limit is not None:
+                if not isinstance(limit, Limit):
+                    raise ValidationError(f"limit= must be a rota.Limit, got {limit!r}")
+                limit.check_fits(task_name, registered.arguments.signature)
             self.tasks[task_name] = registered
             return registered
 
@@ -222,6 +231,12 @@ class App:
                 )
                 self.check_queue_allowed(template.queue)
             default_cost, default_priority = options.cost, options.priority
+            limit = options.limit
+            limit_key = (
+                None
+                if limit is None
+                else limit.key(call.tenant, call.name, task.arguments.signature, args, call.kwargs)
+            )
         else:
             settings = self.settings
             template = envelope_template(
@@ -233,6 +248,7 @@ class App:
             )
             self.check_queue_allowed(template.queue)
             default_cost, default_priority = 1.0, 0
+            limit_key = None
         batch.add(
             template,
             call.tenant,
@@ -249,6 +265,7 @@ class App:
             ),
             self.settings.max_payload_bytes,
             call.priority if call.priority is not None else default_priority,
+            limit_key,
         )
 
     # -- enqueueing ----------------------------------------------------------

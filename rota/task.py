@@ -31,6 +31,7 @@ from uuid import UUID
 
 from rota.errors import ValidationError
 from rota.model.envelope import EnvelopeTemplate
+from rota.model.limits import Limit
 
 if TYPE_CHECKING:
     import psycopg
@@ -57,6 +58,8 @@ class TaskOptions:
     result_ttl: float | None = None  # seconds a run's return value is kept (None: not kept)
     # Seconds until the process pool raises SoftTimeLimitExceeded in a run.
     soft_timeout: float | None = None
+    # The limit on keys its runs count against (rota.Limit), if any.
+    limit: Limit | None = None
 
 
 @dataclass(frozen=True)

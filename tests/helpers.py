@@ -30,6 +30,7 @@ def envelopes(
     max_attempts: int = 3,
     backoff_base: float = 1.0,
     priority: int = 0,
+    limit_key: str | None = None,
 ) -> list[TaskEnvelope]:
     return [
         make_envelope(
@@ -42,6 +43,7 @@ def envelopes(
             max_attempts=max_attempts,
             backoff_base=backoff_base,
             priority=priority,
+            limit_key=limit_key,
         )
         for i in range(count)
     ]

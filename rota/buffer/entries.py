@@ -20,6 +20,7 @@ from rota.model.envelope import (
     Backoff,
     Cost,
     EnvelopeTemplate,
+    LimitKey,
     Priority,
     QueueName,
     TaskEnvelope,
@@ -31,14 +32,17 @@ from rota.model.envelope import (
     new_task_id,
     parse_envelope,
 )
-from rota.model.rules import check_priority
+from rota.model.rules import check_limit_key, check_priority
 
-# A batch's per-task columns, in the JSON of a buffer entry; "priority" is
-# written only when a task has one (an entry without it, every entry written
-# before priorities, means 0 for all).
+# A batch's per-task columns, in the JSON of a buffer entry. The optional
+# ones are written only when a task has one: an entry without "priority"
+# means 0 for all, without "limit_key" no key for any (as entries written
+# before them).
 TASK_COLUMNS = ("template", "id", "tenant", "payload", "cost", "eta")
 ENTRY_KEYS = frozenset({"enqueued_at", "templates", *TASK_COLUMNS})
 PRIORITY = "priority"
+LIMIT_KEY = "limit_key"
+OPTIONAL_COLUMNS = (PRIORITY, LIMIT_KEY)
 
 
 @dataclass(slots=True)
@@ -58,6 +62,7 @@ class TaskBatch:
     costs: list[float] = field(default_factory=list)
     etas: list[datetime | None] = field(default_factory=list)
     priorities: list[int] = field(default_factory=list)
+    limit_keys: list[str | None] = field(default_factory=list)
     _last: tuple[EnvelopeTemplate | None, int] = field(default=(None, -1), repr=False)
     _index: dict[EnvelopeTemplate, int] = field(default_factory=dict, repr=False)
 
@@ -79,11 +84,14 @@ class TaskBatch:
         eta: datetime | None = None,
         max_payload_bytes: int = 256 * 1024,
         priority: int = 0,
+        limit_key: str | None = None,
     ) -> UUID:
         """Checks one run of `template` and appends it (nothing, if it raises a
         ValidationError subclass); returns its task id."""
         tenant, cost, eta, payload = check_run(tenant, cost, eta, args, kwargs, max_payload_bytes)
         priority = check_priority(priority)
+        if limit_key is not None:
+            check_limit_key(limit_key)
         last, index = self._last
         if template is not last:
             index = self._index_of(template)
@@ -96,6 +104,7 @@ class TaskBatch:
         self.costs.append(cost)
         self.etas.append(eta)
         self.priorities.append(priority)
+        self.limit_keys.append(limit_key)
         return task_id
 
     def _index_of(self, template: EnvelopeTemplate) -> int:
@@ -122,13 +131,14 @@ class TaskBatch:
             [self.costs[i] for i in indices],
             [self.etas[i] for i in indices],
             [self.priorities[i] for i in indices],
+            [self.limit_keys[i] for i in indices],
         )
 
     def envelopes(self) -> list[TaskEnvelope]:
         templates = self.templates
         enqueued_at = self.enqueued_at
         envelopes = []
-        for index, task_id, tenant, payload, cost, eta, priority in zip(
+        for index, task_id, tenant, payload, cost, eta, priority, limit_key in zip(
             self.template,
             self.ids,
             self.tenants,
@@ -136,6 +146,7 @@ class TaskBatch:
             self.costs,
             self.etas,
             self.priorities,
+            self.limit_keys,
             strict=True,
         ):
             t = templates[index]
@@ -153,6 +164,7 @@ class TaskBatch:
                     t.backoff_max,
                     eta,
                     priority,
+                    limit_key,
                 )
             )
         return envelopes
@@ -170,6 +182,8 @@ class TaskBatch:
         }
         if any(self.priorities):  # else left out: every task is at 0
             columns[PRIORITY] = self.priorities
+        if any(self.limit_keys):  # else left out: no task has a key
+            columns[LIMIT_KEY] = self.limit_keys
         return orjson.dumps(columns)
 
     @classmethod
@@ -187,6 +201,7 @@ class TaskBatch:
             d["cost"],
             [datetime.fromisoformat(e) if e else None for e in d["eta"]],
             d.get(PRIORITY) or [0] * len(d["id"]),
+            d.get(LIMIT_KEY) or [None] * len(d["id"]),
         )
 
 
@@ -216,6 +231,7 @@ class _EntryColumns(TypedDict):
     cost: list[Cost]
     eta: list[Time | None]
     priority: NotRequired[list[Priority]]
+    limit_key: NotRequired[list[LimitKey | None]]
 
 
 _ENTRY = TypeAdapter(_EntryColumns)
@@ -236,7 +252,8 @@ def parse_batch(
 
 def _validated_batch(columns: _EntryColumns, max_payload_bytes: int) -> TaskBatch:
     priorities = columns.get("priority") or [0] * len(columns["id"])
-    _check_same_length([*(columns[key] for key in TASK_COLUMNS), priorities])  # type: ignore[literal-required]
+    limit_keys = columns.get("limit_key") or [None] * len(columns["id"])
+    _check_same_length([*(columns[key] for key in TASK_COLUMNS), priorities, limit_keys])  # type: ignore[literal-required]
     templates = [EnvelopeTemplate(*row) for row in columns["templates"]]
     if any(index >= len(templates) for index in columns["template"]):
         raise ValidationError("a task names a template the entry does not have")
@@ -252,6 +269,7 @@ def _validated_batch(columns: _EntryColumns, max_payload_bytes: int) -> TaskBatc
         columns["cost"],
         columns["eta"],
         priorities,
+        limit_keys,
     )
 
 
@@ -264,12 +282,13 @@ def _parse_task_by_task(
         columns = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ValidationError(f"entry is not JSON: {exc}") from None
-    if not isinstance(columns, dict) or set(columns) - {PRIORITY} != ENTRY_KEYS:
+    if not isinstance(columns, dict) or set(columns) - set(OPTIONAL_COLUMNS) != ENTRY_KEYS:
         raise ValidationError(
-            f"entry must be a JSON object with the keys {sorted(ENTRY_KEYS)} (and {PRIORITY!r})"
+            f"entry must be a JSON object with the keys {sorted(ENTRY_KEYS)} (and optionally "
+            f"{', '.join(map(repr, OPTIONAL_COLUMNS))})"
         )
     templates = columns["templates"]
-    keys = (*TASK_COLUMNS, PRIORITY) if PRIORITY in columns else TASK_COLUMNS
+    keys = (*TASK_COLUMNS, *(key for key in OPTIONAL_COLUMNS if key in columns))
     if not isinstance(templates, list) or not all(isinstance(columns[key], list) for key in keys):
         raise ValidationError("the entry's templates and task columns must be JSON lists")
     _check_same_length([columns[key] for key in keys])
@@ -294,7 +313,7 @@ def _parse_task_by_task(
             "backoff_base": template[3],
             "backoff_max": template[4],
             "eta": columns["eta"][i],
-            **({PRIORITY: columns[PRIORITY][i]} if PRIORITY in columns else {}),
+            **{key: columns[key][i] for key in OPTIONAL_COLUMNS if key in columns},
         }
         try:
             parse_envelope(task, max_payload_bytes)

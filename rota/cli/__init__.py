@@ -12,12 +12,12 @@ from importlib.metadata import entry_points
 
 import typer
 
-from rota.cli import admin, console, consumer, loader, schema, tasks
+from rota.cli import admin, console, consumer, limits, loader, schema, tasks
 from rota.cli.app import Options, app
 from rota.cli.errors import explain
 from rota.runtime.redact import printable
 
-__all__ = ["admin", "app", "console", "consumer", "loader", "main", "schema", "tasks"]
+__all__ = ["admin", "app", "console", "consumer", "limits", "loader", "main", "schema", "tasks"]
 
 
 def add_plugins(argv: list[str]) -> None:

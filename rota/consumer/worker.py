@@ -158,6 +158,12 @@ class Worker:
         db.run(
             conn, core.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat)
         )
+        # The app's limits on keys, as its code declares them (rota.Limit).
+        limits = [t.options.limit for t in self.app.tasks.values() if t.options.limit]
+        if limits:
+            declared = db.run(conn, core.declare_limits(limits, f"worker {self.id}"))
+            if declared:
+                log.info("limits on keys declared: %s", ", ".join(declared))
         self._loop_thread.start()
         if self._children is not None:
             self._children.start(self.concurrency)

@@ -35,9 +35,10 @@ TASK_COPY_TYPES = (
     "timestamptz",
     "text",
 )
-# With the tasks' priorities (copy_tasks_priority), used only when a task of
-# the chunk has one: tasks at 0 (most) cost the load nothing more.
-TASK_COPY_TYPES_PRIORITY = (*TASK_COPY_TYPES, "int2")
+# With the tasks' priorities and limit keys (copy_tasks_options), used only
+# when a task of the chunk has one: tasks at 0 without a key (most) cost the
+# load nothing more.
+TASK_COPY_TYPES_OPTIONS = (*TASK_COPY_TYPES, "int2", "text")
 # Up to this many tasks a load is one INSERT (insert_tasks): in a transaction
 # of its own, one round trip in all against a COPY's four. Beyond it, COPY
 # costs less per row.
@@ -120,6 +121,7 @@ def _columns(tasks: list[TaskEnvelope]) -> dict[str, Any]:
         "etas": [t.eta for t in tasks],
         "enqueued": [t.enqueued_at for t in tasks],
         "priorities": [t.priority for t in tasks],
+        "limit_keys": [t.limit_key for t in tasks],
     }
 
 
@@ -131,10 +133,10 @@ def _prepared(tasks: list[TaskEnvelope]) -> Op[tuple[list[tuple[int, TaskEnvelop
     queue_id = dict(zip(params["queues"], ready.queue_ids, strict=True))
     tenant_id = dict(zip(params["tenants"], ready.tenant_ids, strict=True))
     numbered = _without(list(zip(ready.seqs, tasks, strict=True)), ready.already_ran)
-    urgent = any(t.priority for t in tasks)
-    rows = task_rows(numbered, queue_id, tenant_id, ready.now, urgent)
-    if urgent:
-        return numbered, Copy(query("copy_tasks_priority"), rows, TASK_COPY_TYPES_PRIORITY)
+    options = any(t.priority for t in tasks) or any(t.limit_key for t in tasks)
+    rows = task_rows(numbered, queue_id, tenant_id, ready.now, options)
+    if options:
+        return numbered, Copy(query("copy_tasks_options"), rows, TASK_COPY_TYPES_OPTIONS)
     return numbered, Copy(query("copy_tasks"), rows, TASK_COPY_TYPES)
 
 
@@ -167,10 +169,10 @@ def task_rows(
     queue_id: dict[str, int],
     tenant_id: dict[str, int],
     now: datetime,
-    priority: bool = False,
+    options: bool = False,
 ) -> Iterator[tuple[Any, ...]]:
     """The rows of the copy_tasks block (column types TASK_COPY_TYPES), or
-    with `priority` of copy_tasks_priority (TASK_COPY_TYPES_PRIORITY)."""
+    with `options` of copy_tasks_options (TASK_COPY_TYPES_OPTIONS)."""
     for seq, t in numbered:
         row = (
             t.id,
@@ -188,7 +190,7 @@ def task_rows(
             t.enqueued_at,
             t.tenant,
         )
-        yield (*row, t.priority) if priority else row
+        yield (*row, t.priority, t.limit_key) if options else row
 
 
 def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:
@@ -254,7 +256,7 @@ _PER_TASK = TaskColumns._fields[:9]  # the lists; the fields after them are ever
 # copy_tasks's column types for TaskColumns' rows: binary COPY sends a uuid as
 # its 16 bytes, which is what the bytea dumper writes of the id's bytes.
 _COLUMN_COPY_TYPES = ("bytea", *TASK_COPY_TYPES[1:])
-_COLUMN_COPY_TYPES_PRIORITY = ("bytea", *TASK_COPY_TYPES_PRIORITY[1:])
+_COLUMN_COPY_TYPES_OPTIONS = ("bytea", *TASK_COPY_TYPES_OPTIONS[1:])
 
 
 def load_columns(tasks: TaskColumns) -> Op[int]:
@@ -328,6 +330,7 @@ def _column_params(tasks: TaskColumns) -> dict[str, Any]:
         "etas": tasks.etas,
         "enqueued": [tasks.enqueued_at] * n,
         "priorities": tasks.priorities,
+        "limit_keys": [None] * n,  # an import's tasks name no key
     }
 
 
@@ -369,6 +372,7 @@ def _prepared_columns(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
     ]
     count = len(tasks.ids)
     if any(tasks.priorities):
-        rows = zip(*columns, tasks.priorities, strict=False)  # repeat() is endless
-        return count, Copy(query("copy_tasks_priority"), rows, _COLUMN_COPY_TYPES_PRIORITY)
+        # repeat() is endless; an import's tasks name no key.
+        rows = zip(*columns, tasks.priorities, repeat(None), strict=False)
+        return count, Copy(query("copy_tasks_options"), rows, _COLUMN_COPY_TYPES_OPTIONS)
     return count, Copy(query("copy_tasks"), zip(*columns, strict=False), _COLUMN_COPY_TYPES)

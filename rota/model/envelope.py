@@ -30,6 +30,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from rota.errors import NotJSONSerializable, PayloadTooLarge, ValidationError
 from rota.model.rules import (
+    LIMIT_KEY_PATTERN,
     MAX_ATTEMPTS,
     MAX_COST,
     MAX_DELAY_SECONDS,
@@ -43,6 +44,7 @@ from rota.model.rules import (
     check_cost,
     check_delay,
     check_json_integers,
+    check_limit_key,
     check_max_attempts,
     check_priority,
     check_queue,
@@ -70,6 +72,7 @@ Cost = Annotated[float, Field(gt=0, le=MAX_COST, allow_inf_nan=False, strict=Tru
 Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS, strict=True)]
 Backoff = Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False, strict=True)]
 Priority = Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY, strict=True)]
+LimitKey = Annotated[str, StringConstraints(pattern=f"^{LIMIT_KEY_PATTERN}$")]
 Time = Annotated[AwareDatetime, AfterValidator(_in_time_range)]
 
 _JSON_OPTIONS = (
@@ -189,6 +192,8 @@ class TaskEnvelope:
     eta: Time | None = None
     # Within its tenant only (docs/explanation/architecture.md, "Fairness"); absent means 0.
     priority: Priority = 0
+    # The key of a limit it counts against (rota.Limit); absent means none.
+    limit_key: LimitKey | None = None
     v: Literal[1] = ENVELOPE_VERSION
 
     def to_json(self) -> bytes:
@@ -280,6 +285,7 @@ def make_envelope(
     max_payload_bytes: int = 256 * 1024,
     now: datetime | None = None,
     priority: int = 0,
+    limit_key: str | None = None,
 ) -> TaskEnvelope:
     """Checks one task and builds its envelope; raises a ValidationError subclass."""
     t = envelope_template(name, queue, max_attempts, backoff_base, backoff_max)
@@ -297,6 +303,7 @@ def make_envelope(
         t.backoff_max,
         eta,
         check_priority(priority),
+        None if limit_key is None else check_limit_key(limit_key),
     )
 
 

@@ -25,6 +25,10 @@ from rota.errors import InvalidName, ValidationError
 QUEUE_PATTERN = r"[a-z][a-z0-9_.-]{0,62}"
 TENANT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}"
 TASK_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*"
+# A key of a limit on keys: the limit's name (a queue name's rule), alone or
+# with a value after '/' (one key per value): `stripe`, `reports/acme:render`.
+LIMIT_KEY_VALUE_MAX = 200
+LIMIT_KEY_PATTERN = rf"{QUEUE_PATTERN}(?:/[^\x00-\x1f\x7f]{{1,{LIMIT_KEY_VALUE_MAX}}})?"
 QUEUE_NAME_MAX = 63
 TENANT_NAME_MAX = 128
 TASK_NAME_MAX = 200
@@ -107,7 +111,22 @@ _TASK_NAMES = _NameRule(
     TASK_NAME_MAX,
     f"a dotted Python-style name of at most {TASK_NAME_MAX} characters",
 )
+_LIMIT_NAMES = _NameRule(
+    "limit",
+    QUEUE_PATTERN,
+    QUEUE_NAME_MAX,
+    f"1-{QUEUE_NAME_MAX} characters of a-z, 0-9, '_', '.', '-', starting with a letter",
+)
+_LIMIT_KEYS = _NameRule(
+    "limit key",
+    LIMIT_KEY_PATTERN,
+    QUEUE_NAME_MAX + 1 + LIMIT_KEY_VALUE_MAX,
+    f"a limit's name, alone or with '/' and a value of 1-{LIMIT_KEY_VALUE_MAX} characters "
+    "(no control characters)",
+)
 check_queue = _QUEUE_NAMES.check
+check_limit_name = _LIMIT_NAMES.check
+check_limit_key = _LIMIT_KEYS.check
 check_tenant = _TENANT_NAMES.check
 check_task_name = _TASK_NAMES.check
 

@@ -72,3 +72,24 @@ VALUES (%(before)s, %(since)s, %(location)s, %(tasks)s)
 
 -- name: charge_queue
 SELECT rota.charge_queue(%(name)s, %(charge_time)s, %(actor)s)
+
+-- name: set_limit
+-- An operator's limit on keys (kept over the app's declarations until reset).
+SELECT rota.set_limit(%(name)s::text, %(concurrency)s::integer, %(rate)s::float8,
+                      %(burst)s::float8, false, %(actor)s::text)
+
+-- name: reset_limit
+-- Hands a limit back to the app's declaration: the workers set it as
+-- declared at their next start. Returns whether it exists.
+UPDATE rota.key_limits SET declared = true, updated_at = now()
+WHERE name = %(name)s
+RETURNING name
+
+-- name: drop_limit
+SELECT rota.drop_limit(%(name)s::text, %(actor)s::text)
+
+-- name: limits
+-- Every limit on keys with its keys' counters (rota.limit_usage).
+SELECT name, concurrency_limit AS concurrency, rate_limit AS rate, rate_burst AS burst, declared,
+       keys, running, busiest_running, parked
+FROM rota.limit_usage ORDER BY name

@@ -33,10 +33,12 @@ SELECT task_id FROM rota.finished WHERE task_id = ANY (%(ids)b::uuid[])
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
                  backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
 
--- name: copy_tasks_priority
--- copy_tasks with the tasks' priorities (rota.core.TASK_COPY_TYPES_PRIORITY).
+-- name: copy_tasks_options
+-- copy_tasks with the tasks' priorities and limit keys
+-- (rota.core.TASK_COPY_TYPES_OPTIONS).
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
-                 backoff_max, status, eta, enqueued_at, tenant, priority) FROM STDIN (FORMAT BINARY)
+                 backoff_max, status, eta, enqueued_at, tenant, priority, limit_key)
+FROM STDIN (FORMAT BINARY)
 
 -- name: insert_tasks
 -- A small load in one statement, which is its own transaction when nothing
@@ -51,17 +53,19 @@ WITH n AS MATERIALIZED (
     FROM rota.name_ids(%(queues)b::text[], %(tenants)b::text[]) n
 ), stored AS (
     INSERT INTO rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
-                            backoff_base, backoff_max, status, eta, enqueued_at, tenant, priority)
+                            backoff_base, backoff_max, status, eta, enqueued_at, tenant, priority,
+                            limit_key)
     SELECT u.id, n.seqs[u.i], n.queue_ids[u.q], n.tenant_ids[u.t], u.name, u.payload::json,
            u.cost, u.max_attempts, u.backoff_base, u.backoff_max,
            (CASE WHEN u.eta > now() THEN 'scheduled' ELSE 'pending' END)::rota.task_status,
-           u.eta, u.enqueued_at, (%(tenants)b::text[])[u.t], u.priority
+           u.eta, u.enqueued_at, (%(tenants)b::text[])[u.t], u.priority, u.limit_key
     FROM n, unnest(%(ids)b::uuid[], %(queue_of)b::int4[], %(tenant_of)b::int4[], %(names)b::text[],
                    %(payloads)b::text[], %(costs)b::float8[], %(max_attempts)b::int4[],
                    %(backoff_bases)b::float8[], %(backoff_maxes)b::float8[],
-                   %(etas)b::timestamptz[], %(enqueued)b::timestamptz[], %(priorities)b::int2[])
+                   %(etas)b::timestamptz[], %(enqueued)b::timestamptz[], %(priorities)b::int2[],
+                   %(limit_keys)b::text[])
             WITH ORDINALITY AS u(id, q, t, name, payload, cost, max_attempts, backoff_base,
-                                 backoff_max, eta, enqueued_at, priority, i)
+                                 backoff_max, eta, enqueued_at, priority, limit_key, i)
     WHERE NOT EXISTS (SELECT FROM rota.finished f WHERE f.task_id = u.id)
     ON CONFLICT (id) DO NOTHING
     RETURNING 1

@@ -121,6 +121,8 @@ BEGIN
         rota.worker_beat(text, bytea),
         rota.worker_stop(text, bytea),
         rota.record_run_times(text[], text[], integer[], double precision[]),
+        rota.declare_limits(text[], integer[], double precision[], double precision[], text),
+        rota.unpark(),
         rota.requeue_expired(),
         rota.promote_due(integer),
         rota.reap_workers(text[]),

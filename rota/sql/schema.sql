@@ -32,7 +32,10 @@ CREATE TABLE rota.queues (
     -- (rota.tenant_queues.run_seconds; this queue's, for a tenant not yet
     -- measured), times its declared cost; else its declared cost alone.
     charge_time boolean NOT NULL DEFAULT false,
-    run_seconds double precision
+    run_seconds double precision,
+    -- Holds tasks whose key's limit exists: only these queues' claims check
+    -- limits on keys (rota.key_admit).
+    key_limited boolean NOT NULL DEFAULT false
 );
 
 CREATE TABLE rota.tenants (
@@ -145,6 +148,10 @@ ALTER TABLE rota.tasks
         CHECK (enqueued_at >= '2000-01-01 00:00:00+00'
                AND enqueued_at < '2200-01-01 00:00:00+00') NOT VALID,
     ADD CONSTRAINT priority_bounded CHECK (priority >= 0 AND priority <= 9) NOT VALID;
+-- A task's key of a limit (rota.key_limits, rota.keys): `name` or `name/value`.
+ALTER TABLE rota.tasks ADD COLUMN limit_key text,
+    ADD CONSTRAINT limit_key_rule
+        CHECK (limit_key ~ '^[a-z][a-z0-9_.-]{0,62}(/[^[:cntrl:]]{1,200})?$') NOT VALID;
 ALTER TABLE rota.tenants
     ADD CONSTRAINT concurrency_limit_bounded CHECK (concurrency_limit <= 1000000) NOT VALID,
     ADD CONSTRAINT rate_limit_bounded CHECK (rate_limit <= 1e6) NOT VALID,
@@ -188,6 +195,64 @@ CREATE TABLE rota.running (
     lease_expires_at timestamptz NOT NULL,
     -- Whether the tenant's running counter includes this task.
     counted boolean NOT NULL,
+    priority smallint NOT NULL DEFAULT 0,
+    -- The key (rota.keys) whose running counter includes this task, if any.
+    key_id integer
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0,
+    vacuum_truncate = false
+);
+
+-- Limits on keys other than the tenant (docs/howto/limits.md): a task names a
+-- key of a limit (tasks.limit_key: `stripe`, or `reports/acme:render` for a
+-- limit per value); the limit's concurrency and rate hold for each key, over
+-- every tenant. Declared by the app's workers (rota.declare_limits) or set
+-- by an operator (rota.set_limit).
+CREATE TABLE rota.key_limits (
+    id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL UNIQUE CONSTRAINT limit_name_rule CHECK (name ~ '^[a-z][a-z0-9_.-]{0,62}$'),
+    concurrency_limit integer
+        CONSTRAINT limit_concurrency_bounded CHECK (concurrency_limit BETWEEN 0 AND 1000000),
+    rate_limit double precision CONSTRAINT limit_rate_bounded CHECK (rate_limit > 0 AND rate_limit <= 1e6),
+    rate_burst double precision NOT NULL DEFAULT 1
+        CONSTRAINT limit_burst_bounded CHECK (rate_burst >= 1 AND rate_burst <= 1e9),
+    -- Set in code (the workers' declaration keeps it as declared), or by an
+    -- operator (kept until changed).
+    declared boolean NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per key that some loaded task names while its limit exists: the
+-- key's counters. Made by the load (rota.tasks_enter_line) and by
+-- rota.set_limit for the tasks already loaded.
+CREATE TABLE rota.keys (
+    id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL UNIQUE,
+    limit_id integer NOT NULL,
+    -- Claimed-and-unfinished tasks, kept while the limit has a concurrency.
+    running integer NOT NULL DEFAULT 0,
+    -- Token bucket of the limit's rate.
+    tokens double precision NOT NULL DEFAULT 0,
+    refilled_at timestamptz NOT NULL DEFAULT now(),
+    -- Tasks set aside (rota.parked), at least: a claim that parks counts
+    -- them; rota.unpark takes them back when the key has room.
+    parked integer NOT NULL DEFAULT 0
+);
+CREATE INDEX keys_of_limit ON rota.keys (limit_id);
+CREATE INDEX keys_parked ON rota.keys (id) WHERE parked > 0;
+
+-- Tasks whose key had no room when a claim met them: out of line, so that
+-- claims do not step over them again and again, and back in line at their
+-- own places (rota.unpark) once their key has room.
+CREATE TABLE rota.parked (
+    key_id integer NOT NULL,
+    queue_id integer NOT NULL,
+    vtime double precision NOT NULL,
+    tenant_id integer NOT NULL,
+    seq bigint NOT NULL,
+    task_id uuid NOT NULL PRIMARY KEY,
     priority smallint NOT NULL DEFAULT 0
 ) WITH (
     autovacuum_vacuum_scale_factor = 0,
@@ -195,6 +260,7 @@ CREATE TABLE rota.running (
     autovacuum_vacuum_cost_delay = 0,
     vacuum_truncate = false
 );
+CREATE INDEX parked_order ON rota.parked (key_id, vtime, tenant_id, seq);
 
 -- Append-only log of succeeded tasks, narrow. Its key also keeps a batch
 -- that is loaded again (a loader died before acknowledging it) from bringing
@@ -399,7 +465,8 @@ END
 $$;
 
 -- Takes claimed tasks off the running table, keeping each limited tenant's
--- counter right. Tenant rows are locked in id order, as claims lock them.
+-- and key's counter right. Tenant rows, then key rows, are locked in id
+-- order, as claims lock them.
 -- One statement: plpgsql keeps its plan, where a sql function would plan it
 -- on every call (this runs on every completion). A hash join of the tokens:
 -- planned on a near-empty running table, the join became a nested loop that
@@ -432,6 +499,19 @@ BEGIN
         UPDATE rota.tenants t SET running = greatest(t.running - c.n, 0)
         FROM counted c
         WHERE t.id = ANY (ARRAY(SELECT id FROM locked)) AND t.id = c.tenant_id
+    ), keys_counted AS (
+        SELECT key_id, count(*) AS n FROM taken WHERE key_id IS NOT NULL GROUP BY key_id
+    ), keys_locked AS MATERIALIZED (
+        -- After the tenants' rows (the subquery on `locked` runs first), as
+        -- claims lock them; nothing is locked when no key counts.
+        SELECT k.id FROM rota.keys k
+        WHERE k.id = ANY (ARRAY(SELECT key_id FROM keys_counted))
+          AND (SELECT count(*) FROM locked) >= 0
+        ORDER BY k.id FOR UPDATE
+    ), keys_uncounted AS (
+        UPDATE rota.keys k SET running = greatest(k.running - c.n, 0)
+        FROM keys_counted c
+        WHERE k.id = ANY (ARRAY(SELECT id FROM keys_locked)) AND k.id = c.key_id
     )
     SELECT * FROM taken;
 END
@@ -448,7 +528,7 @@ BEGIN
     -- a function's result is estimated at 1000 rows and turns into a seq scan.
     RETURN QUERY
     WITH done AS MATERIALIZED (
-        SELECT r.task_id, r.queue_id, r.tenant_id, r.attempt, r.claimed_at, r.counted
+        SELECT r.task_id, r.queue_id, r.tenant_id, r.attempt, r.claimed_at, r.counted, r.key_id
         FROM rota.take_running(p_ids, p_attempts) r
     ), gone AS (
         DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM done d))
@@ -472,7 +552,8 @@ BEGIN
              LATERAL rota.count_down_joins(ARRAY(SELECT task_id FROM done)) AS j(id)
         WHERE (SELECT t.status FROM rota.tasks t WHERE t.id = j.id) = 'scheduled'
     )
-    SELECT s.task_id, d.counted FROM stored s JOIN done d ON d.task_id = s.task_id;
+    SELECT s.task_id, d.counted OR d.key_id IS NOT NULL
+    FROM stored s JOIN done d ON d.task_id = s.task_id;
 END
 $$;
 
@@ -753,29 +834,51 @@ BEGIN
             ) c
             JOIN limited l ON l.id = c.tenant_id
             WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
+        ), key_fit AS MATERIALIZED (
+            -- Limits on keys (rota.key_admit), only while some limit exists:
+            -- the function, its tables and their locks are not reached otherwise.
+            SELECT f.*
+            FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
+                                       WHERE q.name = ANY (p_queues) AND q.key_limited)
+                           AND (SELECT count(*) FROM limited) >= 0) gate,
+                 LATERAL rota.key_admit(
+                     ARRAY(SELECT p.task_id FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.queue_id FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.vtime FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.tenant_id FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.seq FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.priority FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq)) f
+        ), final AS MATERIALIZED (
+            SELECT p.*, f.key_id
+            FROM admitted p LEFT JOIN key_fit f ON f.task_id = p.task_id
+            -- The gate makes key_fit run even when nothing was admitted: it
+            -- brings back parked tasks whose key has room.
+            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
         ), charged AS (
             UPDATE rota.tenants t
             SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
                 tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
                 refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
-            FROM (SELECT tenant_id, count(*) AS n FROM admitted GROUP BY tenant_id) a
+            FROM (SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id) a
             JOIN limited l ON l.id = a.tenant_id
             -- The ANY keeps the planner on the key, even with a plan made on few tenants.
             WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
         ), taken AS (
+            -- Parked ones too: they leave the line.
             DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
         ), claimed AS MATERIALIZED (
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
+                   a.key_id,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
             FROM rota.tasks t
-            JOIN admitted a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+            JOIN final a ON a.task_id = t.id
+            WHERE t.id = ANY (ARRAY(SELECT task_id FROM final))
         ), leased AS (
             INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
-                                      lease_expires_at, counted, priority)
+                                      lease_expires_at, counted, priority, key_id)
             SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
-                   priority
+                   priority, key_id
             FROM claimed
         )
         SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
@@ -911,12 +1014,32 @@ BEGIN
             SELECT s.row_id, a.queue_id, a.queue, a.vtime, a.tenant_id, s.seq, s.task_id, s.priority,
                    a.counted
             FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
+        ), key_fit AS MATERIALIZED (
+            -- Limits on keys (rota.key_admit), only while some limit exists:
+            -- the function, its tables and their locks are not reached otherwise.
+            SELECT f.*
+            FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
+                                       WHERE q.name = ANY (p_queues) AND q.key_limited)
+                           AND (SELECT count(*) FROM limited) >= 0) gate,
+                 LATERAL rota.key_admit(
+                     ARRAY(SELECT p.task_id FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.queue_id FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.vtime FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.tenant_id FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.seq FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
+                     ARRAY(SELECT p.priority FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq)) f
+        ), final AS MATERIALIZED (
+            SELECT p.*, f.key_id
+            FROM picked p LEFT JOIN key_fit f ON f.task_id = p.task_id
+            -- The gate makes key_fit run even when nothing was admitted: it
+            -- brings back parked tasks whose key has room.
+            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
         ), charged AS (
             UPDATE rota.tenants t
             SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
                 tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
                 refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
-            FROM (SELECT tenant_id, count(*) AS n FROM admitted GROUP BY tenant_id) a
+            FROM (SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id) a
             JOIN limited l ON l.id = a.tenant_id
             -- The ANY keeps the planner on the key, even with a plan made on few tenants.
             WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
@@ -934,16 +1057,17 @@ BEGIN
             FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
         ), claimed AS MATERIALIZED (
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
+                   a.key_id,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
             FROM rota.tasks t
-            JOIN picked a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM picked))
+            JOIN final a ON a.task_id = t.id
+            WHERE t.id = ANY (ARRAY(SELECT task_id FROM final))
         ), leased AS (
             INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
-                                      lease_expires_at, counted, priority)
+                                      lease_expires_at, counted, priority, key_id)
             SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
-                   priority
+                   priority, key_id
             FROM claimed
         )
         SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
@@ -1252,8 +1376,12 @@ BEGIN
     SELECT coalesce(array_agg(task_id), '{}') INTO v_now FROM unscheduled;
     WITH unready AS (
         DELETE FROM rota.ready r WHERE r.task_id = ANY (p_ids) RETURNING r.task_id
+    ), unparked AS (
+        -- Their keys' parked counts are put right by rota.unpark.
+        DELETE FROM rota.parked p WHERE p.task_id = ANY (p_ids) RETURNING p.task_id
     )
-    SELECT v_now || coalesce(array_agg(task_id), '{}') INTO v_now FROM unready;
+    SELECT v_now || coalesce(array_agg(task_id), '{}') INTO v_now
+    FROM (SELECT task_id FROM unready UNION ALL SELECT task_id FROM unparked) u;
     -- Joins waiting for their members (scheduled, with no schedule yet).
     v_now := v_now || ARRAY(
         SELECT t.id FROM rota.tasks t JOIN rota.joins j ON j.task_id = t.id
@@ -1556,6 +1684,10 @@ BEGIN
     WITH counts (queue_id, tenant_id, waiting, running, scheduled, dead, first_vtime) AS (
         SELECT queue_id, tenant_id, count(*), 0, 0, 0, min(vtime)
         FROM rota.ready GROUP BY 1, 2
+        UNION ALL
+        -- Parked (waiting for their key's room): waiting, not first in line.
+        SELECT queue_id, tenant_id, count(*), 0, 0, 0, NULL
+        FROM rota.parked GROUP BY 1, 2
         UNION ALL
         SELECT queue_id, tenant_id, 0, count(*), 0, 0, NULL FROM rota.running GROUP BY 1, 2
         UNION ALL
@@ -1958,6 +2090,13 @@ DECLARE
     v_pair_tenants integer[];
     v_ran uuid[];
 BEGIN
+    -- The keys their limits count (only while some limit exists).
+    IF EXISTS (SELECT FROM rota.key_limits) THEN
+        PERFORM rota.make_keys(ARRAY(SELECT DISTINCT f.limit_key FROM loaded f
+                                     WHERE f.limit_key IS NOT NULL),
+                               ARRAY(SELECT DISTINCT f.queue_id FROM loaded f
+                                     WHERE f.limit_key IS NOT NULL));
+    END IF;
     -- A batch loaded again brings back no task that has run. The load looked
     -- before inserting (which keeps its count right); a task that finished
     -- meanwhile, while the insert waited on its row's deletion, is seen here.
@@ -2438,5 +2577,274 @@ BEGIN
     RETURN true;
 END
 $$;
+
+-- Keys of limits for names of tasks just loaded into these queues (made on
+-- first sight, in name order: loads making the same ones cannot deadlock),
+-- and the queues marked as checking them (once: a marked queue's row is not
+-- written). A name whose limit does not exist gets no row: its tasks run
+-- unlimited.
+CREATE FUNCTION rota.make_keys(p_names text[], p_queue_ids integer[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO rota.keys (name, limit_id)
+    SELECT n, l.id
+    FROM unnest(p_names) n JOIN rota.key_limits l ON l.name = split_part(n, '/', 1)
+    WHERE NOT EXISTS (SELECT FROM rota.keys k WHERE k.name = n)
+    ORDER BY n
+    ON CONFLICT (name) DO NOTHING;
+    IF EXISTS (SELECT FROM unnest(p_names) n
+               JOIN rota.key_limits l ON l.name = split_part(n, '/', 1)) THEN
+        UPDATE rota.queues q SET key_limited = true
+        WHERE q.id = ANY (p_queue_ids) AND NOT q.key_limited;
+    END IF;
+END
+$$;
+
+-- A claim's admission on keys (rota.claim calls it while some limit exists):
+-- of the tasks given in line order, each whose key is limited takes a free
+-- slot and a token of it, as many as the key has; the others are parked.
+-- Keys are locked in id order, after the claim's tenant rows, as every
+-- writer of key counters locks them; FOR UPDATE reads the latest committed
+-- counters, so racing claims cannot both take a key's last slot. Then parked
+-- tasks of keys with room go back in line (rota.unpark): last, as nothing
+-- after it in the claim waits for a lock. Returns each keyed task's verdict
+-- and, when its key counts it, the key.
+CREATE FUNCTION rota.key_admit(p_ids uuid[], p_queue_ids integer[], p_vtimes double precision[],
+                               p_tenant_ids integer[], p_seqs bigint[], p_priorities smallint[])
+RETURNS TABLE (task_id uuid, key_id integer, fits boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH given AS MATERIALIZED (
+        SELECT x.*, k.id AS key
+        FROM unnest(p_ids, p_queue_ids, p_vtimes, p_tenant_ids, p_seqs, p_priorities)
+                 WITH ORDINALITY AS x(id, queue_id, vtime, tenant_id, seq, priority, i)
+        JOIN rota.tasks t ON t.id = x.id
+        JOIN rota.keys k ON k.name = t.limit_key
+        WHERE t.id = ANY (p_ids) AND t.limit_key IS NOT NULL
+    ), room AS MATERIALIZED (
+        SELECT k.id, l.concurrency_limit - k.running AS free_slots,
+               rota.tokens_now(l.rate_limit, l.rate_burst, k.tokens, k.refilled_at) AS tokens,
+               l.concurrency_limit IS NOT NULL AS counts, l.rate_limit IS NOT NULL AS rated
+        FROM rota.keys k JOIN rota.key_limits l ON l.id = k.limit_id
+        WHERE k.id = ANY (ARRAY(SELECT DISTINCT key FROM given))
+        ORDER BY k.id
+        FOR UPDATE OF k
+    ), verdicts AS MATERIALIZED (
+        SELECT g.*, r.counts,
+               row_number() OVER (PARTITION BY g.key ORDER BY g.i)
+                   <= least(coalesce(r.free_slots, 2147483647), coalesce(floor(r.tokens), 2147483647))
+                   AS fits
+        FROM given g JOIN room r ON r.id = g.key
+    ), charged AS (
+        UPDATE rota.keys k
+        SET running = k.running + CASE WHEN r.counts THEN c.taken ELSE 0 END,
+            tokens = CASE WHEN r.rated THEN r.tokens - c.taken ELSE k.tokens END,
+            refilled_at = CASE WHEN r.rated THEN now() ELSE k.refilled_at END,
+            parked = k.parked + c.set_aside
+        FROM (SELECT v.key, count(*) FILTER (WHERE v.fits) AS taken,
+                     count(*) FILTER (WHERE NOT v.fits) AS set_aside
+              FROM verdicts v GROUP BY v.key) c
+        JOIN room r ON r.id = c.key
+        WHERE k.id = c.key AND k.id = ANY (ARRAY(SELECT id FROM room))
+    ), set_aside AS (
+        INSERT INTO rota.parked (key_id, queue_id, vtime, tenant_id, seq, task_id, priority)
+        SELECT v.key, v.queue_id, v.vtime, v.tenant_id, v.seq, v.id, v.priority
+        FROM verdicts v WHERE NOT v.fits
+    )
+    SELECT v.id, CASE WHEN v.counts AND v.fits THEN v.key END, v.fits FROM verdicts v;
+    IF EXISTS (SELECT FROM rota.keys k WHERE k.parked > 0) THEN
+        PERFORM rota.unpark();
+    END IF;
+END
+$$;
+
+-- Puts parked tasks of keys with room again back in line, each at its own
+-- place (ahead of what was loaded since: it has waited its turn). A key's
+-- room is its free slots and whole tokens; without its limit, all of them.
+-- Key rows locked elsewhere are skipped: never waiting, this closes no
+-- lock cycle, and the holder (a claim or a release) leads to the next call.
+-- Returns how many went back.
+CREATE FUNCTION rota.unpark() RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queues integer[];
+    v_moved integer;
+BEGIN
+    WITH room AS MATERIALIZED (
+        SELECT k.id, k.parked,
+               least(k.parked,
+                     coalesce(l.concurrency_limit - k.running, k.parked),
+                     coalesce(floor(rota.tokens_now(l.rate_limit, l.rate_burst, k.tokens,
+                                                    k.refilled_at))::integer, k.parked)) AS n
+        FROM rota.keys k LEFT JOIN rota.key_limits l ON l.id = k.limit_id
+        WHERE k.parked > 0
+          AND least(k.parked,
+                    coalesce(l.concurrency_limit - k.running, k.parked),
+                    coalesce(floor(rota.tokens_now(l.rate_limit, l.rate_burst, k.tokens,
+                                                   k.refilled_at))::integer, k.parked)) > 0
+        ORDER BY k.id
+        FOR UPDATE OF k SKIP LOCKED
+    ), chosen AS MATERIALIZED (
+        SELECT x.task_id, r.id AS key_id
+        FROM room r
+        CROSS JOIN LATERAL (
+            SELECT p.task_id FROM rota.parked p WHERE p.key_id = r.id
+            ORDER BY p.vtime, p.tenant_id, p.seq LIMIT r.n
+        ) x
+    ), moved AS MATERIALIZED (
+        DELETE FROM rota.parked p WHERE p.task_id = ANY (ARRAY(SELECT task_id FROM chosen))
+        RETURNING p.*
+    ), back AS (
+        INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
+        SELECT m.queue_id, m.vtime, m.tenant_id, m.seq, m.task_id, m.priority FROM moved m
+    ), recounted AS (
+        -- Fewer found than counted (a parked task was cancelled): recounted.
+        -- The statement's snapshot still holds the rows it moved.
+        UPDATE rota.keys k
+        SET parked = CASE WHEN coalesce(m.n, 0) < r.n
+                          THEN (SELECT count(*) FROM rota.parked p WHERE p.key_id = r.id)
+                               - coalesce(m.n, 0)
+                          ELSE k.parked - m.n END
+        FROM room r LEFT JOIN (SELECT key_id, count(*) AS n FROM moved GROUP BY key_id) m
+               ON m.key_id = r.id
+        WHERE k.id = r.id AND k.id = ANY (ARRAY(SELECT id FROM room))
+    )
+    SELECT array_agg(DISTINCT m.queue_id), count(*) INTO v_queues, v_moved FROM moved m;
+    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q WHERE q.id = ANY (v_queues);
+    RETURN v_moved;
+END
+$$;
+
+-- Creates or changes a limit on keys (NULLs: no concurrency or rate
+-- limit). Its keys' running counters are recounted when it gets or loses a
+-- concurrency; a changed rate starts each key with a full bucket. Keys of
+-- tasks already loaded are made. `p_declared`: set from code (a worker's
+-- declaration), else an operator's (kept over declarations until reset).
+CREATE FUNCTION rota.set_limit(p_name text, p_concurrency_limit integer,
+                               p_rate_limit double precision, p_rate_burst double precision,
+                               p_declared boolean, p_actor text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id integer;
+    v_burst double precision := coalesce(p_rate_burst, greatest(1, coalesce(p_rate_limit, 1)));
+    v_keys text[];
+    v_queues integer[];
+BEGIN
+    INSERT INTO rota.key_limits (name, concurrency_limit, rate_limit, rate_burst, declared)
+    VALUES (p_name, p_concurrency_limit, p_rate_limit, v_burst, p_declared)
+    ON CONFLICT (name) DO UPDATE
+    SET concurrency_limit = excluded.concurrency_limit, rate_limit = excluded.rate_limit,
+        rate_burst = excluded.rate_burst, declared = excluded.declared, updated_at = now()
+    RETURNING id INTO v_id;
+    -- Keys left by a dropped limit of this name are this one's.
+    UPDATE rota.keys SET limit_id = v_id
+    WHERE split_part(name, '/', 1) = p_name AND limit_id <> v_id;
+    -- Tasks loaded before (a scan of the table: a limit is set seldom).
+    SELECT array_agg(DISTINCT t.limit_key), array_agg(DISTINCT t.queue_id)
+    INTO v_keys, v_queues
+    FROM rota.tasks t
+    WHERE t.limit_key IS NOT NULL AND split_part(t.limit_key, '/', 1) = p_name;
+    PERFORM rota.make_keys(v_keys, v_queues);
+    -- Running rows first, then key rows: the order a release takes them in.
+    UPDATE rota.running r
+    SET key_id = CASE WHEN p_concurrency_limit IS NOT NULL THEN k.id END
+    FROM rota.tasks t JOIN rota.keys k ON k.name = t.limit_key
+    WHERE t.id = r.task_id AND k.limit_id = v_id AND t.limit_key IS NOT NULL
+      AND r.key_id IS DISTINCT FROM CASE WHEN p_concurrency_limit IS NOT NULL THEN k.id END;
+    UPDATE rota.keys k
+    SET running = (SELECT count(*) FROM rota.running r WHERE r.key_id = k.id),
+        tokens = v_burst, refilled_at = now()
+    FROM (SELECT id FROM rota.keys WHERE limit_id = v_id ORDER BY id FOR UPDATE) locked
+    WHERE k.id = locked.id;
+    INSERT INTO rota.audit (actor, action, target, detail, count)
+    VALUES (p_actor, 'set limit', 'limit:' || p_name,
+            jsonb_build_object('concurrency', p_concurrency_limit, 'rate', p_rate_limit,
+                               'burst', v_burst, 'declared', p_declared), 1);
+    -- Parked tasks may have room now.
+    PERFORM rota.unpark();
+    RETURN v_id;
+END
+$$;
+
+-- The limits an app's code declares, set as declared unless an operator set
+-- them (rota.set_limit with p_declared false; `rota limit reset` hands a
+-- limit back to its declaration). Unchanged ones are left alone. Returns the
+-- names set.
+CREATE FUNCTION rota.declare_limits(p_names text[], p_concurrency integer[],
+                                    p_rates double precision[], p_bursts double precision[],
+                                    p_actor text) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    d record;
+BEGIN
+    FOR d IN
+        SELECT x.name, x.concurrency, x.rate,
+               coalesce(x.burst, greatest(1, coalesce(x.rate, 1))) AS burst
+        FROM unnest(p_names, p_concurrency, p_rates, p_bursts) AS x(name, concurrency, rate, burst)
+        LEFT JOIN rota.key_limits l ON l.name = x.name
+        WHERE l.id IS NULL
+           OR (l.declared AND (l.concurrency_limit, l.rate_limit, l.rate_burst)
+                              IS DISTINCT FROM (x.concurrency, x.rate,
+                                                coalesce(x.burst, greatest(1, coalesce(x.rate, 1)))))
+        ORDER BY x.name
+    LOOP
+        PERFORM rota.set_limit(d.name, d.concurrency, d.rate, d.burst, true, p_actor);
+        RETURN NEXT d.name;
+    END LOOP;
+END
+$$;
+
+-- Removes a limit: its keys' tasks run unlimited, the parked ones back in
+-- line at their places. Returns false for an unknown name.
+CREATE FUNCTION rota.drop_limit(p_name text, p_actor text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id integer;
+BEGIN
+    DELETE FROM rota.key_limits WHERE name = p_name RETURNING id INTO v_id;
+    IF v_id IS NULL THEN
+        RETURN false;
+    END IF;
+    -- Running rows first, then key rows: the order a release takes them in.
+    UPDATE rota.running r SET key_id = NULL
+    WHERE r.key_id = ANY (ARRAY(SELECT k.id FROM rota.keys k WHERE k.limit_id = v_id));
+    PERFORM FROM rota.keys k WHERE k.limit_id = v_id ORDER BY k.id FOR UPDATE;
+    WITH moved AS (
+        DELETE FROM rota.parked p
+        WHERE p.key_id = ANY (ARRAY(SELECT k.id FROM rota.keys k WHERE k.limit_id = v_id))
+        RETURNING p.*
+    )
+    INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
+    SELECT m.queue_id, m.vtime, m.tenant_id, m.seq, m.task_id, m.priority FROM moved m;
+    DELETE FROM rota.keys k WHERE k.limit_id = v_id;
+    IF NOT EXISTS (SELECT FROM rota.key_limits) THEN
+        UPDATE rota.queues SET key_limited = false WHERE key_limited;
+    END IF;
+    INSERT INTO rota.audit (actor, action, target, count)
+    VALUES (p_actor, 'drop limit', 'limit:' || p_name, 1);
+    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q;
+    RETURN true;
+END
+$$;
+
+-- Workers declare their app's limits and put parked tasks back (a
+-- maintenance duty) as the schema's owner.
+ALTER FUNCTION rota.declare_limits(text[], integer[], double precision[], double precision[], text)
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION rota.unpark() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+-- Each limit with its keys' counters: running, parked, and the key with the
+-- most running, for `rota limit list` and the console.
+CREATE VIEW rota.limit_usage AS
+SELECT l.name, l.concurrency_limit, l.rate_limit, l.rate_burst, l.declared, l.updated_at,
+       count(k.id) AS keys,
+       coalesce(sum(k.running), 0) AS running,
+       coalesce(max(k.running), 0) AS busiest_running,
+       (SELECT count(*) FROM rota.parked p JOIN rota.keys pk ON pk.id = p.key_id
+        WHERE pk.limit_id = l.id) AS parked
+FROM rota.key_limits l LEFT JOIN rota.keys k ON k.limit_id = l.id
+GROUP BY l.id;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;

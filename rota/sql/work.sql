@@ -146,3 +146,9 @@ FROM rota.worker_complete_keeping_claim(%(worker)s::text, %(secret)s::bytea, %(i
 -- Runs and their seconds per queue and tenant since the last heartbeat.
 SELECT rota.record_run_times(%(queues)s::text[], %(tenants)s::text[], %(runs)s::integer[],
                              %(seconds)s::double precision[])
+
+-- name: declare_limits
+-- The limits on keys that a worker's app declares (rota.Limit with numbers),
+-- at its start; returns the names it set (new or changed).
+SELECT rota.declare_limits(%(names)s::text[], %(concurrency)s::integer[], %(rates)s::float8[],
+                           %(bursts)s::float8[], %(actor)s::text)

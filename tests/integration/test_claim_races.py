@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from rota import core
+from rota import Limit, core
 from rota.core import db
 from tests.helpers import envelopes, load
 
@@ -86,33 +86,9 @@ def test_racing_claims_that_swap_urgent_tasks_never_claim_a_task_twice(
     assert len(set(claimed)) == 4000
 
 
-@pytest.mark.parametrize("together", [False, True], ids=["apart", "with-completions"])
-def test_concurrency_limits_hold_under_racing_claims(database_url: str, together: bool) -> None:
-    """With completions sent with the next claim (as workers do), claims lock
-    tenant rows while the completions' row locks are held: no two claimers
-    deadlock, and the limits hold as they do apart."""
-    limits = {"a": 1, "b": 2, "c": 3}
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        for tenant, limit in limits.items():
-            db.transact(conn, core.configure_tenant(tenant, concurrency_limit=limit))
-        # Rate-limited but never short of tokens: its row is locked by claims.
-        db.transact(conn, core.configure_tenant("metered", rate_limit=1e5, rate_burst=1e5))
-        load(conn, [e for t in [*limits, "free", "metered"] for e in envelopes(t, 150)])
-    done = threading.Event()
-    worst: Counter[str] = Counter()
-    samples = 0
-
-    def watch() -> None:
-        nonlocal samples
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            while not done.is_set():
-                rows = conn.execute(
-                    "SELECT tn.name, count(*) FROM rota.running r "
-                    "JOIN rota.tenants tn ON tn.id = r.tenant_id GROUP BY tn.name"
-                ).fetchall()
-                for tenant, running in rows:
-                    worst[tenant] = max(worst[tenant], running)
-                samples += 1
+def _claim_and_run(together: bool) -> Any:
+    """A claimer's work: claim, "run", complete (with the next claim when
+    `together`, as workers do), until 20 claims in a row find nothing."""
 
     def work(conn: psycopg.Connection[Any], number: int) -> None:
         rng = random.Random(number)
@@ -126,7 +102,7 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str, together
                 )
                 assert settled.completed == len(ran)
                 got = settled.claimed
-                if got is None:  # a completion uncounted a limited tenant
+                if got is None:  # a completion uncounted a limited tenant or key
                     got = db.transact(conn, core.claim(["default"], 10, f"w{number}"))
             else:
                 if ran:
@@ -142,14 +118,92 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str, together
             time.sleep(rng.uniform(0, 0.004))  # "run" the tasks
             ran = got
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
+    return work
+
+
+def _watch(database_url: str, sql: str, done: threading.Event) -> tuple[Counter[str], list[int]]:
+    """Samples `sql` ((name, running) rows) until `done`: the most running
+    seen per name, and the number of samples (in a list, filled as it runs)."""
+    worst: Counter[str] = Counter()
+    samples = [0]
+
+    def watch() -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            while not done.is_set():
+                for name, running in conn.execute(sql).fetchall():
+                    worst[name] = max(worst[name], running)
+                samples[0] += 1
+
+    threading.Thread(target=watch, daemon=True).start()
+    return worst, samples
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["apart", "with-completions"])
+def test_limits_on_keys_hold_under_racing_claims(database_url: str, together: bool) -> None:
+    """Keys over every tenant (one shared key, one key per tenant), with
+    limited tenants among them and unkeyed tasks between: racing claimers
+    never run more of a key than its limit, park and bring back its tasks
+    without losing one, and leave every counter at zero."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        db.transact(conn, core.configure_tenant("a", concurrency_limit=2))
+        db.transact(conn, core.set_limit(Limit("api", concurrency=3), "test"))
+        db.transact(conn, core.set_limit(Limit("per", concurrency=1, per="{tenant}"), "test"))
+        db.transact(conn, core.set_limit(Limit("metered", rate=1e5, burst=1e5), "test"))
+        tasks = []
+        for tenant in ["a", "b", "c", "d"]:
+            tasks += envelopes(tenant, 60, limit_key="api")
+            tasks += envelopes(tenant, 40, limit_key=f"per/{tenant}")
+            tasks += envelopes(tenant, 20, limit_key="metered")
+            tasks += envelopes(tenant, 30)
+        random.Random(7).shuffle(tasks)
+        load(conn, tasks)
+    done = threading.Event()
+    worst, samples = _watch(
+        database_url,
+        "SELECT t.limit_key, count(*) FROM rota.running r JOIN rota.tasks t ON t.id = r.task_id "
+        "WHERE t.limit_key IS NOT NULL GROUP BY 1",
+        done,
+    )
     try:
-        assert _race(database_url, work) == []
+        assert _race(database_url, _claim_and_run(together)) == []
     finally:
         done.set()
-        watcher.join()
-    assert samples > 10
+    assert samples[0] > 10
+    assert 1 <= worst["api"] <= 3, worst
+    for tenant in "abcd":
+        assert worst[f"per/{tenant}"] == 1, worst
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (600,)
+        assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM rota.parked").fetchone() == (0,)
+        keys = dict(conn.execute("SELECT name, running FROM rota.keys").fetchall())
+        assert keys == {"api": 0, "metered": 0, **{f"per/{t}": 0 for t in "abcd"}}
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["apart", "with-completions"])
+def test_concurrency_limits_hold_under_racing_claims(database_url: str, together: bool) -> None:
+    """With completions sent with the next claim (as workers do), claims lock
+    tenant rows while the completions' row locks are held: no two claimers
+    deadlock, and the limits hold as they do apart."""
+    limits = {"a": 1, "b": 2, "c": 3}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for tenant, limit in limits.items():
+            db.transact(conn, core.configure_tenant(tenant, concurrency_limit=limit))
+        # Rate-limited but never short of tokens: its row is locked by claims.
+        db.transact(conn, core.configure_tenant("metered", rate_limit=1e5, rate_burst=1e5))
+        load(conn, [e for t in [*limits, "free", "metered"] for e in envelopes(t, 150)])
+    done = threading.Event()
+    worst, samples = _watch(
+        database_url,
+        "SELECT tn.name, count(*) FROM rota.running r "
+        "JOIN rota.tenants tn ON tn.id = r.tenant_id GROUP BY tn.name",
+        done,
+    )
+    try:
+        assert _race(database_url, _claim_and_run(together)) == []
+    finally:
+        done.set()
+    assert samples[0] > 10
     for tenant, limit in limits.items():
         assert 1 <= worst[tenant] <= limit, (tenant, worst[tenant])
     with psycopg.connect(database_url, autocommit=True) as conn:
