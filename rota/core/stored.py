@@ -66,6 +66,12 @@ class StoredTask:
     urgent_before: int = 0
     graph: TaskGraph | None = None  # its place in a workflow (rota.workflow), if any
     lower_ahead: int = 0
+    limit_key: str | None = None  # its key of a limit on keys (rota.Limit), if any
+    key_running: int | None = None  # the key's running tasks, while its limit exists
+    key_concurrency: int | None = None
+    key_rate: float | None = None
+    key_tokens: float | None = None
+    parked: bool = False  # waiting out of line for its key's room
 
 
 def stored_task(task_id: UUID) -> Op[StoredTask | None]:

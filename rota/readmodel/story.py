@@ -192,7 +192,30 @@ def why(task: StoredTask, now: datetime | None = None) -> str:
             reason = "its turn to be promoted"
         due = f"in {_seconds(wait)}" if wait > 0 else "now (maintenance promotes it shortly)"
         return f"scheduled: waits for {reason}; it is due {due}"
+    if task.parked:
+        return _why_parked(task)
     return _why_ready(task)
+
+
+def _why_parked(task: StoredTask) -> str:
+    """A task set aside while its key had no room (rota.parked)."""
+    held = []
+    if task.key_concurrency is not None:
+        held.append(f"{task.key_running or 0} running of {task.key_concurrency}")
+    if task.key_rate is not None and task.key_tokens is not None:
+        held.append(
+            f"{task.key_rate:g} starts/s"
+            + (
+                f", the next in {_seconds((1 - task.key_tokens) / task.key_rate)}"
+                if task.key_tokens < 1
+                else ""
+            )
+        )
+    numbers = f" ({'; '.join(held)})" if held else ""
+    return (
+        f"waiting for room under key {task.limit_key}{numbers}: set aside out of line, it "
+        "goes back to its place when a task of the key ends (rota limit list shows the limits)"
+    )
 
 
 def _why_ready(task: StoredTask) -> str:

@@ -135,12 +135,20 @@ SELECT t.id, q.name AS queue, tn.name AS tenant, t.name, t.payload::text, t.stat
        q.paused AS queue_paused, tn.paused AS tenant_paused, tn.concurrency_limit,
        tn.running AS tenant_running, tn.rate_limit,
        rota.tokens_now(tn.rate_limit, tn.rate_burst, tn.tokens, tn.refilled_at) AS tokens,
-       tn.capacity, t.priority, t.seq, t.queue_id, t.tenant_id
+       tn.capacity, t.priority, t.limit_key, k.running AS key_running,
+       kl.concurrency_limit AS key_concurrency, kl.rate_limit AS key_rate,
+       rota.tokens_now(kl.rate_limit, kl.rate_burst, k.tokens, k.refilled_at) AS key_tokens,
+       p.task_id IS NOT NULL AS parked,
+       t.seq, t.queue_id, t.tenant_id
 FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id
 LEFT JOIN rota.running r ON r.task_id = t.id
 LEFT JOIN rota.scheduled s ON s.task_id = t.id
+-- Its key of a limit, and whether it waits parked for the key's room.
+LEFT JOIN rota.keys k ON k.name = t.limit_key
+LEFT JOIN rota.key_limits kl ON kl.id = k.limit_id
+LEFT JOIN rota.parked p ON p.task_id = t.id
 WHERE t.id = %(id)s
 
 -- name: finished_story

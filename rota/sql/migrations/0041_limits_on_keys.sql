@@ -750,8 +750,9 @@ $$;
 CREATE FUNCTION rota.make_keys(p_names text[], p_queue_ids integer[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO rota.keys (name, limit_id)
-    SELECT n, l.id
+    -- A new key's bucket starts full, as a new limit's does.
+    INSERT INTO rota.keys (name, limit_id, tokens)
+    SELECT n, l.id, l.rate_burst
     FROM unnest(p_names) n JOIN rota.key_limits l ON l.name = split_part(n, '/', 1)
     WHERE NOT EXISTS (SELECT FROM rota.keys k WHERE k.name = n)
     ORDER BY n
