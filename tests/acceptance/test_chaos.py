@@ -1,7 +1,8 @@
 """The chaos suite, short: faults one after another under load (kill -9 of the
 loader, a worker, the producer and the maintenance leader; Redis killed and
 restarted from its AOF; PostgreSQL stopped with -m immediate, and then for
-longer than a lease), and the total-queue rule checked. `rota bench chaos`
+longer than a lease), and the total-queue rule checked, with the tenant
+limit and a limit on keys held. `rota bench chaos`
 runs the same, longer, with a Spark loader too, and reports the figures."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from rota_tools.bench.chaos import LIMIT, run_chaos
+from rota_tools.bench.chaosapp import KEY_LIMIT
 
 
 @pytest.mark.slow(reason="seven faults one after another under load, each until it recovers")
@@ -21,6 +23,8 @@ def test_every_acknowledged_task_runs_through_every_fault() -> None:
     assert report["lost"] == 0, report  # the total-queue rule
     assert report["ran_twice_at_once"] == 0, report
     assert report["limit_violations"] == 0 and report["peak_running_of_limited_tenant"] <= LIMIT
+    # The limit on keys, over every tenant, holds through the same faults.
+    assert report["keyed_runs"] > 100 and report["peak_running_of_limited_key"] <= KEY_LIMIT
     assert report["duplicates_by_cause"].get("unexplained", 0) == 0, report["duplicates_by_cause"]
     assert report["left_at_end"] == {
         "buffer": 0,

@@ -251,6 +251,27 @@ def bench_workflow_command(
         _report("workflow", figures, as_json)
 
 
+@bench_app.command("keyed-limits")
+def bench_keyed_limits_command(
+    tasks: Annotated[int, typer.Option(help="unlimited no-op tasks per throughput run")] = 100_000,
+    waiting: Annotated[int, typer.Option(help="tasks waiting on the saturated key")] = 10_000,
+    limit: Annotated[int, typer.Option(help="the key's concurrency limit")] = 4,
+    keyed: Annotated[int, typer.Option(help="keyed tasks run while the limit is sampled")] = 3000,
+    runs: int = 3,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    local: Local = None,
+    as_json: AsJson = False,
+) -> None:
+    """Limits on keys: unlimited tasks beside 10,000 waiting on a saturated
+    key against alone; the key's running count sampled under two workers."""
+    from rota_tools.bench.keyed import bench_keyed_limits
+
+    with bench_settings(database_url, redis_url, local) as settings:
+        figures = bench_keyed_limits(settings, tasks, waiting, limit, keyed, runs)
+        _report("keyed-limits", figures, as_json)
+
+
 @bench_app.command("runtime-fairness")
 def bench_runtime_fairness_command(
     runs: int = 3,

@@ -39,6 +39,7 @@ from rota.buffer import redis_client
 from rota.buffer.streams import all_streams, dead_letter_stream
 from rota.core import db
 from rota.core.migrate import migrate
+from rota_tools.bench.chaosapp import KEY_LIMIT
 from rota_tools.devservers import Server, local_postgres, local_redis
 
 TENANTS = 50
@@ -163,9 +164,10 @@ class Harness:
                         return name
         return None
 
-    def runs(self) -> list[tuple[str, str, int, int, float, float]]:
+    def runs(self, kind: str = "runs") -> list[tuple[str, str, int, int, float, float]]:
+        """Every run recorded (`kind` "keyed": those under the limit on keys)."""
         found = []
-        for path in self.runs_dir.glob("runs-*.log"):
+        for path in self.runs_dir.glob(f"{kind}-*.log"):
             for line in path.read_text().splitlines():
                 parts = line.split()
                 if len(parts) == 6:
@@ -417,6 +419,7 @@ def _report(
     lost = sorted(acknowledged - set(by_task))
     concurrent_twice = sum(1 for spans in by_task.values() if _max_concurrent(spans) > 1)
     limited = [(s, e) for _, tenant, _, _, s, e in runs if tenant == LIMITED_TENANT]
+    keyed = [(s, e) for _, _, _, _, s, e in harness.runs("keyed")]
     duplicates: Counter[str] = Counter()
     window = LEASE_SECONDS + WORKER_DEAD_AFTER + 2
     for spans in by_task.values():
@@ -452,8 +455,12 @@ def _report(
         "runs": len(runs),
         "duplicates_by_cause": dict(duplicates),
         "ran_twice_at_once": concurrent_twice,
-        "limit_violations": max(0, _max_concurrent(limited) - LIMIT),
+        "limit_violations": max(0, _max_concurrent(limited) - LIMIT)
+        + max(0, _max_concurrent(keyed) - KEY_LIMIT),
         "peak_running_of_limited_tenant": _max_concurrent(limited),
+        "keyed_runs": len(keyed),
+        "peak_running_of_limited_key": _max_concurrent(keyed),
+        "key_limit": KEY_LIMIT,
         "maintenance_leader_overlaps": leader_overlaps,
         "processes_stayed_up": always_up,
         "drained": drained,
@@ -477,7 +484,7 @@ def produce(ids_dir: Path, rate: float, seconds_per_task: float) -> None:
     """The producer process: single enqueues at `rate`, across the tenants,
     each id written (and flushed) once `enqueue` returned it."""
     from rota.errors import CapacityExceeded, EnqueueError
-    from rota_tools.bench.chaosapp import work
+    from rota_tools.bench.chaosapp import keyed_work, work
 
     out = (ids_dir / f"{os.getpid()}.ids").open("a")
     started = time.perf_counter()
@@ -485,7 +492,9 @@ def produce(ids_dir: Path, rate: float, seconds_per_task: float) -> None:
     while True:
         tenant = f"t{sent % TENANTS}"
         with contextlib.suppress(EnqueueError, CapacityExceeded):
-            task_id = work.using(tenant=tenant).enqueue(seconds_per_task)
+            # Every fifth, across the tenants, calls the shared downstream.
+            task = keyed_work if sent % 5 == 0 else work
+            task_id = task.using(tenant=tenant).enqueue(seconds_per_task)
             out.write(f"{task_id}\n")
             out.flush()
         sent += 1

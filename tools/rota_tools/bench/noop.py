@@ -55,3 +55,11 @@ def sleep_ms(milliseconds: float) -> None:
     import time
 
     time.sleep(milliseconds / 1000)
+
+
+@app.task(queue="bench", limit=rota.Limit("bench-key"))
+def keyed(seconds: float) -> None:
+    """Calls a downstream every tenant shares (`rota bench keyed-limits` sets its limit)."""
+    import time
+
+    time.sleep(seconds)

@@ -154,7 +154,7 @@ SELECT
 -- Empties rota's tables between benchmark runs.
 TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.finished,
          rota.tenant_queues, rota.tenants, rota.queues, rota.workers, rota.results,
-         rota.joins, rota.members RESTART IDENTITY;
+         rota.joins, rota.members, rota.keys, rota.key_limits, rota.parked RESTART IDENTITY;
 DROP TABLE IF EXISTS rota_bench_raw
 
 -- name: bench_raw_setup
@@ -400,3 +400,13 @@ SELECT tn.name, count(*)
 FROM rota.finished f JOIN rota.tenants tn ON tn.id = f.tenant_id
 WHERE f.finished_at >= %(since)s AND f.finished_at < %(until)s
 GROUP BY tn.name
+
+-- name: bench_finished_of
+-- Tasks finished of the given tenants.
+SELECT count(*) FROM rota.finished f JOIN rota.tenants t ON t.id = f.tenant_id
+WHERE t.name = ANY (%(tenants)s)
+
+-- name: bench_key_running
+-- Tasks of a key running now.
+SELECT count(*) FROM rota.running r JOIN rota.tasks t ON t.id = r.task_id
+WHERE t.limit_key = %(key)s

@@ -1,0 +1,156 @@
+"""`rota bench keyed-limits`: limits on keys other than the tenant.
+
+Throughput: one worker process claims and completes no-op tasks of 100
+tenants, alone, and beside 10,000 tasks of 100 other tenants waiting in line
+on a saturated key (its slots held by claims that do not end): the unlimited
+tasks should lose nothing (the waiting ones are parked by the first claims
+that meet them and never stepped over again). Runs alternate.
+
+Limit: two worker processes run keyed tasks (5 ms each) of many tenants
+beside unlimited ones while a sampler reads the key's running count every
+few milliseconds: it must never pass the limit."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from rota import Limit, Settings, core
+from rota.core import db
+from rota.model.envelope import make_envelope
+from rota_tools.bench.core import reset
+from rota_tools.bench.pipeline import NOOP_APP, QUEUE
+from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.sql import query
+
+KEY = "bench-key"  # the limit the no-op app's `keyed` task counts against
+CONCURRENCY = 8
+PLAIN_TENANTS = [f"t{i}" for i in range(100)]
+KEYED_TENANTS = [f"k{i}" for i in range(100)]
+
+
+def _load(conn: psycopg.Connection[Any], tasks: int, waiting: int, seconds: float) -> None:
+    """`waiting` keyed tasks first (ahead in line, across their tenants),
+    then `tasks` no-op tasks."""
+    keyed = [
+        make_envelope(
+            name="keyed",
+            queue=QUEUE,
+            tenant=KEYED_TENANTS[i % len(KEYED_TENANTS)],
+            args=[seconds],
+            limit_key=KEY,
+        )
+        for i in range(waiting)
+    ]
+    plain = [
+        make_envelope(name="noop", queue=QUEUE, tenant=PLAIN_TENANTS[i % 100], args=[i])
+        for i in range(tasks)
+    ]
+    everything = keyed + plain
+    for i in range(0, len(everything), 10_000):
+        db.transact(conn, core.load(everything[i : i + 10_000]))
+
+
+def _finished_of(conn: psycopg.Connection[Any], tenants: list[str]) -> int:
+    row = conn.execute(query("bench_finished_of"), {"tenants": tenants}).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _throughput(
+    conn: psycopg.Connection[Any], settings: Settings, tasks: int, waiting: int, limit: int
+) -> float:
+    """No-op tasks/s of one worker process, with `waiting` keyed tasks in
+    line on a saturated key (0: none)."""
+    reset(conn)
+    db.transact(conn, core.set_limit(Limit(KEY, concurrency=limit), "bench"))
+    _load(conn, tasks, waiting, 0.0)
+    if waiting:
+        # The key's slots, held: claimed by a "worker" that never ends them.
+        held = 0
+        while held < limit:
+            got = db.transact(conn, core.claim([QUEUE], limit - held, "holder", 3600.0))
+            held += sum(t.name == "keyed" for t in got)
+            db.transact(conn, core.release(t.token for t in got if t.name != "keyed"))
+    workers = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
+    try:
+        _wait(conn, PLAIN_TENANTS, 500, workers)
+        begin, started = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
+        _wait(conn, PLAIN_TENANTS, tasks, workers)
+        return (_finished_of(conn, PLAIN_TENANTS) - begin) / (time.perf_counter() - started)
+    finally:
+        stop_workers(workers)
+
+
+def _wait(conn: psycopg.Connection[Any], tenants: list[str], count: int, workers: Any) -> None:
+    while _finished_of(conn, tenants) < count:
+        if any(w.poll() is not None for w in workers):
+            raise RuntimeError("benchmark: a worker exited before its tasks finished")
+        time.sleep(0.01)
+
+
+def _held_limit(
+    conn: psycopg.Connection[Any], settings: Settings, keyed: int, limit: int
+) -> dict[str, int]:
+    """Two workers run `keyed` 5 ms tasks of the key beside as many no-op
+    ones; the key's running count, sampled throughout: its peak and samples."""
+    reset(conn)
+    db.transact(conn, core.set_limit(Limit(KEY, concurrency=limit), "bench"))
+    _load(conn, keyed, keyed, 0.005)
+    peak, samples = 0, 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak, samples
+        with psycopg.connect(settings.database_url, autocommit=True) as watcher:
+            while not done.is_set():
+                row = watcher.execute(query("bench_key_running"), {"key": KEY}).fetchone()
+                peak, samples = max(peak, int(row[0]) if row else 0), samples + 1
+
+    sampler = threading.Thread(target=sample)
+    workers = spawn_workers(NOOP_APP, [QUEUE], 2, settings, concurrency=CONCURRENCY, batch_size=20)
+    sampler.start()
+    try:
+        _wait(conn, KEYED_TENANTS, keyed, workers)
+    finally:
+        done.set()
+        sampler.join()
+        stop_workers(workers)
+    return {"peak_running": peak, "samples": samples}
+
+
+def bench_keyed_limits(
+    settings: Settings, tasks: int, waiting: int, limit: int, keyed: int, runs: int
+) -> dict[str, Any]:
+    with db.connect(settings.database_url) as conn:
+        alone, beside, held = [], [], []
+        for _ in range(runs):
+            alone.append(_throughput(conn, settings, tasks, 0, limit))
+            beside.append(_throughput(conn, settings, tasks, waiting, limit))
+            held.append(_held_limit(conn, settings, keyed, limit))
+    peak = max(h["peak_running"] for h in held)
+    return {
+        "params": {
+            "tasks": tasks,
+            "waiting_on_the_key": waiting,
+            "key_limit": limit,
+            "keyed_tasks_run": keyed,
+            "worker_concurrency": CONCURRENCY,
+            "runs": runs,
+        },
+        "unlimited_tasks_per_s": {
+            "alone": round(statistics.median(alone)),
+            "beside_waiting": round(statistics.median(beside)),
+            "runs_alone": [round(r) for r in alone],
+            "runs_beside_waiting": [round(r) for r in beside],
+        },
+        "unlimited_ratio_to_alone": round(statistics.median(beside) / statistics.median(alone), 3),
+        "key_peak_running": peak,
+        "key_samples": sum(h["samples"] for h in held),
+        "max_running_over_limit": max(0, peak - limit),
+        "goal": {"unlimited_ratio_to_alone_at_least": 0.9, "max_running_over_limit": 0},
+    }
