@@ -245,6 +245,13 @@ def workers(c: Connections) -> dict[str, Any]:
     return {"workers": plain(rows)}
 
 
+def key_limits(c: Connections) -> dict[str, Any]:
+    """The limits on keys with their keys' counters (as `rota limit list`)."""
+    with c.postgres() as conn:
+        rows = db.run(conn, core.limits())
+    return {"key_limits": [row._asdict() for row in rows]}
+
+
 def audit(c: Connections, limit: int = 50) -> dict[str, Any]:
     listing = read.audit(limit)
     with c.postgres() as conn:

@@ -112,6 +112,28 @@ def test_the_api_tells_a_tasks_story(http: httpx.Client, conn: Conn) -> None:
     assert http.get("/api/tasks", params={"state": "ready"}).json()["tasks"][0]["tenant"] == "flood"
 
 
+def test_the_tenants_page_and_api_show_the_limits_on_keys(http: httpx.Client, conn: Conn) -> None:
+    from rota import Limit
+
+    db.transact(conn, core.set_limit(Limit("stripe", concurrency=1), "ops"))
+    load(conn, envelopes("acme", 3, limit_key="stripe"))
+    claim(conn, 10)  # one runs, two are parked
+    (stripe,) = http.get("/api/tenants").json()["key_limits"]
+    assert stripe == {
+        "name": "stripe",
+        "concurrency": 1,
+        "rate": None,
+        "burst": 1.0,
+        "declared": False,
+        "keys": 1,
+        "running": 1,
+        "busiest_running": 1,
+        "parked": 2,
+    }
+    page = http.get("/tenants").text
+    assert "Limits on keys" in page and "<td>stripe</td>" in page and "operator" in page
+
+
 def test_the_api_and_the_task_page_give_a_tasks_result(http: httpx.Client, conn: Conn) -> None:
     from rota.core.results import KeptResult, complete_keeping
 

@@ -20,7 +20,8 @@ def tenants(request: Request, c: data.Connections) -> dict[str, Any]:
     descending = request.query_params.get("order", "desc") != "asc"
     prefix = request.query_params.get("prefix", "")
     per_page = min(max(1, whole(request, "per_page", PER_PAGE)), 500)
-    return data.tenants(c, sort, descending, prefix, whole(request, "page", 1), per_page)
+    found = data.tenants(c, sort, descending, prefix, whole(request, "page", 1), per_page)
+    return {**found, **data.key_limits(c)}
 
 
 def tenant(request: Request, c: data.Connections) -> dict[str, Any] | None:
