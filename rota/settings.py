@@ -171,6 +171,16 @@ class Settings(BaseSettings):
     database_timeout_seconds: int = Field(
         default=5, ge=1, description="Seconds a connection to PostgreSQL may take to open."
     )
+    database_dead_link_seconds: float = Field(
+        default=20.0,
+        ge=2,
+        le=3600,
+        description=(
+            "Seconds after which a connection to PostgreSQL that hears nothing back is taken"
+            " for dead (TCP keepalives, and tcp_user_timeout for data not acknowledged): a"
+            " silent partition ends a wait within this, and the process reconnects."
+        ),
+    )
 
     # Task defaults
     default_queue: str = Field(default="default", description="Queue of a task that names none.")

@@ -14,6 +14,7 @@ its slot and follow MOVED and ASK redirects while slots move.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -70,8 +71,23 @@ def _options(
         "socket_timeout": timeout or settings.redis_timeout,
         "socket_connect_timeout": settings.redis_timeout,
         "health_check_interval": 30,
+        # Every command is bounded by its socket timeout; keepalives also end
+        # an idle connection whose peer went silent (the same bound as
+        # PostgreSQL's, ROTA_DATABASE_DEAD_LINK_SECONDS).
+        "socket_keepalive": True,
+        "socket_keepalive_options": _keepalive(settings.database_dead_link_seconds),
     }
     return options, retry
+
+
+def _keepalive(dead_link_seconds: float) -> dict[int, int]:
+    quarter = max(1, int(dead_link_seconds / 4))
+    return {
+        socket.TCP_KEEPIDLE: quarter,
+        socket.TCP_KEEPINTVL: quarter,
+        socket.TCP_KEEPCNT: 3,
+        socket.TCP_USER_TIMEOUT: int(dead_link_seconds * 1000),
+    }
 
 
 def _known(url: str) -> bool | None:

@@ -63,7 +63,9 @@ def loader_drain(
     as_json: AsJson = False,
 ) -> None:
     """One pass until the buffer is empty (or --max-seconds): a JSON summary, and
-    exit code 0 when drained, 2 when stopped with work left, 1 on failure.
+    exit code 0 when drained, 2 when stopped with work left (or entries other
+    loaders read and have not loaded), 1 on failure (entries it read and could
+    not load are handed back for the next drain at once).
     Progress (entries read of those buffered at the start, tasks loaded) goes
     to stderr: a bar on a terminal, JSON lines with --json."""
     tune_gc()

@@ -64,7 +64,7 @@ class Connections:
                     self.settings.database_url,
                     pooled=self.settings.transaction_pooling,
                     statement_timeout=self.settings.console_statement_timeout_seconds,
-                    connect_timeout=self.settings.database_timeout_seconds,
+                    **db.reach(self.settings),
                     application_name=APPLICATION_NAME,
                 )
             try:

@@ -289,7 +289,7 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
             "rota reaper holds a session-level lock: behind a transaction pooler, "
             "set ROTA_DIRECT_DATABASE_URL to a URL that reaches PostgreSQL directly"
         )
-    conn = Kept(lambda: db.connect(url, connect_timeout=settings.database_timeout_seconds))
+    conn = Kept(lambda: db.connect(url, **db.reach(settings)))
 
     def lead() -> float:
         leadership.tick(conn.get())

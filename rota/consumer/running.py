@@ -294,7 +294,7 @@ def listen(
         return
 
     def listening() -> None:
-        with db.connect(url, connect_timeout=settings.database_timeout_seconds) as conn:
+        with db.connect(url, **db.reach(settings)) as conn:
             db.run(conn, core.listen_ready())
             db.run(conn, core.listen_cancel())
             outage.recovered()
@@ -326,7 +326,7 @@ def heartbeat(
         lambda: db.connect(
             settings.database_url,
             pooled=settings.transaction_pooling,
-            connect_timeout=settings.database_timeout_seconds,
+            **db.reach(settings),
             # Which worker holds the maintenance lock, in pg_stat_activity.
             application_name=f"rota-worker:{worker_id}"[-APPLICATION_NAME_MAX:],
         )

@@ -209,7 +209,7 @@ class Worker:
             self.settings.database_url,
             synchronous_commit=self.settings.worker_synchronous_commit,
             pooled=self.settings.transaction_pooling,
-            connect_timeout=self.settings.database_timeout_seconds,
+            **db.reach(self.settings),
         )
 
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import sql as pgsql
@@ -23,6 +23,9 @@ from rota.core.arrays import UUIDBytesArray as UUIDBytesArray
 from rota.core.effects import adrive, drive
 from rota.core.rows import ONLY, Shape
 from rota.core.rows import Row as Row
+
+if TYPE_CHECKING:
+    from rota.settings import Settings
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -326,6 +329,40 @@ def _options(url: str, synchronous_commit: bool, pooled: bool) -> dict[str, Any]
     return {"options": CONNECTION_OPTIONS + sync}
 
 
+# A connection that hears nothing back for this long is taken for dead
+# (Settings.database_dead_link_seconds): without it a silent partition (packets
+# dropped, no reset) hangs a wait on the server for the kernel's two hours.
+DEAD_LINK_SECONDS = 20.0
+_LINK_PARAMETERS = ("keepalives", "tcp_user_timeout")
+
+
+def link(dead_link_seconds: float = DEAD_LINK_SECONDS, url: str = "") -> dict[str, Any]:
+    """libpq's parameters that bound every wait on the network: keepalive
+    probes from a quarter of the bound on, three of them a quarter apart, and
+    unacknowledged data given up after the bound. Left to the URL if it
+    names any of them."""
+    if url and any(name in conninfo_to_dict(url) for name in _LINK_PARAMETERS):
+        return {}
+    quarter = max(1, int(dead_link_seconds / 4))
+    return {
+        "keepalives": 1,
+        "keepalives_idle": quarter,
+        "keepalives_interval": quarter,
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(dead_link_seconds * 1000),
+    }
+
+
+def reach(settings: Settings) -> dict[str, Any]:
+    """The connection parameters a process of rota uses: how long opening a
+    connection may take (ROTA_DATABASE_TIMEOUT_SECONDS) and when a link that
+    hears nothing is dead (ROTA_DATABASE_DEAD_LINK_SECONDS)."""
+    return {
+        "connect_timeout": settings.database_timeout_seconds,
+        **link(settings.database_dead_link_seconds, settings.database_url),
+    }
+
+
 def connect(
     url: str,
     *,
@@ -338,7 +375,9 @@ def connect(
     Settings.worker_synchronous_commit); what a commit must not forget, such
     as a load the buffer is then acknowledged for, keeps the default.
     `pooled`: the URL goes through a pooler in transaction mode
-    (Settings.transaction_pooling)."""
+    (Settings.transaction_pooling). Waits on the network are bounded
+    (`link`) unless `kwargs` set the link parameters."""
+    kwargs = {**link(url=url), **kwargs}
     return psycopg.connect(
         url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
     )
@@ -357,6 +396,7 @@ def admin_connect(
     `statement_timeout` (seconds) bounds each statement, unless the URL names
     its own options or goes through a pooler (then set it on the role)."""
     kwargs.setdefault("application_name", "rota-admin")
+    kwargs = {**link(url=url), **kwargs}
     if pooled:
         kwargs["prepare_threshold"] = None
     elif statement_timeout is not None and "options" not in conninfo_to_dict(url):
@@ -372,6 +412,7 @@ async def aconnect(
     pooled: bool = False,
     **kwargs: Any,
 ) -> psycopg.AsyncConnection[Any]:
+    kwargs = {**link(url=url), **kwargs}
     return await psycopg.AsyncConnection.connect(
         url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
     )

@@ -76,6 +76,10 @@ class DrainSummary(PassResult):
     seconds: float = 0.0
     drained: bool = False
     errors: list[str] = field(default_factory=list)
+    # Entries other loaders read and have not loaded (yet): work left.
+    pending_elsewhere: int = 0
+    # Entries this drain read, could not load, and handed back for the next.
+    released: int = 0
 
     def add(self, result: PassResult) -> None:
         self.passes += 1
@@ -125,13 +129,32 @@ class Loader:
     def conn(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = db.connect(
-                self.settings.database_url, pooled=self.settings.transaction_pooling
+                self.settings.database_url,
+                pooled=self.settings.transaction_pooling,
+                **db.reach(self.settings),
             )
         return self._conn
 
     def close(self) -> None:
+        self.release_held()
         self._drop_connection()
         self.redis.close()
+
+    def release_held(self) -> int:
+        """Hands back what a pass read but could not load (rota.loader.reading:
+        `release`), for the next loader to take at once; returns how many."""
+        if self._held is None:
+            return 0
+        entries, exhausted = self._held
+        held = [*entries, *exhausted]
+        try:
+            self.reader.release(held)
+        except redis.RedisError as exc:
+            # Redis is what failed: they are reclaimed after the idle time.
+            log.warning("could not hand back %d buffer entries: %s", len(held), exc)
+            return 0
+        self._held = None
+        return len(held)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
@@ -171,6 +194,9 @@ class Loader:
     def pass_once(self, block_ms: int | None = None) -> PassResult:
         """Reads what is there (waiting up to `block_ms` for new entries) and loads it."""
         self.ensure_groups()
+        # Connected before anything is read: a loader that cannot reach
+        # PostgreSQL takes no entry it could not store.
+        _ = self.conn
         result = PassResult()
         if self._held is not None:
             # What a pass read but could not finish (an outage of either
@@ -296,11 +322,15 @@ class Loader:
                     summary.errors.append(
                         f"{type(outage.last_error).__name__}: {outage.last_error}"
                     )
+                summary.released = self.release_held()
                 break
             self._passed(result)
             summary.add(result)
             if result.entries == 0:
-                summary.drained = True
+                # Empty for this loader; entries in other loaders' hands
+                # (alive, or dead and not yet reclaimable) are work left.
+                summary.pending_elsewhere = self.reader.pending_elsewhere()
+                summary.drained = summary.pending_elsewhere == 0
                 break
             if on_pass is not None:
                 summary.seconds = round(time.monotonic() - started, 3)

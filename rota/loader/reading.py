@@ -88,14 +88,42 @@ class BufferReader:
                     usable.append(entry)
         return usable, exhausted
 
-    def keep_pending(self, entries: list[Entry]) -> None:
+    def keep_pending(self, entries: list[Entry], idle_ms: int | None = None) -> None:
+        """Resets the entries' idle time (to `idle_ms`, else to 0) without
+        counting a delivery (JUSTID)."""
         by_stream: dict[str, list[Any]] = {}
         for stream, entry_id, _ in entries:
             by_stream.setdefault(stream, []).append(entry_id)
         for stream, ids in by_stream.items():
             self.redis.xclaim(
-                stream, self.settings.loader_group, self.consumer, 0, ids, justid=True
+                stream,
+                self.settings.loader_group,
+                self.consumer,
+                0,
+                ids,
+                idle=idle_ms,
+                justid=True,
             )
+
+    def release(self, entries: list[Entry]) -> None:
+        """Entries this loader read but will not load: made idle for as long
+        as a reclaim waits (ROTA_LOADER_IDLE_RECLAIM_SECONDS), so that the
+        next loader's first pass takes them, without a delivery counted."""
+        self.keep_pending(entries, int(self.settings.loader_idle_reclaim_seconds * 1000) + 1)
+
+    def pending_elsewhere(self) -> int:
+        """Entries read by other loaders and not yet loaded (XPENDING)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in self.streams:
+            pipe.xpending(stream, self.settings.loader_group)
+        mine = 0
+        total = 0
+        for reply in pipe.execute():
+            total += int(reply["pending"])
+            for consumer in reply.get("consumers") or []:
+                if _text(consumer["name"]) == self.consumer:
+                    mine += int(consumer["pending"])
+        return total - mine
 
     def read_count(self) -> int:
         """Entries to read per shard: about one batch of tasks in all, whether

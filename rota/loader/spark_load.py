@@ -147,7 +147,7 @@ class ShardLoader:
             self._conn = db.connect(
                 settings.database_url,
                 pooled=settings.transaction_pooling,
-                connect_timeout=settings.database_timeout_seconds,
+                **db.reach(settings),
             )
         return self._conn
 

@@ -189,7 +189,7 @@ class Producer:
             self._conn = db.connect(
                 self.settings.database_url,
                 pooled=self.settings.transaction_pooling,
-                connect_timeout=self.settings.database_timeout_seconds,
+                **db.reach(self.settings),
             )
         return self._conn
 
@@ -269,7 +269,7 @@ class AsyncProducer:
             self._conn = await db.aconnect(
                 self.settings.database_url,
                 pooled=self.settings.transaction_pooling,
-                connect_timeout=self.settings.database_timeout_seconds,
+                **db.reach(self.settings),
             )
         return self._conn
 

@@ -89,7 +89,7 @@ def _own_postgres(settings: Settings) -> PostgresSource:
         return db.admin_connect(
             settings.database_url,
             pooled=settings.transaction_pooling,
-            connect_timeout=settings.database_timeout_seconds,
+            **db.reach(settings),
         )
 
     return connect

@@ -485,7 +485,10 @@ BEGIN
         USING unnest(p_ids, p_attempts) AS x(id, attempt)
         -- The ANY keeps the planner on the key however many tasks are running.
         WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
-          AND (x.attempt IS NULL OR r.attempt = x.attempt)
+          -- A worker's report (an attempt token) counts only within its
+          -- lease: past it the worker holds nothing (the task is requeued
+          -- and may run elsewhere), whatever kept it silent.
+          AND (x.attempt IS NULL OR (r.attempt = x.attempt AND r.lease_expires_at > now()))
           AND (v_worker IS NULL OR r.worker = v_worker)
         RETURNING r.*
     ), counted AS (
@@ -1112,7 +1115,8 @@ BEGIN
 END
 $$;
 
--- Heartbeat: extends the leases; returns the ids still held by these tokens.
+-- Heartbeat: extends the leases that have not passed; returns the ids still held
+-- by these tokens.
 CREATE FUNCTION rota.extend_leases(p_ids uuid[], p_attempts integer[],
                                               p_lease_seconds double precision)
 RETURNS SETOF uuid
@@ -1125,6 +1129,8 @@ BEGIN
     SET lease_expires_at = now() + make_interval(secs => p_lease_seconds)
     FROM unnest(p_ids, p_attempts) AS x(id, attempt)
     WHERE r.task_id = x.id AND r.attempt = x.attempt
+      -- A lease that passed is not revived (rota.take_running).
+      AND r.lease_expires_at > now()
       AND (v_worker IS NULL OR r.worker = v_worker)
     RETURNING r.task_id;
 END

@@ -56,6 +56,13 @@ def test_server_down(redis_url: str) -> None:
     _one_line(result, "cannot reach Redis")
 
 
+def test_a_database_that_does_not_exist_is_named_with_the_fix(database_url: str) -> None:
+    missing = _with_password(database_url).rsplit("/", 1)[0] + "/no_such_db"
+    result = rota("tenant", "alice", ROTA_DATABASE_URL=missing)
+    _one_line(result, "check the role and database names in ROTA_DATABASE_URL")
+    assert "no_such_db" in result.stderr
+
+
 def test_schema_not_migrated(empty_database_url: str) -> None:
     url = _with_password(empty_database_url)
     _one_line(rota("tenant", "alice", ROTA_DATABASE_URL=url), "run `rota migrate`")
@@ -67,6 +74,8 @@ def test_schema_not_migrated(empty_database_url: str) -> None:
         (("tenant", "alice", "--rate-limit", "inf"), "rate_limit must be"),
         (("tenant", "alice", "--weight", "0"), "weight must be"),
         (("tenant", "alice\n"), "tenant name"),
+        (("limit", "set", "Stripe", "--concurrency", "2"), "limit name"),
+        (("limit", "set", "stripe", "--burst", "3"), "burst= needs rate="),
     ],
 )
 def test_bad_input(database_url: str, args: tuple[str, ...], says: str) -> None:

@@ -323,6 +323,28 @@ def test_expired_leases_are_requeued_and_the_old_holder_is_fenced(conn: Conn) ->
     assert db.transact(conn, core.complete([again.token])) == {task.id}
 
 
+def test_a_report_past_the_lease_is_refused_before_any_requeue(conn: Conn) -> None:
+    """A worker silent past its lease (partitioned, frozen) holds nothing: its
+    completion is refused even while no one has requeued the task yet, and
+    the task runs again."""
+    load(conn, envelopes("alice", 1))
+    (task,) = claim(conn, 1, lease_seconds=0.2)
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT lease_expires_at < now() FROM rota.running WHERE task_id = %s", [task.id]
+            ).fetchone()
+            == (True,)
+        ),
+        what="the lease to pass",
+    )
+    assert db.transact(conn, core.complete([task.token])) == set()
+    assert db.transact(conn, core.extend_leases([task.token], 60)) == set()
+    assert db.transact(conn, core.requeue_expired()) == {task.id}
+    (again,) = claim(conn, 1)
+    assert again.id == task.id and again.attempt == task.attempt + 1
+
+
 def test_a_lease_expiring_on_the_last_attempt_dead_letters(conn: Conn) -> None:
     load(conn, envelopes("alice", 1, max_attempts=1))
     (task,) = claim(conn, 1, lease_seconds=0.1)

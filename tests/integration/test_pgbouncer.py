@@ -3,6 +3,9 @@ the session settings on the role, and a URL that names its own `options`."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -163,3 +166,22 @@ def test_behind_a_transaction_pooler_the_reaper_needs_a_direct_url(settings: Set
     pooled = settings.model_copy(update={"database_pooling": "transaction"})
     with pytest.raises(ValidationError, match="ROTA_DIRECT_DATABASE_URL"):
         run_maintenance(pooled, Maintenance(pooled), threading.Event())
+
+
+def test_behind_pgbouncer_without_the_setup_the_cli_names_the_fix(
+    pgbouncer: Server, database_url: str
+) -> None:
+    """The pooler refuses rota's startup options: one line that says which
+    setting fixes it, no traceback."""
+    env = {**os.environ, "ROTA_DATABASE_URL": _through(pgbouncer, database_url)}
+    done = subprocess.run(
+        [sys.executable, "-m", "rota", "queue", "list"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    error = done.stderr.decode().strip()
+    assert done.returncode == 2, error
+    assert len(error.splitlines()) == 1 and "Traceback" not in error
+    assert "ROTA_DATABASE_POOLING=transaction" in error and "Behind PgBouncer" in error

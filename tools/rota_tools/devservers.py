@@ -24,7 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,9 +308,11 @@ def start_redis(
     appendonly: bool = True,
     tls: TLSFiles | None = None,
     cluster: bool = False,
+    also_on: Sequence[str] = (),
 ) -> Server:
     """A Redis on `port`; with `tls`, that port speaks TLS only (rediss://);
-    with `cluster`, a cluster node not yet part of any cluster."""
+    with `cluster`, a cluster node not yet part of any cluster; `also_on`:
+    addresses it listens on besides loopback (rota_tools.netns)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServerError("redis-server not found: run `bash infra/install-servers.sh`")
@@ -323,6 +325,7 @@ def start_redis(
         str(port),
         "--bind",
         "127.0.0.1",
+        *also_on,
         "--dir",
         str(directory),
         "--save",
@@ -499,8 +502,10 @@ def local_postgres(settings: dict[str, str] | None = None) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def local_redis(appendonly: bool = True, tls: TLSFiles | None = None) -> Iterator[Server]:
-    server = start_redis(appendonly=appendonly, tls=tls)
+def local_redis(
+    appendonly: bool = True, tls: TLSFiles | None = None, also_on: Sequence[str] = ()
+) -> Iterator[Server]:
+    server = start_redis(appendonly=appendonly, tls=tls, also_on=also_on)
     try:
         yield server
     finally:
