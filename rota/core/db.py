@@ -314,7 +314,9 @@ SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "
 CONNECTION_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
 
 
-def _options(url: str, synchronous_commit: bool, pooled: bool) -> dict[str, Any]:
+def _options(
+    url: str, synchronous_commit: bool, pooled: bool, link_kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
     """rota's session settings as startup options, unless the URL names its
     own `options` or goes through a transaction pooler: PgBouncer refuses
     most startup options, so behind it the settings go on the role instead
@@ -326,7 +328,22 @@ def _options(url: str, synchronous_commit: bool, pooled: bool) -> dict[str, Any]
     if "options" in conninfo_to_dict(url):
         return {}
     sync = "" if synchronous_commit else " -c synchronous_commit=off"
-    return {"options": CONNECTION_OPTIONS + sync}
+    return {"options": CONNECTION_OPTIONS + sync + _server_link(link_kwargs)}
+
+
+def _server_link(link_kwargs: Mapping[str, Any]) -> str:
+    """The same dead-link bound on the server's side of the connection: a
+    session whose client went silent ends within it, and with it the locks
+    it held (a claim's row locks, the maintenance lock), instead of after the
+    kernel's two hours."""
+    if "tcp_user_timeout" not in link_kwargs or "keepalives_idle" not in link_kwargs:
+        return ""
+    return (
+        f" -c tcp_keepalives_idle={link_kwargs['keepalives_idle']}"
+        f" -c tcp_keepalives_interval={link_kwargs['keepalives_interval']}"
+        f" -c tcp_keepalives_count={link_kwargs['keepalives_count']}"
+        f" -c tcp_user_timeout={link_kwargs['tcp_user_timeout']}"
+    )
 
 
 # A connection that hears nothing back for this long is taken for dead
@@ -379,7 +396,10 @@ def connect(
     (`link`) unless `kwargs` set the link parameters."""
     kwargs = {**link(url=url), **kwargs}
     return psycopg.connect(
-        url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
+        url,
+        autocommit=autocommit,
+        **_options(url, synchronous_commit, pooled, kwargs),
+        **kwargs,
     )
 
 
@@ -414,5 +434,8 @@ async def aconnect(
 ) -> psycopg.AsyncConnection[Any]:
     kwargs = {**link(url=url), **kwargs}
     return await psycopg.AsyncConnection.connect(
-        url, autocommit=autocommit, **_options(url, synchronous_commit, pooled), **kwargs
+        url,
+        autocommit=autocommit,
+        **_options(url, synchronous_commit, pooled, kwargs),
+        **kwargs,
     )

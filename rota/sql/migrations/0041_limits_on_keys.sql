@@ -4,9 +4,6 @@
 -- at claim as a tenant's are. Tasks whose key has no room are parked out of
 -- line (rota.parked), so that claims do not step over them again and again,
 -- and go back to their places once it has room (rota.unpark).
---
--- A worker's reports and heartbeats count only within its lease: past it,
--- the worker holds nothing, even before maintenance requeues the task.
 
 ALTER TABLE rota.tasks ADD COLUMN limit_key text,
     ADD CONSTRAINT limit_key_rule
@@ -87,10 +84,7 @@ BEGIN
         USING unnest(p_ids, p_attempts) AS x(id, attempt)
         -- The ANY keeps the planner on the key however many tasks are running.
         WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
-          -- A worker's report (an attempt token) counts only within its
-          -- lease: past it the worker holds nothing (the task is requeued
-          -- and may run elsewhere), whatever kept it silent.
-          AND (x.attempt IS NULL OR (r.attempt = x.attempt AND r.lease_expires_at > now()))
+          AND (x.attempt IS NULL OR r.attempt = x.attempt)
           AND (v_worker IS NULL OR r.worker = v_worker)
         RETURNING r.*
     ), counted AS (
@@ -119,25 +113,6 @@ BEGIN
         WHERE k.id = ANY (ARRAY(SELECT id FROM keys_locked)) AND k.id = c.key_id
     )
     SELECT * FROM taken;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION rota.extend_leases(p_ids uuid[], p_attempts integer[],
-                                              p_lease_seconds double precision)
-RETURNS SETOF uuid
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_worker text := nullif(current_setting('rota.acting_worker', true), '');
-BEGIN
-    RETURN QUERY
-    UPDATE rota.running r
-    SET lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-    FROM unnest(p_ids, p_attempts) AS x(id, attempt)
-    WHERE r.task_id = x.id AND r.attempt = x.attempt
-      -- A lease that passed is not revived (rota.take_running).
-      AND r.lease_expires_at > now()
-      AND (v_worker IS NULL OR r.worker = v_worker)
-    RETURNING r.task_id;
 END
 $$;
 

@@ -1,0 +1,280 @@
+"""`rota bench chaos --network`: network faults under load, and the same
+history check as the chaos suite's.
+
+The chaos suite's faults end connections at once (a kill, a restart: the
+peer resets). Here every process (producer, loader, two workers, `rota
+reaper`, twice) runs in a network namespace of its own and reaches PostgreSQL and
+Redis through links of its own (rota_tools.netns); the faults are on those
+links, one after another under load:
+
+- a silent partition (packets dropped both ways, no reset) of a worker from
+  PostgreSQL, shorter than a lease and then longer than one;
+- the loader from PostgreSQL, and from Redis; the producer from Redis (it
+  falls back to PostgreSQL) and from both (its enqueues fail: only what it
+  was told is stored counts as acknowledged); the reaper from PostgreSQL;
+- a half-open connection: a worker's PostgreSQL sessions are ended behind a
+  partition (the server forgets them, the worker is not told), then the link
+  heals;
+- a slow link: the loader's and a worker's links to PostgreSQL capped at a
+  low bandwidth (tc tbf; this kernel has no netem for added latency).
+
+Per fault: how long the process took to notice (its log's "unavailable"
+line after the fault began), and how long after the link came back the
+pipeline was at 90% of its baseline throughput. Then everything drains, and
+the runs are checked: every acknowledged task ran, none ran twice at once,
+the tenant limit and the limit on keys held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from rota import Settings, core
+from rota.core import db
+from rota.core.migrate import migrate
+from rota_tools.bench.chaos import (
+    LIMIT,
+    LIMITED_TENANT,
+    Fault,
+    Harness,
+    _completions_per_second,
+    _left,
+    _report,
+    _wait,
+)
+from rota_tools.devservers import local_postgres, local_redis
+from rota_tools.netns import Host, TestNetwork
+
+# Each process takes a link that hears nothing for this long for dead.
+DEAD_LINK_SECONDS = 6.0
+_UNAVAILABLE = re.compile(r"^(\S+ \S+) \S+ .*unavailable, reconnecting")
+
+
+class NetworkHarness(Harness):
+    """The chaos harness with each process in a namespace of its own."""
+
+    def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, net: TestNetwork):
+        super().__init__(workdir, pg, rd, settings)
+        self.net = net
+        self.hosts: dict[str, Host] = {}
+        pg_at, redis_at = net.servers["postgres"], net.servers["redis"]
+        self.env = {
+            **self.env,
+            "ROTA_DATABASE_URL": f"postgresql://rota@{pg_at}:{pg.port}/postgres",
+            "ROTA_REDIS_URL": f"redis://{redis_at}:{rd.port}/0",
+            "ROTA_DATABASE_DEAD_LINK_SECONDS": str(DEAD_LINK_SECONDS),
+        }
+
+    def start(self, name: str) -> None:
+        process = self.processes[name]
+        if name not in self.hosts:
+            self.hosts[name] = self.net.host(name)
+        command = self.hosts[name].command(process.command)
+        with process.log.open("ab") as log:
+            process.popen = subprocess.Popen(
+                command, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def detected_after(self, name: str, since: float) -> float | None:
+        """Seconds from `since` to the process's first outage line after it."""
+        for line in self.processes[name].log.read_text(errors="replace").splitlines():
+            match = _UNAVAILABLE.match(line)
+            if match:
+                at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if at >= since - 0.05:
+                    return round(at - since, 1)
+        return None
+
+
+def _serve_everywhere(pg: Any, address: str) -> None:
+    """PostgreSQL listens on the test network's address too, and lets its hosts in."""
+    hba = Path(pg.directory) / "data" / "pg_hba.conf"
+    with hba.open("a") as rules:
+        rules.write("host all all 10.0.0.0/8 trust\n")
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute(f"ALTER SYSTEM SET listen_addresses = '127.0.0.1,{address}'")
+    pg.stop_immediately()
+    pg.start_again()
+
+
+def run_network_chaos(
+    *,
+    rate: float = 100.0,
+    seconds_per_task: float = 0.02,
+    baseline_seconds: float = 10.0,
+    settle_seconds: float = 12.0,
+    short_seconds: float = 3.0,
+    long_seconds: float = 12.0,
+) -> dict[str, Any]:
+    with contextlib.ExitStack() as stack:
+        net = stack.enter_context(TestNetwork())
+        pg_at, redis_at = net.serve("postgres"), net.serve("redis")
+        pg = stack.enter_context(local_postgres())
+        rd = stack.enter_context(local_redis(also_on=[redis_at]))
+        _serve_everywhere(pg, pg_at)
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-net-")))
+        settings = Settings(database_url=pg.url, redis_url=rd.url)
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            migrate(conn)
+            db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
+        harness = NetworkHarness(workdir, pg, rd, settings, net)
+        try:
+            return _run(
+                harness, rate, seconds_per_task, baseline_seconds, settle_seconds,
+                short_seconds, long_seconds,
+            )  # fmt: skip
+        finally:
+            for name in list(harness.processes):
+                harness.stop(name, timeout=20)
+
+
+def _run(
+    harness: NetworkHarness,
+    rate: float,
+    seconds_per_task: float,
+    baseline_seconds: float,
+    settle_seconds: float,
+    short_seconds: float,
+    long_seconds: float,
+) -> dict[str, Any]:
+    from rota_tools.bench.chaos import APP
+
+    net = harness.net
+    worker_args = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+    harness.add("loader", "loader", "run", "--engine", "python")
+    harness.add("worker1", *worker_args, "--no-maintenance")
+    harness.add("worker2", *worker_args, "--no-maintenance")
+    harness.add("reaper", "reaper")
+    harness.add("reaper2", "reaper")  # takes over while the first is cut off
+    harness.add_producer(rate, seconds_per_task)
+    assert _wait(lambda: len(harness.runs()) > 20, 90), "the pipeline did not start"
+    baseline_start = time.time()
+    time.sleep(baseline_seconds)
+    baseline_end = time.time()
+    per_second = _completions_per_second(harness.runs(), baseline_start, baseline_end)
+    baseline = sorted(per_second)[len(per_second) // 2] if per_second else 0.0
+    faults: list[Fault] = []
+    detection: dict[str, float | None] = {}
+    always_up = True
+
+    def recovered(since: float) -> bool:
+        per_second = _completions_per_second(harness.runs(), since, time.time())
+        return all(harness.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
+
+    def partition(name: str, process: str, servers: list[str], seconds: float, watch: bool) -> None:
+        nonlocal always_up
+        host = harness.hosts[process]
+        started = time.time()
+        for server in servers:
+            net.partition(host, server)
+        time.sleep(seconds)
+        for server in servers:
+            net.heal(host, server)
+        ended = time.time()
+        faults.append(Fault(name, started, ended, "network"))
+        if watch:
+            detection[name] = harness.detected_after(process, started)
+        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        always_up = always_up and all(harness.alive().values())
+
+    def half_open(process: str) -> None:
+        nonlocal always_up
+        host = harness.hosts[process]
+        started = time.time()
+        net.partition(host, "postgres")
+        address = host.links["postgres"].host_end  # its sessions come from the link's far end
+        with db.connect(harness.settings.database_url) as conn:
+            far = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE host(client_addr) LIKE %s",
+                [_far_prefix(net, address)],
+            ).fetchall()
+        time.sleep(1.0)
+        net.heal(host, "postgres")
+        ended = time.time()
+        faults.append(
+            Fault(f"half-open: {process}'s {len(far)} sessions", started, ended, "network")
+        )
+        detection[faults[-1].name] = harness.detected_after(process, started)
+        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        always_up = always_up and all(harness.alive().values())
+
+    def slow(processes: list[str], seconds: float) -> None:
+        nonlocal always_up
+        started = time.time()
+        links = [harness.hosts[p].links["postgres"].host_end for p in processes]
+        for link in links:
+            _tc("qdisc", "add", "dev", link, "root", "tbf", "rate", "256kbit",
+                "burst", "16kbit", "latency", "200ms")  # fmt: skip
+        time.sleep(seconds)
+        for link in links:
+            _tc("qdisc", "del", "dev", link, "root")
+        ended = time.time()
+        faults.append(Fault(f"slow link (256 kbit/s): {', '.join(processes)}", started, ended,
+                            "network"))  # fmt: skip
+        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        always_up = always_up and all(harness.alive().values())
+
+    for process, servers in [
+        ("worker1", ["postgres"]),
+        ("loader", ["postgres"]),
+        ("loader", ["redis"]),
+        ("producer", ["redis"]),
+    ]:
+        partition(f"{process} ⟂ {servers[0]} {short_seconds:g} s", process, servers,
+                  short_seconds, watch=False)  # fmt: skip
+    partition(f"worker1 ⟂ postgres {long_seconds:g} s (past a lease)", "worker1", ["postgres"],
+              long_seconds, watch=True)  # fmt: skip
+    partition(f"loader ⟂ postgres {long_seconds:g} s", "loader", ["postgres"], long_seconds,
+              watch=True)  # fmt: skip
+    partition(f"loader ⟂ redis {long_seconds:g} s", "loader", ["redis"], long_seconds, watch=True)
+    partition(f"producer ⟂ redis {long_seconds:g} s", "producer", ["redis"], long_seconds,
+              watch=False)  # fmt: skip
+    partition(f"producer ⟂ both {short_seconds:g} s", "producer", ["redis", "postgres"],
+              short_seconds, watch=False)  # fmt: skip
+    partition(f"reaper ⟂ postgres {long_seconds:g} s", "reaper", ["postgres"], long_seconds,
+              watch=True)  # fmt: skip
+    half_open("worker2")
+    slow(["loader", "worker2"], short_seconds * 2)
+    fault_phase_end = time.time()
+
+    harness.stop("producer")
+    drained = _wait(
+        lambda: not any(_left(harness.settings)[k] for k in ("buffer", "ready", "running",
+                                                            "scheduled")),
+        180,
+    )  # fmt: skip
+    left = _left(harness.settings)
+    report = _report(
+        harness, harness.runs(), faults, baseline, baseline_start, baseline_end,
+        fault_phase_end, drained, left, 0, always_up, rate,
+    )  # fmt: skip
+    report["dead_link_seconds"] = DEAD_LINK_SECONDS
+    report["detected_after_s"] = detection
+    return report
+
+
+def _far_prefix(net: TestNetwork, host_end: str) -> str:
+    """The address pattern of a link's namespace end, for pg_stat_activity."""
+    pair = int(host_end.rsplit("h", 1)[1])
+    return f"{net.prefix}.{pair}.2"
+
+
+def _tc(*args: str) -> None:
+    subprocess.run(["tc", *args], check=True, capture_output=True)
+
+
+if __name__ == "__main__":  # pragma: no cover - run by hand
+    import json
+
+    print(json.dumps(run_network_chaos(), indent=2, default=str), file=sys.stdout)

@@ -1,0 +1,175 @@
+"""A rolling upgrade under load: the producer, loader and workers of an
+earlier version run while `rota migrate` of this one is applied, then are
+replaced one by one by this version's; the chaos suite's history check
+follows (every acknowledged task ran, none twice at once, the limits held).
+
+The earlier version is, by default, the one just before the newest
+migration (`version_before_newest_migration`): each migration to come is
+run by it against the processes of the version it upgrades.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from rota import Settings, core
+from rota.core import db
+from rota_tools.bench.chaos import (
+    APP,
+    LIMIT,
+    LIMITED_TENANT,
+    Harness,
+    Process,
+    _left,
+    _report,
+    _wait,
+)
+from rota_tools.bench.compare import Side, checkout, repository_root
+from rota_tools.devservers import local_postgres, local_redis
+
+
+def version_before_newest_migration(repo: Path) -> str:
+    """The parent of the newest commit that changed rota/sql/migrations."""
+    newest = subprocess.run(
+        ["git", "-C", str(repo), "log", "-1", "--format=%H", "--", "rota/sql/migrations"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return f"{newest}^"
+
+
+class UpgradeHarness(Harness):
+    """The chaos harness, each process run by the version it was started with."""
+
+    def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, old: Side) -> None:
+        super().__init__(workdir, pg, rd, settings)
+        self.old = old
+        self.version: dict[str, str] = {}  # process -> "old" or "new"
+        self.pid_version: dict[int, str] = {}
+
+    def start(self, name: str) -> None:
+        process = self.processes[name]
+        old = self.version.get(name) == "old"
+        env = {**self.env, **(self._old_env() if old else {})}
+        with process.log.open("ab") as log:
+            process.popen = subprocess.Popen(
+                process.command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.old.tree if old else None,
+            )
+        self.pid_version[process.popen.pid] = "old" if old else "new"
+
+    def _old_env(self) -> dict[str, str]:
+        return {"PYTHONPATH": self.old.env()["PYTHONPATH"]}
+
+    def run_as(self, version: str, name: str, *args: str) -> None:
+        self.version[name] = version
+        if name == "producer":
+            self.processes.pop(name, None)
+            command = [sys.executable, "-m", "rota_tools.bench.chaos", str(self.ids_dir), *args]
+            self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
+            self.start(name)
+        else:
+            self.processes.pop(name, None)
+            command = [sys.executable, "-m", "rota", *args]
+            self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
+            self.start(name)
+
+    def migrate(self, version: str) -> str:
+        env = {**self.env, **(self._old_env() if version == "old" else {})}
+        done = subprocess.run(
+            [sys.executable, "-m", "rota", "migrate"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=self.old.tree if version == "old" else None,
+        )
+        return done.stdout.strip()
+
+
+def run_rolling_upgrade(
+    *, old_revision: str | None = None, rate: float = 80.0, seconds: float = 4.0
+) -> dict[str, Any]:
+    repo = repository_root()
+    revision = old_revision or version_before_newest_migration(repo)
+    with contextlib.ExitStack() as stack:
+        old = stack.enter_context(checkout(repo, revision, "old"))
+        pg = stack.enter_context(local_postgres())
+        rd = stack.enter_context(local_redis())
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-upgrade-")))
+        settings = Settings(database_url=pg.url, redis_url=rd.url)
+        harness = UpgradeHarness(workdir, pg, rd, settings, old)
+        try:
+            return _run(harness, revision, rate, seconds)
+        finally:
+            for name in list(harness.processes):
+                harness.stop(name, timeout=20)
+
+
+def _run(harness: UpgradeHarness, revision: str, rate: float, seconds: float) -> dict[str, Any]:
+    old_migrated = harness.migrate("old")
+    with psycopg.connect(harness.settings.database_url, autocommit=True) as conn:
+        db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
+    workers = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+    per_task = "0.02"
+    harness.run_as("old", "loader", "loader", "run", "--engine", "python")
+    harness.run_as("old", "worker1", *workers)
+    harness.run_as("old", "worker2", *workers)
+    harness.run_as("old", "producer", str(rate), per_task)
+    assert _wait(lambda: len(harness.runs()) > 20, 90), "the old pipeline did not start"
+    time.sleep(seconds)
+    started = time.time()
+    new_migrated = harness.migrate("new")
+    time.sleep(seconds)  # the old processes on the new schema
+    survived_migration = all(harness.alive().values())
+    steps = []
+    for name, args in [
+        ("loader", ("loader", "run", "--engine", "python")),
+        ("worker1", workers),
+        ("producer", (str(rate), per_task)),
+        ("worker2", workers),
+    ]:
+        harness.stop(name)
+        harness.run_as("new", name, *args)
+        steps.append((name, round(time.time() - started, 1)))
+        time.sleep(seconds)
+    alive = all(harness.alive().values())
+    fault_phase_end = time.time()
+    harness.stop("producer")
+    drained = _wait(
+        lambda: (
+            not any(_left(harness.settings)[k] for k in ("buffer", "ready", "running", "scheduled"))
+        ),
+        180,
+    )
+    left = _left(harness.settings)
+    runs = harness.runs()
+    report = _report(
+        harness, runs, [], 0.0, started, started, fault_phase_end, drained, left, 0, alive, rate
+    )
+    report.update(
+        {
+            "old_revision": revision,
+            "old_migrate": old_migrated,
+            "new_migrate": new_migrated,
+            "old_processes_survived_the_migration": survived_migration,
+            "replaced": steps,
+            "runs_by_version": {
+                version: sum(1 for run in runs if harness.pid_version.get(run[3]) == version)
+                for version in ("old", "new")
+            },
+        }
+    )
+    return report
