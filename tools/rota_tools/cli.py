@@ -575,12 +575,30 @@ def bench_chaos(
     faults: Annotated[
         bool, typer.Option("--faults/--no-faults", help="off: the same run, no faults")
     ] = True,
+    network: Annotated[
+        bool,
+        typer.Option(
+            "--network",
+            help="network faults instead: each process in a namespace of its own, its links "
+            "cut silently, half-open and slow (root)",
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Faults under load (kill -9 of each process, Redis and PostgreSQL
-    restarts): acknowledged vs ran, duplicates by cause, limit violations,
-    recovery times, throughput held. Throwaway servers."""
+    restarts; or with --network, silent partitions, half-open and slow
+    links): acknowledged vs ran, duplicates by cause, limit violations,
+    detection and recovery times, throughput held. Throwaway servers."""
     from rota_tools.bench.chaos import run_chaos
+
+    if network:
+        from rota_tools.bench.network import run_network_chaos
+
+        figures = run_network_chaos(
+            rate=rate, baseline_seconds=baseline_seconds, settle_seconds=settle_seconds
+        )
+        _report("chaos-network", figures, as_json)
+        return
 
     figures = run_chaos(
         rate=rate,
