@@ -117,7 +117,11 @@ def test_enqueues_across_a_thousand_tenants_load_exactly_once_in_each_tenants_or
     loaders = [Loader(cluster_settings, consumer=f"loader-{i}") for i in range(2)]
     with ThreadPoolExecutor(2) as pool:
         drains = [pool.submit(loader.drain) for loader in loaders]
-        assert all(drain.result().drained for drain in drains)  # re-raises a loader's error
+        summaries = [drain.result() for drain in drains]  # re-raises a loader's error
+    # The first to finish may see the other's entries still in its hands
+    # (work left); the last finds none.
+    assert not any(s.errors for s in summaries)
+    assert any(s.drained for s in summaries)
     for loader in loaders:
         loader.close()
 
