@@ -9,6 +9,7 @@ import pydantic
 import redis
 
 from rota.errors import RotaError
+from rota.runtime.hints import connection_fix
 from rota.runtime.redact import redact
 
 EXPECTED = 2  # a problem the user can fix: bad input, a server down, no schema
@@ -22,18 +23,8 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return f"the database has no rota schema yet: run `rota migrate` ({first})", EXPECTED
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return f"the database role may not do this: {first}", EXPECTED
-    if isinstance(exc, psycopg.OperationalError) and "startup parameter" in str(exc):
-        # A pooler (PgBouncer) refusing the session settings rota sends at
-        # connect (`options`): rota must be told it is pooled.
-        return (
-            f"the server refused rota's session settings ({first}): a connection pooler such "
-            "as PgBouncer is in the way; set ROTA_DATABASE_POOLING=transaction (and "
-            "ROTA_DIRECT_DATABASE_URL for the commands that need a session: see "
-            '"Behind PgBouncer" in docs/howto/postgresql.md)',
-            EXPECTED,
-        )
     if isinstance(exc, psycopg.OperationalError):
-        known = _known_connection_fix(str(exc))
+        known = connection_fix(exc)
         if known is not None:
             return f"PostgreSQL refused the connection: {first}; {known}", EXPECTED
         hint = (
@@ -68,27 +59,6 @@ def explain(exc: BaseException) -> tuple[str, int]:
         f"unexpected {type(exc).__name__}: {first} (run with --debug for the traceback)",
         UNEXPECTED,
     )
-
-
-# Connection errors whose fix is known, by what the server says.
-_CONNECTION_FIXES = (
-    ("password authentication failed", "check the password in ROTA_DATABASE_URL"),
-    ("no password supplied", "put the password in ROTA_DATABASE_URL (or ~/.pgpass)"),
-    ("does not exist", "check the role and database names in ROTA_DATABASE_URL"),
-    ("no pg_hba.conf entry", "allow this host and role in the server's pg_hba.conf"),
-    (
-        "too many clients",
-        "the server's max_connections is reached: raise it, or put PgBouncer in front "
-        "(docs/howto/postgresql.md)",
-    ),
-)
-
-
-def _known_connection_fix(text: str) -> str | None:
-    for said, fix in _CONNECTION_FIXES:
-        if said in text:
-            return fix
-    return None
 
 
 def _spark(exc: BaseException) -> tuple[str, int]:

@@ -41,7 +41,7 @@ from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
 from rota.model.envelope import TaskEnvelope
 from rota.readmodel.metrics import LoaderMetrics
-from rota.runtime.outage import Outage, Polled, retrying, rounds
+from rota.runtime.outage import Outage, Polled, one_line, retrying, rounds
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")
@@ -319,9 +319,7 @@ class Loader:
             )
             if result is None:
                 if outage.last_error is not None and outage.down:
-                    summary.errors.append(
-                        f"{type(outage.last_error).__name__}: {outage.last_error}"
-                    )
+                    summary.errors.append(one_line(outage.last_error))
                 summary.released = self.release_held()
                 break
             self._passed(result)

@@ -24,6 +24,8 @@ import weakref
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from rota.runtime.hints import connection_fix
+
 T = TypeVar("T")
 C = TypeVar("C", bound="Closable")
 
@@ -85,7 +87,7 @@ class Outage:
         if self.since is None:
             self.since = self._clock()
             self.count += 1
-            self.log.warning("%s unavailable, reconnecting: %s", self.what, _one_line(error))
+            self.log.warning("%s unavailable, reconnecting: %s", self.what, one_line(error))
         delay: float = min(self.cap, self.base * 2.0 ** min(self.attempts, 30))
         self.attempts += 1
         return delay * (0.5 + self._jitter() / 2)  # "equal jitter": half fixed, half random
@@ -222,6 +224,8 @@ def retrying(
         return result
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
+    """An error as a log line says it: its type, its first line, the known fix."""
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
+    fix = connection_fix(error)
+    return f"{type(error).__name__}: {text[0] if text else ''}" + (f"; {fix}" if fix else "")

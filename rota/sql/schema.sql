@@ -698,10 +698,13 @@ BEGIN
 END
 $$;
 
--- Requeues the tasks whose lease ran out.
+-- Requeues the tasks whose lease ran out. Without attempt tokens, which
+-- count only within a lease (rota.take_running); none is needed: a passed
+-- lease's row can no longer change but by its requeue.
 CREATE FUNCTION rota.requeue_expired() RETURNS SETOF uuid
 LANGUAGE sql AS $$
-    SELECT rota.requeue(array_agg(task_id), array_agg(attempt), true, 'lease expired')
+    SELECT rota.requeue(array_agg(task_id), array_fill(NULL::integer, ARRAY[count(*)::integer]),
+                        true, 'lease expired')
     FROM rota.running WHERE lease_expires_at < now()
 $$;
 

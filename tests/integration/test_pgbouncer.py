@@ -3,6 +3,7 @@ the session settings on the role, and a URL that names its own `options`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -168,20 +169,25 @@ def test_behind_a_transaction_pooler_the_reaper_needs_a_direct_url(settings: Set
         run_maintenance(pooled, Maintenance(pooled), threading.Event())
 
 
-def test_behind_pgbouncer_without_the_setup_the_cli_names_the_fix(
-    pgbouncer: Server, database_url: str
+def test_behind_pgbouncer_without_the_setup_rota_names_the_fix(
+    pgbouncer: Server, database_url: str, redis_url: str
 ) -> None:
-    """The pooler refuses rota's startup options: one line that says which
-    setting fixes it, no traceback."""
-    env = {**os.environ, "ROTA_DATABASE_URL": _through(pgbouncer, database_url)}
+    """The pooler refuses rota's startup options: the drain's error (as every
+    loop's outage line) says which setting fixes it."""
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": _through(pgbouncer, database_url),
+        "ROTA_REDIS_URL": redis_url,
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "rota", "queue", "list"],
+        [sys.executable, "-m", "rota", "loader", "drain", "--json"],
         env=env,
         capture_output=True,
         timeout=60,
         check=False,
     )
-    error = done.stderr.decode().strip()
-    assert done.returncode == 2, error
-    assert len(error.splitlines()) == 1 and "Traceback" not in error
-    assert "ROTA_DATABASE_POOLING=transaction" in error and "Behind PgBouncer" in error
+    summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert done.returncode == 1, summary
+    (error,) = summary["errors"]
+    assert "startup parameter" in error and "ROTA_DATABASE_POOLING=transaction" in error
+    assert "Behind PgBouncer" in error

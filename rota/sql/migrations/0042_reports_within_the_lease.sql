@@ -1,7 +1,8 @@
 -- rota 0042: a worker's reports and heartbeats count only within its lease.
 -- Past it the worker holds nothing, even before maintenance requeues the
 -- task: a worker cut off by a silent partition (or frozen) cannot complete,
--- fail, release or extend what it held once it is back.
+-- fail, release or extend what it held once it is back. The requeue of
+-- passed leases goes without attempt tokens.
 
 CREATE OR REPLACE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
 RETURNS SETOF rota.running
@@ -69,5 +70,16 @@ BEGIN
     RETURNING r.task_id;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION rota.requeue_expired() RETURNS SETOF uuid
+LANGUAGE sql AS $$
+    SELECT rota.requeue(array_agg(task_id), array_fill(NULL::integer, ARRAY[count(*)::integer]),
+                        true, 'lease expired')
+    FROM rota.running WHERE lease_expires_at < now()
+$$;
+
+-- CREATE OR REPLACE resets what ALTER FUNCTION set.
+ALTER FUNCTION rota.requeue_expired()
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;
