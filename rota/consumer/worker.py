@@ -475,9 +475,14 @@ class Worker:
 
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         beat_started = time.monotonic()
-        if not db.run(conn, core.worker_heartbeat(self.key)):
-            log.error("worker %s was declared dead; stopping", self.id)
-            self.stop()
+        if not db.run(conn, core.worker_heartbeat(self.key)) and not self.stopping.is_set():
+            # Declared dead while cut off: what it held went back in line
+            # (and its reports of it are refused); it claims again.
+            if db.run(conn, core.rejoin_worker(self.key)):
+                log.warning("worker %s was declared dead while cut off; it rejoins", self.id)
+            else:
+                log.error("worker %s was declared dead and its record is gone; stopping", self.id)
+                self.stop()
         tokens = [f.task.token for f in list(self.in_flight.values())]
         held = (
             db.run(conn, core.extend_leases(tokens, self.settings.lease_seconds, self.key))

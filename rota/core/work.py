@@ -362,6 +362,12 @@ def worker_heartbeat(worker: str | WorkerKey) -> Op[bool]:
     return bool(alive)
 
 
+def rejoin_worker(worker: WorkerKey) -> Op[bool]:
+    """A worker declared dead while cut off comes back under its name; False
+    when its row is gone (pruned), and it must stop."""
+    return bool((yield from value(query("worker_rejoin"), _keyed(worker, {}))))
+
+
 def stop_worker(worker: str | WorkerKey) -> Op[None]:
     if isinstance(worker, WorkerKey):
         yield Execute(query("worker_stop"), _keyed(worker, {}))

@@ -120,6 +120,7 @@ BEGIN
         rota.worker_claims(text, bytea),
         rota.worker_beat(text, bytea),
         rota.worker_stop(text, bytea),
+        rota.worker_rejoin(text, bytea),
         rota.record_run_times(text[], text[], integer[], double precision[]),
         rota.declare_limits(text[], integer[], double precision[], double precision[], text),
         rota.unpark(),

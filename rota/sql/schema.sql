@@ -2058,6 +2058,19 @@ BEGIN
 END
 $$;
 
+-- A worker declared dead while it was only cut off (a partition longer than
+-- ROTA_WORKER_DEAD_AFTER_SECONDS) comes back under its own name: what it held
+-- went back in line when it was declared dead, and its reports of those
+-- tasks are refused (their leases passed). False when its row is gone.
+CREATE FUNCTION rota.worker_rejoin(p_worker text, p_secret bytea) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    UPDATE rota.workers SET stopped_at = NULL, heartbeat_at = now() WHERE id = p_worker;
+    RETURN FOUND;
+END
+$$;
+
 CREATE FUNCTION rota.worker_stop(p_worker text, p_secret bytea) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN

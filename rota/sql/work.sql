@@ -104,6 +104,9 @@ SELECT task_id, attempt FROM rota.worker_claims(%(worker)s::text, %(secret)s::by
 -- name: worker_beat
 SELECT rota.worker_beat(%(worker)s::text, %(secret)s::bytea)
 
+-- name: worker_rejoin
+SELECT rota.worker_rejoin(%(worker)s::text, %(secret)s::bytea)
+
 -- name: worker_stop
 SELECT rota.worker_stop(%(worker)s::text, %(secret)s::bytea)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
 from rota import Settings, core
 from rota.consumer.maintenance import Maintenance, TickResult
@@ -138,3 +139,26 @@ def test_promotion_is_atomic_and_a_lock_timeout_is_not_a_lost_connection(
     assert maintenance.tick(conn).promoted == 1
     assert _count(conn, "scheduled") == 0 and _count(conn, "ready") == 1
     assert [t.id for t in claim(conn, 1)] == [task.id]
+
+
+def test_a_worker_declared_dead_while_cut_off_rejoins_and_its_old_reports_are_refused(
+    conn: Conn,
+) -> None:
+    key = core.WorkerKey.new("cut-off")
+    db.run(conn, core.register_worker(key, "elsewhere", 1, ["default"], 1))
+    load(conn, envelopes("a", 1))
+    (task,) = db.transact(conn, core.claim(["default"], 1, key.id, 60.0))
+    # Silent past the dead-after time (a partition): declared dead, its task requeued.
+    conn.execute("UPDATE rota.workers SET heartbeat_at = now() - interval '5 minutes'")
+    assert db.run(conn, core.reap_workers([key.id])) == {task.id}
+    assert db.run(conn, core.worker_heartbeat(key)) is False
+    assert db.run(conn, core.rejoin_worker(key)) is True
+    assert db.run(conn, core.worker_heartbeat(key)) is True
+    assert db.transact(conn, core.complete([task.token], key)) == set()  # no longer its
+    (again,) = db.transact(conn, core.claim(["default"], 1, key.id, 60.0))
+    assert again.id == task.id and again.attempt == task.attempt + 1
+    assert db.transact(conn, core.complete([again.token], key)) == {task.id}
+    # A record pruned meanwhile: it cannot rejoin (it stops).
+    conn.execute("DELETE FROM rota.workers WHERE id = %s", [key.id])
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        db.run(conn, core.rejoin_worker(key))

@@ -326,6 +326,8 @@ def start_redis(
         "--bind",
         "127.0.0.1",
         *also_on,
+        # The test network's hosts are "outside" to Redis: let them in.
+        *(["--protected-mode", "no"] if also_on else []),
         "--dir",
         str(directory),
         "--save",

@@ -2,7 +2,8 @@
 -- Past it the worker holds nothing, even before maintenance requeues the
 -- task: a worker cut off by a silent partition (or frozen) cannot complete,
 -- fail, release or extend what it held once it is back. The requeue of
--- passed leases goes without attempt tokens.
+-- passed leases goes without attempt tokens. A worker declared dead while
+-- it was only cut off rejoins under its own name.
 
 CREATE OR REPLACE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
 RETURNS SETOF rota.running
@@ -81,5 +82,18 @@ $$;
 -- CREATE OR REPLACE resets what ALTER FUNCTION set.
 ALTER FUNCTION rota.requeue_expired()
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+-- A worker declared dead while it was only cut off (a partition longer than
+-- ROTA_WORKER_DEAD_AFTER_SECONDS) comes back under its own name: what it held
+-- went back in line when it was declared dead, and its reports of those
+-- tasks are refused (their leases passed). False when its row is gone.
+CREATE FUNCTION rota.worker_rejoin(p_worker text, p_secret bytea) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM rota.check_worker(p_worker, p_secret);
+    UPDATE rota.workers SET stopped_at = NULL, heartbeat_at = now() WHERE id = p_worker;
+    RETURN FOUND;
+END
+$$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC;

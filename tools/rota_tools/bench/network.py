@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,15 +97,13 @@ class NetworkHarness(Harness):
         return None
 
 
-def _serve_everywhere(pg: Any, address: str) -> None:
-    """PostgreSQL listens on the test network's address too, and lets its hosts in."""
+def _let_hosts_in(pg: Any) -> None:
+    """PostgreSQL lets the test network's hosts in (it listens there already)."""
     hba = Path(pg.directory) / "data" / "pg_hba.conf"
     with hba.open("a") as rules:
         rules.write("host all all 10.0.0.0/8 trust\n")
     with psycopg.connect(pg.url, autocommit=True) as conn:
-        conn.execute(f"ALTER SYSTEM SET listen_addresses = '127.0.0.1,{address}'")
-    pg.stop_immediately()
-    pg.start_again()
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def run_network_chaos(
@@ -115,13 +114,14 @@ def run_network_chaos(
     settle_seconds: float = 12.0,
     short_seconds: float = 3.0,
     long_seconds: float = 12.0,
+    keep_logs: Path | None = None,
 ) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(TestNetwork())
         pg_at, redis_at = net.serve("postgres"), net.serve("redis")
-        pg = stack.enter_context(local_postgres())
+        pg = stack.enter_context(local_postgres({"listen_addresses": f"127.0.0.1,{pg_at}"}))
         rd = stack.enter_context(local_redis(also_on=[redis_at]))
-        _serve_everywhere(pg, pg_at)
+        _let_hosts_in(pg)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-net-")))
         settings = Settings(database_url=pg.url, redis_url=rd.url)
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
@@ -136,6 +136,10 @@ def run_network_chaos(
         finally:
             for name in list(harness.processes):
                 harness.stop(name, timeout=20)
+            if keep_logs is not None:
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in workdir.glob("*.log"):
+                    shutil.copy(log, keep_logs / log.name)
 
 
 def _run(
@@ -166,6 +170,12 @@ def _run(
     faults: list[Fault] = []
     detection: dict[str, float | None] = {}
     always_up = True
+    down: set[str] = set()
+
+    def note_down() -> bool:
+        gone = {name for name, up in harness.alive().items() if not up}
+        down.update(gone)
+        return not gone
 
     def recovered(since: float) -> bool:
         per_second = _completions_per_second(harness.runs(), since, time.time())
@@ -185,7 +195,7 @@ def _run(
         if watch:
             detection[name] = harness.detected_after(process, started)
         _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
-        always_up = always_up and all(harness.alive().values())
+        always_up = note_down() and always_up
 
     def half_open(process: str) -> None:
         nonlocal always_up
@@ -207,7 +217,7 @@ def _run(
         )
         detection[faults[-1].name] = harness.detected_after(process, started)
         _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
-        always_up = always_up and all(harness.alive().values())
+        always_up = note_down() and always_up
 
     def slow(processes: list[str], seconds: float) -> None:
         nonlocal always_up
@@ -223,7 +233,7 @@ def _run(
         faults.append(Fault(f"slow link (256 kbit/s): {', '.join(processes)}", started, ended,
                             "network"))  # fmt: skip
         _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
-        always_up = always_up and all(harness.alive().values())
+        always_up = note_down() and always_up
 
     for process, servers in [
         ("worker1", ["postgres"]),
@@ -261,6 +271,7 @@ def _run(
     )  # fmt: skip
     report["dead_link_seconds"] = DEAD_LINK_SECONDS
     report["detected_after_s"] = detection
+    report["processes_down"] = sorted(down)
     return report
 
 
