@@ -215,8 +215,9 @@ def _run(
         faults.append(
             Fault(f"half-open: {process}'s {len(far)} sessions", started, ended, "network")
         )
-        detection[faults[-1].name] = harness.detected_after(process, started)
         _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        # Noticed at its next use of the connection, once the link is back.
+        detection[faults[-1].name] = harness.detected_after(process, started)
         always_up = note_down() and always_up
 
     def slow(processes: list[str], seconds: float) -> None:
