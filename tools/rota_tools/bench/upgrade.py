@@ -37,9 +37,19 @@ from rota_tools.devservers import local_postgres, local_redis
 
 
 def version_before_newest_migration(repo: Path) -> str:
-    """The parent of the newest commit that changed rota/sql/migrations."""
+    """The parent of the commit that added the newest migration."""
     newest = subprocess.run(
-        ["git", "-C", str(repo), "log", "-1", "--format=%H", "--", "rota/sql/migrations"],
+        [
+            "git",
+            "-C",
+            str(repo),
+            "log",
+            "-1",
+            "--diff-filter=A",
+            "--format=%H",
+            "--",
+            "rota/sql/migrations",
+        ],
         capture_output=True,
         text=True,
         check=True,
