@@ -840,25 +840,41 @@ BEGIN
             ) c
             JOIN limited l ON l.id = c.tenant_id
             WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
+        ), taken AS (
+            -- Parked ones too: they leave the line.
+            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
+        ), claimed AS MATERIALIZED (
+            SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
+                   t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
+                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
+            FROM rota.tasks t
+            JOIN admitted a ON a.task_id = t.id
+            WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+        ), keyed AS MATERIALIZED (
+            SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
         ), key_fit AS MATERIALIZED (
-            -- Limits on keys (rota.key_admit), only while some limit exists:
-            -- the function, its tables and their locks are not reached otherwise.
+            -- Limits on keys (rota.key_admit) for the claimed tasks that name
+            -- a key, only in queues holding such tasks: the function, its
+            -- tables and their locks are not reached otherwise. Tenant rows
+            -- are locked first (the subquery on `limited`).
             SELECT f.*
             FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
                                        WHERE q.name = ANY (p_queues) AND q.key_limited)
                            AND (SELECT count(*) FROM limited) >= 0) gate,
                  LATERAL rota.key_admit(
-                     ARRAY(SELECT p.task_id FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.queue_id FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.vtime FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.tenant_id FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.seq FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.priority FROM admitted p ORDER BY p.vtime, p.tenant_id, p.seq)) f
+                     ARRAY(SELECT c.task_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.limit_key FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.queue_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.vtime FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.tenant_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.seq FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.priority FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq)) f
         ), final AS MATERIALIZED (
-            SELECT p.*, f.key_id
-            FROM admitted p LEFT JOIN key_fit f ON f.task_id = p.task_id
-            -- The gate makes key_fit run even when nothing was admitted: it
-            -- brings back parked tasks whose key has room.
+            -- The claimed tasks that fit (a parked one leaves the line, not
+            -- for a worker). The gate makes key_fit run even when nothing
+            -- was claimed: it brings back parked tasks whose key has room.
+            SELECT c.*, f.key_id
+            FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id
             WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
         ), charged AS (
             UPDATE rota.tenants t
@@ -869,23 +885,12 @@ BEGIN
             JOIN limited l ON l.id = a.tenant_id
             -- The ANY keeps the planner on the key, even with a plan made on few tenants.
             WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
-        ), taken AS (
-            -- Parked ones too: they leave the line.
-            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
-        ), claimed AS MATERIALIZED (
-            SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
-                   a.key_id,
-                   t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
-                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
-            FROM rota.tasks t
-            JOIN final a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM final))
         ), leased AS (
             INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
                                       lease_expires_at, counted, priority, key_id)
             SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
                    priority, key_id
-            FROM claimed
+            FROM final
         )
         SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
                -- Looked up only for tasks stored before the name was copied to them.
@@ -893,7 +898,7 @@ BEGIN
                    AS tenant,
                c.attempt,
                c.max_attempts, c.lease_expires_at, c.enqueued_at
-        FROM claimed c
+        FROM final c
         ORDER BY c.vtime, c.tenant_id, c.seq;
     ELSE
         RETURN QUERY
@@ -1020,35 +1025,6 @@ BEGIN
             SELECT s.row_id, a.queue_id, a.queue, a.vtime, a.tenant_id, s.seq, s.task_id, s.priority,
                    a.counted
             FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
-        ), key_fit AS MATERIALIZED (
-            -- Limits on keys (rota.key_admit), only while some limit exists:
-            -- the function, its tables and their locks are not reached otherwise.
-            SELECT f.*
-            FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
-                                       WHERE q.name = ANY (p_queues) AND q.key_limited)
-                           AND (SELECT count(*) FROM limited) >= 0) gate,
-                 LATERAL rota.key_admit(
-                     ARRAY(SELECT p.task_id FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.queue_id FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.vtime FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.tenant_id FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.seq FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq),
-                     ARRAY(SELECT p.priority FROM picked p ORDER BY p.vtime, p.tenant_id, p.seq)) f
-        ), final AS MATERIALIZED (
-            SELECT p.*, f.key_id
-            FROM picked p LEFT JOIN key_fit f ON f.task_id = p.task_id
-            -- The gate makes key_fit run even when nothing was admitted: it
-            -- brings back parked tasks whose key has room.
-            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
-        ), charged AS (
-            UPDATE rota.tenants t
-            SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
-                tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
-                refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
-            FROM (SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id) a
-            JOIN limited l ON l.id = a.tenant_id
-            -- The ANY keeps the planner on the key, even with a plan made on few tenants.
-            WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
         ), taken AS (
             -- The displaced tasks' rows go too, and come back at their new
             -- places (moved): a row of ready is never updated in place, so a
@@ -1063,18 +1039,52 @@ BEGIN
             FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
         ), claimed AS MATERIALIZED (
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
-                   a.key_id,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
-                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
+                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
             FROM rota.tasks t
-            JOIN final a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM final))
+            JOIN picked a ON a.task_id = t.id
+            WHERE t.id = ANY (ARRAY(SELECT task_id FROM picked))
+        ), keyed AS MATERIALIZED (
+            SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
+        ), key_fit AS MATERIALIZED (
+            -- Limits on keys (rota.key_admit) for the claimed tasks that name
+            -- a key, only in queues holding such tasks: the function, its
+            -- tables and their locks are not reached otherwise. Tenant rows
+            -- are locked first (the subquery on `limited`).
+            SELECT f.*
+            FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
+                                       WHERE q.name = ANY (p_queues) AND q.key_limited)
+                           AND (SELECT count(*) FROM limited) >= 0) gate,
+                 LATERAL rota.key_admit(
+                     ARRAY(SELECT c.task_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.limit_key FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.queue_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.vtime FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.tenant_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.seq FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.priority FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq)) f
+        ), final AS MATERIALIZED (
+            -- The claimed tasks that fit (a parked one leaves the line, not
+            -- for a worker). The gate makes key_fit run even when nothing
+            -- was claimed: it brings back parked tasks whose key has room.
+            SELECT c.*, f.key_id
+            FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id
+            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
+        ), charged AS (
+            UPDATE rota.tenants t
+            SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
+                tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
+                refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
+            FROM (SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id) a
+            JOIN limited l ON l.id = a.tenant_id
+            -- The ANY keeps the planner on the key, even with a plan made on few tenants.
+            WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
         ), leased AS (
             INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
                                       lease_expires_at, counted, priority, key_id)
             SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
                    priority, key_id
-            FROM claimed
+            FROM final
         )
         SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
                -- Looked up only for tasks stored before the name was copied to them.
@@ -1082,7 +1092,7 @@ BEGIN
                    AS tenant,
                c.attempt,
                c.max_attempts, c.lease_expires_at, c.enqueued_at
-        FROM claimed c
+        FROM final c
         ORDER BY c.vtime, c.tenant_id, c.seq;
     END IF;
 END
@@ -2623,8 +2633,9 @@ BEGIN
 END
 $$;
 
--- A claim's admission on keys (rota.claim calls it while some limit exists):
--- of the tasks given in line order, each whose key is limited takes a free
+-- A claim's admission on keys (rota.claim calls it for queues holding tasks
+-- of a limit): of the keyed tasks given in line order (with their keys),
+-- each whose key is limited takes a free
 -- slot and a token of it, as many as the key has; the others are parked.
 -- Keys are locked in id order, after the claim's tenant rows, as every
 -- writer of key counters locks them; FOR UPDATE reads the latest committed
@@ -2632,8 +2643,9 @@ $$;
 -- tasks of keys with room go back in line (rota.unpark): last, as nothing
 -- after it in the claim waits for a lock. Returns each keyed task's verdict
 -- and, when its key counts it, the key.
-CREATE FUNCTION rota.key_admit(p_ids uuid[], p_queue_ids integer[], p_vtimes double precision[],
-                               p_tenant_ids integer[], p_seqs bigint[], p_priorities smallint[])
+CREATE FUNCTION rota.key_admit(p_ids uuid[], p_keys text[], p_queue_ids integer[],
+                               p_vtimes double precision[], p_tenant_ids integer[],
+                               p_seqs bigint[], p_priorities smallint[])
 RETURNS TABLE (task_id uuid, key_id integer, fits boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -2641,11 +2653,9 @@ BEGIN
     RETURN QUERY
     WITH given AS MATERIALIZED (
         SELECT x.*, k.id AS key
-        FROM unnest(p_ids, p_queue_ids, p_vtimes, p_tenant_ids, p_seqs, p_priorities)
-                 WITH ORDINALITY AS x(id, queue_id, vtime, tenant_id, seq, priority, i)
-        JOIN rota.tasks t ON t.id = x.id
-        JOIN rota.keys k ON k.name = t.limit_key
-        WHERE t.id = ANY (p_ids) AND t.limit_key IS NOT NULL
+        FROM unnest(p_ids, p_keys, p_queue_ids, p_vtimes, p_tenant_ids, p_seqs, p_priorities)
+                 WITH ORDINALITY AS x(id, limit_key, queue_id, vtime, tenant_id, seq, priority, i)
+        JOIN rota.keys k ON k.name = x.limit_key
     ), room AS MATERIALIZED (
         SELECT k.id, l.concurrency_limit - k.running AS free_slots,
                rota.tokens_now(l.rate_limit, l.rate_burst, k.tokens, k.refilled_at) AS tokens,

@@ -410,3 +410,6 @@ WHERE t.name = ANY (%(tenants)s)
 -- Tasks of a key running now.
 SELECT count(*) FROM rota.running r JOIN rota.tasks t ON t.id = r.task_id
 WHERE t.limit_key = %(key)s
+
+-- name: bench_parked_count
+SELECT count(*) FROM rota.parked
