@@ -66,6 +66,7 @@ def test_the_overview_says_which_servers_are_down() -> None:
 def test_the_tenants_page_reads_its_query(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[Any, ...]] = []
     monkeypatch.setattr(data, "tenants", lambda c, *args: asked.append(args) or {})
+    monkeypatch.setattr(data, "key_limits", lambda c: {"key_limits": []})
     tenant.tenants(request(), down())
     tenant.tenants(request("sort=name&order=asc&prefix=ac&page=3&per_page=9999"), down())
     tenant.tenants(request("per_page=0&page="), down())

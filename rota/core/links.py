@@ -1,0 +1,62 @@
+"""The bounds of every wait on the network, for PostgreSQL connections:
+keepalives and `tcp_user_timeout` on the client's end (libpq's parameters)
+and the same asked of the server for its end (session settings)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from psycopg.conninfo import conninfo_to_dict
+
+if TYPE_CHECKING:
+    from rota.settings import Settings
+
+
+def server_link(link_kwargs: Mapping[str, Any]) -> str:
+    """The same dead-link bound on the server's side of the connection: a
+    session whose client went silent ends within it, and with it the locks
+    it held (a claim's row locks, the maintenance lock), instead of after the
+    kernel's two hours."""
+    if "tcp_user_timeout" not in link_kwargs or "keepalives_idle" not in link_kwargs:
+        return ""
+    return (
+        f" -c tcp_keepalives_idle={link_kwargs['keepalives_idle']}"
+        f" -c tcp_keepalives_interval={link_kwargs['keepalives_interval']}"
+        f" -c tcp_keepalives_count={link_kwargs['keepalives_count']}"
+        f" -c tcp_user_timeout={link_kwargs['tcp_user_timeout']}"
+    )
+
+
+# A connection that hears nothing back for this long is taken for dead
+# (Settings.database_dead_link_seconds): without it a silent partition (packets
+# dropped, no reset) hangs a wait on the server for the kernel's two hours.
+DEAD_LINK_SECONDS = 20.0
+_LINK_PARAMETERS = ("keepalives", "tcp_user_timeout")
+
+
+def link(dead_link_seconds: float = DEAD_LINK_SECONDS, url: str = "") -> dict[str, Any]:
+    """libpq's parameters that bound every wait on the network: keepalive
+    probes from a quarter of the bound on, three of them a quarter apart, and
+    unacknowledged data given up after the bound. Left to the URL if it
+    names any of them."""
+    if url and any(name in conninfo_to_dict(url) for name in _LINK_PARAMETERS):
+        return {}
+    quarter = max(1, int(dead_link_seconds / 4))
+    return {
+        "keepalives": 1,
+        "keepalives_idle": quarter,
+        "keepalives_interval": quarter,
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(dead_link_seconds * 1000),
+    }
+
+
+def reach(settings: Settings) -> dict[str, Any]:
+    """The connection parameters a process of rota uses: how long opening a
+    connection may take (ROTA_DATABASE_TIMEOUT_SECONDS) and when a link that
+    hears nothing is dead (ROTA_DATABASE_DEAD_LINK_SECONDS)."""
+    return {
+        "connect_timeout": settings.database_timeout_seconds,
+        **link(settings.database_dead_link_seconds, settings.database_url),
+    }
