@@ -161,7 +161,9 @@ def _run(
     harness.add("reaper", "reaper")
     harness.add("reaper2", "reaper")  # takes over while the first is cut off
     harness.add_producer(rate, seconds_per_task)
+    console = Console(harness)
     assert _wait(lambda: len(harness.runs()) > 20, 90), "the pipeline did not start"
+    assert _wait(console.answers, 60), "the console did not start"
     baseline_start = time.time()
     time.sleep(baseline_seconds)
     baseline_end = time.time()
@@ -255,6 +257,7 @@ def _run(
               short_seconds, watch=False)  # fmt: skip
     partition(f"reaper ⟂ postgres {long_seconds:g} s", "reaper", ["postgres"], long_seconds,
               watch=True)  # fmt: skip
+    console_fault = console.cut_off(long_seconds)
     half_open("worker2")
     slow(["loader", "worker2"], short_seconds * 2)
     fault_phase_end = time.time()
@@ -273,7 +276,67 @@ def _run(
     report["dead_link_seconds"] = DEAD_LINK_SECONDS
     report["detected_after_s"] = detection
     report["processes_down"] = sorted(down)
+    report["console"] = console_fault
     return report
+
+
+CONSOLE_TOKEN = "network-suite-token-0123"
+
+
+class Console:
+    """`rota dashboard` in a host of its own, asked from this machine over
+    the link's far address, with a token (it is not on loopback)."""
+
+    def __init__(self, harness: NetworkHarness) -> None:
+        self.harness = harness
+        self.port = 8377
+        harness.env = {**harness.env, "ROTA_DASHBOARD_TOKEN": CONSOLE_TOKEN}
+        host = harness.hosts["console"] = harness.net.host("console")
+        self.address = _far_prefix(harness.net, host.links["postgres"].host_end)
+        harness.add(
+            "console", "dashboard", "--host", "0.0.0.0", "--port", str(self.port),
+            "--allowed-host", self.address,
+        )  # fmt: skip
+
+    def overview(self, timeout: float) -> tuple[float, dict[str, Any] | None]:
+        """(seconds the answer took, the overview's JSON or None)."""
+        import httpx
+
+        started = time.monotonic()
+        try:
+            answer = httpx.get(
+                f"http://{self.address}:{self.port}/api/overview",
+                headers={"Authorization": f"Bearer {CONSOLE_TOKEN}"},
+                timeout=timeout,
+            )
+            found = answer.json() if answer.status_code == 200 else None
+        except Exception:
+            found = None
+        return time.monotonic() - started, found
+
+    def answers(self) -> bool:
+        _, found = self.overview(5)
+        return found is not None and not found.get("unavailable")
+
+    def cut_off(self, seconds: float) -> dict[str, Any]:
+        """Partitions the console from both servers: how long a page takes
+        and what it says meanwhile, and how soon it is whole again."""
+        net, host = self.harness.net, self.harness.hosts["console"]
+        for server in ("postgres", "redis"):
+            net.partition(host, server)
+        time.sleep(1)
+        took, during = self.overview(timeout=60)
+        time.sleep(max(0.0, seconds - 1 - took))
+        for server in ("postgres", "redis"):
+            net.heal(host, server)
+        healed = time.monotonic()
+        whole = _wait(self.answers, 30, poll=0.2)
+        return {
+            "partition_seconds": seconds,
+            "page_during_partition_s": round(took, 1),
+            "said_unavailable": sorted((during or {}).get("unavailable", {})),
+            "whole_again_after_s": round(time.monotonic() - healed, 1) if whole else None,
+        }
 
 
 def _far_prefix(net: TestNetwork, host_end: str) -> str:
