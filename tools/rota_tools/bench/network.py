@@ -119,6 +119,9 @@ def run_network_chaos(
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(TestNetwork())
         pg_at, redis_at = net.serve("postgres"), net.serve("redis")
+        # A link of each host's that no fault touches: this machine asks the
+        # console over it.
+        net.serve("operator")
         pg = stack.enter_context(local_postgres({"listen_addresses": f"127.0.0.1,{pg_at}"}))
         rd = stack.enter_context(local_redis(also_on=[redis_at]))
         _let_hosts_in(pg)
@@ -292,40 +295,41 @@ class Console:
         self.port = 8377
         harness.env = {**harness.env, "ROTA_DASHBOARD_TOKEN": CONSOLE_TOKEN}
         host = harness.hosts["console"] = harness.net.host("console")
-        self.address = _far_prefix(harness.net, host.links["postgres"].host_end)
+        self.address = _far_prefix(harness.net, host.links["operator"].host_end)
         harness.add(
             "console", "dashboard", "--host", "0.0.0.0", "--port", str(self.port),
             "--allowed-host", self.address,
         )  # fmt: skip
 
-    def overview(self, timeout: float) -> tuple[float, dict[str, Any] | None]:
-        """(seconds the answer took, the overview's JSON or None)."""
+    def ask(self, path: str, timeout: float) -> tuple[float, int | None]:
+        """(seconds the answer took, its status; None: no answer)."""
         import httpx
 
         started = time.monotonic()
         try:
             answer = httpx.get(
-                f"http://{self.address}:{self.port}/api/overview",
+                f"http://{self.address}:{self.port}{path}",
                 headers={"Authorization": f"Bearer {CONSOLE_TOKEN}"},
                 timeout=timeout,
             )
-            found = answer.json() if answer.status_code == 200 else None
-        except Exception:
-            found = None
-        return time.monotonic() - started, found
+            status: int | None = answer.status_code
+        except httpx.HTTPError:
+            status = None
+        return time.monotonic() - started, status
 
     def answers(self) -> bool:
-        _, found = self.overview(5)
-        return found is not None and not found.get("unavailable")
+        # The tenants' list reads PostgreSQL on every call.
+        return self.ask("/api/tenants", 5)[1] == 200
 
     def cut_off(self, seconds: float) -> dict[str, Any]:
-        """Partitions the console from both servers: how long a page takes
-        and what it says meanwhile, and how soon it is whole again."""
+        """Partitions the console from both servers: how long a page that
+        reads PostgreSQL takes meanwhile and what it answers (503: a server
+        is unavailable), and how soon it is whole again."""
         net, host = self.harness.net, self.harness.hosts["console"]
         for server in ("postgres", "redis"):
             net.partition(host, server)
         time.sleep(1)
-        took, during = self.overview(timeout=60)
+        took, status = self.ask("/api/tenants", timeout=60)
         time.sleep(max(0.0, seconds - 1 - took))
         for server in ("postgres", "redis"):
             net.heal(host, server)
@@ -334,7 +338,7 @@ class Console:
         return {
             "partition_seconds": seconds,
             "page_during_partition_s": round(took, 1),
-            "said_unavailable": sorted((during or {}).get("unavailable", {})),
+            "status_during_partition": status,
             "whole_again_after_s": round(time.monotonic() - healed, 1) if whole else None,
         }
 
