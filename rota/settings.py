@@ -17,7 +17,13 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rota.model.rules import MAX_ATTEMPTS, MAX_DELAY_SECONDS, check_queue, parse_duration
+from rota.model.rules import (
+    DEAD_LINK_SECONDS,
+    MAX_ATTEMPTS,
+    MAX_DELAY_SECONDS,
+    check_queue,
+    parse_duration,
+)
 from rota.runtime.redact import redact_url
 
 # Seconds, from a number or text like "30m", "12h", "7d".
@@ -172,7 +178,7 @@ class Settings(BaseSettings):
         default=5, ge=1, description="Seconds a connection to PostgreSQL may take to open."
     )
     database_dead_link_seconds: float = Field(
-        default=20.0,
+        default=DEAD_LINK_SECONDS,
         ge=2,
         le=3600,
         description=(

@@ -27,6 +27,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
+from rota.core.links import keepalive
 from rota.runtime.redact import redact_url
 from rota.settings import Settings
 
@@ -81,12 +82,12 @@ def _options(
 
 
 def _keepalive(dead_link_seconds: float) -> dict[int, int]:
-    quarter = max(1, int(dead_link_seconds / 4))
+    bound = keepalive(dead_link_seconds)
     return {
-        socket.TCP_KEEPIDLE: quarter,
-        socket.TCP_KEEPINTVL: quarter,
-        socket.TCP_KEEPCNT: 3,
-        socket.TCP_USER_TIMEOUT: int(dead_link_seconds * 1000),
+        socket.TCP_KEEPIDLE: bound.idle,
+        socket.TCP_KEEPINTVL: bound.interval,
+        socket.TCP_KEEPCNT: bound.probes,
+        socket.TCP_USER_TIMEOUT: bound.user_timeout_ms,
     }
 
 

@@ -21,7 +21,6 @@ from psycopg.pq import TransactionStatus
 from rota.core.arrays import UUIDArray as UUIDArray
 from rota.core.arrays import UUIDBytesArray as UUIDBytesArray
 from rota.core.effects import adrive, drive
-from rota.core.links import DEAD_LINK_SECONDS as DEAD_LINK_SECONDS
 from rota.core.links import link as link
 from rota.core.links import reach as reach
 from rota.core.links import server_link

@@ -5,9 +5,11 @@ and the same asked of the server for its end (session settings)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg.conninfo import conninfo_to_dict
+
+from rota.model.rules import DEAD_LINK_SECONDS
 
 if TYPE_CHECKING:
     from rota.settings import Settings
@@ -28,27 +30,38 @@ def server_link(link_kwargs: Mapping[str, Any]) -> str:
     )
 
 
-# A connection that hears nothing back for this long is taken for dead
-# (Settings.database_dead_link_seconds): without it a silent partition (packets
-# dropped, no reset) hangs a wait on the server for the kernel's two hours.
-DEAD_LINK_SECONDS = 20.0
 _LINK_PARAMETERS = ("keepalives", "tcp_user_timeout")
 
 
+class Keepalive(NamedTuple):
+    """How a dead link is noticed within a bound: keepalive probes from a
+    quarter of it on, three of them a quarter apart, and unacknowledged data
+    given up after it. PostgreSQL's connections (`link`) and Redis's
+    (rota.buffer.redis_client) use the same."""
+
+    idle: int  # seconds
+    interval: int  # seconds
+    probes: int
+    user_timeout_ms: int
+
+
+def keepalive(dead_link_seconds: float) -> Keepalive:
+    quarter = max(1, int(dead_link_seconds / 4))
+    return Keepalive(quarter, quarter, 3, int(dead_link_seconds * 1000))
+
+
 def link(dead_link_seconds: float = DEAD_LINK_SECONDS, url: str = "") -> dict[str, Any]:
-    """libpq's parameters that bound every wait on the network: keepalive
-    probes from a quarter of the bound on, three of them a quarter apart, and
-    unacknowledged data given up after the bound. Left to the URL if it
-    names any of them."""
+    """libpq's parameters that bound every wait on the network (`keepalive`).
+    Left to the URL if it names any of them."""
     if url and any(name in conninfo_to_dict(url) for name in _LINK_PARAMETERS):
         return {}
-    quarter = max(1, int(dead_link_seconds / 4))
+    bound = keepalive(dead_link_seconds)
     return {
         "keepalives": 1,
-        "keepalives_idle": quarter,
-        "keepalives_interval": quarter,
-        "keepalives_count": 3,
-        "tcp_user_timeout": int(dead_link_seconds * 1000),
+        "keepalives_idle": bound.idle,
+        "keepalives_interval": bound.interval,
+        "keepalives_count": bound.probes,
+        "tcp_user_timeout": bound.user_timeout_ms,
     }
 
 

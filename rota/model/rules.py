@@ -51,6 +51,11 @@ LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 # a larger one would come back to a worker as a float.
 INT_RANGE = (-(2**63), 2**64 - 1)
 
+# A connection that hears nothing back for this long is taken for dead
+# (Settings.database_dead_link_seconds, rota.core.links): without it a silent
+# partition (packets dropped, no reset) hangs a wait for the kernel's two hours.
+DEAD_LINK_SECONDS = 20.0
+
 # Tenant settings.
 WEIGHT_RANGE = (1e-6, 1e6)
 MAX_CONCURRENCY_LIMIT = 1_000_000
