@@ -32,7 +32,7 @@ pytestmark = pytest.mark.spark
 def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     spark: Any, app: App, settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
-    from rota.loader.spark import run_streaming
+    from rota.loader.spark import CHECKPOINT_MANAGER, LOCAL_CHECKPOINT_MANAGER, run_streaming
 
     parse_pdf = app.tasks["parse_pdf"]
     first = app.enqueue_many(
@@ -43,8 +43,11 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     client.xadd(stream_name(settings.stream_prefix, 1), {b"v": ENTRY_VERSION, b"tasks": b"[{"})
     checkpoint = str(tmp_path / "checkpoint")
 
+    spark.conf.unset(CHECKPOINT_MANAGER)
     sink = run_streaming(settings, checkpoint=checkpoint, available_now=True, session=spark)
     assert sink.loaded == 705
+    # A local checkpoint's logs are written without Hadoop's FileContext.
+    assert spark.conf.get(CHECKPOINT_MANAGER) == LOCAL_CHECKPOINT_MANAGER
     assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 705
     dead = client.xrange(dead_letter_stream(settings.stream_prefix))
     assert len(dead) == 1 and b"not JSON" in dead[0][1][b"reason"]
@@ -53,7 +56,14 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
     assert sum(client.xlen(s) for s in shards) == 0
 
     second = app.enqueue_many([parse_pdf.using(tenant="t1").prepare("late") for _ in range(40)])
-    sink = run_streaming(settings, checkpoint=checkpoint, available_now=True, session=spark)
+    # The restart reads the checkpoint back through a manager the user chose.
+    chosen = LOCAL_CHECKPOINT_MANAGER.replace("FileSystemBased", "FileContextBased")
+    spark.conf.set(CHECKPOINT_MANAGER, chosen)
+    try:
+        sink = run_streaming(settings, checkpoint=checkpoint, available_now=True, session=spark)
+        assert spark.conf.get(CHECKPOINT_MANAGER) == chosen
+    finally:
+        spark.conf.unset(CHECKPOINT_MANAGER)
     assert sink.loaded == 40
     assert sum(client.xlen(s) for s in shards) == 0
     states = db.run(conn, core.task_states(first + second))
