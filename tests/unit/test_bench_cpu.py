@@ -8,7 +8,14 @@ import sys
 import threading
 import time
 
-from rota_tools.bench.cpu import CpuMeter, pid_probe, process_seconds, process_tree_seconds
+from rota_tools.bench.cpu import (
+    CpuMeter,
+    descendants,
+    pid_probe,
+    process_seconds,
+    process_tree_seconds,
+    tree_probe,
+)
 
 
 def _spin(seconds: float) -> None:
@@ -65,6 +72,34 @@ def test_a_process_tree_counts_children_that_have_exited() -> None:
         assert own is not None and tree is not None
         assert tree - own >= 0.4, (own, tree)
     finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_tree_probe_counts_a_grandchild_that_still_runs() -> None:
+    # A Spark driver's JVM starts a Python daemon, which forks the workers
+    # that stay (reused): their CPU is the tree's.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys;"
+            "subprocess.run([sys.executable, '-c', "
+            "'import time\\nt = time.process_time() + 0.5\\nwhile time.process_time() < t: pass"
+            "\\nprint(1, flush=True)\\ntime.sleep(30)'])",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"1\n"
+        assert len(descendants(parent.pid)) == 1
+        own = process_seconds(parent.pid)
+        tree = tree_probe(parent.pid)()
+        assert own is not None and tree is not None
+        assert tree - own >= 0.4, (own, tree)
+    finally:
+        for pid in descendants(parent.pid):
+            os.kill(pid, 9)
         parent.kill()
         parent.wait()
 

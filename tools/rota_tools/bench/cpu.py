@@ -86,6 +86,34 @@ def process_tree_seconds(pid: int) -> float | None:
     return own + sum(process_seconds(child) or 0.0 for child in _children(pid))
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (a JVM's Python daemon and its workers)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def tree_probe(pid: int) -> Probe:
+    """A process and everything below it (a Spark driver's JVM, its Python
+    daemon and workers), the exited and waited-for ones included."""
+
+    def seconds() -> float | None:
+        own = process_seconds(pid, with_exited_children=True)
+        if own is None:
+            return None
+        below = (process_seconds(p, with_exited_children=True) for p in descendants(pid))
+        return own + sum(s or 0.0 for s in below)
+
+    return seconds
+
+
 def postgres_probe(conn: psycopg.Connection[Any]) -> Probe | None:
     """A probe of the PostgreSQL server's CPU (every process of it), or None
     when the server is not on this machine (its pids mean nothing here)."""

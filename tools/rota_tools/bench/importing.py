@@ -27,6 +27,7 @@ from rota.loader.importer import import_tasks
 from rota.loader.spark_session import SparkOptions, spark_session
 from rota.model.envelope import TaskEnvelope
 from rota_tools.bench.core import reset
+from rota_tools.bench.cpu import CpuMeter, descendants, pid_probe, postgres_probe, tree_probe
 from rota_tools.sql import query
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")  # Debian's libpostgresql-jdbc-java
@@ -53,6 +54,12 @@ def _generate(spark: Any, rows: int, tenants: int, path: str) -> None:
     frame.write.mode("overwrite").parquet(path)
 
 
+def _reset_peak_rss(pid: int) -> None:
+    """Starts a process's VmHWM afresh (clear_refs 5), so that a peak is one
+    phase's: the JDBC baseline runs in the same JVM."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def _peak_rss_mb(pid: int) -> float | None:
     """A process's peak resident memory (VmHWM), in MiB."""
     try:
@@ -64,32 +71,12 @@ def _peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def _descendants(pid: int) -> list[int]:
-    """The processes below `pid` (the JVM's Python daemon and its workers)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _python_workers(jvm: int) -> dict[str, Any]:
     """Peak RSS of the Python processes the JVM started (local mode: the
     executors' Python side), read while they live (workers are reused)."""
     peaks = [
         peak
-        for pid in _descendants(jvm)
+        for pid in descendants(jvm)
         if "python" in _command(pid) and (peak := _peak_rss_mb(pid)) is not None
     ]
     return {
@@ -128,25 +115,32 @@ def _ceiling_chunks(path: str, chunk: int, tenants: int) -> Iterator[list[tuple[
         yield list(task_rows(numbered, {"default": 1}, tenant_id, now))
 
 
-def _copy_ceiling(settings: Settings, path: str, tenants: int) -> float:
+def _copy_ceiling(settings: Settings, path: str, tenants: int) -> tuple[float, float | None]:
     """Rows/s of COPY from one connection into a table with rota.tasks'
     indexes, chunk by chunk (each its own transaction, as the loads), the
-    rows built beforehand: only the COPY and its commit are timed."""
+    rows built beforehand: only the COPY and its commit are timed; and
+    PostgreSQL's CPU microseconds per row over those COPYs (None when the
+    server is not on this machine)."""
     chunk = settings.loader_batch_size
     table = sql.Identifier(CEILING_TABLE)
     with db.connect(settings.database_url) as conn:
         conn.execute(sql.SQL(query("bench_copy_ceiling_setup")).format(table=table))
         copy_sql = sql.SQL(query("bench_copy_ceiling_copy")).format(table=table)
-        rows, spent = 0, 0.0
+        server = postgres_probe(conn)
+        rows, spent, server_cpu = 0, 0.0, 0.0
         try:
             for chunk_rows in _ceiling_chunks(path, chunk, tenants):
+                cpu_before = server() if server else None
                 started = time.perf_counter()
                 _copy(conn, copy_sql, chunk_rows)
                 spent += time.perf_counter() - started
+                cpu_after = server() if server else None
+                if cpu_before is not None and cpu_after is not None:
+                    server_cpu += cpu_after - cpu_before
                 rows += len(chunk_rows)
         finally:
             conn.execute(sql.SQL(query("bench_copy_ceiling_drop")).format(table=table))
-    return rows / spent
+    return rows / spent, (round(server_cpu / rows * 1e6, 2) if server else None)
 
 
 def _copy(conn: psycopg.Connection[Any], statement: sql.Composed, rows: list[Any]) -> None:
@@ -163,6 +157,9 @@ def bench_import(
     spark = spark_session(master, "rota-bench-import", SparkOptions(conf))
     driver_pid = spark.sparkContext._gateway.proc.pid
     imported, plain, ceiling = [], [], []
+    ceiling_cpu: list[float] = []
+    import_cpu: list[dict[str, Any]] = []
+    import_peaks: list[float] = []
     workers: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rota-bench-import-") as directory:
         path = str(Path(directory) / "tasks.parquet")
@@ -171,14 +168,29 @@ def bench_import(
         for _ in range(runs):
             with db.connect(settings.database_url) as conn:
                 reset(conn)
-            started = time.perf_counter()
-            summary = import_tasks(settings, path, session=spark)
-            imported.append(rows / (time.perf_counter() - started))
+                meter = CpuMeter(
+                    {
+                        "spark": tree_probe(driver_pid),  # in local mode, the executors too
+                        "driver_python": pid_probe(os.getpid()),
+                        "postgresql": postgres_probe(conn),
+                    }
+                )
+                _reset_peak_rss(driver_pid)
+                meter.start()
+                started = time.perf_counter()
+                summary = import_tasks(settings, path, session=spark)
+                elapsed = time.perf_counter() - started
+                import_cpu.append(meter.report(elapsed, rows))
+            imported.append(rows / elapsed)
+            import_peaks.append(_peak_rss_mb(driver_pid) or 0.0)
             assert summary.loaded == rows, summary
             workers = _python_workers(driver_pid)  # while they live
             with db.connect(settings.database_url) as conn:
                 reset(conn)
-            ceiling.append(_copy_ceiling(settings, path, tenants))
+            rate, server_us = _copy_ceiling(settings, path, tenants)
+            ceiling.append(rate)
+            if server_us is not None:
+                ceiling_cpu.append(server_us)
             if conf:
                 started = time.perf_counter()
                 spark.read.parquet(path).write.format("jdbc").options(
@@ -192,6 +204,8 @@ def bench_import(
     driver_peak = _peak_rss_mb(driver_pid)
     spark.stop()
     median = round(statistics.median(imported))
+    cpu = sorted(import_cpu, key=lambda c: c["all_us_per_task"])[len(import_cpu) // 2]
+    per_row = {name: figures["us_per_task"] for name, figures in cpu["per_process"].items()}
     figures: dict[str, Any] = {
         "params": {
             "rows": rows,
@@ -205,8 +219,18 @@ def bench_import(
         "copy_ceiling_rows_per_s": round(statistics.median(ceiling)),
         "copy_ceiling_runs": [round(r) for r in ceiling],
         "import_to_copy_ceiling": round(median / statistics.median(ceiling), 3),
+        # Where the import's CPU went (the median run by all processes' CPU
+        # per row), and the rate those costs allow on this machine's cores:
+        # the import cannot pass it without cutting a cost.
+        "import_cpu_us_per_row": {**per_row, "all": cpu["all_us_per_task"]},
+        "ceiling_postgresql_cpu_us_per_row": (
+            statistics.median(ceiling_cpu) if ceiling_cpu else None
+        ),
+        "cpu_bound_rows_per_s": round((os.cpu_count() or 1) * 1e6 / cpu["all_us_per_task"]),
         "driver": {
             "memory_setting": driver_memory,
+            # The import's own peak (reset before it), then the whole run's.
+            "jvm_peak_rss_mb_import": statistics.median(import_peaks),
             "jvm_peak_rss_mb": driver_peak,
             "python_peak_rss_mb": _peak_rss_mb(os.getpid()),
         },
