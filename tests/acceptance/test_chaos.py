@@ -22,6 +22,7 @@ def test_every_acknowledged_task_runs_through_every_fault() -> None:
     assert report["acknowledged"] > 1000, report
     assert report["lost"] == 0, report  # the total-queue rule
     assert report["ran_twice_at_once"] == 0, report
+    assert report["stale_completions_accepted"] == 0, report
     assert report["limit_violations"] == 0 and report["peak_running_of_limited_tenant"] <= LIMIT
     # The limit on keys, over every tenant, holds through the same faults.
     assert report["keyed_runs"] > 100 and report["peak_running_of_limited_key"] <= KEY_LIMIT

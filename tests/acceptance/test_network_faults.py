@@ -1,6 +1,6 @@
 """Network faults under load (rota_tools.bench.network): every process in a
 namespace of its own, its links to PostgreSQL and Redis cut silently (no
-reset), for less and for more than a lease, half-open and slow. Nothing
+reset), for less and for more than a lease, half-open, slow and late. Nothing
 acknowledged is lost, nothing runs twice at once, the limits hold, every
 process notices a dead link within the bound it is given and carries on
 when the link is back. `rota bench chaos --network` runs the same, longer."""
@@ -28,6 +28,7 @@ def test_nothing_acknowledged_is_lost_through_silent_partitions_half_open_and_sl
     assert report["acknowledged"] > 1000, report
     assert report["lost"] == 0, report["lost_examples"]
     assert report["ran_twice_at_once"] == 0, report
+    assert report["stale_completions_accepted"] == 0, report
     assert report["limit_violations"] == 0, report
     assert report["peak_running_of_limited_tenant"] <= LIMIT
     assert report["peak_running_of_limited_key"] <= KEY_LIMIT
@@ -54,3 +55,8 @@ def test_nothing_acknowledged_is_lost_through_silent_partitions_half_open_and_sl
     assert console["whole_again_after_s"] is not None and console["whole_again_after_s"] <= 5
     # And the pipeline came back after each.
     assert all(f["recovered_to_90pct_after_s"] is not None for f in report["faults"]), report
+    # With 100 ms added each way, the loader behind the delay went on
+    # loading tasks that ran, and never took its link for dead.
+    latency = report["latency"]
+    assert latency["runs_started_meanwhile"] > 0, latency
+    assert latency["taken_for_dead_after_s"] is None, latency

@@ -32,6 +32,7 @@ def test_a_rolling_upgrade_under_load_loses_nothing() -> None:
     assert report["drained"], report["left_at_end"]
     assert report["lost"] == 0, report["lost_examples"]
     assert report["ran_twice_at_once"] == 0, report
+    assert report["stale_completions_accepted"] == 0, report
     assert report["limit_violations"] == 0
     assert report["peak_running_of_limited_tenant"] <= LIMIT
     assert report["runs_by_version"]["old"] > 50 and report["runs_by_version"]["new"] > 50

@@ -8,7 +8,8 @@ end down partitions that process from that server silently: packets are
 dropped both ways, nothing is reset, the process is not told, as when a
 switch or a security group drops traffic. Setting it up again heals the
 link; TCP connections that outlived the partition carry on. The kernel here
-has no netem, so slow links are made by a proxy of the test's own.
+has no netem: a bandwidth cap is tc tbf on a link, added latency a proxy of
+the test's own (rota_tools.delay_proxy).
 
 Root only (`ip netns`, `ip link`); everything is removed on `close`.
 """

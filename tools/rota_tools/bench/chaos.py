@@ -41,6 +41,7 @@ from rota.core import db
 from rota.core.migrate import migrate
 from rota_tools.bench.chaosapp import KEY_LIMIT
 from rota_tools.devservers import Server, local_postgres, local_redis
+from rota_tools.sql import query
 
 TENANTS = 50
 LIMITED_TENANT = "t0"
@@ -196,6 +197,39 @@ def _wait(check: Any, timeout: float, poll: float = 0.5) -> bool:
                 return True
         time.sleep(poll)
     return False
+
+
+def _accepted_attempts(settings: Settings) -> dict[str, int]:
+    with db.connect(settings.database_url) as conn:
+        rows = conn.execute(query("bench_accepted_attempts")).fetchall()
+    return {task_id: int(attempts) for task_id, attempts in rows}
+
+
+def completion_history(
+    accepted: dict[str, int], runs: list[tuple[str, str, int, int, float, float]]
+) -> tuple[list[dict[str, Any]], int]:
+    """Finished tasks whose kept end came from an attempt older than the last
+    one that started (a completion accepted after its lease had passed: the
+    task had been claimed again), each with the runs that show it; and how
+    many runs were superseded by a later attempt's. Each run is recorded by
+    the task itself (attempt, worker pid, start, end), the kept attempt by
+    rota.finished (`accepted`: task id -> attempt)."""
+    attempts: defaultdict[str, list[tuple[int, int, float, float]]] = defaultdict(list)
+    for task_id, _, attempt, pid, start, end in runs:
+        attempts[task_id].append((attempt, pid, start, end))
+    stale = [
+        {"task": task_id, "accepted_attempt": accepted[task_id], "runs": sorted(found)}
+        for task_id, found in attempts.items()
+        if task_id in accepted and accepted[task_id] < max(a for a, *_ in found)
+    ]
+    superseded = sum(
+        1
+        for task_id, found in attempts.items()
+        if task_id in accepted
+        for attempt, *_ in found
+        if attempt < accepted[task_id]
+    )
+    return stale, superseded
 
 
 def _left(settings: Settings) -> dict[str, int]:
@@ -416,6 +450,7 @@ def _report(
     by_task: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
     for task_id, _, _, _, start, end in runs:
         by_task[task_id].append((start, end))
+    stale, superseded = completion_history(_accepted_attempts(harness.settings), runs)
     lost = sorted(acknowledged - set(by_task))
     concurrent_twice = sum(1 for spans in by_task.values() if _max_concurrent(spans) > 1)
     limited = [(s, e) for _, tenant, _, _, s, e in runs if tenant == LIMITED_TENANT]
@@ -455,6 +490,13 @@ def _report(
         "runs": len(runs),
         "duplicates_by_cause": dict(duplicates),
         "ran_twice_at_once": concurrent_twice,
+        # A completion accepted from an attempt that a later one superseded
+        # (its lease passed and the task was claimed again): there must be none.
+        "stale_completions_accepted": len(stale),
+        "stale_completion_examples": stale[:5],
+        # Runs that ended but whose completion was not the one kept: their
+        # report came past the lease (refused) or never came (a kill).
+        "runs_superseded": superseded,
         "limit_violations": max(0, _max_concurrent(limited) - LIMIT)
         + max(0, _max_concurrent(keyed) - KEY_LIMIT),
         "peak_running_of_limited_tenant": _max_concurrent(limited),

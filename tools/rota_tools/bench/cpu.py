@@ -86,6 +86,14 @@ def process_tree_seconds(pid: int) -> float | None:
     return own + sum(process_seconds(child) or 0.0 for child in _children(pid))
 
 
+def machine_seconds() -> float:
+    """CPU seconds the whole machine has been busy, every core (/proc/stat:
+    user, nice, system, irq, softirq; idle, iowait and steal left out)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / CLOCK_TICKS
+
+
 def descendants(pid: int) -> list[int]:
     """The processes below `pid` (a JVM's Python daemon and its workers)."""
     parents: dict[int, list[int]] = {}

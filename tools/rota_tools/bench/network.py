@@ -16,13 +16,17 @@ links, one after another under load:
   partition (the server forgets them, the worker is not told), then the link
   heals;
 - a slow link: the loader's and a worker's links to PostgreSQL capped at a
-  low bandwidth (tc tbf; this kernel has no netem for added latency).
+  low bandwidth (tc tbf); and added latency, 100 ms each way, on the
+  loader's way to PostgreSQL: the loader reaches PostgreSQL through a proxy
+  of the suite's own (rota_tools.delay_proxy: this kernel has no netem),
+  which adds nothing until then.
 
 Per fault: how long the process took to notice (its log's "unavailable"
 line after the fault began), and how long after the link came back the
 pipeline was at 90% of its baseline throughput. Then everything drains, and
 the runs are checked: every acknowledged task ran, none ran twice at once,
-the tenant limit and the limit on keys held.
+the tenant limit and the limit on keys held, and no completion was kept
+from an attempt whose lease had passed.
 """
 
 from __future__ import annotations
@@ -53,11 +57,14 @@ from rota_tools.bench.chaos import (
     _report,
     _wait,
 )
-from rota_tools.devservers import local_postgres, local_redis
+from rota_tools.delay_proxy import DelayProxy
+from rota_tools.devservers import free_port, local_postgres, local_redis
 from rota_tools.netns import Host, TestNetwork
 
 # Each process takes a link that hears nothing for this long for dead.
 DEAD_LINK_SECONDS = 6.0
+# The latency fault: added to each chunk, each way, on the loader's way to PostgreSQL.
+ADDED_LATENCY_SECONDS = 0.1
 _UNAVAILABLE = re.compile(r"^(\S+ \S+) \S+ .*unavailable, reconnecting")
 
 
@@ -68,6 +75,8 @@ class NetworkHarness(Harness):
         super().__init__(workdir, pg, rd, settings)
         self.net = net
         self.hosts: dict[str, Host] = {}
+        # Per process, settings of its own (the loader's database, behind the proxy).
+        self.own_env: dict[str, dict[str, str]] = {}
         pg_at, redis_at = net.servers["postgres"], net.servers["redis"]
         self.env = {
             **self.env,
@@ -83,7 +92,10 @@ class NetworkHarness(Harness):
         command = self.hosts[name].command(process.command)
         with process.log.open("ab") as log:
             process.popen = subprocess.Popen(
-                command, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                command,
+                env={**self.env, **self.own_env.get(name, {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
 
     def detected_after(self, name: str, since: float) -> float | None:
@@ -122,8 +134,10 @@ def run_network_chaos(
         # A link of each host's that no fault touches: this machine asks the
         # console over it.
         net.serve("operator")
+        slow_pg_at = net.serve("postgres-delayed")
         pg = stack.enter_context(local_postgres({"listen_addresses": f"127.0.0.1,{pg_at}"}))
         rd = stack.enter_context(local_redis(also_on=[redis_at]))
+        proxy = stack.enter_context(DelayProxy((slow_pg_at, free_port()), ("127.0.0.1", pg.port)))
         _let_hosts_in(pg)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-net-")))
         settings = Settings(database_url=pg.url, redis_url=rd.url)
@@ -131,9 +145,12 @@ def run_network_chaos(
             migrate(conn)
             db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
         harness = NetworkHarness(workdir, pg, rd, settings, net)
+        harness.own_env["loader"] = {
+            "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
+        }
         try:
             return _run(
-                harness, rate, seconds_per_task, baseline_seconds, settle_seconds,
+                harness, proxy, rate, seconds_per_task, baseline_seconds, settle_seconds,
                 short_seconds, long_seconds,
             )  # fmt: skip
         finally:
@@ -147,6 +164,7 @@ def run_network_chaos(
 
 def _run(
     harness: NetworkHarness,
+    proxy: DelayProxy,
     rate: float,
     seconds_per_task: float,
     baseline_seconds: float,
@@ -191,10 +209,10 @@ def _run(
         host = harness.hosts[process]
         started = time.time()
         for server in servers:
-            net.partition(host, server)
+            net.partition(host, _way(process, server))
         time.sleep(seconds)
         for server in servers:
-            net.heal(host, server)
+            net.heal(host, _way(process, server))
         ended = time.time()
         faults.append(Fault(name, started, ended, "network"))
         if watch:
@@ -228,7 +246,7 @@ def _run(
     def slow(processes: list[str], seconds: float) -> None:
         nonlocal always_up
         started = time.time()
-        links = [harness.hosts[p].links["postgres"].host_end for p in processes]
+        links = [harness.hosts[p].links[_way(p, "postgres")].host_end for p in processes]
         for link in links:
             _tc("qdisc", "add", "dev", link, "root", "tbf", "rate", "256kbit",
                 "burst", "16kbit", "latency", "200ms")  # fmt: skip
@@ -240,6 +258,31 @@ def _run(
                             "network"))  # fmt: skip
         _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
         always_up = note_down() and always_up
+
+    def latency(process: str, seconds: float) -> dict[str, Any]:
+        """Adds latency on the process's way to PostgreSQL (it must carry on,
+        slower, and never take the link for dead)."""
+        nonlocal always_up
+        started = time.time()
+        proxy.delay = ADDED_LATENCY_SECONDS
+        time.sleep(seconds)
+        proxy.delay = 0.0
+        ended = time.time()
+        name = f"latency +{ADDED_LATENCY_SECONDS * 1000:g} ms each way: {process} to postgres"
+        faults.append(Fault(name, started, ended, "network"))
+        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        always_up = note_down() and always_up
+        return {
+            "added_each_way_ms": ADDED_LATENCY_SECONDS * 1000,
+            "seconds": round(ended - started, 1),
+            # Tasks loaded through the late link ran meanwhile: those that
+            # started a second or more into it (there is no backlog at this
+            # rate: what ran then was loaded then).
+            "runs_started_meanwhile": sum(
+                1 for *_, start, end in harness.runs() if started + 1 <= start and end < ended
+            ),
+            "taken_for_dead_after_s": harness.detected_after(process, started),
+        }  # fmt: skip
 
     for process, servers in [
         ("worker1", ["postgres"]),
@@ -263,6 +306,7 @@ def _run(
     console_fault = console.cut_off(long_seconds)
     half_open("worker2")
     slow(["loader", "worker2"], short_seconds * 2)
+    latency_fault = latency("loader", short_seconds * 2)
     fault_phase_end = time.time()
 
     harness.stop("producer")
@@ -280,6 +324,7 @@ def _run(
     report["detected_after_s"] = detection
     report["processes_down"] = sorted(down)
     report["console"] = console_fault
+    report["latency"] = latency_fault
     return report
 
 
@@ -341,6 +386,12 @@ class Console:
             "status_during_partition": status,
             "whole_again_after_s": round(time.monotonic() - healed, 1) if whole else None,
         }
+
+
+def _way(process: str, server: str) -> str:
+    """The link a process reaches a server by: the loader reaches PostgreSQL
+    through the delay proxy's address."""
+    return "postgres-delayed" if (process, server) == ("loader", "postgres") else server
 
 
 def _far_prefix(net: TestNetwork, host_end: str) -> str:

@@ -23,7 +23,14 @@ from rota.core import db
 from rota.loader import Loader
 from rota.runtime.process import tune_gc
 from rota_tools.bench.core import reset, skewed_tenant
-from rota_tools.bench.cpu import CpuMeter, Probe, pid_probe, postgres_probe, redis_probe
+from rota_tools.bench.cpu import (
+    CpuMeter,
+    Probe,
+    machine_seconds,
+    pid_probe,
+    postgres_probe,
+    redis_probe,
+)
 from rota_tools.bench.starts import offer, start_figures
 from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
 from rota_tools.sql import query
@@ -167,6 +174,38 @@ def _spark_loader(
     )
 
 
+def _micro_batch_phases() -> Any:
+    """A streaming query listener that keeps the phases (latestOffset,
+    walCommit, addBatch, commitOffsets, ...) of each micro-batch that read
+    something; `medians()` gives each phase's median in ms."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class Phases(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.batches: list[dict[str, int]] = []
+
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            if event.progress.numInputRows > 0:
+                self.batches.append(dict(event.progress.durationMs))
+
+        def medians(self) -> dict[str, float]:
+            names = sorted({name for batch in self.batches for name in batch})
+            return {
+                name: statistics.median(b.get(name, 0) for b in self.batches) for name in names
+            } | {"batches": len(self.batches)}
+
+    return Phases()
+
+
 def _fill_buffer(app: App, tasks: int, tenants: int) -> None:
     noop = app.tasks["noop"]
     for i in range(0, tasks, 10_000):
@@ -186,12 +225,13 @@ def _spark_sustained(
     tasks: int,
     tenants: int,
     run: int,
-) -> tuple[float, list[int]]:
+) -> tuple[float, list[int], float]:
     """The streaming query runs first (its start-up is not the steady rate), then
     the backlog appears in the buffer at once, as it does for the Python engine
     (which starts on a filled buffer): it is enqueued into streams the query
     does not read and renamed onto its shards in one MULTI. The clock runs
-    until every task is claimable. Returns tasks/s and the micro-batch sizes."""
+    until every task is claimable. Returns tasks/s, the micro-batch sizes and
+    the machine's CPU seconds meanwhile."""
 
     from rota.loader.spark import checkpoint_location
 
@@ -219,6 +259,7 @@ def _spark_sustained(
                 # (The command, not the method: a cluster pipeline refuses `rename`,
                 # whose two keys here share their shard's slot.)
                 pipe.execute_command("RENAME", staged, live)
+        cpu = machine_seconds()
         started = time.perf_counter()
         pipe.execute()
         # Done when the ledger says so (it commits with the tasks): 0.2 ms a
@@ -227,12 +268,13 @@ def _spark_sustained(
         while sum(_micro_batch_tasks(conn, checkpoint)) < tasks + 1:
             time.sleep(0.02)
         elapsed = time.perf_counter() - started
+        cpu = machine_seconds() - cpu
     finally:
         stop.set()
         streaming.join()
         fill_app.close()
         client.close()
-    return tasks / elapsed, [n for n in _micro_batch_tasks(conn, checkpoint) if n > 0]
+    return tasks / elapsed, [n for n in _micro_batch_tasks(conn, checkpoint) if n > 0], cpu
 
 
 def _micro_batch_tasks(conn: psycopg.Connection[Any], checkpoint: str) -> list[int]:
@@ -250,16 +292,17 @@ def _drain_worker(args: tuple[Settings, int]) -> int:
         loader.close()
 
 
-def _parallel_drain(settings: Settings, loaders: int) -> float:
+def _parallel_drain(settings: Settings, loaders: int) -> tuple[float, float]:
     """Drains the buffer with `loaders` processes sharing the consumer group;
-    returns the seconds it took."""
+    returns the seconds it took and the machine's CPU seconds meanwhile."""
     Loader(settings).ensure_groups()
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(loaders, initializer=tune_gc) as pool:
         pool.map(time.sleep, [0.0] * loaders)  # processes up before the clock starts
+        cpu = machine_seconds()
         started = time.perf_counter()
         pool.map(_drain_worker, [(settings, n) for n in range(loaders)])
-        return time.perf_counter() - started
+        return time.perf_counter() - started, machine_seconds() - cpu
 
 
 def bench_pipeline_load(
@@ -286,6 +329,14 @@ def bench_pipeline_load(
     # Beside the Spark loader, in the same run: the Python loader with one and
     # with two processes, on the same tasks and servers.
     python_rates: dict[int, list[float]] = {1: [], 2: []}
+    # The machine's CPU per task of each engine (every process: PostgreSQL,
+    # Redis, the loaders or Spark), run by run: on cores that are all busy,
+    # what a task costs bounds the rate.
+    cpu_per_task: dict[str, list[float]] = {}
+
+    def spent(engine_name: str, seconds: float) -> None:
+        cpu_per_task.setdefault(engine_name, []).append(seconds / tasks * 1e6)
+
     with db.connect(settings.database_url) as conn:
         # Spark gets one untimed run first (run -1): the JVM compiles its hot
         # paths during the first large micro-batches (runs 1-3 of a fresh JVM
@@ -296,19 +347,24 @@ def bench_pipeline_load(
                     reset(conn)
                     _flush_buffer(settings)
                     _fill_buffer(app, tasks, tenants)
-                    measured.append(tasks / _parallel_drain(settings, processes))
+                    elapsed, cpu = _parallel_drain(settings, processes)
+                    measured.append(tasks / elapsed)
+                    spent(f"python_{processes}_process", cpu)
                     assert db.run(conn, core.queue_counts())[QUEUE]["ready"] == tasks
             reset(conn)
             _flush_buffer(settings)
             if engine == "python":
                 _fill_buffer(app, tasks, tenants)
-                rates.append(tasks / _parallel_drain(settings, loaders))
+                elapsed, cpu = _parallel_drain(settings, loaders)
+                rates.append(tasks / elapsed)
+                spent(f"python_{loaders}_process", cpu)
             else:
-                rate, sizes = _spark_sustained(settings, app, spark, conn, tasks, tenants, run)
+                rate, sizes, cpu = _spark_sustained(settings, app, spark, conn, tasks, tenants, run)
                 if run < 0:
                     warm_up_rate = rate
                 else:
                     rates.append(rate)
+                    spent("spark", cpu)
                     micro_batches.append(sizes)
             warm_up = 1 if engine == "spark" else 0
             assert db.run(conn, core.queue_counts())[QUEUE]["ready"] == tasks + warm_up
@@ -317,6 +373,7 @@ def bench_pipeline_load(
         reset(conn)
         _flush_buffer(settings)
         stop = threading.Event()
+        phases = None
         if engine == "python":
             loader = Loader(settings, consumer="bench-latency")
             runner = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
@@ -328,6 +385,9 @@ def bench_pipeline_load(
                 0.1,
                 stop,
             )
+            phases = _micro_batch_phases()
+            assert spark is not None
+            spark.streams.addListener(phases)
         runner.start()
         # The trickle starts once the loader has loaded a task (Spark's first
         # micro-batch is slow); that task is left out of the latencies.
@@ -347,6 +407,9 @@ def bench_pipeline_load(
             time.sleep(0.1)
         stop.set()
         runner.join()
+        if phases is not None:
+            assert spark is not None
+            spark.streams.removeListener(phases)
         latencies = _latencies(conn)
         committed = _commit_latencies(conn)
     app.close()
@@ -363,6 +426,9 @@ def bench_pipeline_load(
         },
         "sustained_tasks_per_s": round(statistics.median(rates)),
         "runs": [round(r) for r in rates],
+        "machine_cpu_us_per_task": {
+            name: round(statistics.median(runs_), 1) for name, runs_ in cpu_per_task.items()
+        },
         **(
             {
                 "micro_batch_tasks": micro_batches,
@@ -379,6 +445,9 @@ def bench_pipeline_load(
                 "spark_to_one_python_loader": round(
                     statistics.median(rates) / statistics.median(python_rates[1]), 3
                 ),
+                # Where a micro-batch's time goes under the trickle (Spark's
+                # durationMs, medians over the batches that loaded tasks).
+                "latency_micro_batch_ms": phases.medians() if phases else None,
             }
             if engine == "spark"
             else {}

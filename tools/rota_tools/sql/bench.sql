@@ -413,3 +413,8 @@ WHERE t.limit_key = %(key)s
 
 -- name: bench_parked_count
 SELECT count(*) FROM rota.parked
+
+-- name: bench_accepted_attempts
+-- The chaos suites' history check: the attempt whose completion each finished
+-- task's end was recorded from.
+SELECT task_id::text, attempts FROM rota.finished
