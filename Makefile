@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers lint typecheck docs test test-fast demo clean
+.PHONY: install servers lint typecheck docs test test-fast test-bench demo clean
 
 $(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ docs: $(STAMP)
 TEST_WORKERS ?= 2
 test: install lint typecheck docs
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The benchmark tier alone: each `rota bench` scenario small, asserting what
+# it must show (tests/bench); `make test` runs it too.
+test-bench: $(STAMP)
+	$(PY) -m pytest tests/bench -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The unit tier: no servers, no network (tests/unit/conftest.py refuses
 # sockets; fakeredis stands in for Redis), seconds.
