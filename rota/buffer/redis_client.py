@@ -189,12 +189,20 @@ def _config_error(settings: Settings, exc: Exception) -> RedisConfigError:
     )
 
 
-def node_of(client: Client, key: str) -> Any:
-    """The cluster node that owns `key`'s slot (None for a single Redis): for
-    commands whose keys redis-py cannot place without asking the server."""
-    if isinstance(client, redis.cluster.RedisCluster):
-        return client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+def node_finder(client: Any) -> Callable[[str], Any] | None:
+    """A cluster client's lookup of the node that owns a key's slot (None
+    for a single Redis): for commands whose keys redis-py cannot place
+    without asking the server. Sync and asyncio clients alike."""
+    if is_cluster_client(client):
+        find: Callable[[str], Any] = client.get_node_from_key
+        return find
     return None
+
+
+def node_of(client: Client, key: str) -> Any:
+    """The cluster node that owns `key`'s slot (None for a single Redis)."""
+    find = node_finder(client)
+    return None if find is None else find(key)
 
 
 def is_cluster_client(client: Any) -> bool:

@@ -105,13 +105,6 @@ def result_of(effect: RedisEffect, replies: list[Any]) -> Any:
     return total
 
 
-def _node_of(client: Any) -> NodeOf:
-    if redis_client.is_cluster_client(client):
-        node_of: NodeOf = client.get_node_from_key
-        return node_of
-    return None
-
-
 def database_step(effect: LoadDatabase | FetchBacklogs) -> tuple[Op[Any], bool]:
     """A database effect's operation, and whether it runs in a transaction of
     its own: a load does, except in the caller's open transaction
@@ -181,7 +174,7 @@ class Producer:
     def _send(self, effect: RedisEffect) -> Any:
         client = self.redis
         pipe = client.pipeline(transaction=False)
-        queue_commands(pipe, effect, _node_of(client))
+        queue_commands(pipe, effect, redis_client.node_finder(client))
         return result_of(effect, pipe.execute())
 
     def _connection(self) -> psycopg.Connection[Any]:
@@ -261,7 +254,7 @@ class AsyncProducer:
     async def _send(self, effect: RedisEffect) -> Any:
         aclient = await self.redis()
         pipe = aclient.pipeline(transaction=False)
-        queue_commands(pipe, effect, _node_of(aclient))
+        queue_commands(pipe, effect, redis_client.node_finder(aclient))
         return result_of(effect, await pipe.execute())
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
