@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from rota_tools.bench.chaos import completion_history
+from rota_tools.bench.chaos import Run, completion_history
 
 
 def test_the_last_attempt_kept_is_clean_and_the_earlier_run_is_counted_superseded() -> None:
     # Attempt 1 ran on a worker cut off past its lease; attempt 2 ran
     # elsewhere and its completion is the one kept.
-    runs = [("a", "t1", 1, 101, 10.0, 10.5), ("a", "t1", 2, 102, 22.0, 22.1)]
+    runs = [Run("a", "t1", 1, 101, 10.0, 10.5), Run("a", "t1", 2, 102, 22.0, 22.1)]
     stale, superseded = completion_history({"a": 2}, runs)
     assert stale == []
     assert superseded == 1
@@ -16,9 +16,9 @@ def test_the_last_attempt_kept_is_clean_and_the_earlier_run_is_counted_supersede
 
 def test_a_completion_kept_from_a_superseded_attempt_is_reported_with_its_runs() -> None:
     runs = [
-        ("a", "t1", 1, 101, 10.0, 30.0),
-        ("a", "t1", 2, 102, 22.0, 22.1),
-        ("b", "t2", 1, 101, 11.0, 11.1),
+        Run("a", "t1", 1, 101, 10.0, 30.0),
+        Run("a", "t1", 2, 102, 22.0, 22.1),
+        Run("b", "t2", 1, 101, 11.0, 11.1),
     ]
     stale, superseded = completion_history({"a": 1, "b": 1}, runs)
     assert stale == [
@@ -28,5 +28,5 @@ def test_a_completion_kept_from_a_superseded_attempt_is_reported_with_its_runs()
 
 
 def test_tasks_not_finished_are_left_to_the_lost_check() -> None:
-    stale, superseded = completion_history({}, [("a", "t1", 1, 101, 10.0, 10.5)])
+    stale, superseded = completion_history({}, [Run("a", "t1", 1, 101, 10.0, 10.5)])
     assert (stale, superseded) == ([], 0)

@@ -30,7 +30,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -68,6 +68,17 @@ class Process:
     log: Path
     popen: subprocess.Popen[bytes] | None = None
     kills: list[float] = field(default_factory=list)
+
+
+class Run(NamedTuple):
+    """One run of a chaos task, as the task recorded it (rota_tools.bench.chaosapp)."""
+
+    task: str
+    tenant: str
+    attempt: int
+    pid: int  # the worker process that ran it
+    start: float
+    end: float
 
 
 class Harness:
@@ -165,7 +176,7 @@ class Harness:
                         return name
         return None
 
-    def runs(self, kind: str = "runs") -> list[tuple[str, str, int, int, float, float]]:
+    def runs(self, kind: str = "runs") -> list[Run]:
         """Every run recorded (`kind` "keyed": those under the limit on keys)."""
         found = []
         for path in self.runs_dir.glob(f"{kind}-*.log"):
@@ -174,7 +185,7 @@ class Harness:
                 if len(parts) == 6:
                     task_id, tenant, attempt, pid, start, end = parts
                     found.append(
-                        (task_id, tenant, int(attempt), int(pid), float(start), float(end))
+                        Run(task_id, tenant, int(attempt), int(pid), float(start), float(end))
                     )
         return found
 
@@ -184,8 +195,8 @@ class Harness:
         ]
 
 
-def _completions_per_second(runs: list[tuple[Any, ...]], since: float, until: float) -> list[int]:
-    buckets = Counter(int(run[5] - since) for run in runs if since <= run[5] < until)
+def _completions_per_second(runs: list[Run], since: float, until: float) -> list[int]:
+    buckets = Counter(int(run.end - since) for run in runs if since <= run.end < until)
     return [buckets.get(i, 0) for i in range(int(until - since))]
 
 
@@ -206,7 +217,7 @@ def _accepted_attempts(settings: Settings) -> dict[str, int]:
 
 
 def completion_history(
-    accepted: dict[str, int], runs: list[tuple[str, str, int, int, float, float]]
+    accepted: dict[str, int], runs: list[Run]
 ) -> tuple[list[dict[str, Any]], int]:
     """Finished tasks whose kept end came from an attempt older than the last
     one that started (a completion accepted after its lease had passed: the
@@ -434,7 +445,7 @@ def _run(
 
 def _report(
     harness: Harness,
-    runs: list[tuple[str, str, int, int, float, float]],
+    runs: list[Run],
     faults: list[Fault],
     baseline: float,
     baseline_start: float,
@@ -473,7 +484,7 @@ def _report(
                 f.recovered_after = round(max(0.0, second + 1 - (f.ended - baseline_start)), 1)
                 break
     fault_seconds = max(1.0, fault_phase_end - baseline_end)
-    fault_completions = sum(1 for r in runs if baseline_end <= r[5] < fault_phase_end)
+    fault_completions = sum(1 for r in runs if baseline_end <= r.end < fault_phase_end)
     return {
         "params": {
             "rate": rate,

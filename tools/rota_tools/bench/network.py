@@ -279,7 +279,7 @@ def _run(
             # started a second or more into it (there is no backlog at this
             # rate: what ran then was loaded then).
             "runs_started_meanwhile": sum(
-                1 for *_, start, end in harness.runs() if started + 1 <= start and end < ended
+                1 for run in harness.runs() if started + 1 <= run.start and run.end < ended
             ),
             "taken_for_dead_after_s": harness.detected_after(process, started),
         }  # fmt: skip

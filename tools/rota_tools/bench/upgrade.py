@@ -177,7 +177,7 @@ def _run(harness: UpgradeHarness, revision: str, rate: float, seconds: float) ->
             "old_processes_survived_the_migration": survived_migration,
             "replaced": steps,
             "runs_by_version": {
-                version: sum(1 for run in runs if harness.pid_version.get(run[3]) == version)
+                version: sum(1 for run in runs if harness.pid_version.get(run.pid) == version)
                 for version in ("old", "new")
             },
         }
