@@ -262,11 +262,15 @@ def test_a_completion_that_uncounts_a_limited_tenant_leaves_the_claim_apart(conn
 def test_failures_retry_with_backoff_then_die_keeping_the_last_error(conn: Conn) -> None:
     load(conn, envelopes("alice", 1, max_attempts=2, backoff_base=0.2))
     (task,) = claim(conn, 1)
+    before = datetime.now(UTC)
     (outcome,) = db.transact(conn, core.fail([core.Failure(task.id, task.attempt, "first")]))
+    after = datetime.now(UTC)
     assert outcome.status == "scheduled"
     assert outcome.run_at is not None
-    delay = (outcome.run_at - datetime.now(UTC)).total_seconds()
-    assert 0 < delay <= 0.2  # equal jitter: between half and all of the base delay
+    # Equal jitter: between half and all of the base delay after the failure's
+    # transaction began, which was between `before` and `after` (however slow
+    # the machine).
+    assert before + timedelta(seconds=0.1) <= outcome.run_at <= after + timedelta(seconds=0.2)
     assert claim(conn, 1) == []
     wait_for(lambda: db.transact(conn, core.promote_due()), what="the backoff")
     (again,) = claim(conn, 1)
