@@ -69,3 +69,46 @@ def test_the_root_cause_is_the_one_shown() -> None:
     line, _ = explain(error)
     assert line.startswith("Spark failed: org.apache.spark.SparkIllegalArgumentException")
     assert "spark.sql.files.maxPartitionBytes" in line
+
+
+class _Conf:
+    """The part of a session's RuntimeConfig the loader uses."""
+
+    def __init__(self, **values: str) -> None:
+        self.values = dict(values)
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+
+class _Session:
+    def __init__(self, **values: str) -> None:
+        self.conf = _Conf(**values)
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "local"),
+    [
+        ("/var/lib/rota/loader", True),
+        ("file:///var/lib/rota/loader", True),
+        ("hdfs:///rota/loader", False),
+        ("s3a://bucket/rota/loader", False),
+    ],
+)
+def test_only_a_local_checkpoint_gets_the_filesystem_manager(checkpoint: str, local: bool) -> None:
+    from rota.loader.spark import CHECKPOINT_MANAGER, LOCAL_CHECKPOINT_MANAGER, _checkpoint_manager
+
+    session = _Session()
+    _checkpoint_manager(session, checkpoint)  # type: ignore[arg-type]
+    assert session.conf.get(CHECKPOINT_MANAGER) == (LOCAL_CHECKPOINT_MANAGER if local else None)
+
+
+def test_a_checkpoint_manager_the_user_chose_is_kept() -> None:
+    from rota.loader.spark import CHECKPOINT_MANAGER, _checkpoint_manager
+
+    session = _Session(**{CHECKPOINT_MANAGER: "com.example.Manager"})
+    _checkpoint_manager(session, "/var/lib/rota/loader")  # type: ignore[arg-type]
+    assert session.conf.get(CHECKPOINT_MANAGER) == "com.example.Manager"
