@@ -195,9 +195,9 @@ def checkpoint_location(checkpoint: str) -> str:
 
 # Spark's default for a local checkpoint goes through Hadoop's FileContext,
 # whose rename asks for the file's link status; without Hadoop's native
-# library that forks `readlink`, several times per micro-batch (about 80 ms
-# of a batch's two log writes on two cores). Local renames are atomic
-# through the FileSystem API as well.
+# library that forks `readlink`, several times per micro-batch
+# (docs/explanation/benchmarks.md). Local renames are atomic through the
+# FileSystem API as well.
 CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 LOCAL_CHECKPOINT_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
