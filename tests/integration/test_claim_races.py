@@ -121,9 +121,12 @@ def _claim_and_run(together: bool) -> Any:
     return work
 
 
-def _watch(database_url: str, sql: str, done: threading.Event) -> tuple[Counter[str], list[int]]:
+def _watch(
+    database_url: str, sql: str, done: threading.Event
+) -> tuple[Counter[str], list[int], threading.Thread]:
     """Samples `sql` ((name, running) rows) until `done`: the most running
-    seen per name, and the number of samples (in a list, filled as it runs)."""
+    seen per name, the number of samples (in a list, filled as it runs), and
+    the sampling thread (joined before the test's database goes)."""
     worst: Counter[str] = Counter()
     samples = [0]
 
@@ -134,8 +137,9 @@ def _watch(database_url: str, sql: str, done: threading.Event) -> tuple[Counter[
                     worst[name] = max(worst[name], running)
                 samples[0] += 1
 
-    threading.Thread(target=watch, daemon=True).start()
-    return worst, samples
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return worst, samples, watcher
 
 
 @pytest.mark.parametrize("together", [False, True], ids=["apart", "with-completions"])
@@ -158,7 +162,7 @@ def test_limits_on_keys_hold_under_racing_claims(database_url: str, together: bo
         random.Random(7).shuffle(tasks)
         load(conn, tasks)
     done = threading.Event()
-    worst, samples = _watch(
+    worst, samples, watcher = _watch(
         database_url,
         "SELECT t.limit_key, count(*) FROM rota.running r JOIN rota.tasks t ON t.id = r.task_id "
         "WHERE t.limit_key IS NOT NULL GROUP BY 1",
@@ -168,6 +172,7 @@ def test_limits_on_keys_hold_under_racing_claims(database_url: str, together: bo
         assert _race(database_url, _claim_and_run(together)) == []
     finally:
         done.set()
+        watcher.join(30)
     assert samples[0] > 10
     assert 1 <= worst["api"] <= 3, worst
     for tenant in "abcd":
@@ -193,7 +198,7 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str, together
         db.transact(conn, core.configure_tenant("metered", rate_limit=1e5, rate_burst=1e5))
         load(conn, [e for t in [*limits, "free", "metered"] for e in envelopes(t, 150)])
     done = threading.Event()
-    worst, samples = _watch(
+    worst, samples, watcher = _watch(
         database_url,
         "SELECT tn.name, count(*) FROM rota.running r "
         "JOIN rota.tenants tn ON tn.id = r.tenant_id GROUP BY tn.name",
@@ -203,6 +208,7 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str, together
         assert _race(database_url, _claim_and_run(together)) == []
     finally:
         done.set()
+        watcher.join(30)
     assert samples[0] > 10
     for tenant, limit in limits.items():
         assert 1 <= worst[tenant] <= limit, (tenant, worst[tenant])
