@@ -23,7 +23,7 @@ import redis
 from rota import App, Settings, core
 from rota.buffer.streams import all_streams, dead_letter_stream
 from rota.core import db
-from rota_tools.devservers import Server
+from rota_tools.devservers import Server, descendants
 from tests.helpers import LoggedProcess, spark_env, start_logged, wait_for
 
 pytestmark = [
@@ -60,29 +60,6 @@ def _enqueue(app: App, tasks: int) -> list[UUID]:
     return ids
 
 
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            text = stat.read_text()
-            # The command may hold spaces and parentheses: the parent's pid is
-            # the second field after its last ")".
-            parent = int(text[text.rindex(")") + 2 :].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
-    return children
-
-
-def descendants(roots: Iterable[int]) -> list[int]:
-    children = _children()
-    found: list[int] = []
-    todo = list(roots)
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _command(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -115,7 +92,7 @@ def loading_python_workers(roots: Iterable[int], database_port: int) -> list[int
     `roots` that hold a connection to PostgreSQL: loading a shard."""
     sockets = _sockets_to(database_port)
     workers = []
-    for pid in descendants(roots):
+    for pid in descendants(*roots):
         if "pyspark.daemon" not in _command(pid) or "pyspark.daemon" not in _command(_parent(pid)):
             continue
         with contextlib.suppress(OSError):
@@ -206,7 +183,7 @@ def test_the_driver_killed_mid_batch_then_started_again_from_its_checkpoint(
         wait_for(
             lambda: _mid_batch(conn, settings.shards), timeout=180, what="a shard of the batch"
         )
-        below = descendants([doomed.pid])
+        below = descendants(doomed.pid)
         fault_at = _now(conn)
         doomed.kill()  # the driver's Python process: its JVM and workers go with it
         doomed.wait()

@@ -10,12 +10,12 @@ import time
 
 from rota_tools.bench.cpu import (
     CpuMeter,
-    descendants,
     pid_probe,
     process_seconds,
     process_tree_seconds,
     tree_probe,
 )
+from rota_tools.devservers import descendants
 
 
 def _spin(seconds: float) -> None:

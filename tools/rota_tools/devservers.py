@@ -63,8 +63,8 @@ def _as_postgres_user() -> tuple[list[str], int | None, int | None]:
     return ["runuser", "-u", "postgres", "--"], entry.pw_uid, entry.pw_gid
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc."""
+def descendants(*roots: int) -> list[int]:
+    """Every process below the given ones, from /proc."""
     children: dict[int, list[int]] = {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
         try:
@@ -75,7 +75,7 @@ def _descendants(pid: int) -> list[int]:
         # after it start past its last ")"; the parent's pid is the second.
         parent = int(text[text.rindex(")") + 2 :].split()[1])
         children.setdefault(parent, []).append(int(Path(stat).parent.name))
-    found, todo = [], [pid]
+    found, todo = [], list(roots)
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
@@ -126,7 +126,7 @@ class Server:
         their own, out of the group signal's reach: left alive, a backend
         would finish the commit it was in after its postmaster died."""
         self._signal(signal.SIGSTOP)  # no new child while they are found
-        below = _descendants(self.process.pid)
+        below = descendants(self.process.pid)
         for pid in below:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -18,6 +18,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from rota.buffer import redis_client
+from rota_tools.devservers import descendants
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -92,20 +93,6 @@ def machine_seconds() -> float:
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
     user, nice, system, _idle, _iowait, irq, softirq = fields
     return (user + nice + system + irq + softirq) / CLOCK_TICKS
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes below `pid` (a JVM's Python daemon and its workers)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
-            parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def tree_probe(pid: int) -> Probe:

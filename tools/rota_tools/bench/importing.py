@@ -27,7 +27,8 @@ from rota.loader.importer import import_tasks
 from rota.loader.spark_session import SparkOptions, spark_session
 from rota.model.envelope import TaskEnvelope
 from rota_tools.bench.core import reset
-from rota_tools.bench.cpu import CpuMeter, descendants, pid_probe, postgres_probe, tree_probe
+from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe, tree_probe
+from rota_tools.devservers import descendants
 from rota_tools.sql import query
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")  # Debian's libpostgresql-jdbc-java
