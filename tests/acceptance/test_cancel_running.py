@@ -15,7 +15,7 @@ import pytest
 from rota import App, Settings, core
 from rota.core import db
 from tests.acceptance.test_workers import enqueue, logged, start_worker, stop
-from tests.acceptance.workapp import async_sleep, patient, sleep
+from tests.acceptance.workapp import async_sleep, patient, patient_logged, sleep
 from tests.helpers import wait_for
 
 
@@ -72,10 +72,12 @@ def test_a_cancel_reaches_a_worker_that_is_shutting_down(
     """SIGTERM: the worker waits for its running task within the grace; a
     cancel sent meanwhile still stops it, and the worker exits at once."""
     with App(settings) as producer:
-        (task,) = enqueue(conn, producer, [patient.using(tenant="t").prepare(60)])
+        (task,) = enqueue(conn, producer, [patient_logged.using(tenant="t").prepare(60)])
     worker = start_worker({**env, "ROTA_SHUTDOWN_GRACE_SECONDS": "60"})
     try:
-        wait_for(lambda: _running(conn, task), timeout=30, what="the task to run")
+        # Started, not only claimed: a claimed task not yet started is handed
+        # back at a SIGTERM, and the worker then exits at once.
+        wait_for(lambda: any(row[0] == task for row in logged(conn)), timeout=30, what="the start")
         worker.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # shutting down, waiting for its running task
         assert worker.poll() is None

@@ -57,14 +57,27 @@ def too_slow() -> None:
     time.sleep(2)
 
 
+def _run_patiently(started: float, seconds: float) -> None:
+    while time.time() - started < seconds:
+        rota.context().raise_if_cancelled()
+        time.sleep(0.01)
+
+
 @app.task(queue="work", max_attempts=5)
 def patient(seconds: float) -> None:
     """Runs `seconds` unless cancelled: it looks every 10 ms (cooperative)."""
     started = time.time()
-    while time.time() - started < seconds:
-        rota.context().raise_if_cancelled()
-        time.sleep(0.01)
+    _run_patiently(started, seconds)
     log_run(started)
+
+
+@app.task(queue="work", max_attempts=5)
+def patient_logged(seconds: float) -> None:
+    """`patient`, logging its run as it starts (a claimed task may not have
+    started yet: a test that needs it running waits for the log)."""
+    started = time.time()
+    log_run(started)
+    _run_patiently(started, seconds)
 
 
 @app.task(queue="work", result_ttl=3600)
