@@ -68,23 +68,16 @@ def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | 
     return seconds
 
 
-def _children(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields is not None and int(fields[1]) == parent:
-                found.append(int(entry.name))
-    return found
-
-
 def process_tree_seconds(pid: int) -> float | None:
-    """A server's CPU seconds: its own, its live children's, and those of the
-    children that have exited (PostgreSQL's backends come and go)."""
+    """A process tree's CPU seconds: the process's, and every process's
+    below it (a server's backends, a Spark driver's JVM with its Python
+    daemon and workers), those that have exited and been waited for
+    included (PostgreSQL's backends come and go)."""
     own = process_seconds(pid, with_exited_children=True)
     if own is None:
         return None
-    return own + sum(process_seconds(child) or 0.0 for child in _children(pid))
+    below = (process_seconds(p, with_exited_children=True) for p in descendants(pid))
+    return own + sum(seconds or 0.0 for seconds in below)
 
 
 def machine_seconds() -> float:
@@ -96,17 +89,8 @@ def machine_seconds() -> float:
 
 
 def tree_probe(pid: int) -> Probe:
-    """A process and everything below it (a Spark driver's JVM, its Python
-    daemon and workers), the exited and waited-for ones included."""
-
-    def seconds() -> float | None:
-        own = process_seconds(pid, with_exited_children=True)
-        if own is None:
-            return None
-        below = (process_seconds(p, with_exited_children=True) for p in descendants(pid))
-        return own + sum(s or 0.0 for s in below)
-
-    return seconds
+    """A probe of a process tree's CPU (`process_tree_seconds`)."""
+    return lambda: process_tree_seconds(pid)
 
 
 def postgres_probe(conn: psycopg.Connection[Any]) -> Probe | None:
@@ -120,7 +104,7 @@ def postgres_probe(conn: psycopg.Connection[Any]) -> Probe | None:
     if fields is None or Path(f"/proc/{backend}/comm").read_text().strip() != "postgres":
         return None
     postmaster = int(fields[1])
-    return lambda: process_tree_seconds(postmaster)
+    return tree_probe(postmaster)
 
 
 def redis_probe(client: redis_client.Client) -> Probe:

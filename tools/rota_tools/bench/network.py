@@ -63,7 +63,9 @@ from rota_tools.netns import Host, TestNetwork
 
 # Each process takes a link that hears nothing for this long for dead.
 DEAD_LINK_SECONDS = 6.0
-# The latency fault: added to each chunk, each way, on the loader's way to PostgreSQL.
+# The latency fault: added to each chunk, each way, on this process's way to
+# PostgreSQL, which goes through the delay proxy from the start.
+DELAYED = "loader"
 ADDED_LATENCY_SECONDS = 0.1
 _UNAVAILABLE = re.compile(r"^(\S+ \S+) \S+ .*unavailable, reconnecting")
 
@@ -75,7 +77,7 @@ class NetworkHarness(Harness):
         super().__init__(workdir, pg, rd, settings)
         self.net = net
         self.hosts: dict[str, Host] = {}
-        # Per process, settings of its own (the loader's database, behind the proxy).
+        # Per process, settings of its own (DELAYED's database, behind the proxy).
         self.own_env: dict[str, dict[str, str]] = {}
         pg_at, redis_at = net.servers["postgres"], net.servers["redis"]
         self.env = {
@@ -145,7 +147,7 @@ def run_network_chaos(
             migrate(conn)
             db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
         harness = NetworkHarness(workdir, pg, rd, settings, net)
-        harness.own_env["loader"] = {
+        harness.own_env[DELAYED] = {
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }
         try:
@@ -204,8 +206,15 @@ def _run(
         per_second = _completions_per_second(harness.runs(), since, time.time())
         return all(harness.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
 
-    def partition(name: str, process: str, servers: list[str], seconds: float, watch: bool) -> None:
+    def over(name: str, started: float, ended: float) -> None:
+        """A fault has ended: recorded; then the pipeline's recovery awaited
+        and every process checked still up."""
         nonlocal always_up
+        faults.append(Fault(name, started, ended, "network"))
+        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        always_up = note_down() and always_up
+
+    def partition(name: str, process: str, servers: list[str], seconds: float, watch: bool) -> None:
         host = harness.hosts[process]
         started = time.time()
         for server in servers:
@@ -214,14 +223,11 @@ def _run(
         for server in servers:
             net.heal(host, _way(process, server))
         ended = time.time()
-        faults.append(Fault(name, started, ended, "network"))
+        over(name, started, ended)
         if watch:
             detection[name] = harness.detected_after(process, started)
-        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
-        always_up = note_down() and always_up
 
     def half_open(process: str) -> None:
-        nonlocal always_up
         host = harness.hosts[process]
         started = time.time()
         net.partition(host, "postgres")
@@ -235,16 +241,11 @@ def _run(
         time.sleep(1.0)
         net.heal(host, "postgres")
         ended = time.time()
-        faults.append(
-            Fault(f"half-open: {process}'s {len(far)} sessions", started, ended, "network")
-        )
-        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        over(f"half-open: {process}'s {len(far)} sessions", started, ended)
         # Noticed at its next use of the connection, once the link is back.
         detection[faults[-1].name] = harness.detected_after(process, started)
-        always_up = note_down() and always_up
 
     def slow(processes: list[str], seconds: float) -> None:
-        nonlocal always_up
         started = time.time()
         links = [harness.hosts[p].links[_way(p, "postgres")].host_end for p in processes]
         for link in links:
@@ -254,24 +255,18 @@ def _run(
         for link in links:
             _tc("qdisc", "del", "dev", link, "root")
         ended = time.time()
-        faults.append(Fault(f"slow link (256 kbit/s): {', '.join(processes)}", started, ended,
-                            "network"))  # fmt: skip
-        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
-        always_up = note_down() and always_up
+        over(f"slow link (256 kbit/s): {', '.join(processes)}", started, ended)
 
-    def latency(process: str, seconds: float) -> dict[str, Any]:
-        """Adds latency on the process's way to PostgreSQL (it must carry on,
+    def latency(seconds: float) -> dict[str, Any]:
+        """Adds latency on DELAYED's way to PostgreSQL (it must carry on,
         slower, and never take the link for dead)."""
-        nonlocal always_up
         started = time.time()
         proxy.delay = ADDED_LATENCY_SECONDS
         time.sleep(seconds)
         proxy.delay = 0.0
         ended = time.time()
-        name = f"latency +{ADDED_LATENCY_SECONDS * 1000:g} ms each way: {process} to postgres"
-        faults.append(Fault(name, started, ended, "network"))
-        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
-        always_up = note_down() and always_up
+        over(f"latency +{ADDED_LATENCY_SECONDS * 1000:g} ms each way: {DELAYED} to postgres",
+             started, ended)  # fmt: skip
         return {
             "added_each_way_ms": ADDED_LATENCY_SECONDS * 1000,
             "seconds": round(ended - started, 1),
@@ -281,7 +276,7 @@ def _run(
             "runs_started_meanwhile": sum(
                 1 for run in harness.runs() if started + 1 <= run.start and run.end < ended
             ),
-            "taken_for_dead_after_s": harness.detected_after(process, started),
+            "taken_for_dead_after_s": harness.detected_after(DELAYED, started),
         }  # fmt: skip
 
     for process, servers in [
@@ -306,7 +301,7 @@ def _run(
     console_fault = console.cut_off(long_seconds)
     half_open("worker2")
     slow(["loader", "worker2"], short_seconds * 2)
-    latency_fault = latency("loader", short_seconds * 2)
+    latency_fault = latency(short_seconds * 2)
     fault_phase_end = time.time()
 
     harness.stop("producer")
@@ -389,9 +384,9 @@ class Console:
 
 
 def _way(process: str, server: str) -> str:
-    """The link a process reaches a server by: the loader reaches PostgreSQL
+    """The link a process reaches a server by: DELAYED reaches PostgreSQL
     through the delay proxy's address."""
-    return "postgres-delayed" if (process, server) == ("loader", "postgres") else server
+    return "postgres-delayed" if (process, server) == (DELAYED, "postgres") else server
 
 
 def _far_prefix(net: TestNetwork, host_end: str) -> str:
