@@ -12,12 +12,23 @@ from importlib.metadata import entry_points
 
 import typer
 
-from rota.cli import admin, console, consumer, limits, loader, schema, tasks
+from rota.cli import admin, console, consumer, limits, loader, schema, tasks, tenants
 from rota.cli.app import Options, app
 from rota.cli.errors import explain
 from rota.runtime.redact import printable
 
-__all__ = ["admin", "app", "console", "consumer", "limits", "loader", "main", "schema", "tasks"]
+__all__ = [
+    "admin",
+    "app",
+    "console",
+    "consumer",
+    "limits",
+    "loader",
+    "main",
+    "schema",
+    "tasks",
+    "tenants",
+]
 
 
 def add_plugins(argv: list[str]) -> None:
