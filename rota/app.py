@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self, overload
+from typing import TYPE_CHECKING, Any, NotRequired, Required, Self, TypedDict, Unpack, overload
 from uuid import UUID
 
 from rota.buffer.entries import TaskBatch
@@ -53,6 +53,21 @@ if TYPE_CHECKING:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class CallOptions(TypedDict, total=False):
+    """A run's options when it is enqueued by name (`App.enqueue`)."""
+
+    tenant: Required[str]  # who the run is for
+    queue: NotRequired[str | None]  # for a task not registered in this app
+    eta: NotRequired[datetime | None]
+    countdown: NotRequired[float | None]
+    cost: NotRequired[float | None]
+    idempotency_key: NotRequired[str | None]
+    priority: NotRequired[int | None]
+
+
+CALL_OPTIONS = frozenset(CallOptions.__annotations__)
 
 
 class App:
@@ -299,30 +314,29 @@ class App:
         name: str,
         args: Sequence[object] = (),
         kwargs: Mapping[str, object] | None = None,
-        *,
-        tenant: str,
-        queue: str | None = None,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        cost: float | None = None,
-        idempotency_key: str | None = None,
-        priority: int | None = None,
+        **options: Unpack[CallOptions],
     ) -> TaskCall:
-        """One run of a task by name, for `enqueue_many` (`queue=` for tasks
-        that are not registered in this app); options as for `Task.using`."""
+        """One run of a task by name, for `enqueue_many`. The options
+        (`CallOptions`): `tenant`, and `queue` for tasks that are not
+        registered in this app; the others as for `Task.using`."""
+        if "tenant" not in options or not options.keys() <= CALL_OPTIONS:
+            raise TypeError(
+                f"enqueue options: tenant (required), queue, eta, countdown, cost, "
+                f"idempotency_key, priority; not {', '.join(options.keys() - CALL_OPTIONS)}"
+            )
         # Positional, in TaskCall's field order: keyword arguments make this
         # frozen dataclass measurably slower to build, on every enqueue.
         return TaskCall(
             name,
-            tenant,
+            options["tenant"],
             args,
             dict(kwargs or {}),
-            queue,
-            eta,
-            countdown,
-            cost,
-            idempotency_key,
-            priority,
+            options.get("queue"),
+            options.get("eta"),
+            options.get("countdown"),
+            options.get("cost"),
+            options.get("idempotency_key"),
+            options.get("priority"),
         )
 
     def enqueue(
@@ -331,30 +345,14 @@ class App:
         args: Sequence[object] = (),
         kwargs: Mapping[str, object] | None = None,
         *,
-        tenant: str,
-        queue: str | None = None,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        cost: float | None = None,
-        idempotency_key: str | None = None,
-        priority: int | None = None,
         connection: SyncConnection | None = None,
+        **options: Unpack[CallOptions],
     ) -> UUID:
-        """Enqueues a run of a task by name; returns its id once it is durably
-        stored. With `connection=` (a psycopg connection), in that
-        connection's transaction: visible if it commits, gone if it rolls back."""
-        call = self.prepare(
-            name,
-            args,
-            kwargs,
-            tenant=tenant,
-            queue=queue,
-            eta=eta,
-            countdown=countdown,
-            cost=cost,
-            idempotency_key=idempotency_key,
-            priority=priority,
-        )
+        """Enqueues a run of a task by name (options as for `prepare`);
+        returns its id once it is durably stored. With `connection=` (a
+        psycopg connection), in that connection's transaction: visible if it
+        commits, gone if it rolls back."""
+        call = self.prepare(name, args, kwargs, **options)
         return self.enqueue_many([call], connection=connection)[0]
 
     async def aenqueue(
@@ -363,27 +361,11 @@ class App:
         args: Sequence[object] = (),
         kwargs: Mapping[str, object] | None = None,
         *,
-        tenant: str,
-        queue: str | None = None,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        cost: float | None = None,
-        idempotency_key: str | None = None,
-        priority: int | None = None,
         connection: AsyncConnection | None = None,
+        **options: Unpack[CallOptions],
     ) -> UUID:
-        call = self.prepare(
-            name,
-            args,
-            kwargs,
-            tenant=tenant,
-            queue=queue,
-            eta=eta,
-            countdown=countdown,
-            cost=cost,
-            idempotency_key=idempotency_key,
-            priority=priority,
-        )
+        """`enqueue` for asyncio."""
+        call = self.prepare(name, args, kwargs, **options)
         return (await self.aenqueue_many([call], connection=connection))[0]
 
     def enqueue_many(

@@ -206,3 +206,12 @@ def test_a_parameter_named_like_an_option_gets_its_argument(queue: InMemory, app
     assert (second.tenant, second.cost, second.args) == ("b", 1.0, ["y", 5])
     assert queue.run_all().succeeded == 2
     assert sorted(got) == [("x", 0, "", "a"), ("y", 5, "high", "b")]
+
+
+def test_an_enqueue_by_name_refuses_an_unknown_option_or_no_tenant() -> None:
+    app = rota.App()
+    assert app.prepare("x.y", queue="q", tenant="a").tenant == "a"
+    with pytest.raises(TypeError, match="not colour"):
+        app.prepare("x.y", tenant="a", colour="red")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="tenant \\(required\\)"):
+        app.prepare("x.y", queue="q")  # type: ignore[call-arg]
