@@ -55,6 +55,25 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+class TaskDeclaration(TypedDict, total=False):
+    """A task's options where it is registered (`App.task`)."""
+
+    name: str | None  # the function's name by default
+    queue: str | None
+    max_attempts: int | None
+    backoff: float | None
+    backoff_max: float | None
+    timeout: float | None
+    soft_timeout: float | None
+    cost: float  # 1.0 by default
+    priority: int  # 0 by default
+    result_ttl: float | None
+    limit: Limit | None
+
+
+TASK_DECLARATION = frozenset(TaskDeclaration.__annotations__)
+
+
 class CallOptions(TypedDict, total=False):
     """A run's options when it is enqueued by name (`App.enqueue`)."""
 
@@ -94,45 +113,30 @@ class App:
 
     @overload
     def task(
-        self,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        backoff: float | None = None,
-        backoff_max: float | None = None,
-        timeout: float | None = None,
-        soft_timeout: float | None = None,
-        cost: float = 1.0,
-        priority: int = 0,
-        result_ttl: float | None = None,
-        limit: Limit | None = None,
+        self, /, **declared: Unpack[TaskDeclaration]
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
-        self,
-        fn: Callable[..., Any] | None = None,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        backoff: float | None = None,
-        backoff_max: float | None = None,
-        timeout: float | None = None,
-        soft_timeout: float | None = None,
-        cost: float = 1.0,
-        priority: int = 0,
-        result_ttl: float | None = None,
-        limit: Limit | None = None,
+        self, fn: Callable[..., Any] | None = None, /, **declared: Unpack[TaskDeclaration]
     ) -> Any:
-        """Registers a task. `backoff` is the first retry delay in seconds (it
-        doubles per attempt, with jitter); `timeout` bounds one run (in the
-        process pool, its process is killed then); `soft_timeout`, in the
-        process pool, raises rota.SoftTimeLimitExceeded in the task; `priority`
-        (0-9, higher first, within a tenant) is its runs' default;
-        `result_ttl` keeps each run's return value (JSON) that many seconds
-        after it succeeds, for `app.result(task_id)`; `limit` (a rota.Limit)
-        caps its runs' concurrency and rate per key, over every tenant."""
+        """Registers a task (its options: `TaskDeclaration`). `backoff` is the first
+        retry delay in seconds (it doubles per attempt, with jitter);
+        `timeout` bounds one run (in the process pool, its process is
+        killed then); `soft_timeout`, in the process pool, raises
+        rota.SoftTimeLimitExceeded in the task; `priority` (0-9, higher
+        first, within a tenant) is its runs' default; `result_ttl` keeps
+        each run's return value (JSON) that many seconds after it
+        succeeds, for `app.result(task_id)`; `limit` (a rota.Limit) caps
+        its runs' concurrency and rate per key, over every tenant."""
+        if not declared.keys() <= TASK_DECLARATION:
+            unknown = ", ".join(declared.keys() - TASK_DECLARATION)
+            raise TypeError(f"app.task() got unknown options: {unknown}")
+        name, queue = declared.get("name"), declared.get("queue")
+        max_attempts, backoff = declared.get("max_attempts"), declared.get("backoff")
+        backoff_max, timeout = declared.get("backoff_max"), declared.get("timeout")
+        soft_timeout, result_ttl = declared.get("soft_timeout"), declared.get("result_ttl")
+        cost, priority = declared.get("cost", 1.0), declared.get("priority", 0)
+        limit = declared.get("limit")
 
         def register(function: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or function.__name__

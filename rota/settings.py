@@ -30,6 +30,20 @@ from rota.runtime.redact import redact_url
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _positive(default: float, description: str) -> Any:
+    """A setting that must be above 0 (seconds, mostly)."""
+    return Field(default=default, gt=0, description=description)
+
+
+def _duty_interval(duty: str) -> Any:
+    """A maintenance duty's own interval, ROTA_MAINTENANCE_SECONDS unless set."""
+    return Field(
+        default=None,
+        gt=0,
+        description=f"Interval in seconds of {duty} (default: ROTA_MAINTENANCE_SECONDS).",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ROTA_", env_file=".env", extra="ignore", populate_by_name=True
@@ -115,10 +129,8 @@ class Settings(BaseSettings):
             " is refused with the reason and the task still succeeds."
         ),
     )
-    results_prune_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        description="How often maintenance drops results past their result_ttl.",
+    results_prune_seconds: float = _positive(
+        60.0, "How often maintenance drops results past their result_ttl."
     )
     buffer_max_entries: int = Field(
         default=1_000_000,
@@ -161,10 +173,8 @@ class Settings(BaseSettings):
             " and enqueues go straight to PostgreSQL."
         ),
     )
-    breaker_reset_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        description="Seconds after which a producer that stopped trying Redis tries it again.",
+    breaker_reset_seconds: float = _positive(
+        5.0, "Seconds after which a producer that stopped trying Redis tries it again."
     )
     capacity_cache_seconds: float = Field(
         default=2.0,
@@ -237,18 +247,15 @@ class Settings(BaseSettings):
     loader_read_count: int = Field(
         default=100, ge=1, description="Buffer entries a loader reads per shard per pass."
     )
-    loader_idle_reclaim_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        description=(
+    loader_idle_reclaim_seconds: float = _positive(
+        60.0,
+        (
             "Seconds an entry may stay unacknowledged in another loader's hands before a"
             " loader takes it over (that loader is taken for dead)."
         ),
     )
-    loader_redis_timeout_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="Redis socket timeout of the loaders in seconds, above their blocking reads.",
+    loader_redis_timeout_seconds: float = _positive(
+        30.0, "Redis socket timeout of the loaders in seconds, above their blocking reads."
     )
     loader_max_deliveries: int = Field(
         default=5,
@@ -257,69 +264,33 @@ class Settings(BaseSettings):
     )
 
     # Consumer
-    lease_seconds: float = Field(
-        default=60.0,
-        gt=0,
-        description=(
+    lease_seconds: float = _positive(
+        60.0,
+        (
             "Seconds a claimed task stays a worker's without a heartbeat; then it is run"
             " again elsewhere."
         ),
     )
-    heartbeat_seconds: float = Field(
-        default=10.0,
-        gt=0,
-        description="Seconds between a worker's heartbeats, which extend its tasks' leases.",
+    heartbeat_seconds: float = _positive(
+        10.0, "Seconds between a worker's heartbeats, which extend its tasks' leases."
     )
-    poll_seconds: float = Field(
-        default=1.0,
-        gt=0,
-        description="Seconds an idle worker waits between claims when no notification wakes it.",
+    poll_seconds: float = _positive(
+        1.0, "Seconds an idle worker waits between claims when no notification wakes it."
     )
-    worker_dead_after_seconds: float = Field(
-        default=30.0,
-        gt=0,
-        description="Seconds a worker may stay silent before it is declared dead.",
+    worker_dead_after_seconds: float = _positive(
+        30.0, "Seconds a worker may stay silent before it is declared dead."
     )
-    maintenance_seconds: float = Field(
-        default=1.0,
-        gt=0,
-        description=(
+    maintenance_seconds: float = _positive(
+        1.0,
+        (
             "Interval in seconds of the queue's maintenance duties (promote, expire leases,"
             " reap workers, cron) that have no interval of their own."
         ),
     )
-    promote_seconds: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Interval in seconds of moving tasks whose time has come into line"
-            " (default: ROTA_MAINTENANCE_SECONDS)."
-        ),
-    )
-    expire_leases_seconds: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Interval in seconds of putting back tasks whose lease ran out"
-            " (default: ROTA_MAINTENANCE_SECONDS)."
-        ),
-    )
-    reap_workers_seconds: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Interval in seconds of declaring silent workers dead"
-            " (default: ROTA_MAINTENANCE_SECONDS)."
-        ),
-    )
-    cron_seconds: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Interval in seconds of enqueueing the cron schedules' due runs"
-            " (default: ROTA_MAINTENANCE_SECONDS)."
-        ),
-    )
+    promote_seconds: float | None = _duty_interval("moving tasks whose time has come into line")
+    expire_leases_seconds: float | None = _duty_interval("putting back tasks whose lease ran out")
+    reap_workers_seconds: float | None = _duty_interval("declaring silent workers dead")
+    cron_seconds: float | None = _duty_interval("enqueueing the cron schedules' due runs")
     retention_seconds: float = Field(
         default=60.0, gt=0, description="How often the retention duties run, in seconds."
     )
@@ -331,10 +302,8 @@ class Settings(BaseSettings):
             "Tenants with their own metric series in a process; the rest are summed under `other`."
         ),
     )
-    stats_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        description="How often the console's figures (rota.stats, rota.service) are refreshed.",
+    stats_seconds: float = _positive(
+        5.0, "How often the console's figures (rota.stats, rota.service) are refreshed."
     )
     # What is kept, and for how long: seconds, or text like "30m", "12h", "7d".
     finished_retention: Duration = Field(
@@ -361,10 +330,8 @@ class Settings(BaseSettings):
             " `rota archive` has written them."
         ),
     )
-    cron_lookback_seconds: float = Field(
-        default=300.0,
-        gt=0,
-        description="How far back in seconds the cron duty catches up missed ticks.",
+    cron_lookback_seconds: float = _positive(
+        300.0, "How far back in seconds the cron duty catches up missed ticks."
     )
     shutdown_grace_seconds: float = Field(
         default=30.0,
@@ -373,10 +340,9 @@ class Settings(BaseSettings):
             "Seconds a stopping worker lets its running tasks finish before it hands them back."
         ),
     )
-    unknown_task_retry_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        description=(
+    unknown_task_retry_seconds: float = _positive(
+        5.0,
+        (
             "Seconds after which a task whose name the worker's app does not know is run"
             " again (no attempt used), for a worker that knows it."
         ),

@@ -7,8 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from rota.cli.app import DatabaseUrl, RedisUrl, app, run_admin, settings_from
+from rota.cli.app import (
+    DatabaseUrl,
+    RedisUrl,
+    add_pause_commands,
+    app,
+    run_admin,
+    settings_from,
+)
 from rota.cli.output import Actor, AsJson, Progress, actor_or_default, cell, emit, table
+from rota.core.db import Op
 
 queue_app = typer.Typer(
     rich_markup_mode="markdown", help="Queues: list, pause, resume, charge by time or cost."
@@ -45,34 +53,13 @@ def _queue_table(queues: Any) -> str:
     )
 
 
-def _pause_queue(
-    name: str, paused: bool, actor: str | None, as_json: bool, url: str | None
-) -> None:
+def _pause_queue(name: str, paused: bool, actor: str) -> Op[bool]:
     from rota import core
 
-    op = core.pause_queue(name, paused, actor_or_default(actor))
-    found = run_admin(url, op)
-    if not found:
-        typer.echo(f"rota: no queue named {name!r}", err=True)
-        raise typer.Exit(1)
-    word = "paused" if paused else "resumed"
-    emit({"queue": name, "paused": paused}, as_json, lambda: f"{name}: {word}")
+    return core.pause_queue(name, paused, actor)
 
 
-@queue_app.command("pause")
-def queue_pause(
-    name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
-) -> None:
-    """Pause a queue: its tasks stay in line, unclaimed, until resumed."""
-    _pause_queue(name, True, actor, as_json, database_url)
-
-
-@queue_app.command("resume")
-def queue_resume(
-    name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
-) -> None:
-    """Resume a paused queue."""
-    _pause_queue(name, False, actor, as_json, database_url)
+add_pause_commands(queue_app, "queue", _pause_queue)
 
 
 @queue_app.command("charge")

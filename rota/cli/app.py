@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
 
+from rota.cli.output import Actor, AsJson, actor_or_default, emit
 from rota.core.db import Op
 from rota.runtime.redact import redact
 from rota.settings import Settings
@@ -84,3 +86,31 @@ def run_admin(database_url: str | None, op: Op[T]) -> T:
 
     with db.admin_connect(settings_from(database_url).database_url) as conn:
         return db.run(conn, op)
+
+
+def add_pause_commands(
+    group: typer.Typer, kind: str, pause: Callable[[str, bool, str], Op[bool]]
+) -> None:
+    """`rota KIND pause NAME` and `rota KIND resume NAME`; `pause(name,
+    paused, actor)` is the operation, False when there is no such KIND."""
+    def run(name: str, paused: bool, actor: str | None, as_json: bool, url: str | None) -> None:
+        if not run_admin(url, pause(name, paused, actor_or_default(actor))):
+            typer.echo(f"rota: no {kind} named {name!r}", err=True)
+            raise typer.Exit(1)
+        word = "paused" if paused else "resumed"
+        emit({kind: name, "paused": paused}, as_json, lambda: f"{name}: {word}")
+
+    def pause_command(
+        name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
+    ) -> None:
+        run(name, True, actor, as_json, database_url)
+
+    def resume_command(
+        name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
+    ) -> None:
+        run(name, False, actor, as_json, database_url)
+
+    pause_command.__doc__ = f"Pause a {kind}: its tasks stay in line, unclaimed, until resumed."
+    resume_command.__doc__ = f"Resume a paused {kind}."
+    group.command("pause")(pause_command)
+    group.command("resume")(resume_command)

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from rota.cli.app import DatabaseUrl, app, run_admin, settings_from
+from rota.cli.app import DatabaseUrl, add_pause_commands, app, run_admin, settings_from
 from rota.cli.output import Actor, AsJson, actor_or_default, emit, table
+from rota.core.db import Op
 from rota.errors import ValidationError
 
 # The options only `set` takes: given to another sub-command, they most
@@ -55,11 +56,6 @@ tenant_app = typer.Typer(
 app.add_typer(tenant_app, name="tenant", no_args_is_help=True)
 
 
-def _missing(name: str) -> typer.Exit:
-    typer.echo(f"rota: no tenant named {name!r}", err=True)
-    return typer.Exit(1)
-
-
 @tenant_app.command("list")
 def tenant_list(
     sort: Annotated[str, typer.Option(help="name, waiting, running, dead, ...")] = "waiting",
@@ -87,33 +83,18 @@ def tenant_show(name: str, as_json: AsJson = False, database_url: DatabaseUrl = 
 
     shown = run_admin(database_url, read.tenant(name))
     if shown is None:
-        raise _missing(name)
+        typer.echo(f"rota: no tenant named {name!r}", err=True)
+        raise typer.Exit(1)
     emit(shown, as_json, lambda: _tenant_text(shown))
 
 
-def _pause(name: str, paused: bool, actor: str | None, as_json: bool, url: str | None) -> None:
+def _pause_tenant(name: str, paused: bool, actor: str) -> Op[bool]:
     from rota import core
 
-    if not run_admin(url, core.pause_tenant(name, paused, actor_or_default(actor))):
-        raise _missing(name)
-    word = "paused" if paused else "resumed"
-    emit({"tenant": name, "paused": paused}, as_json, lambda: f"{name}: {word}")
+    return core.pause_tenant(name, paused, actor)
 
 
-@tenant_app.command("pause")
-def tenant_pause(
-    name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
-) -> None:
-    """Pause a tenant: its tasks stay in line, unclaimed, until resumed."""
-    _pause(name, True, actor, as_json, database_url)
-
-
-@tenant_app.command("resume")
-def tenant_resume(
-    name: str, actor: Actor = None, as_json: AsJson = False, database_url: DatabaseUrl = None
-) -> None:
-    """Resume a paused tenant."""
-    _pause(name, False, actor, as_json, database_url)
+add_pause_commands(tenant_app, "tenant", _pause_tenant)
 
 
 @tenant_app.command("set")
