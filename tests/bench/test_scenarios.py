@@ -225,6 +225,11 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
     )
     assert e2e["tasks_per_s"] > 0 and e2e["enqueue_to_start_ms"]["p50"] > 0
     assert e2e["params"]["database_pooling"] == "none"
+    # Counted on the wire, one task at a time: the producer's write, the
+    # loader's read (ended by the write) and its one-statement load, the
+    # worker's claim.
+    trips = e2e["round_trips"]
+    assert (trips["producer"], trips["loader"], trips["worker"], trips["total"]) == (1, 2, 1, 4)
     cpu = e2e["cpu"]
     assert {"producer", "loader", "worker_1", "worker_2", "postgresql"} <= set(cpu["per_process"])
     assert cpu["all_us_per_task"] == pytest.approx(

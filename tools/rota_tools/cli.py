@@ -371,6 +371,7 @@ def bench_end_to_end(
 ) -> None:
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.pipeline import bench_end_to_end as run
+    from rota_tools.bench.roundtrips import start_round_trips
     from rota_tools.bench.starts import start_baselines
 
     with bench_settings(database_url, redis_url, local) as settings:
@@ -380,6 +381,7 @@ def bench_end_to_end(
             figures = bench_tracing(settings, tasks, tenants, rate, concurrency, rounds)
             return _report("end-to-end", figures, as_json)
         figures = run(settings, tasks, tenants, rate, concurrency)
+        figures["round_trips"] = start_round_trips(settings)
         # Simpler designs at the same pace, on the same servers: what rota's
         # hops (buffer -> loader -> commit -> NOTIFY -> claim) add to a Redis
         # pop, and to a durable queue written straight into PostgreSQL.

@@ -1,7 +1,9 @@
 """A TCP proxy that adds latency: each chunk it forwards, either way, is held
 for `delay` seconds after it arrived, in order. The network-fault suite puts
 it between a process and a server to make a slow link (this kernel has no
-netem); the delay changes while connections are open.
+netem); the delay changes while connections are open. With `record`, it
+also notes when each chunk arrived, from which side of which connection
+(`events`): what a round-trip count reads.
 
     with DelayProxy(("10.100.0.9", 6000), ("127.0.0.1", 5432)) as proxy:
         proxy.delay = 0.1   # 100 ms each way from now on
@@ -12,20 +14,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from types import TracebackType
+from typing import NamedTuple
 
 CHUNK = 65536
+
+
+class Chunk(NamedTuple):
+    at: float  # time.time() when the proxy read it
+    connection: int  # numbered from 1 in the order they were accepted
+    from_client: bool
 
 
 class DelayProxy:
     """Listens on `listen`, forwards each connection to `target` with the
     current one-way `delay` added to every chunk, until closed."""
 
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+    def __init__(
+        self, listen: tuple[str, int], target: tuple[str, int], *, record: bool = False
+    ) -> None:
         self.listen = listen
         self.target = target
         self.delay = 0.0
         self.connections = 0
+        self.events: list[Chunk] | None = [] if record else None
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="delay-proxy", daemon=True)
@@ -82,15 +95,23 @@ class DelayProxy:
             client_out.close()
             return
         self.connections += 1
+        number = self.connections
         try:
             await asyncio.gather(
-                self._pipe(client_in, server_out), self._pipe(server_in, client_out)
+                self._pipe(client_in, server_out, number, True),
+                self._pipe(server_in, client_out, number, False),
             )
         finally:
             for writer in (client_out, server_out):
                 writer.close()
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        connection: int,
+        from_client: bool,
+    ) -> None:
         """Forwards `source` to `sink`, each chunk no sooner than `delay`
         after it was read; order is kept (a chunk waits behind the ones
         before it). An end of either side ends the pipe and closes `sink`."""
@@ -108,6 +129,8 @@ class DelayProxy:
         sender = asyncio.ensure_future(send())
         try:
             while data := await source.read(CHUNK):
+                if self.events is not None:
+                    self.events.append(Chunk(time.time(), connection, from_client))
                 held.put_nowait((loop.time() + self.delay, data))
                 if sender.done():
                     break

@@ -418,3 +418,7 @@ SELECT count(*) FROM rota.parked
 -- The chaos suites' history check: the attempt whose completion each finished
 -- task's end was recorded from.
 SELECT task_id::text, attempts FROM rota.finished
+
+-- name: bench_started_epochs
+-- When each of these tasks started (seconds since the epoch).
+SELECT task_id, extract(epoch FROM started_at) FROM rota.finished WHERE task_id = ANY (%(ids)s)

@@ -1,0 +1,54 @@
+"""The round-trip count of `rota bench end-to-end` on made-up wire events."""
+
+from __future__ import annotations
+
+from rota_tools.bench.roundtrips import Path, Trip, path_of, trips
+from rota_tools.delay_proxy import Chunk
+
+
+def test_a_request_in_several_chunks_and_its_answer_are_one_round_trip() -> None:
+    events = [
+        Chunk(1.0, 1, True),
+        Chunk(1.1, 1, True),  # the rest of the same request
+        Chunk(1.2, 1, False),
+        Chunk(1.3, 1, False),  # the rest of the answer
+        Chunk(2.0, 1, True),
+        Chunk(2.5, 1, False),
+    ]
+    assert trips(events) == [Trip(1.0, 1.2), Trip(2.0, 2.5)]
+
+
+def test_what_a_server_sends_unasked_is_no_round_trip_and_connections_are_apart() -> None:
+    events = [
+        Chunk(1.0, 2, False),  # a NOTIFY on a listening connection
+        Chunk(1.5, 1, True),
+        Chunk(1.6, 2, True),
+        Chunk(1.7, 1, False),
+        Chunk(1.9, 2, False),
+    ]
+    assert trips(events) == [Trip(1.5, 1.7), Trip(1.6, 1.9)]
+
+
+def test_a_tasks_path_counts_each_stage_in_its_window() -> None:
+    producer = [Trip(9.0, 9.1), Trip(10.0, 10.1)]  # the first is an earlier task's
+    blocked_read = Trip(5.0, 10.2)  # sent before the enqueue, ended by it
+    insert = Trip(10.3, 10.5)
+    acknowledge = Trip(10.6, 10.8)  # after the commit: off the path
+    claim = Trip(10.7, 10.9)
+    heartbeat = Trip(20.0, 20.1)  # after the start
+    path = path_of(
+        enqueued=10.0,
+        acknowledged=10.15,
+        started=11.0,
+        producer=producer,
+        loader=[blocked_read, insert, acknowledge],
+        loader_postgres=[insert],
+        worker=[claim, heartbeat],
+    )
+    assert path == Path(producer=1, loader=2, worker=1)
+    assert path is not None and path.total == 4
+
+
+def test_no_path_without_a_worker_request_or_a_commit_in_the_window() -> None:
+    assert path_of(10.0, 10.1, 11.0, [], [], [], []) is None
+    assert path_of(10.0, 10.1, 11.0, [], [], [], [Trip(10.5, 10.6)]) is None
