@@ -23,8 +23,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from psycopg.rows import class_row
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -34,6 +35,16 @@ from rota import core
 from rota.core import db
 from rota_tools.sql import query
 from rota_tools.stats import percentile
+
+
+class Finished(NamedTuple):
+    """A finished task of the demo (demo_finished), times in epoch seconds."""
+
+    tenant: str
+    enqueued: float
+    started: float
+    finished: float
+
 
 app = rota.App.from_env()
 QUEUE = "demo"
@@ -209,18 +220,19 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
             spark.stop()
             shutil.rmtree(checkpoint, ignore_errors=True)
 
-        rows = conn.execute(query("demo_finished"), {"warm_up": WARM_UP}).fetchall()
+        finished = conn.cursor(row_factory=class_row(Finished))
+        rows = finished.execute(query("demo_finished"), {"warm_up": WARM_UP}).fetchall()
         conn.close()
         producer.close()
 
     waits: dict[str, list[float]] = defaultdict(list)
     timeline: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    first = min(float(r[1]) for r in rows)
-    for tenant, enqueued, begun, _ in rows:
-        wait_ms = (float(begun) - float(enqueued)) * 1000
-        waits[_group(tenant)].append(wait_ms)
-        timeline[_group(tenant)].append((float(enqueued) - first, wait_ms))
-    span = max(float(r[3]) for r in rows) - min(float(r[2]) for r in rows)
+    first = min(r.enqueued for r in rows)
+    for r in rows:
+        wait_ms = (r.started - r.enqueued) * 1000
+        waits[_group(r.tenant)].append(wait_ms)
+        timeline[_group(r.tenant)].append((r.enqueued - first, wait_ms))
+    span = max(r.finished for r in rows) - min(r.started for r in rows)
     throughput = len(rows) / span
     fifo_timeline = _fifo_timeline(rows, throughput, run.workers * run.concurrency)
     fifo = {group: [wait for _, wait in points] for group, points in fifo_timeline.items()}
@@ -266,15 +278,15 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
 
 
 def _fifo_timeline(
-    rows: list[Any], throughput: float, parallel: int
+    rows: list[Finished], throughput: float, parallel: int
 ) -> dict[str, list[tuple[float, float]]]:
     """The same arrivals served first-in-first-out at the measured throughput
     (`parallel` servers, ready when the real run's first task started, so the
     pipeline's warm-up counts for both): (arrival second, wait ms) per group."""
     service = parallel / throughput
-    ordered = sorted((float(r[1]), r[0]) for r in rows)
+    ordered = sorted((r.enqueued, r.tenant) for r in rows)
     first = ordered[0][0]
-    free_at = [min(float(r[2]) for r in rows)] * parallel
+    free_at = [min(r.started for r in rows)] * parallel
     timeline: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for arrived, tenant in ordered:
         server = min(range(parallel), key=free_at.__getitem__)

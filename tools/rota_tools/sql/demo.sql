@@ -11,7 +11,8 @@ WHERE t.name = %(tenant)s
 
 -- name: demo_finished
 -- Every finished task but the warm-up's, with its times in epoch seconds.
-SELECT t.name, extract(epoch FROM f.enqueued_at), extract(epoch FROM f.started_at),
-       extract(epoch FROM f.finished_at)
+SELECT t.name AS tenant, extract(epoch FROM f.enqueued_at)::float8 AS enqueued,
+       extract(epoch FROM f.started_at)::float8 AS started,
+       extract(epoch FROM f.finished_at)::float8 AS finished
 FROM rota.finished f JOIN rota.tenants t ON t.id = f.tenant_id
 WHERE t.name <> %(warm_up)s
