@@ -79,7 +79,8 @@ class Backoff:
         return self.wait(state)
 
 
-_ASKING = Retrying()  # what a `RetryCallState` built to ask a wait belongs to
+# The retrying that `delay`'s call state belongs to (a wait reads only its attempt number).
+_ASKING = Retrying()
 
 # Loops: the first retry comes after at most BASE seconds; waits double up to
 # CAP, which bounds how long a loop may sleep on after its server is back.
