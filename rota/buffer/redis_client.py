@@ -24,39 +24,62 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.backoff import AbstractBackoff
 from redis.retry import Retry
 
 from rota.core.links import keepalive
+from rota.runtime.outage import LOOPS, Backoff
 from rota.runtime.redact import redact_url
 from rota.settings import Settings
 
 Client: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
 AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
 
-# Waits between redis-py's own retries of a command that lost its connection
-# (where a caller has no retry policy of its own): a restart or a cluster
-# failover is over in seconds; a command is retried within about one.
-_BACKOFF = ExponentialBackoff(cap=0.5, base=0.05)
-
 _cluster_urls: dict[str, bool] = {}
 _cluster_lock = threading.Lock()
 
 
-# Errors that mean a Redis server (or a cluster's master for a slot) is out of
-# reach for now, as against an error of the command itself: what a caller
-# waits out and retries.
+class NotReplicated(redis.RedisError):
+    """Fewer replicas than ROTA_REDIS_WAIT_REPLICAS confirmed a write in time."""
+
+
+# A Redis server (or a cluster's master for a slot) out of reach for now, as
+# against an error of the command itself: what a caller waits out and tries
+# again. Lost, timed out, loading its data set (BusyLoadingError is a
+# ConnectionError), a socket error redis-py let through (OSError); on a
+# cluster, a slot with no master for now (a failover: CLUSTERDOWN, TRYAGAIN),
+# redirects that did not settle (ClusterError), or no node reachable
+# (RedisClusterException, SlotNotCoveredError among them).
 SERVER_LOST: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
-    redis.exceptions.ClusterDownError,
+    OSError,
+    redis.exceptions.ClusterError,
     redis.exceptions.TryAgainError,
-    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.RedisClusterException,
+)
+
+# A Redis server that answers but takes no write for now: out of memory, a
+# read-only replica, its master down, or (ROTA_REDIS_WAIT_REPLICAS) a write no
+# replica confirmed in time.
+WRITE_REFUSED: tuple[type[Exception], ...] = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    NotReplicated,
 )
 
 
-class NotReplicated(redis.RedisError):
-    """Fewer replicas than ROTA_REDIS_WAIT_REPLICAS confirmed a write in time."""
+class PolicyBackoff(AbstractBackoff):
+    """The waits between redis-py's own retries of a command that lost its
+    connection (for callers with no retries of their own): the reconnect
+    policy's (rota.runtime.outage)."""
+
+    def __init__(self, backoff: Backoff = LOOPS) -> None:
+        self.backoff = backoff
+
+    def compute(self, failures: int) -> float:
+        return self.backoff.delay(failures)
 
 
 class RedisConfigError(redis.RedisError):
@@ -65,9 +88,9 @@ class RedisConfigError(redis.RedisError):
 
 def _options(
     settings: Settings, timeout: float | None, retries: int | None
-) -> tuple[dict[str, Any], Retry]:
+) -> tuple[dict[str, Any], int]:
+    """The clients' options, and how often redis-py retries a command."""
     attempts = settings.redis_retries if retries is None else retries
-    retry = Retry(_BACKOFF if attempts else NoBackoff(), attempts)
     options: dict[str, Any] = {
         "socket_timeout": timeout or settings.redis_timeout,
         "socket_connect_timeout": settings.redis_timeout,
@@ -78,7 +101,7 @@ def _options(
         "socket_keepalive": True,
         "socket_keepalive_options": _keepalive(settings.database_dead_link_seconds),
     }
-    return options, retry
+    return options, attempts
 
 
 def _keepalive(dead_link_seconds: float) -> dict[int, int]:
@@ -157,7 +180,8 @@ def connect(settings: Settings, timeout: float | None = None, retries: int | Non
     `timeout` overrides the socket timeout (a loader's blocking reads need a
     longer one); `retries` is how often redis-py itself retries a command
     that lost its connection (0 for callers with their own policy)."""
-    options, retry = _options(settings, timeout, retries)
+    options, attempts = _options(settings, timeout, retries)
+    retry = Retry(PolicyBackoff(), attempts)
     if is_cluster(settings):
         try:
             return redis.cluster.RedisCluster.from_url(settings.redis_url, retry=retry, **options)
@@ -170,8 +194,8 @@ async def aconnect(
     settings: Settings, timeout: float | None = None, retries: int | None = None
 ) -> AsyncClient:
     """`connect` for asyncio."""
-    options, sync_retry = _options(settings, timeout, retries)
-    retry = AsyncRetry(sync_retry._backoff, sync_retry.get_retries())
+    options, attempts = _options(settings, timeout, retries)
+    retry = AsyncRetry(PolicyBackoff(), attempts)
     if await ais_cluster(settings):
         try:
             return redis.asyncio.cluster.RedisCluster.from_url(

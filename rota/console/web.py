@@ -12,16 +12,17 @@ from typing import Any, TypeAlias
 from urllib.parse import quote, urlencode
 
 import psycopg
-import redis
 from pydantic import SecretStr
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
+from rota.buffer import redis_client
 from rota.console.auth import COOKIE, CSRF_FIELD, SCOPES, Guard, Principal, read_tokens, token_hash
 from rota.console.charts import svg
 from rota.console.data import Connections, figures
+from rota.core import db
 from rota.errors import EnqueueError, RotaError
 from rota.readmodel.metrics import overview_registry
 from rota.runtime.redact import redact
@@ -31,6 +32,8 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 TEMPLATES.env.globals["chart"] = svg
 REFRESH_SECONDS = 5
 PER_PAGE = 50
+# A server out of reach: the page says so (503), and to try again.
+UNAVAILABLE: tuple[type[Exception], ...] = (*db.SERVER_LOST, *redis_client.SERVER_LOST)
 
 Handler: TypeAlias = Callable[[Request], Awaitable[Response]]
 # A page's read: its data, or None for "not found".
@@ -143,7 +146,7 @@ class Console:
                         f"({limit:g} s): try again, or narrow it"
                     ),
                 )
-            except (psycopg.OperationalError, redis.ConnectionError, redis.TimeoutError) as exc:
+            except UNAVAILABLE as exc:
                 status, message = 503, f"a server is unavailable: {type(exc).__name__}"
             if api:
                 return JSONResponse({"error": message}, status_code=status)

@@ -125,10 +125,10 @@ class Maintenance:
             duty.last_run = now
             try:
                 duty.run(conn, result)
-            except psycopg.OperationalError:
-                # A deadlock or a lock timeout is an OperationalError too, but
-                # the connection (and the lock it holds) is fine: only a lost
-                # one stops the tick.
+            except db.SERVER_LOST:
+                # A deadlock or a lock timeout is one too, but the connection
+                # (and the lock it holds) is fine: only a lost one stops the
+                # tick.
                 if conn.closed or conn.broken:
                     raise
                 log.exception(
@@ -303,7 +303,7 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
         rounds(
             lead,
             outage,
-            (psycopg.OperationalError,),
+            db.SERVER_LOST,
             stop,
             lost=lost,
             carry_on="maintenance",

@@ -4,8 +4,8 @@ that they run on any connection and are tested without one.
 Outcomes are reported in batches, a statement per kind. When the database
 refuses a batch for its data, the tasks are reported one at a time, and a
 task refused alone is dead with the reason: one task's bad row never holds
-back the others' reports. A lost connection (psycopg.OperationalError) is
-never caught here: it is an outage, and the caller reconnects.
+back the others' reports. A lost connection (`db.SERVER_LOST`) is never
+caught here: it is an outage, and the caller reconnects.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from uuid import UUID
 
-import psycopg
-
 from rota import core
+from rota.core import db
 from rota.core.db import Op
 from rota.core.results import (
     KeptResult,
@@ -210,7 +209,7 @@ def send(
     the accepted statements returned."""
     try:
         return list((yield from op(items)))
-    except psycopg.OperationalError:
+    except db.SERVER_LOST:
         raise
     except Exception as exc:
         if len(items) == 1:
@@ -221,7 +220,7 @@ def send(
     for item in items:
         try:
             results.extend((yield from op([item])))
-        except psycopg.OperationalError:
+        except db.SERVER_LOST:
             raise
         except Exception as exc:
             yield from bury(token_of(item), exc, key)
@@ -235,7 +234,7 @@ def bury(token: Token, error: Exception, key: core.WorkerKey | None = None) -> O
     log.error("task %s: %s", task_id, reason)
     try:
         yield from core.fail([core.Failure(task_id, attempt, reason, final=True)], key)
-    except psycopg.OperationalError:
+    except db.SERVER_LOST:
         raise
     except Exception as exc:
         # Left to its lease: when it expires the task is requeued, and dead

@@ -307,7 +307,7 @@ def listen(
                         wake.set()
 
     outage = Outage("PostgreSQL (LISTEN)", log)
-    rounds(listening, outage, (psycopg.OperationalError,), stopping)
+    rounds(listening, outage, db.SERVER_LOST, stopping)
 
 
 def heartbeat(
@@ -350,7 +350,7 @@ def heartbeat(
         rounds(
             beat_and_maintain,
             Outage("PostgreSQL (heartbeat and maintenance)", log),
-            (psycopg.OperationalError,),
+            db.SERVER_LOST,
             stopping,
             lost=lost,
             carry_on="heartbeat or maintenance",

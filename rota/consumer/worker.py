@@ -72,9 +72,6 @@ POLL_JITTER = (0.5, 1.5)
 # Shutting down: how often finished tasks are collected within the grace.
 SHUTDOWN_CHECK_SECONDS = 0.05
 
-# What makes a loop reconnect: the connection is lost or cannot be made.
-RECONNECT_ERRORS = (psycopg.OperationalError,)
-
 
 class Worker:
     def __init__(
@@ -150,7 +147,7 @@ class Worker:
         """Runs until stopped; returns whether every task finished (False: some
         still ran after the shutdown grace and were handed back, and their
         threads cannot be stopped: the process should exit now)."""
-        conn = retrying(self._connect, self.claims_outage, RECONNECT_ERRORS, self.stopping.wait)
+        conn = retrying(self._connect, self.claims_outage, db.SERVER_LOST, self.stopping.wait)
         if conn is None:
             return True  # stopped before the database came back
         queues = worker_queues(self.app, self.fixed_queues, self.exclude)
@@ -187,7 +184,7 @@ class Worker:
             rounds(
                 lambda: self._step(kept.get(), queues),
                 self.claims_outage,
-                RECONNECT_ERRORS,
+                db.SERVER_LOST,
                 self.stopping,
                 lost=kept.drop,
                 carry_on="worker step",
@@ -230,7 +227,7 @@ class Worker:
             wanted = 1
         try:
             claimed = self._claim(conn, queues, wanted)
-        except psycopg.OperationalError:
+        except db.SERVER_LOST:
             raise
         except Exception as exc:
             # Completions sent with a refused claim are still held, and not
@@ -286,7 +283,7 @@ class Worker:
                     db.run(conn, core.release([*unstarted, *stuck], self.key))
                 db.run(conn, core.stop_worker(self.key))
                 break
-            except RECONNECT_ERRORS as exc:
+            except db.SERVER_LOST as exc:
                 if attempt or time.monotonic() >= deadline:
                     log.warning("could not report before exiting (leases will expire): %s", exc)
                     break

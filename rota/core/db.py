@@ -32,6 +32,13 @@ T = TypeVar("T")
 Params: TypeAlias = Mapping[str, Any] | Sequence[Any] | None
 Statement: TypeAlias = str | pgsql.Composed
 
+# PostgreSQL out of reach: the connection lost, or none to be made (refused,
+# timed out, the server shutting down or starting up). What a loop waits out
+# and reconnects after (rota.runtime.outage). A deadlock or a lock timeout is
+# an OperationalError too, on a connection that is fine: a loop that holds a
+# lock tells them apart by the connection (`closed`, `broken`).
+SERVER_LOST: tuple[type[Exception], ...] = (psycopg.OperationalError,)
+
 
 @dataclass(frozen=True)
 class Execute:

@@ -47,10 +47,14 @@ from rota.settings import Settings
 log = logging.getLogger("rota.loader")
 
 # A pass fails on these when a server is lost or refuses writes; the loop
-# waits the outage out (rota.runtime.outage). A ResponseError from Redis is one (out
-# of memory, read-only, loading) unless the group is missing, which
-# ensure_groups repairs on the next pass.
-LOADER_OUTAGES = (redis.RedisError, psycopg.OperationalError)
+# waits the outage out (rota.runtime.outage). Any error of Redis's is one: a
+# ResponseError too (out of memory, read-only), unless the group is missing,
+# which ensure_groups repairs on the next pass.
+LOADER_OUTAGES: tuple[type[Exception], ...] = (
+    *db.SERVER_LOST,
+    *redis_client.SERVER_LOST,
+    redis.RedisError,
+)
 
 
 # A long-running loader's blocking read; a stop is noticed between reads.

@@ -34,14 +34,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from rota.buffer import redis_client
 from rota.buffer.streams import all_streams, oldest_age
-from rota.loader.settle import BufferSettle, DeadLettersRefused
-from rota.loader.spark_load import LoadJob, ShardResult, TenantCost
+from rota.loader.settle import BufferSettle
+from rota.loader.spark_load import EXECUTOR_OUTAGES, LoadJob, ShardResult, TenantCost
 from rota.loader.spark_session import SparkOptions
 from rota.loader.spark_session import spark_session as build_session
 from rota.loader.spark_source import SOURCE_NAME, loading_source
@@ -57,13 +56,9 @@ class ShardOutage(Exception):
     a shard: that shard's transaction rolled back, the batch is tried again."""
 
 
-# Tried again in place: a server out, or a dead letter Redis refused.
-OUTAGES: tuple[type[Exception], ...] = (
-    psycopg.OperationalError,
-    DeadLettersRefused,
-    ShardOutage,
-    *redis_client.SERVER_LOST,
-)
+# Tried again in place: a server out or a dead letter Redis refused, met by
+# the driver itself or reported by an executor (ShardOutage).
+OUTAGES: tuple[type[Exception], ...] = (*EXECUTOR_OUTAGES, ShardOutage)
 
 
 class BatchSink:

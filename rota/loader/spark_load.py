@@ -32,9 +32,9 @@ from rota.settings import Settings
 # What an executor reports instead of failing its Spark task: the driver
 # retries the batch in place, and the ledger skips the shards done.
 EXECUTOR_OUTAGES: tuple[type[Exception], ...] = (
-    psycopg.OperationalError,
-    DeadLettersRefused,
+    *db.SERVER_LOST,
     *redis_client.SERVER_LOST,
+    DeadLettersRefused,
 )
 
 # One row per shard: small, whatever the batch's size.

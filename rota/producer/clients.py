@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
-from tenacity import AsyncRetrying, Retrying
 
 from rota import core
 from rota.buffer import redis_client
@@ -22,6 +21,7 @@ from rota.core.db import Op
 from rota.core.effects import adrive, drive
 from rota.producer.core import (
     REDIS_ERRORS,
+    WRITE_BACKOFF,
     Effect,
     FetchBacklogs,
     LoadDatabase,
@@ -31,6 +31,7 @@ from rota.producer.core import (
     WriteBuffer,
 )
 from rota.runtime import tracing
+from rota.runtime.outage import aretried, retried
 from rota.settings import Settings
 
 T = TypeVar("T")
@@ -124,11 +125,13 @@ class Producer:
         self._redis: redis_client.Client | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._conn_lock = threading.Lock()
+        # A Redis effect: a plain call, tried again only once it failed.
+        self._send_retried = retried(self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF)
 
     @property
     def redis(self) -> redis_client.Client:
         if self._redis is None:
-            # Retries are ours (tenacity, then the fallback), not redis-py's.
+            # Retries are ours (`retried`, then the fallback), not redis-py's.
             self._redis = redis_client.connect(self.settings, retries=0)
         return self._redis
 
@@ -154,12 +157,7 @@ class Producer:
 
     def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):
-            try:
-                return self._send(effect)
-            except REDIS_ERRORS:
-                if not self.core.retries(effect):
-                    raise
-            return Retrying(**self.core.retry_policy(effect))(self._send, effect)
+            return self._send_retried(effect)
         op, own_transaction = database_step(effect)
         run = db.transact if own_transaction else db.run
         if isinstance(effect, LoadDatabase) and effect.connection is not None:
@@ -207,6 +205,7 @@ class AsyncProducer:
         self._redis: redis_client.AsyncClient | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._conn_lock = asyncio.Lock()
+        self._send_retried = aretried(self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF)
 
     async def redis(self) -> redis_client.AsyncClient:
         if self._redis is None:
@@ -234,12 +233,7 @@ class AsyncProducer:
 
     async def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):
-            try:
-                return await self._send(effect)
-            except REDIS_ERRORS:
-                if not self.core.retries(effect):
-                    raise
-            return await AsyncRetrying(**self.core.retry_policy(effect))(self._send, effect)
+            return await self._send_retried(effect)
         op, own_transaction = database_step(effect)
         run = db.atransact if own_transaction else db.arun
         if isinstance(effect, LoadDatabase) and effect.connection is not None:

@@ -18,10 +18,9 @@ from typing import Any, TypeAlias
 from uuid import UUID
 
 import redis
-from tenacity import retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from rota.buffer.entries import TaskBatch
-from rota.buffer.redis_client import NotReplicated
+from rota.buffer.redis_client import SERVER_LOST, WRITE_REFUSED
 from rota.buffer.streams import (
     all_streams,
     backlog_key,
@@ -33,33 +32,22 @@ from rota.buffer.streams import (
 from rota.errors import CapacityExceeded, EnqueueError
 from rota.model.envelope import TaskEnvelope
 from rota.producer.breaker import BreakerState, CircuitBreaker
-from rota.runtime.outage import Outage
+from rota.runtime.outage import Backoff, Outage
 from rota.settings import Settings
 
 log = logging.getLogger("rota.producer")
 
-# Redis cannot take writes now: lost, timed out, out of memory, a read-only
-# replica, loading its data set, or its master down. The producer retries,
-# then falls back to PostgreSQL and counts a failure towards the breaker.
-# (BusyLoadingError is a ConnectionError.) On a cluster: a slot with no
-# master for now (a failover), no node reachable, or redirects that did not
-# settle; and, with
-# ROTA_REDIS_WAIT_REPLICAS, a write no replica confirmed in time (falling
-# back then is safe: a task stored twice under its id is loaded once). Any
-# other error is unexpected.
-REDIS_ERRORS = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    OSError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.MasterDownError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.ClusterError,
-    redis.exceptions.RedisClusterException,  # e.g. no node reachable for now
-    NotReplicated,
-)
+# Redis cannot take writes now: out of reach, or refusing writes
+# (rota.buffer.redis_client). The producer retries, then falls back to
+# PostgreSQL and counts a failure towards the breaker (falling back after a
+# write no replica confirmed is safe: a task stored twice under its id is
+# loaded once). Any other error is unexpected.
+REDIS_ERRORS: tuple[type[Exception], ...] = (*SERVER_LOST, *WRITE_REFUSED)
+
+# The waits between a write's retries: short, as the enqueue waits on them.
+# The first retry goes at once (a dropped connection is usually back on a new
+# one; rota.runtime.outage.retried).
+WRITE_BACKOFF = Backoff(base=0.02, cap=0.1)
 
 
 @dataclass(frozen=True)
@@ -176,21 +164,10 @@ class ProducerCore:
 
     def retries(self, effect: Effect) -> int:
         """How many times a Redis effect is tried again after its first
-        attempt failed: a write ROTA_REDIS_RETRIES times, then the fallback; a
-        probe or a read not at all (the write that follows tells)."""
+        attempt failed (waiting per WRITE_BACKOFF): a write ROTA_REDIS_RETRIES
+        times, then the fallback; a probe or a read not at all (the write
+        that follows tells)."""
         return self.settings.redis_retries if isinstance(effect, WriteBuffer) else 0
-
-    def retry_policy(self, effect: Effect) -> dict[str, Any]:
-        """Tenacity's policy for those retries: the first at once (a dropped
-        connection is usually back on a new one), then backed off. The
-        clients make the first attempt outside tenacity, whose machinery
-        would cost every enqueue more than its own Python does."""
-        return {
-            "stop": stop_after_attempt(self.retries(effect)),
-            "wait": wait_exponential_jitter(multiplier=0.01, max=0.1, jitter=0.01),
-            "retry": retry_if_exception_type(REDIS_ERRORS),
-            "reraise": True,
-        }
 
     def store(self, batch: TaskBatch, connection: Any = None) -> Flow:
         ids = list(batch.ids)

@@ -1,33 +1,51 @@
-"""One reconnect policy for every long-running loop.
+"""One reconnect policy, for every loop and every retry.
 
-A loop that loses PostgreSQL or Redis waits between attempts with exponential
-backoff and jitter (so a fleet does not reconnect in lockstep), and says so in
-its log twice: when the outage starts and when it ends, never once per try.
-Every loop runs through `rounds` (work again and again) or `retrying` (one
-thing until it succeeds), holding its connection in a `Kept`:
+Waits between attempts back off exponentially with jitter (so a fleet does
+not reconnect in lockstep), up to a bound: a `Backoff`, made of tenacity's
+wait strategies. A loop that loses PostgreSQL or Redis says so in its log
+twice: when the outage starts and when it ends, never once per try. Every
+loop runs through `rounds` (work again and again) or `retrying` (one thing
+until it succeeds), holding its connection in a `Kept`:
 
     conn = Kept(lambda: db.connect(url))
     rounds(lambda: beat(conn.get()), Outage("PostgreSQL (heartbeat)", log),
-           (psycopg.OperationalError,), stop, lost=conn.drop)
+           db.SERVER_LOST, stop, lost=conn.drop)
 
-Outages are counted per loop for the metrics (`outages()`).
+A call that must not wait long (a producer's buffer write) is tried again a
+few times by `retried` (`aretried`), through tenacity; redis-py's own retries
+wait per a `Backoff` too (rota.buffer.redis_client). Each server's errors
+that mean "lost" are defined once, beside its connections: `db.SERVER_LOST`,
+`redis_client.SERVER_LOST`. Outages are counted per loop for the metrics
+(`outages()`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random_exponential,
+)
+from tenacity.wait import wait_base
 
 from rota.runtime.hints import connection_fix
 
+A = TypeVar("A")
 T = TypeVar("T")
 C = TypeVar("C", bound="Closable")
+Errors = tuple[type[BaseException], ...]
 
 
 class Closable(Protocol):
@@ -42,10 +60,33 @@ class Stop(Protocol):
     def wait(self, timeout: float | None = None) -> bool: ...
 
 
-# The first retry comes after about BASE seconds; waits double up to CAP,
-# which bounds how long a loop may sleep on after its server is back.
+class Backoff:
+    """Exponential backoff with "equal jitter", bounded: after the n-th
+    failure in a row, with d = min(cap, base * 2**(n-1)), the wait is d/2
+    plus a random share of the other half, so within [d/2, d]. `wait` is the
+    tenacity strategy (tenacity's fixed and random exponential waits, each
+    over half the range); `delay(n)` asks it outside a tenacity loop."""
+
+    def __init__(self, base: float, cap: float) -> None:
+        self.base, self.cap = base, cap
+        fixed = wait_exponential(multiplier=base / 2, max=cap / 2)
+        self.wait: wait_base = fixed + wait_random_exponential(multiplier=base / 2, max=cap / 2)
+
+    def delay(self, failures: int) -> float:
+        """The wait after `failures` failed attempts in a row (from 1)."""
+        state = RetryCallState(_ASKING, None, (), {})
+        state.attempt_number = failures
+        return self.wait(state)
+
+
+# The retrying that `delay`'s call state belongs to (a wait reads only its attempt number).
+_ASKING = Retrying()
+
+# Loops: the first retry comes after at most BASE seconds; waits double up to
+# CAP, which bounds how long a loop may sleep on after its server is back.
 BASE_SECONDS = 0.1
 CAP_SECONDS = 2.0
+LOOPS = Backoff(BASE_SECONDS, CAP_SECONDS)
 
 
 class Outage:
@@ -56,17 +97,13 @@ class Outage:
         what: str,
         log: logging.Logger,
         *,
-        base: float = BASE_SECONDS,
-        cap: float = CAP_SECONDS,
+        backoff: Backoff = LOOPS,
         clock: Callable[[], float] = time.monotonic,
-        jitter: Callable[[], float] = random.random,
     ) -> None:
         self.what = what
         self.log = log
-        self.base = base
-        self.cap = cap
+        self.backoff = backoff
         self._clock = clock
-        self._jitter = jitter
         self.since: float | None = None  # when the outage started
         self.attempts = 0
         self.count = 0  # outages so far
@@ -88,9 +125,8 @@ class Outage:
             self.since = self._clock()
             self.count += 1
             self.log.warning("%s unavailable, reconnecting: %s", self.what, one_line(error))
-        delay: float = min(self.cap, self.base * 2.0 ** min(self.attempts, 30))
         self.attempts += 1
-        return delay * (0.5 + self._jitter() / 2)  # "equal jitter": half fixed, half random
+        return self.backoff.delay(self.attempts)
 
     def recovered(self) -> None:
         """Records a success; logs the end of an outage, if there was one."""
@@ -163,7 +199,7 @@ class Polled:
 def rounds(
     work: Callable[[], float | None],
     outage: Outage,
-    errors: tuple[type[BaseException], ...],
+    errors: Errors,
     stop: Stop,
     *,
     lost: Callable[[BaseException], None] | None = None,
@@ -198,7 +234,7 @@ def rounds(
 def retrying(
     attempt: Callable[[], T],
     outage: Outage,
-    errors: tuple[type[BaseException], ...],
+    errors: Errors,
     wait: Callable[[float], bool],
     deadline: float | None = None,
     lost: Callable[[BaseException], None] | None = None,
@@ -222,6 +258,58 @@ def retrying(
             continue
         outage.recovered()
         return result
+
+
+def retried(
+    attempt: Callable[[A], T], errors: Errors, retries: Callable[[A], int], backoff: Backoff
+) -> Callable[[A], T]:
+    """`attempt`, tried again `retries(arg)` times after it failed with one of
+    `errors` (the first retry at once, then waiting per `backoff`), the last
+    error raised. The first attempt is a plain call: tenacity's machinery,
+    which costs more than a fast call itself, runs only once it failed."""
+
+    def call(arg: A) -> T:
+        try:
+            return attempt(arg)
+        except errors:
+            times = retries(arg)
+            if not times:
+                raise
+        again = Retrying(
+            stop=stop_after_attempt(times),
+            wait=backoff.wait,
+            retry=retry_if_exception_type(errors),
+            reraise=True,
+        )
+        return again(attempt, arg)
+
+    return call
+
+
+def aretried(
+    attempt: Callable[[A], Awaitable[T]],
+    errors: Errors,
+    retries: Callable[[A], int],
+    backoff: Backoff,
+) -> Callable[[A], Awaitable[T]]:
+    """`retried`, awaited."""
+
+    async def call(arg: A) -> T:
+        try:
+            return await attempt(arg)
+        except errors:
+            times = retries(arg)
+            if not times:
+                raise
+        again = AsyncRetrying(
+            stop=stop_after_attempt(times),
+            wait=backoff.wait,
+            retry=retry_if_exception_type(errors),
+            reraise=True,
+        )
+        return await again(attempt, arg)
+
+    return call
 
 
 def one_line(error: BaseException) -> str:

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
+import time
 
 import pytest
+import redis
 
-from rota.runtime.outage import Kept, Outage, Polled, outages, retrying, rounds
+from rota.buffer.redis_client import SERVER_LOST, WRITE_REFUSED, PolicyBackoff
+from rota.core import db
+from rota.runtime.outage import (
+    CAP_SECONDS,
+    LOOPS,
+    Backoff,
+    Kept,
+    Outage,
+    Polled,
+    aretried,
+    outages,
+    retried,
+    retrying,
+    rounds,
+)
 
 
 class Clock:
@@ -17,12 +35,33 @@ class Clock:
         return self.now
 
 
-def test_backoff_doubles_with_jitter_up_to_the_cap() -> None:
-    outage = Outage("db", logging.getLogger("t"), base=0.1, cap=2.0, jitter=lambda: 1.0)
+def most_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tenacity's random waits, at the top of their range."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    backoff = Backoff(base=0.1, cap=2.0)
+    most_jitter(monkeypatch)
+    outage = Outage("db", logging.getLogger("t"), backoff=backoff)
     delays = [outage.failed(OSError("down")) for _ in range(8)]
     assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
-    low = Outage("db", logging.getLogger("t"), base=0.1, cap=2.0, jitter=lambda: 0.0)
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)
+    low = Outage("db", logging.getLogger("t"), backoff=backoff)
     assert low.failed(OSError()) == pytest.approx(0.05)  # half fixed, half random
+
+
+def test_the_policys_waits_are_bounded_and_jittered() -> None:
+    # The n-th wait lies within [d/2, d], d = min(cap, base * 2**(n-1)); at
+    # the cap, within [cap/2, cap], and never twice the same.
+    for failures in (1, 2, 3, 5, 8, 40, 10_000):
+        bound = min(CAP_SECONDS, 0.1 * 2.0 ** min(failures - 1, 60))
+        waits = [LOOPS.delay(failures) for _ in range(200)]
+        assert all(bound / 2 <= w <= bound for w in waits)
+        assert len(set(waits)) > 150
+    # redis-py's own retries wait the same.
+    assert all(CAP_SECONDS / 2 <= PolicyBackoff().compute(30) <= CAP_SECONDS for _ in range(50))
+    assert all(0.05 <= PolicyBackoff().compute(1) <= 0.1 for _ in range(50))
 
 
 def test_an_outage_is_logged_when_it_starts_and_when_it_ends(
@@ -53,7 +92,7 @@ def test_retrying_gives_up_when_asked_or_past_its_deadline() -> None:
             raise ConnectionError("not yet")
         return "connected"
 
-    outage = Outage("x", logging.getLogger("t"), jitter=lambda: 0.0)
+    outage = Outage("x", logging.getLogger("t"), backoff=Backoff(0.002, 0.004))
     assert retrying(attempt, outage, (ConnectionError,), lambda s: False) == "connected"
     assert len(calls) == 3 and not outage.down
     stopped = retrying(lambda: 1 / 0, outage, (ZeroDivisionError,), lambda s: True)
@@ -89,7 +128,7 @@ class Conn:
 
 
 def test_rounds_reconnect_after_a_lost_server_and_carry_on_after_a_crash(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kept: Kept[Conn] = Kept(Conn)
     script = iter(["ok", "lost", "lost", "ok", "crash", "ok"])
@@ -104,7 +143,8 @@ def test_rounds_reconnect_after_a_lost_server_and_carry_on_after_a_crash(
             raise ValueError("a bug")
         return 5.0
 
-    outage = Outage("db", logging.getLogger("t"), base=0.1, jitter=lambda: 1.0)
+    most_jitter(monkeypatch)
+    outage = Outage("db", logging.getLogger("t"), backoff=Backoff(base=0.1, cap=2.0))
     stop = FakeStop(waits=6)
     with caplog.at_level(logging.WARNING):
         rounds(
@@ -180,3 +220,120 @@ def test_a_process_registry_shows_its_loops_outages() -> None:
     outage.recovered()
     text = generate_latest(process_registry()).decode()
     assert 'rota_outage_active{loop="Redis (metrics test)"} 0.0' in text
+
+
+class Flaky:
+    """Fails with `error` on its first `failures` calls, then answers."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.failures, self.error, self.calls = failures, error, 0
+
+    def __call__(self, arg: str) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return arg.upper()
+
+    async def acall(self, arg: str) -> str:
+        return self(arg)
+
+
+QUICK = Backoff(base=0.002, cap=0.004)
+
+
+def test_retried_calls_once_when_the_call_succeeds() -> None:
+    flaky = Flaky(0, redis.ConnectionError("reset"))
+    asked = []
+    call = retried(flaky, SERVER_LOST, lambda arg: asked.append(arg) or 2, QUICK)
+    assert call("x") == "X"
+    assert flaky.calls == 1 and asked == []  # retries not even asked for
+    acall = aretried(flaky.acall, SERVER_LOST, lambda arg: asked.append(arg) or 2, QUICK)
+    assert asyncio.run(acall("y")) == "Y"
+    assert flaky.calls == 2 and asked == []
+
+
+@pytest.mark.parametrize("failures, answered", [(1, True), (3, True), (4, False)])
+def test_retried_tries_again_on_a_lost_server_then_raises(
+    failures: int, answered: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three retries: the first at once, the others after the policy's waits.
+    errors = (*SERVER_LOST, *WRITE_REFUSED)
+    for error in (redis.ConnectionError("reset"), redis.exceptions.ReadOnlyError("replica")):
+        flaky = Flaky(failures, error)
+        slept: list[float] = []
+        monkeypatch.setattr(time, "sleep", slept.append)
+        call = retried(flaky, errors, lambda arg: 3, QUICK)
+        if answered:
+            assert call("x") == "X"
+        else:
+            with pytest.raises(type(error)):
+                call("x")
+        monkeypatch.undo()
+        assert flaky.calls == min(failures + 1, 4)
+        assert len(slept) == min(failures, 3) - 1
+        assert all(0.001 <= s <= 0.004 for s in slept)
+
+        aflaky = Flaky(failures, error)
+        acall = aretried(aflaky.acall, errors, lambda arg: 3, QUICK)
+        if answered:
+            assert asyncio.run(acall("y")) == "Y"
+        else:
+            with pytest.raises(type(error)):
+                asyncio.run(acall("y"))
+        assert aflaky.calls == min(failures + 1, 4)
+
+
+def test_retried_lets_other_errors_through_and_retries_only_when_asked() -> None:
+    other = Flaky(1, redis.ResponseError("WRONGTYPE"))
+    with pytest.raises(redis.ResponseError):
+        retried(other, SERVER_LOST, lambda arg: 3, QUICK)("x")
+    assert other.calls == 1
+    none_asked = Flaky(1, redis.TimeoutError("slow"))
+    with pytest.raises(redis.TimeoutError):
+        retried(none_asked, SERVER_LOST, lambda arg: 0, QUICK)("x")  # e.g. a probe
+    assert none_asked.calls == 1
+    aother = Flaky(1, ValueError("a bug"))
+    with pytest.raises(ValueError):
+        asyncio.run(aretried(aother.acall, SERVER_LOST, lambda arg: 3, QUICK)("x"))
+    assert aother.calls == 1
+
+
+def test_each_server_has_one_set_of_lost_errors() -> None:
+    import psycopg
+
+    assert issubclass(psycopg.errors.AdminShutdown, db.SERVER_LOST)  # an OperationalError
+    assert not issubclass(psycopg.errors.UniqueViolation, db.SERVER_LOST)
+    for lost in (
+        redis.ConnectionError(),
+        redis.TimeoutError(),
+        redis.exceptions.BusyLoadingError(),
+        redis.exceptions.ClusterDownError("CLUSTERDOWN"),
+        redis.exceptions.TryAgainError(),
+        redis.exceptions.SlotNotCoveredError(),
+        ConnectionResetError(),
+    ):
+        assert isinstance(lost, SERVER_LOST)
+    assert not isinstance(redis.ResponseError("WRONGTYPE"), SERVER_LOST + WRITE_REFUSED)
+
+
+def test_tenacity_is_the_policys_alone() -> None:
+    """One module of rota imports tenacity: the policy; the others retry through it."""
+    import ast
+    from pathlib import Path
+
+    import rota
+
+    root = Path(rota.__file__).parent
+    importers = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(name.split(".")[0] == "tenacity" for name in names):
+                importers.append(str(path.relative_to(root)))
+    assert sorted(set(importers)) == ["runtime/outage.py"]
