@@ -3,14 +3,22 @@ the tasks it had prefetched: their leases have surely run out."""
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from datetime import UTC, datetime
+from typing import Any
 from uuid import uuid4
 
 from rota import App, Settings
 from rota.consumer.running import TaskPool
 from rota.consumer.worker import InFlight, StaleClaim, Worker
 from rota.core import ClaimedTask
+
+
+def _run(worker: Worker, task: Any, flight: InFlight) -> None:
+    """As a pool thread runs a task: in a context of its own, so that the
+    task's context variables stay out of the test's."""
+    contextvars.copy_context().run(worker._run_sync, task, flight)
 
 
 def _flight(claimed_at: float) -> InFlight:
@@ -27,17 +35,17 @@ def test_a_prefetched_task_is_not_started_once_its_lease_surely_ran_out() -> Non
     try:
         now = worker.last_heartbeat
         # Claimed and heartbeated recently: runs.
-        worker._run_sync(task, _flight(claimed_at=now))
+        _run(worker, task, _flight(claimed_at=now))
         assert ran == [1] and worker.outcomes.pop().error is None
         # No heartbeat reached the database for over a lease since the claim:
         # not started, and its outcome hands it back.
         worker.last_heartbeat = now - 120
         stale = _flight(claimed_at=now - 61)
-        worker._run_sync(task, stale)
+        _run(worker, task, stale)
         assert ran == [1] and stale.started_at is None
         assert isinstance(worker.outcomes.pop().error, StaleClaim)
         # Claimed after the last heartbeat, within a lease: still its own.
-        worker._run_sync(task, _flight(claimed_at=now))
+        _run(worker, task, _flight(claimed_at=now))
         assert ran == [1, 1] and worker.outcomes.pop().error is None
         assert not worker.outcomes
     finally:
@@ -55,7 +63,7 @@ def test_a_task_handed_back_before_it_starts_never_starts() -> None:
         flight = _flight(claimed_at=worker.last_heartbeat)
         with worker._pool.starting:
             assert flight.hand_back()
-        worker._run_sync(task, flight)
+        _run(worker, task, flight)
         assert ran == [] and flight.started_at is None and not worker.outcomes
     finally:
         worker._pool.shutdown()
