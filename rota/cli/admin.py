@@ -52,7 +52,7 @@ def tenant(
     (--clear rate_limit removes a limit); `list`, `show NAME`, `pause NAME`,
     `resume NAME`."""
     from rota import core
-    from rota.core import db, read
+    from rota.core import connections, db, read
 
     action, names = (words[0], words[1:]) if words[0] in TENANT_ACTIONS else ("set", words)
     changing = (weight, concurrency_limit, rate_limit, rate_burst, capacity, clear)
@@ -107,7 +107,7 @@ def tenant(
             raise ValidationError(f"{setting} is both given and cleared")
         changes[setting] = None
     patch = core.patch_tenant(name, changes, who)
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
+    with connections.connect(settings_from(database_url), "admin") as conn:
         slot = db.run(conn, patch)
         shown = db.run(conn, read.tenant(name))
     emit(
@@ -288,14 +288,14 @@ def prune(
     ended longer ago than --older-than (maintenance also does this, from
     ROTA_FINISHED_RETENTION and ROTA_DEAD_RETENTION)."""
     from rota import core
-    from rota.core import db
+    from rota.core import connections, db
     from rota.model.rules import parse_duration
 
     seconds = parse_duration(older_than)
     pruned = {"finished": 0, "dead": 0}
     progress = Progress("pruning tasks", as_json)
     try:
-        with db.admin_connect(settings_from(database_url).database_url) as conn:
+        with connections.connect(settings_from(database_url), "admin") as conn:
             for kind, op in (("finished", core.prune_finished), ("dead", core.prune_dead)):
                 while batch := db.run(conn, op(seconds)):
                     pruned[kind] += batch

@@ -79,8 +79,8 @@ MetricsHost = Annotated[str, typer.Option(help="the address --metrics-port liste
 
 
 def run_admin(database_url: str | None, op: Op[T]) -> T:
-    """Runs one operator's operation on an admin connection (rota.core.db.admin_connect)."""
-    from rota.core import db
+    """Runs one operator's operation on an admin connection (rota.core.connections)."""
+    from rota.core import connections, db
 
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
+    with connections.connect(settings_from(database_url), "admin") as conn:
         return db.run(conn, op)

@@ -21,17 +21,22 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Generic, Protocol, TypeVar
 
 from rota.runtime.hints import connection_fix
 
 T = TypeVar("T")
 C = TypeVar("C", bound="Closable")
+A = TypeVar("A", bound="AsyncClosable")
 
 
 class Closable(Protocol):
     def close(self) -> None: ...
+
+
+class AsyncClosable(Protocol):
+    async def close(self) -> None: ...
 
 
 class Stop(Protocol):
@@ -138,6 +143,25 @@ class Kept(Generic[C]):
         if self.current is not None:
             with contextlib.suppress(Exception):  # already broken: best effort
                 self.current.close()
+            self.current = None
+
+
+class AsyncKept(Generic[A]):
+    """`Kept`, for asyncio connections."""
+
+    def __init__(self, connect: Callable[[], Awaitable[A]]) -> None:
+        self._connect = connect
+        self.current: A | None = None
+
+    async def get(self) -> A:
+        if self.current is None:
+            self.current = await self._connect()
+        return self.current
+
+    async def drop(self, _error: BaseException | None = None) -> None:
+        if self.current is not None:
+            with contextlib.suppress(Exception):  # already broken: best effort
+                await self.current.close()
             self.current = None
 
 
