@@ -4,6 +4,7 @@ Each operation (rota.core) is written once, as a generator that yields the
 statements it needs (`Execute`, `Send`, `Copy`) and receives their rows back (see
 rota.core.effects), built by column name as it asks (rota.core.rows). `run`
 carries them out on a psycopg Connection, `arun` on an AsyncConnection.
+`connect` opens one to a URL as rota opens its own (rota.core.connections).
 """
 
 from __future__ import annotations

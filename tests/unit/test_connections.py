@@ -195,3 +195,20 @@ def test_a_url_alone_gets_the_default_settings_not_the_environment(
     assert settings.database_url == DIRECT and not settings.transaction_pooling
     assert "synchronous_commit=off" in connections.arguments(settings, "claims")[1]["options"]
     assert connections.at(POOLED, pooled=True).transaction_pooling
+
+
+@pytest.mark.parametrize(("level", "pool_level"), [("info", "WARNING"), ("debug", "NOTSET")])
+def test_the_pools_requests_are_not_logged_one_by_one(level: str, pool_level: str) -> None:
+    import logging
+
+    from rota.runtime import logs
+
+    root, pool = logging.getLogger(), logging.getLogger("psycopg.pool")
+    handlers, root_level, was = root.handlers[:], root.level, pool.level
+    try:
+        logs.configure(level)
+        assert logging.getLevelName(pool.level) == pool_level
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        pool.setLevel(was)
