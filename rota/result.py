@@ -19,7 +19,7 @@ from uuid import UUID
 
 import orjson
 
-from rota.core import db
+from rota.core import connections, db
 from rota.core.results import ResultState, listen_results, task_result
 from rota.errors import ResultExpired, ResultNotKept, TaskCancelled, TaskFailed
 
@@ -49,13 +49,9 @@ class Result:
         """waiting, scheduled, running, succeeded, dead or cancelled; unknown
         when PostgreSQL has no trace of it yet (still in the buffer) or any
         more (pruned), or no such task."""
-        with db.connect(self.settings.database_url, pooled=self._pooled) as conn:
+        with connections.connect(self.settings, "results") as conn:
             state = db.run(conn, task_result(self.task_id))
         return "unknown" if state is None else STATUSES.get(state.status, state.status)
-
-    @property
-    def _pooled(self) -> bool:
-        return self.settings.transaction_pooling
 
     def get(self, timeout: float | None = None) -> object:
         """The task's return value, once it succeeded; waits up to `timeout`
@@ -64,19 +60,16 @@ class Result:
         one TaskCancelled, an expired result ResultExpired, a task that keeps
         none (or whose result was refused) ResultNotKept."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        url = self.settings.session_database_url
-        with db.connect(
-            url or self.settings.database_url, pooled=url is None and self._pooled
-        ) as conn:
-            if url is not None:
-                conn.autocommit = True
+        listens = self.settings.session_database_url is not None
+        with connections.connect(self.settings, "wait") as conn:
+            if listens:
                 db.run(conn, listen_results())
             while True:
                 ended, value = _ended(self.task_id, db.run(conn, task_result(self.task_id)))
                 if ended:
                     return value
                 wait = _left(deadline, self.task_id)
-                if url is None:
+                if not listens:
                     time.sleep(min(wait, POLL_SECONDS))
                     continue
                 for note in conn.notifies(timeout=min(wait, RECHECK_SECONDS)):
@@ -88,13 +81,10 @@ class Result:
         import asyncio
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        url = self.settings.session_database_url
-        conn = await db.aconnect(
-            url or self.settings.database_url, pooled=url is None and self._pooled
-        )
+        listens = self.settings.session_database_url is not None
+        conn = await connections.aconnect(self.settings, "wait")
         async with conn:
-            if url is not None:
-                await conn.set_autocommit(True)
+            if listens:
                 await db.arun(conn, listen_results())
             while True:
                 state = await db.arun(conn, task_result(self.task_id))
@@ -102,7 +92,7 @@ class Result:
                 if ended:
                     return value
                 wait = _left(deadline, self.task_id)
-                if url is None:
+                if not listens:
                     await asyncio.sleep(min(wait, POLL_SECONDS))
                     continue
                 async for note in conn.notifies(timeout=min(wait, RECHECK_SECONDS)):

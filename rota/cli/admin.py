@@ -99,14 +99,14 @@ def prune(
     ended longer ago than --older-than (maintenance also does this, from
     ROTA_FINISHED_RETENTION and ROTA_DEAD_RETENTION)."""
     from rota import core
-    from rota.core import db
+    from rota.core import connections, db
     from rota.model.rules import parse_duration
 
     seconds = parse_duration(older_than)
     pruned = {"finished": 0, "dead": 0}
     progress = Progress("pruning tasks", as_json)
     try:
-        with db.admin_connect(settings_from(database_url).database_url) as conn:
+        with connections.connect(settings_from(database_url), "admin") as conn:
             for kind, op in (("finished", core.prune_finished), ("dead", core.prune_dead)):
                 while batch := db.run(conn, op(seconds)):
                     pruned[kind] += batch

@@ -81,10 +81,10 @@ MetricsHost = Annotated[str, typer.Option(help="the address --metrics-port liste
 
 
 def run_admin(database_url: str | None, op: Op[T]) -> T:
-    """Runs one operator's operation on an admin connection (rota.core.db.admin_connect)."""
-    from rota.core import db
+    """Runs one operator's operation on an admin connection (rota.core.connections)."""
+    from rota.core import connections, db
 
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
+    with connections.connect(settings_from(database_url), "admin") as conn:
         return db.run(conn, op)
 
 
@@ -93,6 +93,7 @@ def add_pause_commands(
 ) -> None:
     """`rota KIND pause NAME` and `rota KIND resume NAME`; `pause(name,
     paused, actor)` is the operation, False when there is no such KIND."""
+
     def run(name: str, paused: bool, actor: str | None, as_json: bool, url: str | None) -> None:
         if not run_admin(url, pause(name, paused, actor_or_default(actor))):
             typer.echo(f"rota: no {kind} named {name!r}", err=True)

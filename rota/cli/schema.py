@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import psycopg
 import typer
 
 from rota.cli.app import DatabaseUrl, app, settings_from
+from rota.core import connections
 
 
 @app.command()
@@ -27,7 +27,7 @@ def migrate(
     if print_roles:
         typer.echo(roles_script(), nl=False)
         return
-    with psycopg.connect(settings_from(database_url).database_url, autocommit=True) as conn:
+    with connections.connect(settings_from(database_url), "migrate") as conn:
         applied = run_migrations(conn, roles=roles)
     typer.echo(f"applied migrations: {applied}" if applied else "schema is up to date")
     if roles:

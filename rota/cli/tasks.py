@@ -74,12 +74,12 @@ def redis_or_none(settings: Settings) -> redis_client.Client | None:
 def connections(
     database_url: str | None, redis_url: str | None
 ) -> Iterator[tuple[Any, Any, Settings]]:
-    from rota.core import db
+    from rota.core.connections import connect
 
     settings = settings_from(database_url, redis_url)
     client = redis_or_none(settings)
     try:
-        with db.admin_connect(settings.database_url) as conn:
+        with connect(settings, "admin") as conn:
             yield conn, client, settings
     finally:
         if client is not None:
@@ -317,13 +317,13 @@ def letters_replay(
 ) -> None:
     """Load dead letters' tasks into PostgreSQL with the loaders' checks;
     those still refused stay, with why. Exit 1 if any was not replayed."""
-    from rota.core import db
+    from rota.core.connections import connect
     from rota.loader import replay
 
     settings = settings_from(database_url, redis_url)
     client = redis_client.connect(settings)
     try:
-        with db.admin_connect(settings.database_url) as conn:
+        with connect(settings, "admin") as conn:
             result = replay.replay(client, conn, settings, ids, actor_or_default(actor))
     finally:
         client.close()
@@ -346,14 +346,14 @@ def letters_purge(
 ) -> None:
     """Delete dead letters (the ones named, or --all)."""
     from rota.buffer import deadletters
-    from rota.core import db
+    from rota.core.connections import connect
 
     if not ids and not purge_all:
         raise typer.BadParameter("name dead letter ids, or pass --all")
     settings = settings_from(database_url, redis_url)
     client = redis_client.connect(settings)
     try:
-        with db.admin_connect(settings.database_url) as conn:
+        with connect(settings, "admin") as conn:
             removed = deadletters.purge(
                 client, conn, settings.stream_prefix, actor_or_default(actor), ids or [], purge_all
             )

@@ -115,7 +115,7 @@ def tenant_set(
 ) -> None:
     """Create a tenant or change the options given (--clear rate_limit removes a limit)."""
     from rota import core
-    from rota.core import db, read
+    from rota.core import connections, db, read
 
     given = {
         "weight": weight,
@@ -134,7 +134,7 @@ def tenant_set(
             raise ValidationError(f"{setting} is both given and cleared")
         changes[setting] = None
     patch = core.patch_tenant(name, changes, actor_or_default(actor))
-    with db.admin_connect(settings_from(database_url).database_url) as conn:
+    with connections.connect(settings_from(database_url), "admin") as conn:
         slot = db.run(conn, patch)
         shown = db.run(conn, read.tenant(name))
     emit(

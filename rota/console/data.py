@@ -8,10 +8,10 @@ answers kept for a moment."""
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -19,12 +19,11 @@ from uuid import UUID
 import orjson
 import psycopg
 import redis
-from psycopg.pq import TransactionStatus
 
 from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
-from rota.core import db, read
+from rota.core import connections, db, read
 from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import replay as replay_letters
@@ -34,46 +33,28 @@ from rota.readmodel.story import task_story
 from rota.settings import Settings
 
 POOL_SIZE = 4
-APPLICATION_NAME = "rota-console"  # its connections, as pg_stat_activity shows them
-
-IDLE = TransactionStatus.IDLE
 MAX_ENQUEUE = 1000  # tasks per POST /api/tasks
 
 
 class Connections:
-    """A few admin connections to PostgreSQL (the console's threads share
-    them) and a Redis client; a connection that fails is dropped, not reused."""
+    """A pool of a few connections to PostgreSQL (the console's threads share
+    them: rota.core.connections.pool, which replaces one a restart or a dead
+    link broke) and a Redis client."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._idle: queue.LifoQueue[psycopg.Connection[Any]] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(POOL_SIZE)
+        # No connection yet: the console starts, and shows Redis's side,
+        # while PostgreSQL is out.
+        self._pool = connections.pool(settings, "console", size=POOL_SIZE)
         self._redis: redis_client.Client | None = None
         self._producer: App | None = None
         self._lock = threading.Lock()
         # Half of ROTA_STATS_SECONDS, how often what the pages show is counted.
         self.recent = Recent(settings.stats_seconds / 2)
 
-    @contextlib.contextmanager
-    def postgres(self) -> Iterator[psycopg.Connection[Any]]:
-        with self._slots:
-            try:
-                conn = self._idle.get_nowait()
-            except queue.Empty:
-                conn = db.admin_connect(
-                    self.settings.database_url,
-                    pooled=self.settings.transaction_pooling,
-                    statement_timeout=self.settings.console_statement_timeout_seconds,
-                    **db.reach(self.settings),
-                    application_name=APPLICATION_NAME,
-                )
-            try:
-                yield conn
-            finally:
-                if conn.closed or conn.broken or conn.info.transaction_status != IDLE:
-                    conn.close()
-                else:
-                    self._idle.put(conn)
+    def postgres(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """One of the pool's connections, for the length of a `with`."""
+        return self._pool.connection()
 
     def producer(self) -> App:
         """An App for POST /api/tasks: the SDK's checks, buffer and fallback."""
@@ -92,8 +73,7 @@ class Connections:
             return self._redis
 
     def close(self) -> None:
-        while not self._idle.empty():
-            self._idle.get_nowait().close()
+        self._pool.close()
         if self._redis is not None:
             self._redis.close()
         if self._producer is not None:

@@ -22,7 +22,7 @@ from croniter import croniter
 
 from rota import core
 from rota.app import App
-from rota.core import db
+from rota.core import connections, db
 from rota.core.results import prune_results
 from rota.errors import ValidationError
 from rota.model.envelope import make_envelope, task_id_for_key
@@ -282,14 +282,14 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
     process leads, riding out database outages, until `stop` is set."""
     leadership = Leadership(duty, f"reaper {socket.gethostname()}:{os.getpid()}")
     outage = Outage("PostgreSQL (maintenance)", log)
-    # The lock lives in a session: never one a transaction pooler shares out.
-    url = settings.session_database_url
-    if url is None:
+    # The lock lives in a session: never one a transaction pooler shares out
+    # (the "maintenance" connection goes to Settings.session_database_url).
+    if settings.session_database_url is None:
         raise ValidationError(
             "rota reaper holds a session-level lock: behind a transaction pooler, "
             "set ROTA_DIRECT_DATABASE_URL to a URL that reaches PostgreSQL directly"
         )
-    conn = Kept(lambda: db.connect(url, **db.reach(settings)))
+    conn = Kept(lambda: connections.connect(settings, "maintenance"))
 
     def lead() -> float:
         leadership.tick(conn.get())

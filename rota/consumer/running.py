@@ -22,7 +22,7 @@ from rota.app import App
 from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
 from rota.context import CancelFlag, Cancelled
-from rota.core import db
+from rota.core import connections, db
 from rota.core.results import KeptResult
 from rota.errors import Retry, ValidationError
 from rota.model.envelope import dump_result
@@ -34,8 +34,6 @@ log = logging.getLogger("rota.worker")
 
 # How long a listener waits for a NOTIFY before checking whether to stop.
 NOTIFY_WAIT_SECONDS = 1.0
-# PostgreSQL keeps this much of an application_name (NAMEDATALEN - 1).
-APPLICATION_NAME_MAX = 63
 
 
 class TaskTimeout(Exception):
@@ -284,8 +282,9 @@ def listen(
     pooler) it returns at once and the claim loop polls."""
     wanted = set(queues)
     mine = worker + " "
-    url = settings.session_database_url  # LISTEN needs a session: never a pooled one
-    if url is None:
+    # LISTEN needs a session: never a pooled one (the "listen" connection
+    # goes to Settings.session_database_url).
+    if settings.session_database_url is None:
         log.info(
             "behind a transaction pooler without ROTA_DIRECT_DATABASE_URL: no LISTEN, "
             "new tasks are found by polling every %s s",
@@ -294,7 +293,7 @@ def listen(
         return
 
     def listening() -> None:
-        with db.connect(url, **db.reach(settings)) as conn:
+        with connections.connect(settings, "listen") as conn:
             db.run(conn, core.listen_ready())
             db.run(conn, core.listen_cancel())
             outage.recovered()
@@ -322,15 +321,8 @@ def heartbeat(
     holds their lock, which lives on this thread's connection: leadership is
     lost with it. Until `stopping`; reconnects after a lost connection."""
     last_beat = float("-inf")
-    conn = Kept(
-        lambda: db.connect(
-            settings.database_url,
-            pooled=settings.transaction_pooling,
-            **db.reach(settings),
-            # Which worker holds the maintenance lock, in pg_stat_activity.
-            application_name=f"rota-worker:{worker_id}"[-APPLICATION_NAME_MAX:],
-        )
-    )
+    # Which worker holds the maintenance lock: its id, in pg_stat_activity.
+    conn = Kept(lambda: connections.connect(settings, "heartbeat", who=worker_id))
 
     def beat_and_maintain() -> float:
         nonlocal last_beat

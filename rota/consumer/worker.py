@@ -56,7 +56,7 @@ from rota.consumer.running import (
     worker_queues,
 )
 from rota.context import current_cancel, current_task
-from rota.core import db
+from rota.core import connections, db
 from rota.readmodel.metrics import WorkerMetrics
 from rota.runtime import tracing
 from rota.runtime.outage import Kept, Outage, retrying, rounds
@@ -202,12 +202,7 @@ class Worker:
 
     def _connect(self) -> psycopg.Connection[Any]:
         """The connection that claims and reports."""
-        return db.connect(
-            self.settings.database_url,
-            synchronous_commit=self.settings.worker_synchronous_commit,
-            pooled=self.settings.transaction_pooling,
-            **db.reach(self.settings),
-        )
+        return connections.connect(self.settings, "claims")
 
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""

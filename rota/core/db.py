@@ -4,6 +4,7 @@ Each operation (rota.core) is written once, as a generator that yields the
 statements it needs (`Execute`, `Send`, `Copy`) and receives their rows back (see
 rota.core.effects), built by column name as it asks (rota.core.rows). `run`
 carries them out on a psycopg Connection, `arun` on an AsyncConnection.
+`connect` opens one to a URL as rota opens its own (rota.core.connections).
 """
 
 from __future__ import annotations
@@ -15,15 +16,13 @@ from typing import Any, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
+from rota.core import connections
 from rota.core.arrays import UUIDArray as UUIDArray
 from rota.core.arrays import UUIDBytesArray as UUIDBytesArray
+from rota.core.connections import Purpose
 from rota.core.effects import adrive, drive
-from rota.core.links import link as link
-from rota.core.links import reach as reach
-from rota.core.links import server_link
 from rota.core.rows import ONLY, Shape
 from rota.core.rows import Row as Row
 
@@ -306,94 +305,32 @@ def _only_one(execute: Callable[[Step], R]) -> Callable[[Step], R]:
     return once
 
 
-# rota's statements are prepared (psycopg does so after a few runs) and their
-# plans do not depend on the values: a generic plan saves the claim the
-# planning that custom plans would spend on every call. A generic plan lives as
-# long as the session (until the next ANALYZE of its tables), so it must not
-# depend on the statistics either: planned while the queue was empty, the
-# claim would sort a sequential scan of the whole ready table on every call.
-# Every statement of rota's is driven by an index (tests/integration/
-# test_claim_plan.py). JIT is off: a scan that is still sequential (a small
-# table without an index for the filter) is costed at 1e10 when disabled,
-# which makes PostgreSQL JIT-compile such statements on every run; rota's
-# statements are short and never gain from it.
-SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off", "jit": "off"}
-CONNECTION_OPTIONS = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items())
-
-
-def _options(
-    url: str, synchronous_commit: bool, pooled: bool, link_kwargs: Mapping[str, Any]
-) -> dict[str, Any]:
-    """rota's session settings as startup options, unless the URL names its
-    own `options` or goes through a transaction pooler: PgBouncer refuses
-    most startup options, so behind it the settings go on the role instead
-    (README, "Behind PgBouncer"). Behind a transaction pooler a connection
-    prepares nothing either: its next transaction may run on another server
-    session, which never saw the statement."""
-    if pooled:
-        return {"prepare_threshold": None}
-    if "options" in conninfo_to_dict(url):
-        return {}
-    sync = "" if synchronous_commit else " -c synchronous_commit=off"
-    return {"options": CONNECTION_OPTIONS + sync + server_link(link_kwargs)}
-
-
 def connect(
     url: str,
+    purpose: Purpose = "claims",
     *,
-    autocommit: bool = True,
     synchronous_commit: bool = True,
     pooled: bool = False,
-    **kwargs: Any,
+    **overrides: Any,
 ) -> psycopg.Connection[Any]:
-    """`synchronous_commit=False` for workers' claims and reports only (see
-    Settings.worker_synchronous_commit); what a commit must not forget, such
-    as a load the buffer is then acknowledged for, keeps the default.
-    `pooled`: the URL goes through a pooler in transaction mode
-    (Settings.transaction_pooling). Waits on the network are bounded
-    (`link`) unless `kwargs` set the link parameters."""
-    kwargs = {**link(url=url), **kwargs}
-    return psycopg.connect(
-        url,
-        autocommit=autocommit,
-        **_options(url, synchronous_commit, pooled, kwargs),
-        **kwargs,
-    )
-
-
-def admin_connect(
-    url: str,
-    *,
-    pooled: bool = False,
-    statement_timeout: float | None = None,
-    **kwargs: Any,
-) -> psycopg.Connection[Any]:
-    """A connection for operators' reads and actions (the CLI, the console):
-    the server's own planner settings, not the claim path's generic plans
-    and index-only rule, so that an ad-hoc read is planned for what it reads.
-    `statement_timeout` (seconds) bounds each statement, unless the URL names
-    its own options or goes through a pooler (then set it on the role)."""
-    kwargs.setdefault("application_name", "rota-admin")
-    kwargs = {**link(url=url), **kwargs}
-    if pooled:
-        kwargs["prepare_threshold"] = None
-    elif statement_timeout is not None and "options" not in conninfo_to_dict(url):
-        kwargs["options"] = f"-c statement_timeout={int(statement_timeout * 1000)}"
-    return psycopg.connect(url, autocommit=True, **kwargs)
+    """A connection to `url` made as rota's own are (rota.core.connections,
+    with the default settings): rota's session settings, the network's
+    bounds. For code that holds a URL; rota's own processes connect from
+    their Settings. `synchronous_commit=False`: claims and reports do not
+    wait for the WAL flush (as workers' may, Settings.worker_synchronous_commit).
+    `pooled`: the URL goes through a pooler in transaction mode."""
+    settings = connections.at(url, pooled=pooled, synchronous_commit=synchronous_commit)
+    return connections.connect(settings, purpose, **overrides)
 
 
 async def aconnect(
     url: str,
+    purpose: Purpose = "claims",
     *,
-    autocommit: bool = True,
     synchronous_commit: bool = True,
     pooled: bool = False,
-    **kwargs: Any,
+    **overrides: Any,
 ) -> psycopg.AsyncConnection[Any]:
-    kwargs = {**link(url=url), **kwargs}
-    return await psycopg.AsyncConnection.connect(
-        url,
-        autocommit=autocommit,
-        **_options(url, synchronous_commit, pooled, kwargs),
-        **kwargs,
-    )
+    """`connect`, for asyncio."""
+    settings = connections.at(url, pooled=pooled, synchronous_commit=synchronous_commit)
+    return await connections.aconnect(settings, purpose, **overrides)

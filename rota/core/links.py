@@ -5,14 +5,11 @@ and the same asked of the server for its end (session settings)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from psycopg.conninfo import conninfo_to_dict
 
 from rota.model.rules import DEAD_LINK_SECONDS
-
-if TYPE_CHECKING:
-    from rota.settings import Settings
 
 
 def server_link(link_kwargs: Mapping[str, Any]) -> str:
@@ -62,14 +59,4 @@ def link(dead_link_seconds: float = DEAD_LINK_SECONDS, url: str = "") -> dict[st
         "keepalives_interval": bound.interval,
         "keepalives_count": bound.probes,
         "tcp_user_timeout": bound.user_timeout_ms,
-    }
-
-
-def reach(settings: Settings) -> dict[str, Any]:
-    """The connection parameters a process of rota uses: how long opening a
-    connection may take (ROTA_DATABASE_TIMEOUT_SECONDS) and when a link that
-    hears nothing is dead (ROTA_DATABASE_DEAD_LINK_SECONDS)."""
-    return {
-        "connect_timeout": settings.database_timeout_seconds,
-        **link(settings.database_dead_link_seconds, settings.database_url),
     }

@@ -18,7 +18,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from rota import core
-from rota.core import db
+from rota.core import connections, db
 from rota.errors import ValidationError
 from rota.loader.spark_progress import reporting
 from rota.loader.spark_session import SparkOptions, spark_session
@@ -70,9 +70,9 @@ def _slices(first: datetime, last: datetime) -> list[tuple[datetime, datetime]]:
     return slices
 
 
-def _read_slice(database_url: str, bounds: tuple[datetime, datetime]) -> list[tuple[Any, ...]]:
+def _read_slice(settings: Settings, bounds: tuple[datetime, datetime]) -> list[tuple[Any, ...]]:
     """On an executor: the tasks that ended in one slice."""
-    with db.admin_connect(database_url) as conn:
+    with connections.connect(settings, "admin") as conn:
         return db.run(conn, core.archive_rows(*bounds))
 
 
@@ -91,7 +91,7 @@ def archive(
         raise ValidationError(
             f"--before {bound.date()} is in the future: tasks may still end that day"
         )
-    with db.admin_connect(settings.database_url) as conn:
+    with connections.connect(settings, "admin") as conn:
         since = db.run(conn, core.archived_before())
         if since is not None and bound <= since:
             return ArchiveSummary(since.isoformat(), bound.isoformat(), location, 0, [])
@@ -101,7 +101,7 @@ def archive(
         tasks, days = _write(
             settings, _slices(first, last), location, master, session, options, on_progress
         )
-    with db.admin_connect(settings.database_url) as conn:
+    with connections.connect(settings, "admin") as conn:
         db.run(conn, core.record_archive(since, bound, location, tasks))
     return ArchiveSummary(
         since.isoformat() if since else None, bound.isoformat(), location, tasks, days
@@ -120,7 +120,6 @@ def _write(
     from pyspark.sql import functions as F
 
     spark = session or spark_session(master, "rota-archive", options)
-    url = settings.database_url
     schema = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
     # Counters the executors add to once per slice, for progress only (a
     # retried Spark task adds again); the summary counts what was written.
@@ -128,7 +127,7 @@ def _write(
     read_slices = spark.sparkContext.accumulator(0)
 
     def read(bounds: tuple[datetime, datetime]) -> list[tuple[Any, ...]]:
-        found = _read_slice(url, bounds)
+        found = _read_slice(settings, bounds)
         read_tasks.add(len(found))
         read_slices.add(1)
         return found

@@ -35,13 +35,13 @@ from rota.buffer.streams import (
     decode_entry,
     oldest_age,
 )
-from rota.core import db
+from rota.core import connections, db
 from rota.loader.reading import BufferReader, Entry
 from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
 from rota.model.envelope import TaskEnvelope
 from rota.readmodel.metrics import LoaderMetrics
-from rota.runtime.outage import Outage, Polled, one_line, retrying, rounds
+from rota.runtime.outage import Kept, Outage, Polled, one_line, retrying, rounds
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")
@@ -120,7 +120,7 @@ class Loader:
             settings, timeout=settings.loader_redis_timeout_seconds, retries=0
         )
         self.streams = all_streams(settings.stream_prefix, settings.shards)
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn = Kept(lambda: connections.connect(self.settings, "load"))
         self._groups_ready = False
         self.reader = BufferReader(self.redis, settings, self.consumer, self.streams)
         self.settle = BufferSettle(lambda: self.redis, settings)
@@ -131,13 +131,7 @@ class Loader:
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect(
-                self.settings.database_url,
-                pooled=self.settings.transaction_pooling,
-                **db.reach(self.settings),
-            )
-        return self._conn
+        return self._conn.get()
 
     def close(self) -> None:
         self.release_held()
@@ -161,9 +155,7 @@ class Loader:
         return len(held)
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
+        self._conn.drop()
 
     def _after_failure(self, error: BaseException) -> None:
         """The next pass connects anew (the old connection closed, not leaked)
@@ -171,11 +163,12 @@ class Loader:
         has none). Entries in hand are kept for the next pass only when a
         server was lost: an error of theirs (a statement timeout, say) must
         use up their deliveries and end in the dead-letter stream."""
+        conn = self._conn.current
         lost = (
             isinstance(error, redis_client.SERVER_LOST)
-            or self._conn is None
-            or self._conn.closed
-            or self._conn.broken
+            or conn is None
+            or conn.closed
+            or conn.broken
         )
         if not lost:
             self._held = None

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from rota.core import db
+from rota.core import connections
 from rota.core.load import TaskColumns, load_columns
 from rota.loader.origin import ORIGIN, by_tenant_order, unkeyed_ids, with_origin
 from rota.loader.rows import reason_of
@@ -99,7 +99,7 @@ def _import_batches(
 
     def load(tasks: TaskColumns) -> list[str]:
         nonlocal conn
-        conn = conn or db.connect(job["database_url"], pooled=job["pooled"])
+        conn = conn or connections.connect(job["settings"], "load")
         stored, refused = _load_columns_in_chunks(conn, tasks, job["chunk"])
         if counters is not None:
             counters.loaded.add(stored)
@@ -223,8 +223,7 @@ def import_tasks(
         reader = reader.option("header", "true").option("escape", '"')
     frame = with_origin(reader.load(path), fmt)
     job = {
-        "database_url": settings.database_url,
-        "pooled": settings.transaction_pooling,
+        "settings": settings,
         "chunk": settings.loader_batch_size,
         "defaults": {
             "allowed_queues": settings.allowed_queues,

@@ -23,10 +23,11 @@ from rota import core
 from rota.buffer import redis_client
 from rota.buffer.entries import TaskBatch
 from rota.buffer.streams import Rejected
-from rota.core import db
+from rota.core import connections, db
 from rota.loader.settle import BufferSettle, Dead, DeadLettersRefused
 from rota.loader.store import load_entries
 from rota.model.envelope import TaskEnvelope
+from rota.runtime.outage import Kept
 from rota.settings import Settings
 
 # What an executor reports instead of failing its Spark task: the driver
@@ -136,32 +137,18 @@ class ShardLoader:
 
     def __init__(self, job: LoadJob) -> None:
         self.job = job
-        self._conn: psycopg.Connection[Any] | None = None
-        self._redis: redis_client.Client | None = None
+        self._conn = Kept(lambda: connections.connect(job.settings, "load"))
+        self._redis = Kept(lambda: redis_client.connect(job.settings, retries=0))
+        self.buffer = self._redis.get
         self.settle = BufferSettle(self.buffer, job.settings)
 
     @property
     def conn(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            settings = self.job.settings
-            self._conn = db.connect(
-                settings.database_url,
-                pooled=settings.transaction_pooling,
-                **db.reach(settings),
-            )
-        return self._conn
-
-    def buffer(self) -> redis_client.Client:
-        if self._redis is None:
-            self._redis = redis_client.connect(self.job.settings, retries=0)
-        return self._redis
+        return self._conn.get()
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        if self._redis is not None:
-            self._redis.close()
-        self._conn = self._redis = None
+        self._conn.drop()
+        self._redis.drop()
 
     def load(self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]) -> ShardResult:
         """Loads one shard's entries in one transaction with its ledger row; a

@@ -16,7 +16,7 @@ from rota import core
 from rota.buffer import redis_client
 from rota.buffer.entries import TaskBatch
 from rota.buffer.redis_client import NotReplicated
-from rota.core import db
+from rota.core import connections, db
 from rota.core.db import Op
 from rota.core.effects import adrive, drive
 from rota.producer.core import (
@@ -31,7 +31,7 @@ from rota.producer.core import (
     WriteBuffer,
 )
 from rota.runtime import tracing
-from rota.runtime.outage import aretried, retried
+from rota.runtime.outage import AsyncKept, Kept, aretried, retried
 from rota.settings import Settings
 
 T = TypeVar("T")
@@ -123,7 +123,7 @@ class Producer:
         self.core = core or ProducerCore(settings)
         self.settings = settings
         self._redis: redis_client.Client | None = None
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn = Kept(lambda: connections.connect(self.settings, "enqueue"))
         self._conn_lock = threading.Lock()
         # A Redis effect: a plain call, tried again only once it failed.
         self._send_retried = retried(self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF)
@@ -176,18 +176,10 @@ class Producer:
         return result_of(effect, pipe.execute())
 
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.connect(
-                self.settings.database_url,
-                pooled=self.settings.transaction_pooling,
-                **db.reach(self.settings),
-            )
-        return self._conn
+        return self._conn.get()
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
+        self._conn.drop()
 
     def close(self) -> None:
         if self._redis is not None:
@@ -203,7 +195,7 @@ class AsyncProducer:
         self.core = core or ProducerCore(settings)
         self.settings = settings
         self._redis: redis_client.AsyncClient | None = None
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn = AsyncKept(lambda: connections.aconnect(self.settings, "enqueue"))
         self._conn_lock = asyncio.Lock()
         self._send_retried = aretried(self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF)
 
@@ -252,18 +244,10 @@ class AsyncProducer:
         return result_of(effect, await pipe.execute())
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await db.aconnect(
-                self.settings.database_url,
-                pooled=self.settings.transaction_pooling,
-                **db.reach(self.settings),
-            )
-        return self._conn
+        return await self._conn.get()
 
     async def _drop_connection(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-        self._conn = None
+        await self._conn.drop()
 
     async def close(self) -> None:
         if self._redis is not None:

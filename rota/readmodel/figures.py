@@ -22,7 +22,7 @@ import redis
 
 from rota.buffer import deadletters, redis_client
 from rota.buffer.streams import all_streams, buffer_stats
-from rota.core import db, read
+from rota.core import connections, db, read
 from rota.runtime.redact import redact
 from rota.settings import Settings
 
@@ -86,11 +86,7 @@ def _why(exc: BaseException) -> str:
 
 def _own_postgres(settings: Settings) -> PostgresSource:
     def connect() -> AbstractContextManager[psycopg.Connection[Any]]:
-        return db.admin_connect(
-            settings.database_url,
-            pooled=settings.transaction_pooling,
-            **db.reach(settings),
-        )
+        return connections.connect(settings, "admin")
 
     return connect
 

@@ -50,3 +50,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # psycopg_pool (the console's connections) says at INFO what each request
+    # for a connection does: below debug, only its warnings.
+    pool_level = logging.NOTSET if level == "debug" else logging.WARNING
+    logging.getLogger("psycopg.pool").setLevel(pool_level)

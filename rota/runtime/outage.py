@@ -46,10 +46,15 @@ A = TypeVar("A")
 T = TypeVar("T")
 C = TypeVar("C", bound="Closable")
 Errors = tuple[type[BaseException], ...]
+AC = TypeVar("AC", bound="AsyncClosable")
 
 
 class Closable(Protocol):
     def close(self) -> None: ...
+
+
+class AsyncClosable(Protocol):
+    async def close(self) -> None: ...
 
 
 class Stop(Protocol):
@@ -174,6 +179,25 @@ class Kept(Generic[C]):
         if self.current is not None:
             with contextlib.suppress(Exception):  # already broken: best effort
                 self.current.close()
+            self.current = None
+
+
+class AsyncKept(Generic[AC]):
+    """`Kept`, for asyncio connections."""
+
+    def __init__(self, connect: Callable[[], Awaitable[AC]]) -> None:
+        self._connect = connect
+        self.current: AC | None = None
+
+    async def get(self) -> AC:
+        if self.current is None:
+            self.current = await self._connect()
+        return self.current
+
+    async def drop(self, _error: BaseException | None = None) -> None:
+        if self.current is not None:
+            with contextlib.suppress(Exception):  # already broken: best effort
+                await self.current.close()
             self.current = None
 
 

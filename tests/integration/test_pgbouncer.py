@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from rota import App, Settings, core
-from rota.core import db
+from rota.core import connections, db
 from rota.errors import ValidationError
 from rota.loader import Loader
 from rota_tools.devservers import Server, local_pgbouncer
@@ -47,7 +47,7 @@ def test_rota_needs_the_readme_setup_behind_pgbouncer(pgbouncer: Server, databas
     # ... so the settings go on the role (here for this database only) ...
     name = database_url.rsplit("/", 1)[1]
     with psycopg.connect(database_url, autocommit=True) as admin:
-        for setting, value in db.SESSION_SETTINGS.items():
+        for setting, value in connections.SESSION_SETTINGS.items():
             admin.execute(
                 sql.SQL("ALTER ROLE rota IN DATABASE {} SET {} = {}").format(
                     sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)
@@ -57,7 +57,7 @@ def test_rota_needs_the_readme_setup_behind_pgbouncer(pgbouncer: Server, databas
     # ... and the URL names its own (empty) options.
     url = _through(pgbouncer, database_url, "?options=")
     with db.connect(url) as conn:
-        for setting, value in db.SESSION_SETTINGS.items():
+        for setting, value in connections.SESSION_SETTINGS.items():
             assert conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone() == (
                 value,
             )
@@ -78,7 +78,7 @@ def _role_settings(database_url: str) -> None:
     database only), since a transaction pooler takes no startup options."""
     name = database_url.rsplit("/", 1)[1]
     with psycopg.connect(database_url, autocommit=True) as admin:
-        for setting, value in db.SESSION_SETTINGS.items():
+        for setting, value in connections.SESSION_SETTINGS.items():
             admin.execute(
                 sql.SQL("ALTER ROLE rota IN DATABASE {} SET {} = {}").format(
                     sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)

@@ -19,8 +19,8 @@ import httpx
 import psycopg
 
 from rota import core
-from rota.console.data import APPLICATION_NAME
 from rota.core import db
+from rota.core.connections import application_name
 from rota.errors import RotaError
 from rota.settings import Settings
 from rota_tools.bench.core import QUEUE, Filler, claim_throughput, reset
@@ -118,10 +118,12 @@ def _cpu_seconds(pid: int) -> float:
 def _console_cpu(console: Console, url: str) -> dict[int, float]:
     """CPU seconds used so far by the console's process and by the server
     processes of its database connections, by pid."""
-    with db.admin_connect(url) as conn:
+    with db.connect(url, "admin") as conn:
         pids = [
             row[0]
-            for row in conn.execute(query("bench_backends_of"), {"application": APPLICATION_NAME})
+            for row in conn.execute(
+                query("bench_backends_of"), {"application": application_name("console")}
+            )
         ]
     return {pid: _cpu_seconds(pid) for pid in [console.process.pid, *pids]}
 
@@ -144,7 +146,7 @@ def bench_console(
         filler = Filler(conn, tenants, QUEUE)
         filler.add(tasks)
         load_seconds = time.perf_counter() - started
-        with db.admin_connect(url) as admin:
+        with db.connect(url, "admin") as admin:
             admin.execute(query("bench_analyze"))
             db.run(admin, core.refresh_stats())
             deep = admin.execute(query("bench_deepest_ready")).fetchone()
@@ -261,7 +263,7 @@ def _side_by_side(
         cpu_after = _console_cpu(console, url)
         console_cpu += sum(v - cpu_before.get(k, 0.0) for k, v in cpu_after.items())
         console_seconds += sum(plan) * window
-        with db.admin_connect(url) as admin:
+        with db.connect(url, "admin") as admin:
             done = dict(
                 admin.execute(
                     query("bench_finished_per_window"),
@@ -300,7 +302,7 @@ def _toggle(
 def _prepare(filler: Filler, url: str, tasks: int) -> None:
     """The whole backlog waiting again, and the tables vacuumed."""
     filler.fill(tasks)
-    with db.admin_connect(url) as admin:
+    with db.connect(url, "admin") as admin:
         admin.execute(query("bench_vacuum_queue"))
 
 
