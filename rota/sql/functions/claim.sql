@@ -5,19 +5,16 @@
 -- skip the admission's locking, counting and ranking.
 -- SECURITY DEFINER: a worker's role claims through it, holding no direct
 -- UPDATE or DELETE on the tables.
-CREATE OR REPLACE FUNCTION rota.claim(p_queues text[], p_limit integer, p_worker text,
-                                      p_lease_seconds double precision)
-RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
-               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-BEGIN
-    -- Priority (docs/architecture.md, "Fairness") is looked at only when
-    -- these queues hold an urgent task at all (one probe of the partial
-    -- index ready_urgent): claims without any run the plain query.
-    IF NOT EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
-                   WHERE q.name = ANY (p_queues) AND x.priority > 0) THEN
-        RETURN QUERY
+--
+-- The function runs one of two statements made of the parts below, each
+-- part written once: without an urgent task in these queues (most claims),
+-- the parts without the priority step. Left in the statement and skipped at
+-- run time, that step would still cost every claim the setup of its CTEs. A
+-- DO block puts the function together (EXECUTE format()).
+DO $make$
+DECLARE
+    -- The tasks admitted: in fair order, within their tenants' limits.
+    v_admitted constant text := $part$
         WITH limits AS MATERIALIZED (
             -- Every limited tenant (the partial index holds only those), and those
             -- that cannot take a task now.
@@ -77,135 +74,16 @@ BEGIN
                 WHERE tenant_id = ANY ((SELECT limited FROM limits)::integer[])
             ) c
             JOIN limited l ON l.id = c.tenant_id
-            WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
-        ), taken AS (
-            -- Parked ones too: they leave the line.
-            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM admitted))
-        ), claimed AS MATERIALIZED (
-            SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
-                   t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
-                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
-            FROM rota.tasks t
-            JOIN admitted a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
-        ), keyed AS MATERIALIZED (
-            SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
-        ), key_fit AS MATERIALIZED (
-            -- Limits on keys (rota.key_admit) for the claimed tasks that name
-            -- a key, only in queues holding such tasks: the function, its
-            -- tables and their locks are not reached otherwise. Tenant rows
-            -- are locked first (the subquery on `limited`).
-            SELECT f.*
-            FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
-                                       WHERE q.name = ANY (p_queues) AND q.key_limited)
-                           AND (SELECT count(*) FROM limited) >= 0) gate,
-                 LATERAL rota.key_admit(
-                     ARRAY(SELECT c.task_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
-                     ARRAY(SELECT c.limit_key FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
-                     ARRAY(SELECT c.queue_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
-                     ARRAY(SELECT c.vtime FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
-                     ARRAY(SELECT c.tenant_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
-                     ARRAY(SELECT c.seq FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
-                     ARRAY(SELECT c.priority FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq)) f
-        ), final AS MATERIALIZED (
-            -- The claimed tasks that fit (a parked one leaves the line, not
-            -- for a worker). The gate makes key_fit run even when nothing
-            -- was claimed: it brings back parked tasks whose key has room.
-            SELECT c.*, f.key_id
-            FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id
-            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
-        ), charged AS (
-            UPDATE rota.tenants t
-            SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
-                tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
-                refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
-            FROM (SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id) a
-            JOIN limited l ON l.id = a.tenant_id
-            -- The ANY keeps the planner on the key, even with a plan made on few tenants.
-            WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
-        ), leased AS (
-            INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
-                                      lease_expires_at, counted, priority, key_id)
-            SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
-                   priority, key_id
-            FROM final
-        )
-        SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
-               -- Looked up only for tasks stored before the name was copied to them.
-               coalesce(c.tenant, (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id))
-                   AS tenant,
-               c.attempt,
-               c.max_attempts, c.lease_expires_at, c.enqueued_at
-        FROM final c
-        ORDER BY c.vtime, c.tenant_id, c.seq;
-    ELSE
-        RETURN QUERY
-        WITH limits AS MATERIALIZED (
-            -- Every limited tenant (the partial index holds only those), and those
-            -- that cannot take a task now.
-            SELECT coalesce(array_agg(t.id), '{}') AS limited,
-                   coalesce(array_agg(t.id) FILTER (
-                       WHERE t.paused
-                          OR t.running >= t.concurrency_limit
-                          OR rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) < 1),
-                       '{}') AS blocked
-            FROM rota.tenants t
-            WHERE t.limited
-        ), candidates AS MATERIALIZED (
-            SELECT c.*, q.name AS queue
-            FROM rota.queues q
-            CROSS JOIN LATERAL (
-                SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id,
-                       r.priority
-                FROM rota.ready r
-                -- `+ 0` hides the column's statistics from this filter: when one
-                -- tenant holds the whole backlog they make the planner expect no row
-                -- to pass it, and it then sorts a seq scan of ready on every claim.
-                WHERE r.queue_id = q.id AND r.tenant_id + 0 <> ALL ((SELECT blocked FROM limits)::integer[])
-                ORDER BY r.vtime, r.tenant_id, r.seq
-                LIMIT p_limit
-                FOR UPDATE SKIP LOCKED
-            ) c
-            WHERE q.name = ANY (p_queues) AND NOT q.paused
-            ORDER BY c.vtime, c.tenant_id, c.seq
-            LIMIT p_limit
-        ), limited AS MATERIALIZED (
-            -- The candidates' limited tenants, locked in id order, as every writer of
-            -- tenant counters locks them; FOR UPDATE reads the latest committed
-            -- counters, so racing claims cannot both take the last free slot.
-            SELECT t.id,
-                   t.concurrency_limit - t.running AS free_slots,
-                   rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens
-            FROM rota.tenants t
-            WHERE t.limited AND t.id = ANY (ARRAY(
-                SELECT DISTINCT c.tenant_id FROM candidates c
-                WHERE c.tenant_id = ANY ((SELECT limited FROM limits)::integer[])))
-            ORDER BY t.id
-            FOR UPDATE
-        ), admitted AS MATERIALIZED (
-            -- Unlimited tenants' candidates as they are; a limited tenant's, in its
-            -- order, as many as it has free slots and tokens.
-            SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, c.priority,
-                   false AS counted
-            FROM candidates c
-            WHERE c.tenant_id <> ALL ((SELECT limited FROM limits)::integer[])
-            UNION ALL
-            SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, c.priority,
-                   l.free_slots IS NOT NULL
-            FROM (
-                SELECT candidates.*,
-                       row_number() OVER (PARTITION BY tenant_id ORDER BY vtime, seq) AS nth
-                FROM candidates
-                WHERE tenant_id = ANY ((SELECT limited FROM limits)::integer[])
-            ) c
-            JOIN limited l ON l.id = c.tenant_id
-            WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))
+            WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))$part$;
+    -- Priority (docs/architecture.md, "Fairness"): a tenant's waiting tasks
+    -- of a higher priority than its admitted ones take their slots; the
+    -- tasks claimed are then those picked.
+    v_priority constant text := $part$
         ), urgent AS MATERIALIZED (
-            -- Priority (docs/architecture.md, "Fairness"): the slots are the
-            -- admitted ones; a tenant's own waiting tasks of a higher priority
-            -- than a slot's task may take it. Per admitted tenant and queue, at
-            -- most as many as its slots, best first, from the partial index
-            -- ready_urgent.
+            -- The slots are the admitted ones; a tenant's own waiting tasks of a
+            -- higher priority than a slot's task may take it. Per admitted
+            -- tenant and queue, at most as many as its slots, best first, from
+            -- the partial index ready_urgent.
             SELECT u.row_id, u.queue_id, u.vtime, u.tenant_id, u.seq, u.task_id, u.priority
             FROM (SELECT a.queue_id, a.tenant_id, count(*) AS slots, min(a.priority) AS lowest
                   FROM admitted a GROUP BY a.queue_id, a.tenant_id) s
@@ -263,25 +141,29 @@ BEGIN
             SELECT s.row_id, a.queue_id, a.queue, a.vtime, a.tenant_id, s.seq, s.task_id, s.priority,
                    a.counted
             FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
-        ), taken AS (
-            -- The displaced tasks' rows go too, and come back at their new
-            -- places (moved): a row of ready is never updated in place, so a
-            -- racing claim's SKIP LOCKED skips it rather than following it to
-            -- a new version that its row ids (ctid) would not name.
-            DELETE FROM rota.ready
-            WHERE ctid = ANY (ARRAY(SELECT row_id FROM picked UNION ALL
-                                    SELECT slot_row FROM swaps))
+        ), displaced AS (
+            -- A row of ready is never updated in place, so that a racing
+            -- claim's SKIP LOCKED skips it rather than following it to a new
+            -- version that its row ids (ctid) would not name: the displaced
+            -- tasks' rows go, and come back at their new places.
+            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT slot_row FROM swaps))
         ), moved AS (
             INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
             SELECT a.queue_id, s.vtime, a.tenant_id, a.seq, a.task_id, a.priority
-            FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
+            FROM swaps s JOIN admitted a ON a.row_id = s.slot_row$part$;
+    -- The tasks claimed (%1$I: admitted, or picked) leave the line, are
+    -- checked against their keys' limits, counted for their tenants, and leased.
+    v_claimed constant text := $part$
+        ), taken AS (
+            -- Parked ones too: they leave the line.
+            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM %1$I))
         ), claimed AS MATERIALIZED (
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
             FROM rota.tasks t
-            JOIN picked a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM picked))
+            JOIN %1$I a ON a.task_id = t.id
+            WHERE t.id = ANY (ARRAY(SELECT task_id FROM %1$I))
         ), keyed AS MATERIALIZED (
             SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
         ), key_fit AS MATERIALIZED (
@@ -331,10 +213,29 @@ BEGIN
                c.attempt,
                c.max_attempts, c.lease_expires_at, c.enqueued_at
         FROM final c
-        ORDER BY c.vtime, c.tenant_id, c.seq;
+        ORDER BY c.vtime, c.tenant_id, c.seq$part$;
+BEGIN
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.claim(p_queues text[], p_limit integer, p_worker text,
+                                      p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $claim$
+#variable_conflict use_column
+BEGIN
+    -- Priority is looked at only when these queues hold an urgent task at
+    -- all (one probe of the partial index ready_urgent).
+    IF NOT EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
+                   WHERE q.name = ANY (p_queues) AND x.priority > 0) THEN
+        RETURN QUERY%1$s%3$s;
+    ELSE
+        RETURN QUERY%1$s%2$s%4$s;
     END IF;
 END
-$$;
+$claim$$function$,
+        v_admitted, v_priority, format(v_claimed, 'admitted'), format(v_claimed, 'picked'));
+END
+$make$;
 
 -- Completes claimed tasks (stale tokens refused), then claims up to p_limit
 -- as rota.claim does. The first row carries the outcome and no task: how many
