@@ -237,26 +237,35 @@ $claim$$function$,
 END
 $make$;
 
--- Completes claimed tasks (stale tokens refused), then claims up to p_limit
--- as rota.claim does. The first row carries the outcome and no task: how many
--- were completed, and whether the claim ran. It does not run when a
--- completion locked a limited tenant's row: a claim locks tenant rows too,
--- and two workers each holding one tenant's lock while the other's claim asks
--- for it would deadlock; the worker then claims in a statement of its own, as
--- separate transactions always could. The claimed tasks follow, in fair order.
-CREATE OR REPLACE FUNCTION rota.complete_claim(p_ids uuid[], p_attempts integer[],
-                                               p_queues text[], p_limit integer, p_worker text,
-                                               p_lease_seconds double precision)
-RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
-               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
-               completed integer, claimed boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- rota.complete_claim completes claimed tasks (stale tokens refused), then
+-- claims up to p_limit as rota.claim does. The first row carries the outcome
+-- and no task: how many were completed, and whether the claim ran. It does
+-- not run when a completion locked a limited tenant's row: a claim locks
+-- tenant rows too, and two workers each holding one tenant's lock while the
+-- other's claim asks for it would deadlock; the worker then claims in a
+-- statement of its own, as separate transactions always could. The claimed
+-- tasks follow, in fair order.
+--
+-- rota.complete_keeping_claim is rota.complete_claim for a batch whose
+-- completions keep results: each task's result (p_values[i], or the reason
+-- p_refused[i], for p_ttls[i] seconds; NULLs for a task that keeps none)
+-- kept with its completion, the waiters woken, then the claim, in one
+-- statement.
+--
+-- Their body is written once below, the completion apart; a DO block makes
+-- them (EXECUTE format()): a function shared by the two would cost every
+-- report on the hottest path another call.
+DO $make$
+DECLARE
+    -- Completes with %1$s (each task completed, and whether its tenant's
+    -- count was kept), then claims.
+    v_body constant text := $part$
 DECLARE
     v_completed integer;
     v_locked boolean;
 BEGIN
     SELECT count(*), coalesce(bool_or(c.counted), false) INTO v_completed, v_locked
-    FROM rota.complete_counted(p_ids, p_attempts) c;
+    FROM %1$s c;
     RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
                         NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
                         v_completed, NOT v_locked;
@@ -265,4 +274,28 @@ BEGIN
                      FROM rota.claim(p_queues, p_limit, p_worker, p_lease_seconds) c;
     END IF;
 END
-$$;
+$part$;
+BEGIN
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.complete_claim(p_ids uuid[], p_attempts integer[],
+                                               p_queues text[], p_limit integer, p_worker text,
+                                               p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
+               completed integer, claimed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$%s$body$
+$function$, format(v_body, 'rota.complete_counted(p_ids, p_attempts)'));
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts integer[],
+                                                       p_values jsonb[], p_refused text[],
+                                                       p_ttls double precision[], p_queues text[],
+                                                       p_limit integer, p_worker text,
+                                                       p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
+               completed integer, claimed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$%s$body$
+$function$, format(v_body, 'rota.complete_keeping(p_ids, p_attempts, p_values, '
+                               'p_refused, p_ttls)'));
+END
+$make$;

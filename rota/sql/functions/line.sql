@@ -135,15 +135,55 @@ BEGIN
 END
 $$;
 
--- Makes tasks just promoted (or the rest of a load that met a task already
--- run, rota.tasks_enter_line) claimable at their fair places
+-- rota.enter_line makes tasks just promoted (or the rest of a load that met
+-- a task already run, rota.tasks_enter_line) claimable at their fair places
 -- (start-time fair queueing, docs/architecture.md): each (queue, tenant)
 -- pair's tasks, in arrival (seq) order, start at S = max(V, F), the queue's
 -- virtual clock or the tenant's finish tag, and move F on by cost / weight.
 -- Saves each pair's finish tag and largest start tag, and
 -- notifies each queue once. Called only by rota's definer functions: the tags
--- come from these rules, never from a caller. Loads are placed by the same
--- statement in rota.tasks_enter_line, from the insert's transition table.
+-- come from these rules, never from a caller.
+--
+-- rota.tasks_enter_line, the insert trigger's function, puts the tasks an
+-- INSERT or COPY into rota.tasks stored in line, or on the schedule when
+-- their ETA is later: the places and tags computed by rota.enter_line's
+-- rules, never by the caller. A row is inserted once, so it is
+-- put in line once: a second place in line for a task would make every claim
+-- that meets it roll back. Only tasks on their first attempt qualify. The
+-- statement's new rows come from its transition table: nothing is read back.
+--
+-- Both place their tasks with one statement, written once below: the
+-- trigger's function reads the new rows where they are, in its transition
+-- table (passing them to rota.enter_line as arrays costs a bulk load time
+-- for every task). A DO block puts the two functions together (EXECUTE
+-- format()).
+DO $make$
+DECLARE
+    -- Places the tasks of %1$s (id, seq, queue_id, tenant_id, cost,
+    -- priority) that %2$s (a WHERE clause, or none) keeps, once the tags of
+    -- their (queue, tenant) pairs are locked.
+    v_placement constant text := $part$WITH starts AS MATERIALIZED (
+        SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
+    ), placed AS MATERIALIZED (
+        SELECT x.queue_id, x.tenant_id, x.seq, x.id, x.priority,
+               s.start + sum(x.cost / s.weight) OVER w - x.cost / s.weight AS vtime,
+               s.start + sum(x.cost / s.weight) OVER w AS finish
+        FROM %1$s
+        JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id%2$s
+        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
+                     ROWS UNBOUNDED PRECEDING)
+    ), ready AS (
+        INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
+        SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
+    )
+    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
+    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
+          FROM placed GROUP BY 1, 2) m
+    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
+    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
+    WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(v_pair_queues)))$part$;
+BEGIN
+    EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.enter_line(p_ids uuid[], p_seqs bigint[], p_queue_ids integer[],
                                            p_tenant_ids integer[], p_costs double precision[],
                                            p_priorities smallint[])
@@ -152,7 +192,7 @@ RETURNS void
 -- generic plan, which rota's sessions otherwise force, guesses them). Up to
 -- 512 tasks the generic plans are as fast, and planning would cost a
 -- one-task promotion more than running its statements does.
-LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_custom_plan AS $body$
 DECLARE
     v_pair_queues integer[];
     v_pair_tenants integer[];
@@ -169,60 +209,14 @@ BEGIN
     FROM (SELECT DISTINCT q, t FROM unnest(p_queue_ids, p_tenant_ids) AS x(q, t)) pairs;
     -- The pairs' tags stay locked until the transaction ends.
     PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
-    WITH starts AS MATERIALIZED (
-        SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
-    ), placed AS MATERIALIZED (
-        SELECT x.queue_id, x.tenant_id, x.seq, x.id, x.priority,
-               s.start + sum(x.cost / s.weight) OVER w - x.cost / s.weight AS vtime,
-               s.start + sum(x.cost / s.weight) OVER w AS finish
-        FROM unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs, p_priorities)
-             AS x(id, seq, queue_id, tenant_id, cost, priority)
-        JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
-        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
-                     ROWS UNBOUNDED PRECEDING)
-    ), ready AS (
-        INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
-        SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
-    )
-    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
-    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
-          FROM placed GROUP BY 1, 2) m
-    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
-    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
-    WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(p_queue_ids)));
+    %s;
 END
-$$;
-
--- Moves due scheduled tasks (ETA reached, retry backoff over) into line, in
--- one transaction with their removal from the schedule.
-CREATE OR REPLACE FUNCTION rota.promote_due(p_limit integer) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_ids uuid[];
-    v_seqs bigint[];
-    v_queues integer[];
-    v_tenants integer[];
-    v_costs double precision[];
-    v_priorities smallint[];
-BEGIN
-    SELECT array_agg(d.id ORDER BY d.seq), array_agg(d.seq ORDER BY d.seq),
-           array_agg(d.queue_id ORDER BY d.seq), array_agg(d.tenant_id ORDER BY d.seq),
-           array_agg(d.cost ORDER BY d.seq), array_agg(d.priority ORDER BY d.seq)
-    INTO v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities
-    FROM rota.take_due(least(greatest(p_limit, 1), 100000)) d;
-    PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities);
-    RETURN coalesce(cardinality(v_ids), 0);
-END
-$$;
-
--- Puts the tasks an INSERT or COPY into rota.tasks stored in line, or on the
--- schedule when their ETA is later: the places and tags computed here by
--- rota.enter_line's rules, never by the caller. A row is inserted once, so it is
--- put in line once: a second place in line for a task would make every claim
--- that meets it roll back. Only tasks on their first attempt qualify. The
--- statement's new rows come from its transition table: nothing is read back.
+$body$
+$function$, format(v_placement, 'unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs, '
+                                  'p_priorities) AS x(id, seq, queue_id, tenant_id, cost, priority)', ''));
+    EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.tasks_enter_line() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
     v_pair_queues integer[];
     v_pair_tenants integer[];
@@ -268,30 +262,35 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
-    -- rota.enter_line's placement, reading the new rows where they are:
-    -- passing them to it as arrays cost a bulk load 1.2 us a task.
-    WITH starts AS MATERIALIZED (
-        SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
-    ), placed AS MATERIALIZED (
-        SELECT x.queue_id, x.tenant_id, x.seq, x.id, x.priority,
-               s.start + sum(x.cost / s.weight) OVER w - x.cost / s.weight AS vtime,
-               s.start + sum(x.cost / s.weight) OVER w AS finish
-        FROM loaded x
-        JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
-        WHERE x.attempts = 0 AND x.status = 'pending'
-        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
-                     ROWS UNBOUNDED PRECEDING)
-    ), ready AS (
-        INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
-        SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
-    )
-    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
-    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
-          FROM placed GROUP BY 1, 2) m
-    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
-    PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
-    WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(v_pair_queues)));
+    -- The placement, reading the new rows where they are.
+    %s;
     RETURN NULL;
+END
+$body$
+$function$, format(v_placement, 'loaded x', '
+        WHERE x.attempts = 0 AND x.status = ''pending'''));
+END
+$make$;
+
+-- Moves due scheduled tasks (ETA reached, retry backoff over) into line, in
+-- one transaction with their removal from the schedule.
+CREATE OR REPLACE FUNCTION rota.promote_due(p_limit integer) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_ids uuid[];
+    v_seqs bigint[];
+    v_queues integer[];
+    v_tenants integer[];
+    v_costs double precision[];
+    v_priorities smallint[];
+BEGIN
+    SELECT array_agg(d.id ORDER BY d.seq), array_agg(d.seq ORDER BY d.seq),
+           array_agg(d.queue_id ORDER BY d.seq), array_agg(d.tenant_id ORDER BY d.seq),
+           array_agg(d.cost ORDER BY d.seq), array_agg(d.priority ORDER BY d.seq)
+    INTO v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities
+    FROM rota.take_due(least(greatest(p_limit, 1), 100000)) d;
+    PERFORM rota.enter_line(v_ids, v_seqs, v_queues, v_tenants, v_costs, v_priorities);
+    RETURN coalesce(cardinality(v_ids), 0);
 END
 $$;
 

@@ -88,41 +88,41 @@ BEGIN
 END
 $$;
 
--- Pauses or resumes a queue; false if there is no such queue.
-CREATE OR REPLACE FUNCTION rota.pause_queue(p_name text, p_paused boolean, p_actor text)
+-- Pauses or resumes a queue, or a tenant in every queue (p_kind: 'queue' or
+-- 'tenant'), and records it; false if there is no such one. A resume wakes
+-- the workers of the queues it may free.
+CREATE OR REPLACE FUNCTION rota.set_paused(p_kind text, p_name text, p_paused boolean,
+                                           p_actor text)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE rota.queues SET paused = p_paused WHERE name = p_name;
+    IF p_kind = 'queue' THEN
+        UPDATE rota.queues SET paused = p_paused WHERE name = p_name;
+    ELSE
+        UPDATE rota.tenants SET paused = p_paused WHERE name = p_name;
+    END IF;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     INSERT INTO rota.audit (actor, action, target, count)
-    VALUES (p_actor, CASE WHEN p_paused THEN 'pause' ELSE 'resume' END, 'queue:' || p_name, 1);
+    VALUES (p_actor, CASE WHEN p_paused THEN 'pause' ELSE 'resume' END, p_kind || ':' || p_name, 1);
     IF NOT p_paused THEN
-        PERFORM pg_notify('rota_ready', p_name);
+        PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
+        WHERE p_kind = 'tenant' OR q.name = p_name;
     END IF;
     RETURN true;
 END
 $$;
 
+-- Pauses or resumes a queue; false if there is no such queue.
+CREATE OR REPLACE FUNCTION rota.pause_queue(p_name text, p_paused boolean, p_actor text)
+RETURNS boolean
+LANGUAGE sql AS $$ SELECT rota.set_paused('queue', p_name, p_paused, p_actor) $$;
+
 -- Pauses or resumes a tenant in every queue; false if there is no such tenant.
 CREATE OR REPLACE FUNCTION rota.pause_tenant(p_name text, p_paused boolean, p_actor text)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-    UPDATE rota.tenants SET paused = p_paused WHERE name = p_name;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    INSERT INTO rota.audit (actor, action, target, count)
-    VALUES (p_actor, CASE WHEN p_paused THEN 'pause' ELSE 'resume' END, 'tenant:' || p_name, 1);
-    IF NOT p_paused THEN
-        PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q;
-    END IF;
-    RETURN true;
-END
-$$;
+LANGUAGE sql AS $$ SELECT rota.set_paused('tenant', p_name, p_paused, p_actor) $$;
 
 -- Creates a tenant or changes the settings named in p_changes (weight,
 -- concurrency_limit, rate_limit, rate_burst, capacity; a JSON null clears a

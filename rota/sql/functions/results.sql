@@ -87,32 +87,3 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     )
     SELECT (SELECT count(*) FROM expired) + (SELECT count(*) FROM forgotten)
 $$;
-
--- rota.complete_claim for a batch whose completions keep results: each
--- task's result (p_values[i], or the reason p_refused[i], for p_ttls[i]
--- seconds; NULLs for a task that keeps none) kept with its completion, the
--- waiters woken, then the claim, in one statement.
-CREATE OR REPLACE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts integer[],
-                                                       p_values jsonb[], p_refused text[],
-                                                       p_ttls double precision[], p_queues text[],
-                                                       p_limit integer, p_worker text,
-                                                       p_lease_seconds double precision)
-RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
-               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
-               completed integer, claimed boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_completed integer;
-    v_locked boolean;
-BEGIN
-    SELECT count(*), coalesce(bool_or(c.counted), false) INTO v_completed, v_locked
-    FROM rota.complete_keeping(p_ids, p_attempts, p_values, p_refused, p_ttls) c;
-    RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
-                        NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
-                        v_completed, NOT v_locked;
-    IF NOT v_locked THEN
-        RETURN QUERY SELECT c.*, NULL::integer, NULL::boolean
-                     FROM rota.claim(p_queues, p_limit, p_worker, p_lease_seconds) c;
-    END IF;
-END
-$$;
