@@ -28,7 +28,12 @@ def migrate(
         typer.echo(roles_script(), nl=False)
         return
     with connections.connect(settings_from(database_url), "migrate") as conn:
-        applied = run_migrations(conn, roles=roles)
-    typer.echo(f"applied migrations: {applied}" if applied else "schema is up to date")
+        done = run_migrations(conn, roles=roles)
+    if done.versions:
+        typer.echo(f"applied migrations: {done.versions}")
+    if done.functions:
+        typer.echo(f"applied function files: {', '.join(done.functions)}")
+    if not done.versions and not done.functions:
+        typer.echo("schema is up to date")
     if roles:
         typer.echo("roles rota_owner, rota_producer, rota_loader, rota_worker, rota_admin ready")

@@ -1,19 +1,45 @@
 """`rota migrate`: brings a database to the newest schema, idempotently.
 
-A fresh database gets the current schema (rota/sql/schema.sql) in one go; an
-existing one gets each migration it lacks, in order, each in its own
-transaction. Concurrent runs take turns on an advisory lock. A test proves
-that both paths end in the same schema.
+Tables, types and indexes are versioned: a fresh database gets the current
+schema (rota/sql/schema.sql) in one go; an existing one gets each migration
+it lacks (rota/sql/migrations/), in order, each in its own transaction.
+
+Functions, and the triggers and views that call them, are defined once each,
+in the files of rota/sql/functions/, and applied after the migrations: a file
+whose text changed since it was last applied (rota.repeatables keeps each
+file's checksum), and every file in a run that applied a migration (a
+migration may drop what a file makes). They are applied in one transaction:
+the newest migration's, when the run applies it.
+
+So a migration runs before the functions' new text, while the previous
+release's functions are in place: it must not call a function counting on
+its new text, nor leave a table the previous release's functions cannot
+work with (its processes run on until they are replaced). A function whose
+arguments or result type change is dropped by a migration, and made by its
+file (CREATE OR REPLACE cannot change them); so is a view whose columns
+change. Files are applied in the order of rota.sql.FUNCTION_FILES.
+
+Concurrent runs take turns on an advisory lock. A test proves that both paths
+end in the same schema.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from rota.core import db
-from rota.sql import current_schema, migrations, query
+from rota.sql import current_schema, function_files, migrations, query
+
+
+@dataclass(frozen=True)
+class Migrated:
+    """What a run applied: the migrations' versions, and the function files."""
+
+    versions: list[int] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)
 
 
 def applied_versions(conn: psycopg.Connection[Any]) -> list[int]:
@@ -36,11 +62,12 @@ def migrate(
     target: int | None = None,
     step_by_step: bool = False,
     roles: bool = False,
-) -> list[int]:
-    """Applies what is missing; returns the versions applied now.
+) -> Migrated:
+    """Applies what is missing; returns what it applied now.
 
-    `target` stops at a version; `step_by_step` applies every migration even on
-    a fresh database (how the equivalence test builds its reference).
+    `target` stops at a version (the function files wait for the newest);
+    `step_by_step` applies every migration even on a fresh database (how the
+    equivalence test builds its reference).
     `roles` creates rota's roles (rota/sql/roles.sql). Once they exist, every
     run migrates as rota_owner (when this user may become it) and renews the
     owner and the grants, so that new objects get them too.
@@ -64,11 +91,10 @@ def migrate(
     return done
 
 
-def _apply(conn: psycopg.Connection[Any], target: int | None, step_by_step: bool) -> list[int]:
+def _apply(conn: psycopg.Connection[Any], target: int | None, step_by_step: bool) -> Migrated:
     all_migrations = migrations()
     newest = all_migrations[-1].version
     target = newest if target is None else target
-    done: list[int] = []
     with conn.transaction():
         conn.execute(query("migration_lock"))
         applied = set(applied_versions(conn))
@@ -76,7 +102,8 @@ def _apply(conn: psycopg.Connection[Any], target: int | None, step_by_step: bool
             conn.execute(current_schema().encode())
             for m in all_migrations:
                 conn.execute(query("record_migration"), {"version": m.version, "name": m.name})
-            return [m.version for m in all_migrations]
+            return Migrated([m.version for m in all_migrations], _apply_functions(conn, True))
+    done: list[int] = []
     for m in all_migrations:
         if m.version in applied or m.version > target:
             continue
@@ -86,5 +113,28 @@ def _apply(conn: psycopg.Connection[Any], target: int | None, step_by_step: bool
                 continue  # a concurrent run got there first
             conn.execute(m.sql.encode())
             conn.execute(query("record_migration"), {"version": m.version, "name": m.name})
+            if m.version == newest:
+                return Migrated([*done, m.version], _apply_functions(conn, True))
         done.append(m.version)
+    if target < newest:
+        return Migrated(done)
+    with conn.transaction():
+        conn.execute(query("migration_lock"))
+        return Migrated(done, _apply_functions(conn, bool(done)))
+
+
+def _apply_functions(conn: psycopg.Connection[Any], every_file: bool) -> list[str]:
+    """Applies, in the caller's transaction and lock, the function files whose
+    text changed since they were last applied (`every_file`: all of them);
+    returns their names."""
+    recorded = dict(conn.execute(query("recorded_function_files")).fetchall())
+    done = []
+    for file in function_files():
+        if not every_file and recorded.get(file.name) == file.checksum:
+            continue
+        conn.execute(file.sql.encode())
+        conn.execute(query("record_function_file"), {"name": file.name, "checksum": file.checksum})
+        done.append(file.name)
+    if done:
+        conn.execute(query("revoke_public_execute"))
     return done

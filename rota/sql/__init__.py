@@ -1,8 +1,10 @@
-"""rota's SQL as shipped files: migrations, the current schema, and named
-statements in `-- name: NAME` blocks, one file per audience."""
+"""rota's SQL as shipped files: migrations, the current schema, the
+functions (functions/), and named statements in `-- name: NAME` blocks, one
+file per audience."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,5 +89,49 @@ def migrations() -> tuple[Migration, ...]:
 
 
 def current_schema() -> str:
-    """The whole schema at the newest version, for fresh databases."""
+    """The schema's tables, types and indexes at the newest version, for fresh
+    databases; the functions come from `function_files`."""
     return resources.files(__package__).joinpath("schema.sql").read_text(encoding="utf-8")
+
+
+# The files of functions/ in the order they are applied: each after those it
+# needs (a LANGUAGE sql body is checked against the functions it calls when
+# it is made; views and triggers name theirs).
+FUNCTION_FILES = (
+    "line.sql",
+    "limits.sql",
+    "claim.sql",
+    "reports.sql",
+    "results.sql",
+    "workflows.sql",
+    "workers.sql",
+    "retention.sql",
+    "operations.sql",
+    "stats.sql",
+    "views.sql",
+    "triggers.sql",
+)
+
+
+@dataclass(frozen=True)
+class FunctionFile:
+    """A file of functions/, applied again whenever its text changes."""
+
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+@cache
+def function_files() -> tuple[FunctionFile, ...]:
+    folder = resources.files(__package__).joinpath("functions")
+    found = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".sql"))
+    if found != sorted(FUNCTION_FILES):
+        raise RuntimeError(f"functions/ holds {found}, FUNCTION_FILES names {FUNCTION_FILES}")
+    return tuple(
+        FunctionFile(f"functions/{name}", folder.joinpath(name).read_text(encoding="utf-8"))
+        for name in FUNCTION_FILES
+    )

@@ -8,7 +8,7 @@ LISTEN rota_ready
 
 -- name: claim
 -- Claims up to `limit` ready tasks of the given queues in fair order (SKIP
--- LOCKED), limits enforced; the statement is rota.claim's (schema.sql).
+-- LOCKED), limits enforced; the statement is rota.claim's (functions/claim.sql).
 SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at
 FROM rota.claim(%(queues)b::text[], %(limit)s::integer, %(worker)s::text,
                 %(lease_seconds)s::float8)

@@ -12,7 +12,7 @@ Priority is within a tenant, as `rota.claim` has it: a turn runs the
 tenant's most urgent task waiting in that queue (then the earliest), and the
 task whose turn it was takes that task's place.
 
-A failed attempt is decided as `rota.fail` (rota/sql/schema.sql) decides it,
+A failed attempt is decided as `rota.fail` (rota/sql/functions/reports.sql) decides it,
 and its backoff is `rota.backoff_seconds`'; tests/unit/test_testing.py pins
 both to the SQL, so that the two cannot drift apart.
 """

@@ -16,7 +16,7 @@ import pytest
 from rota import App, Settings, core
 from rota.consumer import Maintenance
 from rota.core import db
-from rota.core.migrate import migrate
+from rota.core.migrate import Migrated, migrate
 from rota.loader import Loader
 from rota_tools.devservers import Server, local_postgres
 from tests.helpers import envelopes
@@ -38,7 +38,7 @@ def urls(cluster: Server) -> dict[str, str]:
         conn.execute("CREATE DATABASE app")
     base = cluster.url.rsplit("/", 1)[0].replace("rota@", "{user}@") + "/app"
     with psycopg.connect(base.format(user="rota"), autocommit=True) as conn:
-        assert migrate(conn, roles=True)
+        assert migrate(conn, roles=True).versions
         for component in COMPONENTS:
             conn.execute(f"CREATE ROLE app_{component} LOGIN IN ROLE rota_{component}")
         conn.execute("CREATE ROLE app_migrator LOGIN IN ROLE rota_owner")
@@ -298,7 +298,26 @@ def test_the_admin_configures_tenants(urls: dict[str, str], owner: Conn) -> None
 
 def test_migrations_run_as_the_owner_role(urls: dict[str, str]) -> None:
     with psycopg.connect(urls["migrator"], autocommit=True) as conn:
-        assert migrate(conn) == []  # up to date, grants renewed, as rota_owner
+        assert migrate(conn) == Migrated()  # up to date, grants renewed, as rota_owner
+
+
+def test_a_changed_function_file_is_applied_as_the_owner_keeping_grants(
+    urls: dict[str, str],
+) -> None:
+    claim = "rota.claim(text[], integer, text, double precision)"
+    with psycopg.connect(urls["migrator"], autocommit=True) as conn:
+        conn.execute(
+            "UPDATE rota.repeatables SET checksum = 'older' WHERE name = 'functions/claim.sql'"
+        )
+        assert migrate(conn) == Migrated(functions=["functions/claim.sql"])
+        row = conn.execute(
+            "SELECT pg_get_userbyid(proowner), prosecdef, proconfig,"
+            " has_function_privilege('rota_admin', oid, 'EXECUTE'),"
+            " has_function_privilege('public', oid, 'EXECUTE')"
+            " FROM pg_proc WHERE oid = %s::regprocedure",
+            [claim],
+        ).fetchone()
+    assert row == ("rota_owner", True, ["search_path=pg_catalog, pg_temp"], True, False)
 
 
 def test_print_roles_is_the_same_script() -> None:

@@ -9,7 +9,15 @@ import pytest
 
 import rota
 import rota_tools
-from rota.sql import Blocks, migrations, parse_named_blocks, queries
+from rota.sql import (
+    FUNCTION_FILES,
+    Blocks,
+    current_schema,
+    function_files,
+    migrations,
+    parse_named_blocks,
+    queries,
+)
 from rota_tools.sql import BLOCKS as TOOL_BLOCKS
 
 USE = re.compile(r"""\bquery\(\s*["'](\w+)["']\s*\)""")
@@ -52,3 +60,31 @@ def test_blocks_parse_and_refuse_duplicates() -> None:
 
 def test_migrations_are_numbered_without_gaps() -> None:
     assert [m.version for m in migrations()] == list(range(1, len(migrations()) + 1))
+
+
+FUNCTION_HEADER = re.compile(
+    r"^CREATE OR REPLACE FUNCTION (rota\.\w+)\((.*?)^(?:AS )?.*?\$\w*\$", re.DOTALL | re.MULTILINE
+)
+
+
+def test_every_function_is_defined_once_in_a_file_applied_again() -> None:
+    """A function lives in one file of functions/, made with CREATE OR REPLACE
+    (a file is applied again over what it made); schema.sql holds none."""
+    assert not re.search(r"^CREATE (OR REPLACE )?(FUNCTION|TRIGGER)", current_schema(), re.M)
+    texts = [file.sql for file in function_files()]
+    assert [f.name for f in function_files()] == [f"functions/{n}" for n in FUNCTION_FILES]
+    for text in texts:
+        assert not re.search(r"^CREATE (FUNCTION|TRIGGER|VIEW)", text, re.MULTILINE)
+    names = [m[1] for text in texts for m in FUNCTION_HEADER.finditer(text)]
+    assert len(names) > 70
+    assert sorted(names) == sorted(set(names)), "a function is defined twice"
+
+
+def test_definer_functions_state_their_search_path() -> None:
+    """CREATE OR REPLACE resets a function's settings: a definer function's
+    file states its fixed search_path."""
+    headers = [m[0] for file in function_files() for m in FUNCTION_HEADER.finditer(file.sql)]
+    definers = [h for h in headers if "SECURITY DEFINER" in h]
+    assert definers
+    for header in definers:
+        assert "SET search_path = pg_catalog, pg_temp" in header, header

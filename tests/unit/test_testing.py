@@ -30,7 +30,7 @@ from rota.settings import Settings
 from rota.testing import InMemory
 from rota.testing.line import backoff_seconds
 
-SCHEMA = (Path(rota.__file__).parent / "sql" / "schema.sql").read_text()
+REPORTS = (Path(rota.__file__).parent / "sql" / "functions" / "reports.sql").read_text()
 
 
 def new_app(**settings: Any) -> rota.App:
@@ -485,13 +485,13 @@ def test_a_start_time_and_a_run_limit(app: rota.App) -> None:
 def test_the_retry_rules_are_rota_fails() -> None:
     """rota.testing.line decides a failed attempt as rota.fail does and backs
     off as rota.backoff_seconds: if one of these changes, change the other."""
-    fail = SCHEMA[SCHEMA.index("CREATE FUNCTION rota.fail(") :]
+    fail = REPORTS[REPORTS.index("FUNCTION rota.fail(") :]
     assert (
         "CASE WHEN f.final OR t.cancel_requested OR f.attempt >= t.max_attempts THEN NULL\n"
         "                    ELSE coalesce(f.retry_at, now() + make_interval(secs =>\n"
         "                        rota.backoff_seconds(f.attempt, t.backoff_base, t.backoff_max)))"
     ) in fail
-    backoff = SCHEMA[SCHEMA.index("CREATE FUNCTION rota.backoff_seconds(") :]
+    backoff = REPORTS[REPORTS.index("FUNCTION rota.backoff_seconds(") :]
     assert (
         "SELECT d / 2 + random() * d / 2\n"
         "    FROM (SELECT least(p_max, p_base * power(2, least(p_attempt - 1, 60))) AS d) x"

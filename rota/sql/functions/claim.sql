@@ -1,0 +1,301 @@
+-- Claims up to `limit` ready tasks of the given queues in fair order, in one
+-- statement. Paused queues are not read; paused tenants, and tenants at their
+-- concurrency limit or out of rate tokens, are skipped by the scan; the
+-- admission below is the race-proof check. Tenants without limits (most)
+-- skip the admission's locking, counting and ranking.
+-- SECURITY DEFINER: a worker's role claims through it, holding no direct
+-- UPDATE or DELETE on the tables.
+--
+-- The function runs one of two statements made of the parts below, each
+-- part written once: without an urgent task in these queues (most claims),
+-- the parts without the priority step. Left in the statement and skipped at
+-- run time, that step would still cost every claim the setup of its CTEs. A
+-- DO block puts the function together (EXECUTE format()).
+DO $make$
+DECLARE
+    -- The tasks admitted: in fair order, within their tenants' limits.
+    v_admitted constant text := $part$
+        WITH limits AS MATERIALIZED (
+            -- Every limited tenant (the partial index holds only those), and those
+            -- that cannot take a task now.
+            SELECT coalesce(array_agg(t.id), '{}') AS limited,
+                   coalesce(array_agg(t.id) FILTER (
+                       WHERE t.paused
+                          OR t.running >= t.concurrency_limit
+                          OR rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) < 1),
+                       '{}') AS blocked
+            FROM rota.tenants t
+            WHERE t.limited
+        ), candidates AS MATERIALIZED (
+            SELECT c.*, q.name AS queue
+            FROM rota.queues q
+            CROSS JOIN LATERAL (
+                SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id,
+                       r.priority
+                FROM rota.ready r
+                -- `+ 0` hides the column's statistics from this filter: when one
+                -- tenant holds the whole backlog they make the planner expect no row
+                -- to pass it, and it then sorts a seq scan of ready on every claim.
+                WHERE r.queue_id = q.id AND r.tenant_id + 0 <> ALL ((SELECT blocked FROM limits)::integer[])
+                ORDER BY r.vtime, r.tenant_id, r.seq
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) c
+            WHERE q.name = ANY (p_queues) AND NOT q.paused
+            ORDER BY c.vtime, c.tenant_id, c.seq
+            LIMIT p_limit
+        ), limited AS MATERIALIZED (
+            -- The candidates' limited tenants, locked in id order, as every writer of
+            -- tenant counters locks them; FOR UPDATE reads the latest committed
+            -- counters, so racing claims cannot both take the last free slot.
+            SELECT t.id,
+                   t.concurrency_limit - t.running AS free_slots,
+                   rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens
+            FROM rota.tenants t
+            WHERE t.limited AND t.id = ANY (ARRAY(
+                SELECT DISTINCT c.tenant_id FROM candidates c
+                WHERE c.tenant_id = ANY ((SELECT limited FROM limits)::integer[])))
+            ORDER BY t.id
+            FOR UPDATE
+        ), admitted AS MATERIALIZED (
+            -- Unlimited tenants' candidates as they are; a limited tenant's, in its
+            -- order, as many as it has free slots and tokens.
+            SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, c.priority,
+                   false AS counted
+            FROM candidates c
+            WHERE c.tenant_id <> ALL ((SELECT limited FROM limits)::integer[])
+            UNION ALL
+            SELECT c.row_id, c.queue_id, c.queue, c.vtime, c.tenant_id, c.seq, c.task_id, c.priority,
+                   l.free_slots IS NOT NULL
+            FROM (
+                SELECT candidates.*,
+                       row_number() OVER (PARTITION BY tenant_id ORDER BY vtime, seq) AS nth
+                FROM candidates
+                WHERE tenant_id = ANY ((SELECT limited FROM limits)::integer[])
+            ) c
+            JOIN limited l ON l.id = c.tenant_id
+            WHERE c.nth <= least(coalesce(l.free_slots, c.nth), coalesce(floor(l.tokens), c.nth))$part$;
+    -- Priority (docs/architecture.md, "Fairness"): a tenant's waiting tasks
+    -- of a higher priority than its admitted ones take their slots; the
+    -- tasks claimed are then those picked.
+    v_priority constant text := $part$
+        ), urgent AS MATERIALIZED (
+            -- The slots are the admitted ones; a tenant's own waiting tasks of a
+            -- higher priority than a slot's task may take it. Per admitted
+            -- tenant and queue, at most as many as its slots, best first, from
+            -- the partial index ready_urgent.
+            SELECT u.row_id, u.queue_id, u.vtime, u.tenant_id, u.seq, u.task_id, u.priority
+            FROM (SELECT a.queue_id, a.tenant_id, count(*) AS slots, min(a.priority) AS lowest
+                  FROM admitted a GROUP BY a.queue_id, a.tenant_id) s
+            CROSS JOIN LATERAL (
+                SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id,
+                       r.priority
+                FROM rota.ready r
+                WHERE r.queue_id = s.queue_id AND r.tenant_id = s.tenant_id
+                  AND r.priority > 0 AND r.priority > s.lowest
+                  AND r.ctid <> ALL (ARRAY(SELECT a.row_id FROM admitted a))
+                ORDER BY r.priority DESC, r.vtime, r.seq
+                LIMIT s.slots
+                FOR UPDATE SKIP LOCKED
+            ) u
+        ), ranked AS MATERIALIZED (
+            -- A tenant's slots go to its best tasks among its admitted and urgent
+            -- ones: highest priority first, then earliest in line.
+            SELECT p.*,
+                   row_number() OVER (PARTITION BY p.queue_id, p.tenant_id
+                                      ORDER BY p.priority DESC, p.vtime, p.seq) AS best,
+                   count(*) FILTER (WHERE p.slot) OVER (PARTITION BY p.queue_id, p.tenant_id)
+                       AS slots
+            FROM (
+                SELECT a.row_id, a.queue_id, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority,
+                       true AS slot
+                FROM admitted a
+                WHERE (a.queue_id, a.tenant_id) IN (SELECT u.queue_id, u.tenant_id FROM urgent u)
+                UNION ALL
+                SELECT u.row_id, u.queue_id, u.vtime, u.tenant_id, u.seq, u.task_id, u.priority, false
+                FROM urgent u
+            ) p
+        ), swaps AS MATERIALIZED (
+            -- Each admitted task that lost its slot pairs with an urgent task that
+            -- won one, the earliest slot with the best: the urgent task runs in
+            -- the slot (and keeps the slot's place while it runs), the other
+            -- waits at the urgent task's place. The tenant's places, and so its
+            -- share, are unchanged.
+            SELECT l.row_id AS slot_row, w.row_id, w.vtime, w.seq, w.task_id, w.priority
+            FROM (SELECT r.row_id, r.queue_id, r.tenant_id,
+                         row_number() OVER (PARTITION BY r.queue_id, r.tenant_id
+                                            ORDER BY r.vtime, r.seq) AS n
+                  FROM ranked r WHERE r.slot AND r.best > r.slots) l
+            JOIN (SELECT r.*,
+                         row_number() OVER (PARTITION BY r.queue_id, r.tenant_id
+                                            ORDER BY r.best) AS n
+                  FROM ranked r WHERE NOT r.slot AND r.best <= r.slots) w
+              ON w.queue_id = l.queue_id AND w.tenant_id = l.tenant_id AND w.n = l.n
+        ), picked AS MATERIALIZED (
+            -- The tasks claimed: the admitted ones, but in a swapped slot its urgent task.
+            SELECT a.row_id, a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority,
+                   a.counted
+            FROM admitted a
+            WHERE a.row_id <> ALL (ARRAY(SELECT s.slot_row FROM swaps s))
+            UNION ALL
+            SELECT s.row_id, a.queue_id, a.queue, a.vtime, a.tenant_id, s.seq, s.task_id, s.priority,
+                   a.counted
+            FROM swaps s JOIN admitted a ON a.row_id = s.slot_row
+        ), displaced AS (
+            -- A row of ready is never updated in place, so that a racing
+            -- claim's SKIP LOCKED skips it rather than following it to a new
+            -- version that its row ids (ctid) would not name: the displaced
+            -- tasks' rows go, and come back at their new places.
+            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT slot_row FROM swaps))
+        ), moved AS (
+            INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
+            SELECT a.queue_id, s.vtime, a.tenant_id, a.seq, a.task_id, a.priority
+            FROM swaps s JOIN admitted a ON a.row_id = s.slot_row$part$;
+    -- The tasks claimed (%1$I: admitted, or picked) leave the line, are
+    -- checked against their keys' limits, counted for their tenants, and leased.
+    v_claimed constant text := $part$
+        ), taken AS (
+            -- Parked ones too: they leave the line.
+            DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM %1$I))
+        ), claimed AS MATERIALIZED (
+            SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
+                   t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
+                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
+            FROM rota.tasks t
+            JOIN %1$I a ON a.task_id = t.id
+            WHERE t.id = ANY (ARRAY(SELECT task_id FROM %1$I))
+        ), keyed AS MATERIALIZED (
+            SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
+        ), key_fit AS MATERIALIZED (
+            -- Limits on keys (rota.key_admit) for the claimed tasks that name
+            -- a key, only in queues holding such tasks: the function, its
+            -- tables and their locks are not reached otherwise. Tenant rows
+            -- are locked first (the subquery on `limited`).
+            SELECT f.*
+            FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
+                                       WHERE q.name = ANY (p_queues) AND q.key_limited)
+                           AND (SELECT count(*) FROM limited) >= 0) gate,
+                 LATERAL rota.key_admit(
+                     ARRAY(SELECT c.task_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.limit_key FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.queue_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.vtime FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.tenant_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.seq FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
+                     ARRAY(SELECT c.priority FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq)) f
+        ), final AS MATERIALIZED (
+            -- The claimed tasks that fit (a parked one leaves the line, not
+            -- for a worker). The gate makes key_fit run even when nothing
+            -- was claimed: it brings back parked tasks whose key has room.
+            SELECT c.*, f.key_id
+            FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id
+            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
+        ), charged AS (
+            UPDATE rota.tenants t
+            SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
+                tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
+                refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
+            FROM (SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id) a
+            JOIN limited l ON l.id = a.tenant_id
+            -- The ANY keeps the planner on the key, even with a plan made on few tenants.
+            WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
+        ), leased AS (
+            INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
+                                      lease_expires_at, counted, priority, key_id)
+            SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
+                   priority, key_id
+            FROM final
+        )
+        SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
+               -- Looked up only for tasks stored before the name was copied to them.
+               coalesce(c.tenant, (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id))
+                   AS tenant,
+               c.attempt,
+               c.max_attempts, c.lease_expires_at, c.enqueued_at
+        FROM final c
+        ORDER BY c.vtime, c.tenant_id, c.seq$part$;
+BEGIN
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.claim(p_queues text[], p_limit integer, p_worker text,
+                                      p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $claim$
+#variable_conflict use_column
+BEGIN
+    -- Priority is looked at only when these queues hold an urgent task at
+    -- all (one probe of the partial index ready_urgent).
+    IF NOT EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
+                   WHERE q.name = ANY (p_queues) AND x.priority > 0) THEN
+        RETURN QUERY%1$s%3$s;
+    ELSE
+        RETURN QUERY%1$s%2$s%4$s;
+    END IF;
+END
+$claim$$function$,
+        v_admitted, v_priority, format(v_claimed, 'admitted'), format(v_claimed, 'picked'));
+END
+$make$;
+
+-- rota.complete_claim completes claimed tasks (stale tokens refused), then
+-- claims up to p_limit as rota.claim does. The first row carries the outcome
+-- and no task: how many were completed, and whether the claim ran. It does
+-- not run when a completion locked a limited tenant's row: a claim locks
+-- tenant rows too, and two workers each holding one tenant's lock while the
+-- other's claim asks for it would deadlock; the worker then claims in a
+-- statement of its own, as separate transactions always could. The claimed
+-- tasks follow, in fair order.
+--
+-- rota.complete_keeping_claim is rota.complete_claim for a batch whose
+-- completions keep results: each task's result (p_values[i], or the reason
+-- p_refused[i], for p_ttls[i] seconds; NULLs for a task that keeps none)
+-- kept with its completion, the waiters woken, then the claim, in one
+-- statement.
+--
+-- Their body is written once below, the completion apart; a DO block makes
+-- them (EXECUTE format()): a function shared by the two would cost every
+-- report on the hottest path another call.
+DO $make$
+DECLARE
+    -- Completes with %1$s (each task completed, and whether its tenant's
+    -- count was kept), then claims.
+    v_body constant text := $part$
+DECLARE
+    v_completed integer;
+    v_locked boolean;
+BEGIN
+    SELECT count(*), coalesce(bool_or(c.counted), false) INTO v_completed, v_locked
+    FROM %1$s c;
+    RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
+                        NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
+                        v_completed, NOT v_locked;
+    IF NOT v_locked THEN
+        RETURN QUERY SELECT c.*, NULL::integer, NULL::boolean
+                     FROM rota.claim(p_queues, p_limit, p_worker, p_lease_seconds) c;
+    END IF;
+END
+$part$;
+BEGIN
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.complete_claim(p_ids uuid[], p_attempts integer[],
+                                               p_queues text[], p_limit integer, p_worker text,
+                                               p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
+               completed integer, claimed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$%s$body$
+$function$, format(v_body, 'rota.complete_counted(p_ids, p_attempts)'));
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts integer[],
+                                                       p_values jsonb[], p_refused text[],
+                                                       p_ttls double precision[], p_queues text[],
+                                                       p_limit integer, p_worker text,
+                                                       p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
+               completed integer, claimed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$%s$body$
+$function$, format(v_body, 'rota.complete_keeping(p_ids, p_attempts, p_values, '
+                               'p_refused, p_ttls)'));
+END
+$make$;
