@@ -111,12 +111,14 @@ def try_maintenance_lock() -> Op[bool]:
     return bool((yield from value(query("maintenance_lock"))))
 
 
-def count_service() -> Op[int]:
-    """Counts what finished since the last count into rota.service (per
-    minute, queue and tenant); returns the completions counted."""
-    return int((yield from value(query("count_service"))))
+def count_service(at: datetime | None = None) -> Op[int]:
+    """Counts what finished since the last count, up to a second before
+    `at` (now by default), into rota.service (per minute, queue and
+    tenant); returns the completions counted."""
+    return int((yield from value(query("count_service"), {"at": at})))
 
 
-def refresh_stats() -> Op[int]:
-    """Recounts rota.stats, the console's figures per queue and tenant."""
-    return int((yield from value(query("refresh_stats"))))
+def refresh_stats(at: datetime | None = None) -> Op[int]:
+    """Recounts rota.stats, the console's figures per queue and tenant, and
+    the history of `at`'s minute (now by default)."""
+    return int((yield from value(query("refresh_stats"), {"at": at})))

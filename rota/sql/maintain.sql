@@ -41,10 +41,12 @@ SELECT rota.prune_workers(make_interval(secs => %(seconds)s))
 SELECT rota.prune_loader_batches(make_interval(secs => %(seconds)s), %(keep)s::integer)
 
 -- name: count_service
-SELECT rota.count_service()
+-- At the transaction's time, unless a clock is given (`at`).
+SELECT rota.count_service(coalesce(%(at)s::timestamptz, now()))
 
 -- name: refresh_stats
-SELECT rota.refresh_stats()
+-- At the transaction's time, unless a clock is given (`at`).
+SELECT rota.refresh_stats(coalesce(%(at)s::timestamptz, now()))
 
 -- name: archived_before
 -- Everything that ended before this is archived (`rota archive`); NULL: nothing is.

@@ -139,8 +139,8 @@ BEGIN
                                            double precision[], text[], integer,
                                            double precision),
         rota.wake_result_waiters(uuid[]),
-        rota.count_service(),
-        rota.refresh_stats()
+        rota.count_service(timestamptz),
+        rota.refresh_stats(timestamptz)
         TO rota_worker;
     -- Which workers are alive, for the maintenance leader (not their secrets).
     GRANT SELECT (id, host, pid, queues, concurrency, started_at, heartbeat_at, stopped_at)

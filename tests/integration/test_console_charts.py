@@ -5,7 +5,6 @@ reads, and the pages and API that draw and send the series."""
 from __future__ import annotations
 
 import re
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -66,39 +65,42 @@ def _seed(conn: Conn, minutes: int = 30) -> None:
             )
 
 
-def _within_a_minute() -> None:
-    """Waits until the minute is at least 3 s old and 5 s from its end. A
-    minute's history row is made by the first refresh in it, so a fresh
-    database's first refresh records no earlier minute: counts dated 2 s
-    back must stay in the minute the refresh runs in."""
-    while not 3 <= datetime.now(UTC).second <= 54:
-        time.sleep(0.1)
-
-
 def test_maintenance_keeps_each_queues_history_per_minute(conn: Conn) -> None:
-    _within_a_minute()
+    # Counted on a clock of the test's (half past a minute that is still to
+    # come), with the tasks' end times set on it: no wait for the wall's.
+    (clock,) = conn.execute("SELECT date_trunc('minute', now()) + interval '90 seconds'").fetchone()  # type: ignore[misc]
     load(conn, envelopes("alice", 5, queue="pdfs", max_attempts=1) + envelopes("bob", 2))
     got = claim(conn, 3, queues=("pdfs",))
     db.transact(conn, core.complete([got[0].token]))
     db.transact(conn, core.fail([core.Failure(got[1].id, 1, "ValueError: bad", final=True)]))
-    conn.execute("UPDATE rota.finished SET finished_at = now() - interval '2 seconds'")
-    db.run(conn, core.count_service())
-    db.run(conn, core.refresh_stats())
+    ended = {"at": clock - timedelta(seconds=2)}
+    conn.execute("UPDATE rota.finished SET finished_at = %(at)s", ended)
+    conn.execute("UPDATE rota.tasks SET finished_at = %(at)s WHERE status = 'dead'", ended)
+    db.run(conn, core.count_service(clock))
+    db.run(conn, core.refresh_stats(clock))
     assert _history(conn) == [("default", 2, 0, True, 0, 0), ("pdfs", 2, 1, True, 1, 1)]
     # Counted again in the same minute: the last count stands, nothing doubles.
     db.transact(conn, core.complete([got[2].token]))
-    time.sleep(1.1)  # counted up to a second ago
-    db.run(conn, core.count_service())
-    db.run(conn, core.refresh_stats())
+    conn.execute(
+        "UPDATE rota.finished SET finished_at = %(at)s WHERE task_id = %(id)s",
+        {"at": clock + timedelta(seconds=0.5), "id": got[2].id},
+    )
+    db.run(conn, core.count_service(clock + timedelta(seconds=1)))  # up to a second before
+    db.run(conn, core.refresh_stats(clock + timedelta(seconds=1)))
+    assert _history(conn)[1][4] == 1  # not yet counted: it ended less than a second ago
+    db.run(conn, core.count_service(clock + timedelta(seconds=2)))
+    db.run(conn, core.refresh_stats(clock + timedelta(seconds=2)))
     assert _history(conn) == [("default", 2, 0, True, 0, 0), ("pdfs", 2, 0, True, 2, 1)]
     # A day is kept.
     conn.execute(
         "INSERT INTO rota.queue_history (minute, queue_id, waiting, running)"
-        " SELECT now() - interval '25 hours', id, 1, 1 FROM rota.queues"
+        " SELECT %(at)s - interval '25 hours', id, 1, 1 FROM rota.queues",
+        {"at": clock},
     )
-    db.run(conn, core.refresh_stats())
+    db.run(conn, core.refresh_stats(clock))
     old = conn.execute(
-        "SELECT count(*) FROM rota.queue_history WHERE minute < now() - interval '1 day'"
+        "SELECT count(*) FROM rota.queue_history WHERE minute < %(at)s - interval '1 day'",
+        {"at": clock},
     ).fetchone()
     assert old == (0,)
 

@@ -2,14 +2,17 @@
 -- and tenants' counts and history, and their fair shares, counted by
 -- maintenance duties rather than on the claim's path.
 
--- Counts what finished since the last count, up to a second ago (a
--- completion's row carries its transaction's start time, and commits
--- shortly after); keeps a day. Returns the completions counted.
-CREATE OR REPLACE FUNCTION rota.count_service() RETURNS bigint
+-- Counts what finished since the last count, up to a second before `p_now`
+-- (a completion's row carries its transaction's start time, and commits
+-- shortly after); keeps a day. Returns the completions counted. `p_now`,
+-- here and in rota.refresh_stats, is the clock the history is counted by:
+-- the transaction's time, or a caller's (a test's, which then stands at a
+-- chosen moment instead of waiting for the wall clock's).
+CREATE OR REPLACE FUNCTION rota.count_service(p_now timestamptz DEFAULT now()) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_from timestamptz;
-    v_to timestamptz := now() - interval '1 second';
+    v_to timestamptz := p_now - interval '1 second';
     v_counted bigint;
 BEGIN
     SELECT up_to INTO v_from FROM rota.service_counted FOR UPDATE;
@@ -36,7 +39,7 @@ BEGIN
     )
     SELECT coalesce(sum(completed), 0) INTO v_counted FROM counts;
     UPDATE rota.service_counted SET up_to = v_to;
-    DELETE FROM rota.service WHERE minute < now() - interval '1 day';
+    DELETE FROM rota.service WHERE minute < p_now - interval '1 day';
     RETURN v_counted;
 END
 $$;
@@ -84,13 +87,13 @@ BEGIN
 END
 $$;
 
--- Recounts rota.stats from the queue tables, and writes this minute's
--- history; returns the rows written to rota.stats.
-CREATE OR REPLACE FUNCTION rota.refresh_stats() RETURNS bigint
+-- Recounts rota.stats from the queue tables, and writes the history of
+-- `p_now`'s minute; returns the rows written to rota.stats.
+CREATE OR REPLACE FUNCTION rota.refresh_stats(p_now timestamptz DEFAULT now()) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_rows bigint;
-    v_minute timestamptz := date_trunc('minute', now());
+    v_minute timestamptz := date_trunc('minute', p_now);
 BEGIN
     -- One refresh at a time; a second caller leaves it to the first.
     IF NOT pg_try_advisory_xact_lock(hashtext('rota.refresh_stats')) THEN
@@ -153,7 +156,7 @@ BEGIN
                CASE WHEN s.queue_id IS NULL THEN coalesce(g.waiting + g.running, 0) > 0
                     WHEN g.queue_id IS NULL THEN s.waiting + s.running > 0
                     ELSE g.waiting + g.running <> s.waiting + s.running
-                         OR s.recorded_at < now() - interval '1 hour'
+                         OR s.recorded_at < p_now - interval '1 hour'
                          OR (s.recorded_at IS NULL AND g.waiting + g.running > 0)
                END AS record,
                s.recorded_at
@@ -165,14 +168,14 @@ BEGIN
         UPDATE rota.stats s
         SET waiting = d.waiting, running = d.running, scheduled = d.scheduled, dead = d.dead,
             first_vtime = d.first_vtime, oldest_enqueued_at = d.oldest_enqueued_at,
-            recorded_at = CASE WHEN d.record THEN now() ELSE d.recorded_at END
+            recorded_at = CASE WHEN d.record THEN p_now ELSE d.recorded_at END
         FROM diff d
         WHERE s.ctid = d.row_at AND (d.changed OR d.record) AND NOT d.gone
     ), added AS (
         INSERT INTO rota.stats (queue_id, tenant_id, waiting, running, scheduled, dead,
                                 oldest_enqueued_at, recorded_at, first_vtime)
         SELECT queue_id, tenant_id, waiting, running, scheduled, dead, oldest_enqueued_at,
-               CASE WHEN record THEN now() END, first_vtime
+               CASE WHEN record THEN p_now END, first_vtime
         FROM diff WHERE added
     ), recorded AS (
         INSERT INTO rota.service AS v (minute, queue_id, tenant_id, completed, wait_seconds,
@@ -181,7 +184,7 @@ BEGIN
         ON CONFLICT (minute, queue_id, tenant_id) DO UPDATE SET pending = excluded.pending
     )
     SELECT count(*) INTO v_rows FROM grouped;
-    INSERT INTO rota.stats_counted AS c (at) VALUES (now())
+    INSERT INTO rota.stats_counted AS c (at) VALUES (p_now)
     ON CONFLICT (only_row) DO UPDATE SET at = excluded.at;
     -- The charts' history: this minute's row holds each gauge's last count
     -- in the minute and its largest; completions and deaths of this minute
@@ -191,8 +194,8 @@ BEGIN
                                          oldest_wait_seconds, waiting_max, running_max,
                                          oldest_wait_max)
     SELECT v_minute, q.id, coalesce(s.waiting, 0), coalesce(s.running, 0),
-           extract(epoch FROM now() - s.oldest), coalesce(s.waiting, 0), coalesce(s.running, 0),
-           extract(epoch FROM now() - s.oldest)
+           extract(epoch FROM p_now - s.oldest), coalesce(s.waiting, 0), coalesce(s.running, 0),
+           extract(epoch FROM p_now - s.oldest)
     FROM rota.queues q
     LEFT JOIN (SELECT queue_id, sum(waiting) AS waiting, sum(running) AS running,
                       min(oldest_enqueued_at) AS oldest
@@ -220,7 +223,7 @@ BEGIN
     -- of its last refresh, and its first refresh of the next minute
     -- recomputed them (above) with the completions counted since.
     PERFORM rota.fair_levels(v_minute);
-    DELETE FROM rota.queue_history WHERE minute < now() - interval '1 day';
+    DELETE FROM rota.queue_history WHERE minute < p_now - interval '1 day';
     RETURN v_rows;
 END
 $$;
