@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -284,6 +284,16 @@ def retrying(
         return result
 
 
+def _retries(times: int, errors: Errors, backoff: Backoff) -> dict[str, Any]:
+    """Tenacity's arguments for `times` retries after a first failure."""
+    return {
+        "stop": stop_after_attempt(times),
+        "wait": backoff.wait,
+        "retry": retry_if_exception_type(errors),
+        "reraise": True,
+    }
+
+
 def retried(
     attempt: Callable[[A], T], errors: Errors, retries: Callable[[A], int], backoff: Backoff
 ) -> Callable[[A], T]:
@@ -299,13 +309,7 @@ def retried(
             times = retries(arg)
             if not times:
                 raise
-        again = Retrying(
-            stop=stop_after_attempt(times),
-            wait=backoff.wait,
-            retry=retry_if_exception_type(errors),
-            reraise=True,
-        )
-        return again(attempt, arg)
+        return Retrying(**_retries(times, errors, backoff))(attempt, arg)
 
     return call
 
@@ -325,13 +329,7 @@ def aretried(
             times = retries(arg)
             if not times:
                 raise
-        again = AsyncRetrying(
-            stop=stop_after_attempt(times),
-            wait=backoff.wait,
-            retry=retry_if_exception_type(errors),
-            reraise=True,
-        )
-        return await again(attempt, arg)
+        return await AsyncRetrying(**_retries(times, errors, backoff))(attempt, arg)
 
     return call
 
