@@ -151,7 +151,7 @@ class Producer:
         with self._conn_lock:
             try:
                 return db.transact(self._connection(), op)
-            except psycopg.OperationalError:
+            except db.SERVER_LOST:
                 self._drop_connection()
                 raise
 
@@ -165,7 +165,7 @@ class Producer:
         with self._conn_lock:
             try:
                 return run(self._connection(), op)
-            except psycopg.OperationalError:
+            except db.SERVER_LOST:
                 self._drop_connection()
                 raise
 
@@ -219,7 +219,7 @@ class AsyncProducer:
         async with self._conn_lock:
             try:
                 return await db.atransact(await self._connection(), op)
-            except psycopg.OperationalError:
+            except db.SERVER_LOST:
                 await self._drop_connection()
                 raise
 
@@ -233,7 +233,7 @@ class AsyncProducer:
         async with self._conn_lock:
             try:
                 return await run(await self._connection(), op)
-            except psycopg.OperationalError:
+            except db.SERVER_LOST:
                 await self._drop_connection()
                 raise
 

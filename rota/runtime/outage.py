@@ -164,14 +164,15 @@ def outages() -> dict[str, tuple[int, bool]]:
 
 class Kept(Generic[C]):
     """The connection a loop keeps: made when first needed, closed and
-    forgotten when lost (the next `get` makes a new one)."""
+    forgotten when lost (the next `get` makes a new one), and made anew when
+    it was closed meanwhile (a psycopg connection says so: `closed`)."""
 
     def __init__(self, connect: Callable[[], C]) -> None:
         self._connect = connect
         self.current: C | None = None
 
     def get(self) -> C:
-        if self.current is None:
+        if self.current is None or getattr(self.current, "closed", False):
             self.current = self._connect()
         return self.current
 
@@ -190,7 +191,7 @@ class AsyncKept(Generic[AC]):
         self.current: AC | None = None
 
     async def get(self) -> AC:
-        if self.current is None:
+        if self.current is None or getattr(self.current, "closed", False):
             self.current = await self._connect()
         return self.current
 

@@ -127,6 +127,15 @@ class Conn:
         self.closed = True
 
 
+def test_a_kept_connection_closed_meanwhile_is_made_anew() -> None:
+    kept: Kept[Conn] = Kept(Conn)
+    first = kept.get()
+    assert kept.get() is first
+    first.close()  # by the server's going, say, with no error seen by the loop
+    second = kept.get()
+    assert second is not first and not second.closed and kept.get() is second
+
+
 def test_rounds_reconnect_after_a_lost_server_and_carry_on_after_a_crash(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
