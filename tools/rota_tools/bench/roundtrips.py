@@ -34,13 +34,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rota import App, Settings
 from rota.core import db
 from rota_tools.bench.core import reset
+from rota_tools.bench.pipeline import NOOP_APP, QUEUE, _wait_for_finished
 from rota_tools.delay_proxy import Chunk, DelayProxy
 from rota_tools.devservers import free_port
 from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
 from rota_tools.sql import query
 
-QUEUE = "bench"
-NOOP_APP = "rota_tools.bench.noop:app"
 LOOPBACK = "127.0.0.1"
 
 
@@ -135,14 +134,6 @@ def _proxies(settings: Settings) -> Iterator[dict[str, DelayProxy]]:
         }
 
 
-def _wait_finished(conn: Any, count: int, processes: list[Any], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while conn.execute(query("bench_finished_count")).fetchone()[0] < count:
-        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-            raise RuntimeError(f"round trips: {count} task(s) did not finish")
-        time.sleep(0.002)
-
-
 def start_round_trips(settings: Settings, tasks: int = 40) -> dict[str, Any]:
     """Round trips on the way from enqueue to start (the module's docstring),
     medians over `tasks` tasks sent one at a time."""
@@ -176,12 +167,12 @@ def start_round_trips(settings: Settings, tasks: int = 40) -> dict[str, Any]:
         try:
             for warm in range(3):  # connections made, statements prepared
                 noop.using(tenant="warm-up").enqueue(-1, "warm-up")
-                _wait_finished(conn, warm + 1, processes)
+                _wait_for_finished(conn, warm + 1, processes)
             for i in range(tasks):
                 enqueued = time.time()
                 task_id = noop.using(tenant=f"t{i % 10}").enqueue(i, "pad")
                 sent.append((task_id, enqueued, time.time()))
-                _wait_finished(conn, 4 + i, processes)
+                _wait_for_finished(conn, 4 + i, processes)
         finally:
             stop_workers(processes)
             app.close()
