@@ -3,7 +3,7 @@ line (docs/explanation/architecture.md, "Fairness")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -39,6 +39,8 @@ TASK_COPY_TYPES = (
 # when a task of the chunk has one: tasks at 0 without a key (most) cost the
 # load nothing more.
 TASK_COPY_TYPES_OPTIONS = (*TASK_COPY_TYPES, "int2", "text")
+# With the joins the tasks are members of too (copy_tasks_members): a workflow's.
+TASK_COPY_TYPES_MEMBERS = (*TASK_COPY_TYPES_OPTIONS, "uuid")
 # Up to this many tasks a load is one INSERT (insert_tasks): in a transaction
 # of its own, one round trip in all against a COPY's four. Beyond it, COPY
 # costs less per row.
@@ -58,23 +60,28 @@ class _Prepared(NamedTuple):
 _PREPARED = Rows(_Prepared)
 
 
-def load(envelopes: Iterable[TaskEnvelope], last: bool = True) -> Op[int]:
+def load(
+    envelopes: Iterable[TaskEnvelope],
+    last: bool = True,
+    joins: Mapping[UUID, UUID] | None = None,
+) -> Op[int]:
     """Bulk-loads tasks with their fair positions: COPY into rota.tasks (one
     INSERT up to SMALL_LOAD tasks), whose insert trigger gives them their
     places in line (rota.tasks_enter_line). Tasks loaded or run before (same
     id) are ignored. Run it in a transaction (db.transact); `last=False` when
-    the operation goes on after it. Returns how many were new."""
+    the operation goes on after it. `joins`: the join of each task that is a
+    workflow's member. Returns how many were new."""
     tasks = _first_of_each_id(envelopes)
     if not tasks:
         return 0
     if len(tasks) <= SMALL_LOAD:
-        (stored,) = yield Execute(query("insert_tasks"), _columns(tasks), ONLY, alone=last)
+        (stored,) = yield Execute(query("insert_tasks"), _columns(tasks, joins), ONLY, alone=last)
         return int(stored)
     # The savepoint comes first so that it travels with BEGIN and the
     # preparation (db.transact); a batch loaded again rolls back to it and
     # prepares what is left.
     yield Send(query("load_savepoint"))
-    numbered, copy = yield from _prepared(tasks)
+    numbered, copy = yield from _prepared(tasks, joins)
     try:
         yield copy
     except psycopg.errors.UniqueViolation:
@@ -87,7 +94,7 @@ def load(envelopes: Iterable[TaskEnvelope], last: bool = True) -> Op[int]:
         tasks = [t for t in tasks if t.id not in loaded]
         if not tasks:
             return 0
-        numbered, copy = yield from _prepared(tasks)
+        numbered, copy = yield from _prepared(tasks, joins)
         yield copy
     return len(numbered)
 
@@ -103,7 +110,7 @@ def _preparing(tasks: list[TaskEnvelope]) -> dict[str, Any]:
     }
 
 
-def _columns(tasks: list[TaskEnvelope]) -> dict[str, Any]:
+def _columns(tasks: list[TaskEnvelope], joins: Mapping[UUID, UUID] | None = None) -> dict[str, Any]:
     """insert_tasks's parameters: load_prepare's, and the tasks column by column."""
     params = _preparing(tasks)
     queue_of = {name: i for i, name in enumerate(params["queues"], 1)}
@@ -122,17 +129,24 @@ def _columns(tasks: list[TaskEnvelope]) -> dict[str, Any]:
         "enqueued": [t.enqueued_at for t in tasks],
         "priorities": [t.priority for t in tasks],
         "limit_keys": [t.limit_key for t in tasks],
+        "join_ids": [joins.get(t.id) for t in tasks] if joins else None,
     }
 
 
-def _prepared(tasks: list[TaskEnvelope]) -> Op[tuple[list[tuple[int, TaskEnvelope]], Copy]]:
+def _prepared(
+    tasks: list[TaskEnvelope], joins: Mapping[UUID, UUID] | None = None
+) -> Op[tuple[list[tuple[int, TaskEnvelope]], Copy]]:
     """The tasks with their sequence numbers (less those that already ran),
-    and the COPY that stores them."""
+    and the COPY that stores them (with each member's join, of `joins`)."""
     params = _preparing(tasks)
     (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
     queue_id = dict(zip(params["queues"], ready.queue_ids, strict=True))
     tenant_id = dict(zip(params["tenants"], ready.tenant_ids, strict=True))
     numbered = _without(list(zip(ready.seqs, tasks, strict=True)), ready.already_ran)
+    if joins:
+        rows = task_rows(numbered, queue_id, tenant_id, ready.now, True)
+        members = ((*row, joins.get(t.id)) for row, (_, t) in zip(rows, numbered, strict=True))
+        return numbered, Copy(query("copy_tasks_members"), members, TASK_COPY_TYPES_MEMBERS)
     options = any(t.priority for t in tasks) or any(t.limit_key for t in tasks)
     rows = task_rows(numbered, queue_id, tenant_id, ready.now, options)
     if options:
@@ -331,6 +345,7 @@ def _column_params(tasks: TaskColumns) -> dict[str, Any]:
         "enqueued": [tasks.enqueued_at] * n,
         "priorities": tasks.priorities,
         "limit_keys": [None] * n,  # an import's tasks name no key
+        "join_ids": None,  # nor a join
     }
 
 

@@ -43,7 +43,7 @@ def add_workflow(
     """Loads a workflow's new tasks (its joins scheduled at `waiting_at`)
     and stores its joins and members; returns the tasks stored. Run it in a
     transaction of its own (db.transact): a refused graph rolls back whole."""
-    stored = yield from load(envelopes, last=False)
+    stored = yield from load(envelopes, last=False, joins={m.id: m.join for m in members})
     yield Execute(
         query("add_workflow"),
         {

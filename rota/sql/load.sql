@@ -40,12 +40,20 @@ COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts
                  backoff_max, status, eta, enqueued_at, tenant, priority, limit_key)
 FROM STDIN (FORMAT BINARY)
 
+-- name: copy_tasks_members
+-- copy_tasks_options with the join each task is a member of (a workflow's
+-- tasks: rota.core.TASK_COPY_TYPES_MEMBERS).
+COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
+                 backoff_max, status, eta, enqueued_at, tenant, priority, limit_key, join_id)
+FROM STDIN (FORMAT BINARY)
+
 -- name: insert_tasks
 -- A small load in one statement, which is its own transaction when nothing
 -- else is open (one round trip in all): load_prepare's work, then the rows,
 -- with the tasks that already ran left out and ids stored before ignored.
 -- The insert trigger puts them in line as it does a COPY's rows. Larger loads
--- COPY (copy_tasks): cheaper per row.
+-- COPY (copy_tasks): cheaper per row. join_ids is NULL unless some task is a
+-- workflow's member (unnest pads a NULL array with NULLs).
 WITH n AS MATERIALIZED (
     SELECT n.queue_ids, n.tenant_ids,
            ARRAY(SELECT nextval('rota.task_seq') FROM generate_series(1, %(count)s) ORDER BY 1)
@@ -54,18 +62,18 @@ WITH n AS MATERIALIZED (
 ), stored AS (
     INSERT INTO rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
                             backoff_base, backoff_max, status, eta, enqueued_at, tenant, priority,
-                            limit_key)
+                            limit_key, join_id)
     SELECT u.id, n.seqs[u.i], n.queue_ids[u.q], n.tenant_ids[u.t], u.name, u.payload::json,
            u.cost, u.max_attempts, u.backoff_base, u.backoff_max,
            (CASE WHEN u.eta > now() THEN 'scheduled' ELSE 'pending' END)::rota.task_status,
-           u.eta, u.enqueued_at, (%(tenants)b::text[])[u.t], u.priority, u.limit_key
+           u.eta, u.enqueued_at, (%(tenants)b::text[])[u.t], u.priority, u.limit_key, u.join_id
     FROM n, unnest(%(ids)b::uuid[], %(queue_of)b::int4[], %(tenant_of)b::int4[], %(names)b::text[],
                    %(payloads)b::text[], %(costs)b::float8[], %(max_attempts)b::int4[],
                    %(backoff_bases)b::float8[], %(backoff_maxes)b::float8[],
                    %(etas)b::timestamptz[], %(enqueued)b::timestamptz[], %(priorities)b::int2[],
-                   %(limit_keys)b::text[])
+                   %(limit_keys)b::text[], %(join_ids)b::uuid[])
             WITH ORDINALITY AS u(id, q, t, name, payload, cost, max_attempts, backoff_base,
-                                 backoff_max, eta, enqueued_at, priority, limit_key, i)
+                                 backoff_max, eta, enqueued_at, priority, limit_key, join_id, i)
     WHERE NOT EXISTS (SELECT FROM rota.finished f WHERE f.task_id = u.id)
     ON CONFLICT (id) DO NOTHING
     RETURNING 1

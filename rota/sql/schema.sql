@@ -377,6 +377,10 @@ CREATE TABLE rota.members (
     position integer NOT NULL  -- its result's place among the join's members
 );
 CREATE INDEX members_of_join ON rota.members (join_id, position);
+-- A member's join on its own row too (rota.members.join_id, kept equal), so
+-- that its completion counts the join down from the row it deletes anyway,
+-- without looking the member up (0046).
+ALTER TABLE rota.tasks ADD COLUMN join_id uuid;
 
 -- Dead tasks by age: a small index (dead ones only) keeps their retention
 -- duty (rota.prune_dead) off the wide table's pages.

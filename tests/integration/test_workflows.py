@@ -154,6 +154,53 @@ def test_a_dead_member_kills_its_join_and_its_retry_lets_the_join_wait_again(
     assert (last.id, last.args) == (outer_join, ["inner result", "outer"])
 
 
+def test_each_members_row_names_its_join_however_it_was_stored(
+    flows: App, conn: psycopg.Connection[Any], settings: Settings
+) -> None:
+    """The completion counts a join down from its member's row (tasks.join_id):
+    loaded with it in a large group (COPY), a chain (one INSERT) and a join
+    that is a member itself, with no row written twice; set by
+    rota.add_workflow for a task stored before its join."""
+    step, gather = flows.tasks["step"], flows.tasks["gather"]
+
+    def updated_rows(flow: rota.workflow.Node) -> tuple[rota.Workflow, int]:
+        """The workflow stored in a transaction of ours, and the task rows it updated."""
+        with psycopg.connect(settings.database_url) as own:
+            stored = flows.enqueue_workflow(flow, connection=own)
+            (updated,) = own.execute(
+                "SELECT pg_stat_get_xact_tuples_updated('rota.tasks'::regclass)"
+            ).fetchone() or (None,)
+        return stored, int(updated)
+
+    big, updated = updated_rows(
+        rota.chain(
+            rota.group(*(step.using(tenant="acme").prepare(n) for n in range(100))).then(
+                gather.using(tenant="acme").receiving("big")
+            ),
+            flows.tasks["add"].using(tenant="acme").receiving(1),
+        )
+    )
+    assert updated == 0
+    (before,) = flows.enqueue_workflow(step.using(tenant="acme").prepare(7)).ids
+    late, updated = updated_rows(
+        rota.after(before).then(gather.using(tenant="acme").receiving("late"))
+    )
+    assert updated == 1
+    rows = conn.execute(
+        "SELECT m.task_id, m.join_id, t.join_id FROM rota.members m "
+        "JOIN rota.tasks t ON t.id = m.task_id"
+    ).fetchall()
+    assert len(rows) == 100 + 1 + 1  # the group's, the group's join (a chain's step), `before`
+    assert all(member_join == row_join for _, member_join, row_join in rows)
+    assert {task: join for task, join, _ in rows}[before] == late.last
+    # Everything in line runs; each join runs once its members have.
+    ran: list[UUID] = []
+    for _ in range(6):
+        ran += [t.id for t in _run_all(conn, value=1)]
+        _promote(conn)
+    assert set(ran) == {*big.ids, before, late.last} and len(ran) == len(set(ran))
+
+
 def test_a_cancelled_join_stays_cancelled_and_a_join_on_done_tasks_is_due_at_once(
     flows: App, conn: psycopg.Connection[Any]
 ) -> None:

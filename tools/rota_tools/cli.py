@@ -235,7 +235,7 @@ def bench_workflow_command(
     tenants: Annotated[int, typer.Option(help="tenants, each a group with a join")] = 1000,
     members: Annotated[int, typer.Option(help="members of each small group")] = 100,
     big: Annotated[int, typer.Option(help="members of the one huge group (0: none)")] = 100_000,
-    step_tasks: Annotated[int, typer.Option(help="tasks of the step-cost runs")] = 20_000,
+    step_tasks: Annotated[int, typer.Option(help="tasks of the step-cost runs")] = 50_000,
     runs: int = 3,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,

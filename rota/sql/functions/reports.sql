@@ -74,7 +74,7 @@ BEGIN
         FROM rota.take_running(p_ids, p_attempts) r
     ), gone AS (
         DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM done d))
-        RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost
+        RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost, t.join_id
     ), stored AS (
         INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
                                    max_attempts, cost)
@@ -91,7 +91,8 @@ BEGIN
         INSERT INTO rota.scheduled (run_at, task_id)
         SELECT now(), j.id
         FROM (SELECT WHERE EXISTS (SELECT FROM rota.joins w WHERE NOT w.released)) gate,
-             LATERAL rota.count_down_joins(ARRAY(SELECT task_id FROM done)) AS j(id)
+             LATERAL rota.count_down_joins(
+                 ARRAY(SELECT g.join_id FROM gone g WHERE g.join_id IS NOT NULL)) AS j(id)
         WHERE (SELECT t.status FROM rota.tasks t WHERE t.id = j.id) = 'scheduled'
     )
     SELECT s.task_id, d.counted OR d.key_id IS NOT NULL

@@ -1,24 +1,21 @@
 -- Workflows (docs/howto/workflows.md): joins that wait for their members
 -- (rota.joins, rota.members), counted down by the members' completions.
 
--- Counts down the joins of those of p_ids that are members; returns the
--- joins that stopped waiting. The update walks the joins in id order (the
--- plan is pinned to a nested loop over the sorted counts), so that it locks
--- them in that order, as every countdown does: completions of members of the
--- same joins cannot deadlock.
-CREATE OR REPLACE FUNCTION rota.count_down_joins(p_ids uuid[]) RETURNS SETOF uuid
+-- Counts down p_joins, each once per member of it completed (the members'
+-- rota.tasks.join_id); returns the joins that stopped waiting. The update
+-- walks the joins in id order (the plan is pinned to a nested loop over the
+-- sorted counts), so that it locks them in that order, as every countdown
+-- does: completions of members of the same joins cannot deadlock.
+CREATE OR REPLACE FUNCTION rota.count_down_joins(p_joins uuid[]) RETURNS SETOF uuid
 LANGUAGE plpgsql
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_seqscan = off
 AS $$
 BEGIN
-    IF NOT EXISTS (SELECT FROM rota.joins WHERE NOT released) THEN
-        RETURN;
-    END IF;
     RETURN QUERY
     WITH counted AS MATERIALIZED (
-        SELECT m.join_id, count(*)::integer AS n
-        FROM rota.members m WHERE m.task_id = ANY (p_ids)
-        GROUP BY m.join_id ORDER BY m.join_id
+        SELECT c.join_id, count(*)::integer AS n
+        FROM unnest(p_joins) AS c(join_id)
+        GROUP BY c.join_id ORDER BY c.join_id
     ), counted_down AS (
         UPDATE rota.joins j SET waiting = j.waiting - c.n, released = j.waiting = c.n
         FROM counted c
@@ -147,6 +144,12 @@ BEGIN
           GROUP BY m.join_id) c ON c.join_id = j.id;
     INSERT INTO rota.members (task_id, join_id, position)
     SELECT * FROM unnest(p_members, p_member_joins, p_positions);
+    -- Each member's row names its join (rota.tasks.join_id): loaded with it
+    -- (rota.core.load), or here for a member stored before, or by a loader
+    -- that does not write it.
+    UPDATE rota.tasks t SET join_id = m.join_id
+    FROM unnest(p_members, p_member_joins) AS m(member, join_id)
+    WHERE t.id = m.member AND t.join_id IS DISTINCT FROM m.join_id;
     -- A join whose members had all succeeded already is due now.
     INSERT INTO rota.scheduled (run_at, task_id)
     SELECT now(), j.task_id FROM rota.joins j
