@@ -6,11 +6,13 @@
 -- SECURITY DEFINER: a worker's role claims through it, holding no direct
 -- UPDATE or DELETE on the tables.
 --
--- The function runs one of two statements made of the parts below, each
+-- The function runs one of four statements made of the parts below, each
 -- part written once: without an urgent task in these queues (most claims),
--- the parts without the priority step. Left in the statement and skipped at
--- run time, that step would still cost every claim the setup of its CTEs. A
--- DO block puts the function together (EXECUTE format()).
+-- the parts without the priority step; without keyed tasks (most), those
+-- without the keys' limits. Left in the statement and skipped at run time,
+-- a step would still cost every claim the setup of its CTEs (the key stage
+-- 35-50 µs a claim, measured). A DO block puts the function together
+-- (EXECUTE format()).
 DO $make$
 DECLARE
     -- The tasks admitted: in fair order, within their tenants' limits.
@@ -151,9 +153,8 @@ DECLARE
             INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
             SELECT a.queue_id, s.vtime, a.tenant_id, a.seq, a.task_id, a.priority
             FROM swaps s JOIN admitted a ON a.row_id = s.slot_row$part$;
-    -- The tasks claimed (%1$I: admitted, or picked) leave the line, are
-    -- checked against their keys' limits, counted for their tenants, and leased.
-    v_claimed constant text := $part$
+    -- The tasks claimed (%1$I: admitted, or picked) leave the line.
+    v_taken constant text := $part$
         ), taken AS (
             -- Parked ones too: they leave the line.
             DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM %1$I))
@@ -163,18 +164,17 @@ DECLARE
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
             FROM rota.tasks t
             JOIN %1$I a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM %1$I))
+            WHERE t.id = ANY (ARRAY(SELECT task_id FROM %1$I))$part$;
+    -- The claimed tasks that fit their keys' limits: those of queues holding
+    -- keyed tasks go through rota.key_admit.
+    v_keys constant text := $part$
         ), keyed AS MATERIALIZED (
             SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
         ), key_fit AS MATERIALIZED (
             -- Limits on keys (rota.key_admit) for the claimed tasks that name
-            -- a key, only in queues holding such tasks: the function, its
-            -- tables and their locks are not reached otherwise. Tenant rows
-            -- are locked first (the subquery on `limited`).
+            -- a key. Tenant rows are locked first (the subquery on `limited`).
             SELECT f.*
-            FROM (SELECT WHERE EXISTS (SELECT FROM rota.queues q
-                                       WHERE q.name = ANY (p_queues) AND q.key_limited)
-                           AND (SELECT count(*) FROM limited) >= 0) gate,
+            FROM (SELECT WHERE (SELECT count(*) FROM limited) >= 0) gate,
                  LATERAL rota.key_admit(
                      ARRAY(SELECT c.task_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
                      ARRAY(SELECT c.limit_key FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
@@ -189,7 +189,13 @@ DECLARE
             -- was claimed: it brings back parked tasks whose key has room.
             SELECT c.*, f.key_id
             FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id
-            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0
+            WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0$part$;
+    -- In queues without keyed tasks, every task claimed fits.
+    v_keyless constant text := $part$
+        ), final AS MATERIALIZED (
+            SELECT c.*, NULL::integer AS key_id FROM claimed c$part$;
+    -- The tasks that fit are counted for their tenants, and leased.
+    v_leased constant text := $part$
         ), charged AS (
             UPDATE rota.tenants t
             SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
@@ -222,18 +228,29 @@ RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attemp
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $claim$
 #variable_conflict use_column
+DECLARE
+    v_urgent boolean;
+    v_keys boolean;
 BEGIN
     -- Priority is looked at only when these queues hold an urgent task at
-    -- all (one probe of the partial index ready_urgent).
-    IF NOT EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
-                   WHERE q.name = ANY (p_queues) AND x.priority > 0) THEN
-        RETURN QUERY%1$s%3$s;
+    -- all (one probe of the partial index ready_urgent), and keys only in
+    -- queues holding keyed tasks of a limit (rota.queues.key_limited).
+    v_urgent := EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
+                        WHERE q.name = ANY (p_queues) AND x.priority > 0);
+    v_keys := EXISTS (SELECT FROM rota.queues q WHERE q.name = ANY (p_queues) AND q.key_limited);
+    IF NOT v_urgent AND NOT v_keys THEN
+        RETURN QUERY%1$s%3$s%6$s%7$s;
+    ELSIF NOT v_urgent THEN
+        RETURN QUERY%1$s%3$s%5$s%7$s;
+    ELSIF NOT v_keys THEN
+        RETURN QUERY%1$s%2$s%4$s%6$s%7$s;
     ELSE
-        RETURN QUERY%1$s%2$s%4$s;
+        RETURN QUERY%1$s%2$s%4$s%5$s%7$s;
     END IF;
 END
 $claim$$function$,
-        v_admitted, v_priority, format(v_claimed, 'admitted'), format(v_claimed, 'picked'));
+        v_admitted, v_priority, format(v_taken, 'admitted'), format(v_taken, 'picked'),
+        v_keys, v_keyless, v_leased);
 END
 $make$;
 
