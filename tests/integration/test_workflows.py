@@ -158,9 +158,9 @@ def test_each_members_row_names_its_join_however_it_was_stored(
     flows: App, conn: psycopg.Connection[Any], settings: Settings
 ) -> None:
     """The completion counts a join down from its member's row (tasks.join_id):
-    loaded with it in a large group (COPY), a chain (one INSERT) and a join
-    that is a member itself, with no row written twice; set by
-    rota.add_workflow for a task stored before its join."""
+    loaded with it, by COPY (a large workflow, whose join is a chain's step
+    and so a member itself) or by the one INSERT (a small one), with no row
+    written twice; set by rota.add_workflow for a task stored before its join."""
     step, gather = flows.tasks["step"], flows.tasks["gather"]
 
     def updated_rows(flow: rota.workflow.Node) -> tuple[rota.Workflow, int]:
@@ -181,6 +181,12 @@ def test_each_members_row_names_its_join_however_it_was_stored(
         )
     )
     assert updated == 0
+    small, updated = updated_rows(  # up to 64 tasks: one INSERT
+        rota.group(*(step.using(tenant="acme").prepare(n) for n in range(3))).then(
+            gather.using(tenant="acme").receiving("small")
+        )
+    )
+    assert updated == 0
     (before,) = flows.enqueue_workflow(step.using(tenant="acme").prepare(7)).ids
     late, updated = updated_rows(
         rota.after(before).then(gather.using(tenant="acme").receiving("late"))
@@ -190,7 +196,8 @@ def test_each_members_row_names_its_join_however_it_was_stored(
         "SELECT m.task_id, m.join_id, t.join_id FROM rota.members m "
         "JOIN rota.tasks t ON t.id = m.task_id"
     ).fetchall()
-    assert len(rows) == 100 + 1 + 1  # the group's, the group's join (a chain's step), `before`
+    # The big group's, its join (a chain's step), the small group's, `before`.
+    assert len(rows) == 100 + 1 + 3 + 1
     assert all(member_join == row_join for _, member_join, row_join in rows)
     assert {task: join for task, join, _ in rows}[before] == late.last
     # Everything in line runs; each join runs once its members have.
@@ -198,7 +205,7 @@ def test_each_members_row_names_its_join_however_it_was_stored(
     for _ in range(6):
         ran += [t.id for t in _run_all(conn, value=1)]
         _promote(conn)
-    assert set(ran) == {*big.ids, before, late.last} and len(ran) == len(set(ran))
+    assert set(ran) == {*big.ids, *small.ids, before, late.last} and len(ran) == len(set(ran))
 
 
 def test_a_cancelled_join_stays_cancelled_and_a_join_on_done_tasks_is_due_at_once(
