@@ -208,6 +208,36 @@ def test_each_members_row_names_its_join_however_it_was_stored(
     assert set(ran) == {*big.ids, *small.ids, before, late.last} and len(ran) == len(set(ran))
 
 
+def test_a_workflow_stored_as_before_0046_still_counts_its_join_down(
+    flows: App, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application of the version before 0046 loads a workflow's tasks
+    without their joins: rota.add_workflow names them on the members' rows."""
+    from rota.core import workflows
+
+    loaded_as_before = workflows.load
+
+    def load_without_joins(envelopes: Any, last: bool = True, joins: Any = None) -> Any:
+        return loaded_as_before(envelopes, last)
+
+    monkeypatch.setattr(workflows, "load", load_without_joins)
+    step, gather = flows.tasks["step"], flows.tasks["gather"]
+    stored = flows.enqueue_workflow(
+        rota.group(*(step.using(tenant="acme").prepare(n) for n in range(70))).then(
+            gather.using(tenant="acme").receiving("old")
+        )
+    )
+    members = stored.ids[:70]
+    assert conn.execute(
+        "SELECT count(*) FROM rota.tasks WHERE id = ANY(%s) AND join_id = %s",
+        (members, stored.last),
+    ).fetchone() == (70,)
+    ran = [t.id for t in _run_all(conn, value=1)]
+    assert _promote(conn) == 1
+    ran += [t.id for t in _run_all(conn, value=1)]
+    assert sorted(ran) == sorted(stored.ids)
+
+
 def test_a_cancelled_join_stays_cancelled_and_a_join_on_done_tasks_is_due_at_once(
     flows: App, conn: psycopg.Connection[Any]
 ) -> None:
