@@ -10,8 +10,8 @@
 -- part written once: without an urgent task in these queues (most claims),
 -- the parts without the priority step; without keyed tasks (most), those
 -- without the keys' limits. Left in the statement and skipped at run time,
--- a step would still cost every claim the setup of its CTEs (the key stage
--- 35-50 µs a claim, measured). A DO block puts the function together
+-- a step would still cost every claim the setup of its CTEs
+-- (docs/explanation/benchmarks.md). A DO block puts the function together
 -- (EXECUTE format()).
 DO $make$
 DECLARE
@@ -167,7 +167,7 @@ DECLARE
             WHERE t.id = ANY (ARRAY(SELECT task_id FROM %1$I))$part$;
     -- The claimed tasks that fit their keys' limits: those of queues holding
     -- keyed tasks go through rota.key_admit.
-    v_keys constant text := $part$
+    v_key_stage constant text := $part$
         ), keyed AS MATERIALIZED (
             SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
         ), key_fit AS MATERIALIZED (
@@ -191,7 +191,7 @@ DECLARE
             FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id
             WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0$part$;
     -- In queues without keyed tasks, every task claimed fits.
-    v_keyless constant text := $part$
+    v_no_key_stage constant text := $part$
         ), final AS MATERIALIZED (
             SELECT c.*, NULL::integer AS key_id FROM claimed c$part$;
     -- The tasks that fit are counted for their tenants, and leased.
@@ -250,7 +250,7 @@ BEGIN
 END
 $claim$$function$,
         v_admitted, v_priority, format(v_taken, 'admitted'), format(v_taken, 'picked'),
-        v_keys, v_keyless, v_leased);
+        v_key_stage, v_no_key_stage, v_leased);
 END
 $make$;
 
