@@ -87,6 +87,45 @@ def test_tasks_waiting_on_a_key_hold_up_no_other_task(conn: Conn) -> None:
     assert len(seen) == _parked(conn) >= 15  # each parked once, and still parked
 
 
+def _key_admissions(conn: Conn, limit: int) -> tuple[int, int]:
+    """One claim in a transaction of its own: the tasks it took, and how many
+    times it called rota.key_admit (the backend's function statistics not
+    yet reported, which a transaction's end may report: read on both sides
+    of the claim, in the transaction)."""
+
+    def calls() -> int:
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+            " WHERE schemaname = 'rota' AND funcname = 'key_admit'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = calls()
+        got = db.run(conn, core.claim(["default"], limit, "test-worker", 60.0))
+        return len(got), calls() - before
+
+
+def test_a_batch_naming_no_key_skips_the_keys_while_none_has_room(conn: Conn) -> None:
+    """Beside a saturated key's parked backlog, a claim of unkeyed tasks
+    leaves the keys alone; once the key has room, a claim brings the parked
+    tasks back, whatever its batch holds."""
+    _set(conn, Limit("slow", concurrency=1))
+    load(conn, envelopes("big", 50, limit_key="slow"))
+    held = claim(conn, 100)
+    assert len(held) == 1 and _parked(conn) == 49
+    load(conn, [e for t in range(5) for e in envelopes(f"t{t}", 20)])
+    assert _key_admissions(conn, 10) == (10, 0)
+    _complete(conn, held)
+    assert _key_admissions(conn, 10) == (10, 1)  # brings one parked task back
+    assert _keys(conn) == {"slow": (0, 48)}
+    taken, calls = _key_admissions(conn, 100)
+    assert (taken, calls) == (81, 1)  # the task back, with everyone's
+    assert _keys(conn) == {"slow": (1, 48)}
+
+
 def test_a_rate_limit_on_a_key_spends_tokens_over_every_tenant(conn: Conn) -> None:
     _set(conn, Limit("sms", rate=2, burst=3))
     load(conn, [e for t in "ab" for e in envelopes(t, 5, limit_key="sms")])

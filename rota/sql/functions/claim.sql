@@ -172,9 +172,19 @@ DECLARE
             SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
         ), key_fit AS MATERIALIZED (
             -- Limits on keys (rota.key_admit) for the claimed tasks that name
-            -- a key. Tenant rows are locked first (the subquery on `limited`).
+            -- a key, and for parked tasks whose key has room. Neither (a
+            -- batch of unkeyed tasks beside a saturated key): not called.
+            -- Tenant rows are locked first (the subquery on `limited`).
             SELECT f.*
-            FROM (SELECT WHERE (SELECT count(*) FROM limited) >= 0) gate,
+            FROM (SELECT WHERE (SELECT count(*) FROM limited) >= 0
+                           AND (EXISTS (SELECT FROM keyed)
+                                OR EXISTS (SELECT FROM rota.keys k
+                                           JOIN rota.key_limits l ON l.id = k.limit_id
+                                           WHERE k.parked > 0
+                                             AND rota.key_room(k.parked, l.concurrency_limit,
+                                                               k.running, l.rate_limit,
+                                                               l.rate_burst, k.tokens,
+                                                               k.refilled_at) > 0))) gate,
                  LATERAL rota.key_admit(
                      ARRAY(SELECT c.task_id FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
                      ARRAY(SELECT c.limit_key FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq),
@@ -185,7 +195,7 @@ DECLARE
                      ARRAY(SELECT c.priority FROM keyed c ORDER BY c.vtime, c.tenant_id, c.seq)) f
         ), final AS MATERIALIZED (
             -- The claimed tasks that fit (a parked one leaves the line, not
-            -- for a worker). The gate makes key_fit run even when nothing
+            -- for a worker). The count makes key_fit run even when nothing
             -- was claimed: it brings back parked tasks whose key has room.
             SELECT c.*, f.key_id
             FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id

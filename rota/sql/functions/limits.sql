@@ -13,6 +13,20 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
            END
 $$;
 
+-- How many of a key's parked tasks its limit has room for now: its free
+-- slots and whole tokens, up to its parked count; without its limit (NULLs),
+-- all of them. Plain SQL, so the planner inlines it.
+CREATE OR REPLACE FUNCTION rota.key_room(p_parked integer, p_concurrency_limit integer,
+                                         p_running integer, p_rate double precision,
+                                         p_burst double precision, p_tokens double precision,
+                                         p_refilled_at timestamptz)
+RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT least(p_parked, coalesce(p_concurrency_limit - p_running, p_parked),
+                 coalesce(floor(rota.tokens_now(p_rate, p_burst, p_tokens, p_refilled_at))::integer,
+                          p_parked))
+$$;
+
 -- Creates or changes a tenant. The running counter is recounted when a
 -- concurrency limit is set; a fresh rate limit starts with a full bucket.
 CREATE OR REPLACE FUNCTION rota.configure_tenant(
@@ -139,16 +153,12 @@ DECLARE
 BEGIN
     WITH room AS MATERIALIZED (
         SELECT k.id, k.parked,
-               least(k.parked,
-                     coalesce(l.concurrency_limit - k.running, k.parked),
-                     coalesce(floor(rota.tokens_now(l.rate_limit, l.rate_burst, k.tokens,
-                                                    k.refilled_at))::integer, k.parked)) AS n
+               rota.key_room(k.parked, l.concurrency_limit, k.running, l.rate_limit,
+                             l.rate_burst, k.tokens, k.refilled_at) AS n
         FROM rota.keys k LEFT JOIN rota.key_limits l ON l.id = k.limit_id
         WHERE k.parked > 0
-          AND least(k.parked,
-                    coalesce(l.concurrency_limit - k.running, k.parked),
-                    coalesce(floor(rota.tokens_now(l.rate_limit, l.rate_burst, k.tokens,
-                                                   k.refilled_at))::integer, k.parked)) > 0
+          AND rota.key_room(k.parked, l.concurrency_limit, k.running, l.rate_limit,
+                            l.rate_burst, k.tokens, k.refilled_at) > 0
         ORDER BY k.id
         FOR UPDATE OF k SKIP LOCKED
     ), chosen AS MATERIALIZED (
