@@ -153,7 +153,8 @@ DECLARE
             INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
             SELECT a.queue_id, s.vtime, a.tenant_id, a.seq, a.task_id, a.priority
             FROM swaps s JOIN admitted a ON a.row_id = s.slot_row$part$;
-    -- The tasks claimed (%1$I: admitted, or picked) leave the line.
+    -- The tasks claimed (%1$I: admitted, or picked) leave the line; %2$s:
+    -- their keys, for the key stage.
     v_taken constant text := $part$
         ), taken AS (
             -- Parked ones too: they leave the line.
@@ -161,7 +162,7 @@ DECLARE
         ), claimed AS MATERIALIZED (
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
-                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
+                   now() + make_interval(secs => p_lease_seconds) AS lease_expires_at%2$s
             FROM rota.tasks t
             JOIN %1$I a ON a.task_id = t.id
             WHERE t.id = ANY (ARRAY(SELECT task_id FROM %1$I))$part$;
@@ -200,27 +201,25 @@ DECLARE
             SELECT c.*, f.key_id
             FROM claimed c LEFT JOIN key_fit f ON f.task_id = c.task_id
             WHERE f.fits IS NOT false AND (SELECT count(*) FROM key_fit) >= 0$part$;
-    -- In queues without keyed tasks, every task claimed fits.
-    v_no_key_stage constant text := $part$
-        ), final AS MATERIALIZED (
-            SELECT c.*, NULL::integer AS key_id FROM claimed c$part$;
-    -- The tasks that fit are counted for their tenants, and leased.
+    -- The tasks that fit (%1$I: final, or in queues without keyed tasks
+    -- every task claimed) are counted for their tenants, and leased (%2$s:
+    -- with the key that counts each).
     v_leased constant text := $part$
         ), charged AS (
             UPDATE rota.tenants t
             SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
                 tokens = CASE WHEN t.rate_limit IS NULL THEN t.tokens ELSE l.tokens - a.n END,
                 refilled_at = CASE WHEN t.rate_limit IS NULL THEN t.refilled_at ELSE now() END
-            FROM (SELECT tenant_id, count(*) AS n FROM final GROUP BY tenant_id) a
+            FROM (SELECT tenant_id, count(*) AS n FROM %1$I GROUP BY tenant_id) a
             JOIN limited l ON l.id = a.tenant_id
             -- The ANY keeps the planner on the key, even with a plan made on few tenants.
             WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
         ), leased AS (
             INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
-                                      lease_expires_at, counted, priority, key_id)
+                                      lease_expires_at, counted, priority%2$s)
             SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, p_worker, lease_expires_at, counted,
-                   priority, key_id
-            FROM final
+                   priority%2$s
+            FROM %1$I
         )
         SELECT c.task_id AS id, c.name, c.payload::text, c.queue,
                -- Looked up only for tasks stored before the name was copied to them.
@@ -228,7 +227,7 @@ DECLARE
                    AS tenant,
                c.attempt,
                c.max_attempts, c.lease_expires_at, c.enqueued_at
-        FROM final c
+        FROM %1$I c
         ORDER BY c.vtime, c.tenant_id, c.seq$part$;
 BEGIN
     EXECUTE format($function$
@@ -245,22 +244,26 @@ BEGIN
     -- Priority is looked at only when these queues hold an urgent task at
     -- all (one probe of the partial index ready_urgent), and keys only in
     -- queues holding keyed tasks of a limit (rota.queues.key_limited).
-    v_urgent := EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
-                        WHERE q.name = ANY (p_queues) AND x.priority > 0);
-    v_keys := EXISTS (SELECT FROM rota.queues q WHERE q.name = ANY (p_queues) AND q.key_limited);
+    -- One statement: each costs an executor run.
+    SELECT EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
+                   WHERE q.name = ANY (p_queues) AND x.priority > 0),
+           EXISTS (SELECT FROM rota.queues q WHERE q.name = ANY (p_queues) AND q.key_limited)
+    INTO v_urgent, v_keys;
     IF NOT v_urgent AND NOT v_keys THEN
-        RETURN QUERY%1$s%3$s%6$s%7$s;
+        RETURN QUERY%1$s%3$s%8$s;
     ELSIF NOT v_urgent THEN
-        RETURN QUERY%1$s%3$s%5$s%7$s;
+        RETURN QUERY%1$s%4$s%7$s%9$s;
     ELSIF NOT v_keys THEN
-        RETURN QUERY%1$s%2$s%4$s%6$s%7$s;
+        RETURN QUERY%1$s%2$s%5$s%8$s;
     ELSE
-        RETURN QUERY%1$s%2$s%4$s%5$s%7$s;
+        RETURN QUERY%1$s%2$s%6$s%7$s%9$s;
     END IF;
 END
 $claim$$function$,
-        v_admitted, v_priority, format(v_taken, 'admitted'), format(v_taken, 'picked'),
-        v_key_stage, v_no_key_stage, v_leased);
+        v_admitted, v_priority,
+        format(v_taken, 'admitted', ''), format(v_taken, 'admitted', ', t.limit_key'),
+        format(v_taken, 'picked', ''), format(v_taken, 'picked', ', t.limit_key'),
+        v_key_stage, format(v_leased, 'claimed', ''), format(v_leased, 'final', ', key_id'));
 END
 $make$;
 
