@@ -129,11 +129,15 @@ def bench_workflow(
     with db.connect(settings.database_url) as conn:
         alone, beside = [], []
         plain, steps = [], []
-        for _ in range(runs):
-            alone.append(_run(conn, settings, tenants, members, 0))
-            beside.append(_run(conn, settings, tenants, members, big))
-            plain.append(_rate(conn, settings, step_tasks, workflow=False))
-            steps.append(_rate(conn, settings, step_tasks, workflow=True))
+        for run in range(runs):
+            # Each pair in the other order from the run before: a drift over
+            # the runs weighs on both sides alike.
+            for with_big in (run % 2 == 1, run % 2 == 0):
+                ran = _run(conn, settings, tenants, members, big if with_big else 0)
+                (beside if with_big else alone).append(ran)
+            for workflow in (run % 2 == 1, run % 2 == 0):
+                rate = _rate(conn, settings, step_tasks, workflow=workflow)
+                (steps if workflow else plain).append(rate)
     p50_alone = statistics.median(r["join_seconds_p50"] for r in alone)
     p50_beside = statistics.median(r["join_seconds_p50"] for r in beside)
     plain_rate, step_rate = statistics.median(plain), statistics.median(steps)
@@ -157,7 +161,14 @@ def bench_workflow(
         "small_tenants_join_p50_ratio_to_alone": round(p50_beside / p50_alone, 3),
         "tasks_per_s": {"plain": round(plain_rate), "workflow_members": round(step_rate)},
         "step_cost_ratio_to_plain": round(plain_rate / step_rate, 3),
-        "runs_detail": {"alone": alone, "beside_big": beside},
+        "runs_detail": {
+            "alone": alone,
+            "beside_big": beside,
+            "tasks_per_s": {
+                "plain": [round(r) for r in plain],
+                "workflow_members": [round(r) for r in steps],
+            },
+        },
         "goal": {
             "joins_run_twice": 0,
             "small_tenants_join_p50_ratio_to_alone_at_most": 1.2,
