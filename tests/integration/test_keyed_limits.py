@@ -126,6 +126,22 @@ def test_a_batch_naming_no_key_skips_the_keys_while_none_has_room(conn: Conn) ->
     assert _keys(conn) == {"slow": (1, 48)}
 
 
+def test_urgent_keyed_tasks_take_their_tenants_slots_within_the_keys_limit(conn: Conn) -> None:
+    """A tenant's urgent tasks take its slots (the claim's priority step) and
+    then its key's room (the key stage), in the one statement."""
+    _set(conn, Limit("api", concurrency=2))
+    load(conn, envelopes("a", 5, limit_key="api") + envelopes("b", 4))
+    urgent = envelopes("a", 3, limit_key="api", priority=5)
+    load(conn, urgent)
+    got = claim(conn, 3)  # the fair order's first three: a, b, a; a's two slots go to urgent ones
+    assert sorted(t.tenant for t in got) == ["a", "a", "b"]
+    assert {t.id for t in got if t.tenant == "a"} <= {e.id for e in urgent}
+    assert _keys(conn) == {"api": (2, 0)}
+    more = claim(conn, 100)  # the key is full: a's tasks are parked, b's run
+    assert {t.tenant for t in more} == {"b"} and len(more) == 3
+    assert _keys(conn) == {"api": (2, 6)}
+
+
 def test_a_rate_limit_on_a_key_spends_tokens_over_every_tenant(conn: Conn) -> None:
     _set(conn, Limit("sms", rate=2, burst=3))
     load(conn, [e for t in "ab" for e in envelopes(t, 5, limit_key="sms")])
