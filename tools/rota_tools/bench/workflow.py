@@ -127,8 +127,10 @@ def bench_workflow(
     settings: Settings, tenants: int, members: int, big: int, step_tasks: int, runs: int
 ) -> dict[str, Any]:
     with db.connect(settings.database_url) as conn:
-        alone, beside = [], []
-        plain, steps = [], []
+        alone: list[dict[str, Any]] = []
+        beside: list[dict[str, Any]] = []
+        plain: list[float] = []
+        steps: list[float] = []
         for run in range(runs):
             # Each pair in the other order from the run before: a drift over
             # the runs weighs on both sides alike.
