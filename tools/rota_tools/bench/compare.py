@@ -38,6 +38,7 @@ import psycopg
 from psycopg import sql
 
 from rota_tools.sql import query
+from rota_tools.stats import in_turns
 
 
 @dataclass(frozen=True)
@@ -431,8 +432,7 @@ def compare(
     the raw reports and each figure's verdict."""
     results = {(stage, side.name): Result() for stage in stages for side in sides}
     for round_number in range(rounds):
-        # A B, then B A: neither side always runs first.
-        order = sides if round_number % 2 == 0 else (sides[1], sides[0])
+        order = in_turns(sides, round_number)
         for stage in stages:
             spec = STAGES[stage]
             args = [*spec.args, *extra_args.get(stage, [])]

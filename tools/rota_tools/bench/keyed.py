@@ -27,6 +27,7 @@ from rota_tools.bench.core import reset
 from rota_tools.bench.pipeline import NOOP_APP, QUEUE
 from rota_tools.processes import spawn_workers, stop_workers
 from rota_tools.sql import query
+from rota_tools.stats import in_turns
 
 KEY = "bench-key"  # the limit the no-op app's `keyed` task counts against
 CONCURRENCY = 8
@@ -141,17 +142,14 @@ def bench_keyed_limits(
     settings: Settings, tasks: int, waiting: int, limit: int, keyed: int, runs: int
 ) -> dict[str, Any]:
     with db.connect(settings.database_url) as conn:
-        alone, beside, held = [], [], []
+        alone: list[tuple[float, float]] = []
+        beside: list[tuple[float, float]] = []
+        held = []
         for run in range(runs):
             held.append(_held_limit(conn, settings, keyed, limit))
-            # Each run's first throughput is the other's in the next run: a
-            # drift over the runs weighs on both alike.
-            if run % 2:
-                beside.append(_throughput(conn, settings, tasks, waiting, limit))
-                alone.append(_throughput(conn, settings, tasks, 0, limit))
-            else:
-                alone.append(_throughput(conn, settings, tasks, 0, limit))
-                beside.append(_throughput(conn, settings, tasks, waiting, limit))
+            for with_waiting in in_turns((False, True), run):
+                rates = _throughput(conn, settings, tasks, waiting if with_waiting else 0, limit)
+                (beside if with_waiting else alone).append(rates)
     steady_alone, whole_alone = [a for a, _ in alone], [w for _, w in alone]
     steady, whole = [b for b, _ in beside], [w for _, w in beside]
     peak = max(h["peak_running"] for h in held)

@@ -22,6 +22,7 @@ from rota_tools.bench.core import reset
 from rota_tools.bench.pipeline import NOOP_APP, QUEUE, _finished, _wait_for_finished
 from rota_tools.processes import spawn_workers, stop_workers
 from rota_tools.sql import query
+from rota_tools.stats import in_turns
 
 WORKERS, CONCURRENCY = 2, 8
 
@@ -132,12 +133,10 @@ def bench_workflow(
         plain: list[float] = []
         steps: list[float] = []
         for run in range(runs):
-            # Each pair in the other order from the run before: a drift over
-            # the runs weighs on both sides alike.
-            for with_big in (run % 2 == 1, run % 2 == 0):
+            for with_big in in_turns((False, True), run):
                 ran = _run(conn, settings, tenants, members, big if with_big else 0)
                 (beside if with_big else alone).append(ran)
-            for workflow in (run % 2 == 1, run % 2 == 0):
+            for workflow in in_turns((False, True), run):
                 rate = _rate(conn, settings, step_tasks, workflow=workflow)
                 (steps if workflow else plain).append(rate)
     p50_alone = statistics.median(r["join_seconds_p50"] for r in alone)
