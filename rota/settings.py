@@ -278,7 +278,11 @@ class Settings(BaseSettings):
         1.0, "Seconds an idle worker waits between claims when no notification wakes it."
     )
     worker_dead_after_seconds: float = _positive(
-        30.0, "Seconds a worker may stay silent before it is declared dead."
+        30.0,
+        (
+            "Seconds a worker may stay silent before it is declared dead (its tasks go back"
+            " in line as their leases pass; at once if its process is gone from this host)."
+        ),
     )
     maintenance_seconds: float = _positive(
         1.0,

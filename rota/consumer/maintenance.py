@@ -159,20 +159,29 @@ class Maintenance:
         result.expired = len(db.run(conn, core.requeue_expired()))
 
     def reap_workers(self, conn: psycopg.Connection[Any], result: TickResult) -> None:
-        """Declares dead the workers silent past ROTA_WORKER_DEAD_AFTER_SECONDS
-        (or whose pid is gone on this host), requeueing their claims; and
+        """Declares dead the workers whose pid is gone on this host
+        (requeueing their claims) and those silent past
+        ROTA_WORKER_DEAD_AFTER_SECONDS (whose claims their leases free); and
         requeues claims left by workers that stopped."""
         judge_silence = self._clock() >= self.judge_silence_after
-        dead = [
+        live = db.run(conn, core.live_workers())
+        gone = [w.id for w in live if w.host == self.host and not _pid_alive(w.pid)]
+        silent = [
             w.id
-            for w in db.run(conn, core.live_workers())
-            if (judge_silence and w.silent_seconds > self.settings.worker_dead_after_seconds)
-            or (w.host == self.host and not _pid_alive(w.pid))
+            for w in live
+            if judge_silence
+            and w.silent_seconds > self.settings.worker_dead_after_seconds
+            and w.id not in gone
         ]
-        if dead:
-            log.warning("declaring dead the silent worker(s) %s", ", ".join(dead))
-            result.reaped_workers = len(dead)
-            result.requeued_from_dead = len(db.transact(conn, core.reap_workers(dead)))
+        if gone:
+            log.warning("declaring dead the worker(s) whose process is gone: %s", ", ".join(gone))
+            result.reaped_workers += len(gone)
+            result.requeued_from_dead += len(db.transact(conn, core.reap_gone_workers(gone)))
+        if silent:
+            # What they hold goes back in line as their leases pass.
+            log.warning("declaring dead the silent worker(s) %s", ", ".join(silent))
+            result.reaped_workers += len(silent)
+            result.requeued_from_dead += len(db.transact(conn, core.reap_workers(silent)))
         # A stopped worker reports before it marks itself stopped, and one
         # declared dead learns so at its next heartbeat: claims older than
         # that are leftovers.

@@ -50,7 +50,9 @@ class InFlight:
     for_join: bool = False
     # The event loop's, once an async task is handed over (a sync task has none).
     future: concurrent.futures.Future[Any] | None = None
-    claimed_at: float = 0.0
+    # When (time.monotonic()) the claim or heartbeat that last set its lease
+    # was sent: the lease runs `lease_seconds` from a later moment.
+    leased_from: float = 0.0
     started_at: float | None = None  # set when it really starts (not when prefetched)
     timed_out: bool = False
     waited: float | None = None  # seconds from its enqueue to its start

@@ -123,9 +123,6 @@ class Worker:
         self.run_times: dict[tuple[str, str], tuple[int, float]] = {}
         # When the claim loop last went round (readiness: it is claiming).
         self.last_step = time.monotonic()
-        # When a heartbeat last reached the database: leases run out `lease`
-        # seconds after it (or after their claim, if later).
-        self.last_heartbeat = time.monotonic()
         self._pool = TaskPool(concurrency, "rota-task")
         if pool not in ("threads", "processes"):
             raise ValueError(f"the pool is threads or processes, not {pool!r}")
@@ -220,6 +217,9 @@ class Worker:
             return
         if self.narrowing:
             wanted = 1
+        # The leases begin at the server's clock before the answer is back:
+        # counted from before the claim was sent, never from after.
+        sent = time.monotonic()
         try:
             claimed = self._claim(conn, queues, wanted)
         except db.SERVER_LOST:
@@ -237,7 +237,7 @@ class Worker:
         for name, n in collections.Counter(task.queue for task in claimed).items():
             self.metrics.claimed.labels(name).inc(n)
         for task in claimed:
-            self._start(task)
+            self._start(task, sent)
         if len(claimed) < wanted:
             # Caught up: wait for a NOTIFY, a finished task, or the poll.
             self.wake.wait(self.settings.poll_seconds * random.uniform(*POLL_JITTER))
@@ -289,7 +289,7 @@ class Worker:
 
     # -- running tasks ---------------------------------------------------------
 
-    def _start(self, task: core.ClaimedTask) -> None:
+    def _start(self, task: core.ClaimedTask, leased_from: float) -> None:
         registered = self.app.tasks.get(task.name)
         if registered is None:
             self.unreported.unknown.append(task.token)
@@ -301,7 +301,7 @@ class Worker:
         if "keep" in task.payload:
             keep, for_join = max(keep or 0.0, task.payload["keep"]), keep is None
         flight = InFlight(
-            task, timeout=timeout, claimed_at=time.monotonic(), keep=keep, for_join=for_join
+            task, timeout=timeout, leased_from=leased_from, keep=keep, for_join=for_join
         )
         self.in_flight[task.id] = flight
         if not registered.is_async:
@@ -321,10 +321,9 @@ class Worker:
         )
 
     def _lease_ran_out(self, flight: InFlight) -> bool:
-        """Whether the task's lease has surely expired: no heartbeat reached
-        the database for longer than the lease since it was claimed."""
-        held_until = max(flight.claimed_at, self.last_heartbeat) + self.settings.lease_seconds
-        return time.monotonic() > held_until
+        """Whether the task's lease may have expired: longer than a lease
+        since the claim or heartbeat that last set it was sent."""
+        return time.monotonic() > flight.leased_from + self.settings.lease_seconds
 
     def _run_sync(self, registered: Task[Any, Any], flight: InFlight) -> None:
         try:
@@ -468,8 +467,8 @@ class Worker:
     def _beat(self, conn: psycopg.Connection[Any]) -> None:
         beat_started = time.monotonic()
         if not db.run(conn, core.worker_heartbeat(self.key)) and not self.stopping.is_set():
-            # Declared dead while cut off: what it held went back in line
-            # (and its reports of it are refused); it claims again.
+            # Declared dead while cut off: what it held stays its until the
+            # leases pass (then its reports of it are refused); it claims again.
             if db.run(conn, core.rejoin_worker(self.key)):
                 log.warning("worker %s was declared dead while cut off; it rejoins", self.id)
             else:
@@ -481,7 +480,11 @@ class Worker:
             if tokens
             else set()
         )
-        self.last_heartbeat = beat_started
+        # Each lease held was renewed at the server after the beat began.
+        for task_id, attempt in tokens:
+            flight = self.in_flight.get(task_id)
+            if task_id in held and flight is not None and flight.task.attempt == attempt:
+                flight.leased_from = max(flight.leased_from, beat_started)
         # Runs' seconds since the last beat (queues charged by time cost by them).
         times, self.run_times = self.run_times, {}
         if times:
@@ -490,4 +493,12 @@ class Worker:
         # the running table without losing anything.
         lost = [t for t, _ in tokens if t not in held and t in self.in_flight]
         if lost:
-            log.warning("%d lease(s) lost: their results will be refused", len(lost))
+            # Another worker may hold them now: they end as if cancelled (not
+            # started if they were not; a running one is asked to stop).
+            log.warning(
+                "%d lease(s) lost: not starting those waiting, stopping those running, "
+                "their results refused",
+                len(lost),
+            )
+            for task_id in lost:
+                self._cancel_asked(task_id)

@@ -98,9 +98,17 @@ _WORKER_INFO = Rows(WorkerInfo, silent_seconds=float)
 
 
 def reap_workers(worker_ids: Sequence[str]) -> Op[set[UUID]]:
-    """Declares workers dead and requeues their tasks (the attempt counts);
-    a worker that beat within two of its heartbeats is left alive."""
+    """Declares silent workers dead, requeueing their tasks whose leases
+    passed (the attempt counts; the others' leases free them, since a silent
+    worker may only be cut off); one that beat within two of its heartbeats
+    is left alive."""
     return set((yield from values(query("reap_workers"), {"ids": list(worker_ids)})))
+
+
+def reap_gone_workers(worker_ids: Sequence[str]) -> Op[set[UUID]]:
+    """Declares dead workers whose process is gone, requeueing all their
+    tasks; one that beat within two of its heartbeats is left alive."""
+    return set((yield from values(query("reap_gone_workers"), {"ids": list(worker_ids)})))
 
 
 def queue_names() -> Op[list[str]]:

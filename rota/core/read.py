@@ -145,8 +145,10 @@ def tenants(
     if sort not in TENANT_SORTS:
         raise ValidationError(f"sort must be one of {', '.join(TENANT_SORTS)}, got {sort!r}")
     check_page(offset, limit)
-    if not isinstance(prefix, str) or len(prefix) > 128:
-        raise ValidationError("a tenant name prefix is a string of at most 128 characters")
+    if not isinstance(prefix, str) or len(prefix) > 128 or "\x00" in prefix:
+        raise ValidationError(
+            "a tenant name prefix is a string of at most 128 characters, without NUL"
+        )
     return _tenants(
         {
             "sort": sort,

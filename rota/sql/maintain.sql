@@ -18,8 +18,14 @@ SELECT id, host, pid, extract(epoch FROM now() - heartbeat_at) AS silent_seconds
 FROM rota.workers WHERE stopped_at IS NULL
 
 -- name: reap_workers
--- Marks workers dead and returns their claimed tasks' ids, for requeueing.
+-- Declares silent workers dead; the ids of their tasks requeued (those whose
+-- leases passed).
 SELECT task_id FROM rota.reap_workers(%(ids)b::text[]) AS task_id
+
+-- name: reap_gone_workers
+-- Declares dead the workers whose process is gone; the ids of all their
+-- tasks, requeued.
+SELECT task_id FROM rota.reap_gone_workers(%(ids)b::text[]) AS task_id
 
 -- name: queue_names
 SELECT name FROM rota.queues ORDER BY name

@@ -127,6 +127,7 @@ BEGIN
         rota.requeue_expired(),
         rota.promote_due(integer),
         rota.reap_workers(text[]),
+        rota.reap_gone_workers(text[]),
         rota.reap_stopped_claims(interval),
         rota.prune_finished(interval, integer),
         rota.prune_dead(interval, integer),

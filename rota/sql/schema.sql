@@ -327,7 +327,10 @@ CREATE TABLE rota.workers (
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
     stopped_at timestamptz,
     secret_hash bytea,  -- sha256 of the secret the worker registered with
-    heartbeat_seconds double precision  -- how often it beats
+    heartbeat_seconds double precision,  -- how often it beats
+    -- Declared dead for its silence (it may only be cut off): what it holds
+    -- goes back in line as its leases pass.
+    declared_dead boolean NOT NULL DEFAULT false
 );
 CREATE INDEX workers_alive ON rota.workers (heartbeat_at) WHERE stopped_at IS NULL;
 

@@ -186,6 +186,12 @@ def test_the_console_tells_the_truth_under_a_flood(
         browser.get(dashboard + "/login")
         log_in(browser)
         (costly,) = producer.enqueue_many([sleep.using(tenant="initech", cost=3).prepare(0.05)])
+        # The trickle and the flood begin in the first half of a minute, so
+        # that acme's backlog fills the minute they begin in: the queue then
+        # serves more than the small tenants ask, and each is owed what it
+        # asked for. (Begun in its last seconds, the minute's few completions
+        # are what max-min shares out, below the small tenants' demand.)
+        wait_for(lambda: datetime.now(UTC).second < 30, timeout=40, what="a minute's first half")
         trickler.start()
         started = datetime.now(UTC).replace(second=0, microsecond=0)
         for first in range(0, FLOOD, 500):
@@ -193,6 +199,11 @@ def test_the_console_tells_the_truth_under_a_flood(
                 [sleep.using(tenant="acme").prepare(0.05) for _ in range(first, first + 500)]
             )
         wait_for(flood.look, timeout=150, what="acme's flood to be served")
+        # The trickle ends with the flood: in a minute after it, a small
+        # tenant's task enqueued in its last moment would be demand the
+        # queue had no time to serve.
+        stop_trickle.set()
+        trickler.join()
         browser.save_screenshot(str(SHOTS / "flood-overview.png"))
 
         # Running never above the worker's concurrency; what it holds
@@ -217,8 +228,6 @@ def test_the_console_tells_the_truth_under_a_flood(
             return drawn if any(v > 0 for _, v in drawn["fair share"]) else None
 
         drawn = wait_for(whole_minute, timeout=90, what="a whole minute of the flood")
-        stop_trickle.set()
-        trickler.join()
 
         # The fair share line lies on the demand line (dashed apart, since
         # they coincide), and close above what was served: never the

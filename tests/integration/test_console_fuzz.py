@@ -180,6 +180,27 @@ def test_an_absurd_page_is_a_400(client: TestClient, page: str) -> None:
     assert answer.status_code == 400, answer.text[:300]
 
 
+@pytest.mark.parametrize("value", ["\x00", "a\x00"])
+def test_a_nul_in_any_parameter_of_any_read_is_a_400(
+    client: TestClient, conn: Conn, value: str
+) -> None:
+    """Found by the fuzzing above: a tenant prefix holding NUL, which no text
+    column holds, was a 500."""
+    load(conn, envelopes("alice", 1))
+    answers = {
+        (path, param): client.get(
+            path.format("alice"),
+            params={param: value},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            follow_redirects=False,
+        ).status_code
+        for path in READS
+        for param in PARAMS
+    }
+    assert not {k: v for k, v in answers.items() if v >= 500}
+    assert answers["/api/tenants", "prefix"] == 400
+
+
 @FUZZ
 @given(path=st.sampled_from(ACTIONS), name=bad_names, body=bad_bodies)
 def test_actions_refuse_bad_input_and_change_nothing(

@@ -141,23 +141,46 @@ def test_promotion_is_atomic_and_a_lock_timeout_is_not_a_lost_connection(
     assert [t.id for t in claim(conn, 1)] == [task.id]
 
 
-def test_a_worker_declared_dead_while_cut_off_rejoins_and_its_old_reports_are_refused(
+def test_a_worker_declared_dead_while_cut_off_keeps_its_leases_rejoins_and_is_refused_after(
     conn: Conn,
 ) -> None:
     key = core.WorkerKey.new("cut-off")
     db.run(conn, core.register_worker(key, "elsewhere", 1, ["default"], 1))
-    load(conn, envelopes("a", 1))
-    (task,) = db.transact(conn, core.claim(["default"], 1, key.id, 60.0))
-    # Silent past the dead-after time (a partition): declared dead, its task requeued.
+    load(conn, envelopes("a", 2))
+    kept, lapsed = db.transact(conn, core.claim(["default"], 2, key.id, 60.0))
+    # Silent past the dead-after time (a partition): declared dead. It may
+    # still be running both: only the one whose lease passed is requeued.
     conn.execute("UPDATE rota.workers SET heartbeat_at = now() - interval '5 minutes'")
-    assert db.run(conn, core.reap_workers([key.id])) == {task.id}
+    conn.execute(
+        "UPDATE rota.running SET lease_expires_at = now() - interval '1 second' WHERE task_id = %s",
+        [lapsed.id],
+    )
+    assert db.run(conn, core.reap_workers([key.id])) == {lapsed.id}
+    states = db.run(conn, core.task_states([kept.id, lapsed.id]))
+    assert (states[kept.id].status, states[lapsed.id].status) == ("running", "pending")
+    # Nor does the stopped workers' sweep take the other before its lease passes.
+    assert db.run(conn, core.reap_stopped_workers_claims(0)) == set()
     assert db.run(conn, core.worker_heartbeat(key)) is False
     assert db.run(conn, core.rejoin_worker(key)) is True
     assert db.run(conn, core.worker_heartbeat(key)) is True
-    assert db.transact(conn, core.complete([task.token], key)) == set()  # no longer its
+    # Back: the task it held under its lease is still its; the other is not.
+    assert db.transact(conn, core.complete([kept.token], key)) == {kept.id}
+    assert db.transact(conn, core.complete([lapsed.token], key)) == set()
     (again,) = db.transact(conn, core.claim(["default"], 1, key.id, 60.0))
-    assert again.id == task.id and again.attempt == task.attempt + 1
-    assert db.transact(conn, core.complete([again.token], key)) == {task.id}
+    assert again.id == lapsed.id and again.attempt == lapsed.attempt + 1
+    assert db.transact(conn, core.complete([again.token], key)) == {lapsed.id}
+
+
+def test_a_worker_whose_process_is_gone_has_its_tasks_requeued_at_once(conn: Conn) -> None:
+    key = core.WorkerKey.new("gone")
+    db.run(conn, core.register_worker(key, "elsewhere", 1, ["default"], 1, heartbeat_seconds=1))
+    load(conn, envelopes("a", 1))
+    (task,) = db.transact(conn, core.claim(["default"], 1, key.id, 60.0))
+    # Within two heartbeats of its last: left alive, whoever asks.
+    assert db.run(conn, core.reap_gone_workers([key.id])) == set()
+    conn.execute("UPDATE rota.workers SET heartbeat_at = now() - interval '5 seconds'")
+    assert db.run(conn, core.reap_gone_workers([key.id])) == {task.id}  # its lease or not
+    assert db.run(conn, core.task_states([task.id]))[task.id].status == "pending"
     # A record pruned meanwhile: it cannot rejoin (it stops).
     conn.execute("DELETE FROM rota.workers WHERE id = %s", [key.id])
     with pytest.raises(psycopg.errors.InsufficientPrivilege):

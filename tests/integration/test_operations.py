@@ -168,6 +168,8 @@ def test_figures_per_queue_and_tenant_come_from_the_maintenance_counts(conn: Con
     assert [t.name for t in by_name.rows] == ["small"] and by_name.total == 2
     assert db.run(conn, read.tenants(prefix="sm")).total == 1
     assert db.run(conn, read.tenants(prefix="%")).total == 0  # a prefix, not a pattern
+    with pytest.raises(ValidationError, match="without NUL"):  # a text column holds none
+        read.tenants(prefix="sm\x00")
 
     detail = db.run(conn, read.tenant("big"))
     assert detail is not None and detail.queues[0].queue == "pdfs"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -71,3 +72,37 @@ def test_completions_sent_with_a_refused_claim_are_reported_apart_next(
     states = db.run(conn, core.task_states(ids))
     assert [states[i].status for i in ids] == ["succeeded", "succeeded", "running", "pending"]
     assert worker.processed == 2 and len(worker.in_flight) == 1
+
+
+def test_a_task_whose_lease_a_heartbeat_finds_lost_never_starts_and_held_ones_are_renewed(
+    app: App, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = [parse_pdf.using(tenant="alice", connection=conn).enqueue(f"{i}.pdf") for i in range(2)]
+    worker = Worker(app, queues=["pdfs"], maintenance=False)
+    db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 2))
+    held, lost = db.run(conn, core.claim(["pdfs"], 2, worker.key))
+    sent = time.monotonic() - 50  # both prefetched, claimed 50 s ago
+    for task in (held, lost):
+        worker.in_flight[task.id] = InFlight(task, timeout=None, leased_from=sent)
+    # The second's lease passed and another worker took it meanwhile.
+    conn.execute(
+        "UPDATE rota.running SET lease_expires_at = now() - interval '1 second' WHERE task_id = %s",
+        [lost.id],
+    )
+    assert db.run(conn, core.requeue_expired()) == {lost.id}
+    (taken,) = db.run(conn, core.claim(["pdfs"], 1, "other-worker"))
+    assert taken.id == lost.id
+
+    before = time.monotonic()
+    worker._beat(conn)
+    assert worker.in_flight[held.id].leased_from >= before  # renewed from the beat
+    assert worker.in_flight[lost.id].leased_from == sent
+    # The lost one ends as if cancelled before it started: handed back, not run.
+    assert list(worker.cancels) == [lost.id]
+    worker._apply_cancels()
+    assert set(worker.in_flight) == {held.id}
+    assert worker.unreported.stale == [lost.token]
+    states = db.run(conn, core.task_states(ids))
+    assert states[lost.id].status == "running"  # the other worker's, untouched
+    worker._pool.shutdown()

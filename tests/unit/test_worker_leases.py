@@ -1,10 +1,12 @@
 """A worker cut off from the database for longer than a lease does not start
-the tasks it had prefetched: their leases have surely run out."""
+the tasks it had prefetched: their leases may have run out (counted from
+when the claim or heartbeat that set them was sent)."""
 
 from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
@@ -21,10 +23,10 @@ def _run(worker: Worker, task: Any, flight: InFlight) -> None:
     contextvars.copy_context().run(worker._run_sync, task, flight)
 
 
-def _flight(claimed_at: float) -> InFlight:
+def _flight(leased_from: float) -> InFlight:
     now = datetime.now(UTC)
     task = ClaimedTask(uuid4(), "t", {"args": [], "kwargs": {}}, "q", "a", 1, 3, now, now)
-    return InFlight(task, timeout=None, claimed_at=claimed_at)
+    return InFlight(task, timeout=None, leased_from=leased_from)
 
 
 def test_a_prefetched_task_is_not_started_once_its_lease_surely_ran_out() -> None:
@@ -33,19 +35,18 @@ def test_a_prefetched_task_is_not_started_once_its_lease_surely_ran_out() -> Non
     task = app.task(name="t")(lambda: ran.append(1))
     worker = Worker(app, queues=["q"])
     try:
-        now = worker.last_heartbeat
-        # Claimed and heartbeated recently: runs.
-        _run(worker, task, _flight(claimed_at=now))
+        now = time.monotonic()
+        # Its lease set (claimed, or renewed by a heartbeat) recently: runs.
+        _run(worker, task, _flight(leased_from=now))
         assert ran == [1] and worker.outcomes.pop().error is None
-        # No heartbeat reached the database for over a lease since the claim:
-        # not started, and its outcome hands it back.
-        worker.last_heartbeat = now - 120
-        stale = _flight(claimed_at=now - 61)
+        # Set over a lease ago and not renewed since: not started, and its
+        # outcome hands it back.
+        stale = _flight(leased_from=now - 61)
         _run(worker, task, stale)
         assert ran == [1] and stale.started_at is None
         assert isinstance(worker.outcomes.pop().error, StaleClaim)
-        # Claimed after the last heartbeat, within a lease: still its own.
-        _run(worker, task, _flight(claimed_at=now))
+        # Within the lease: still its own.
+        _run(worker, task, _flight(leased_from=now - 59))
         assert ran == [1, 1] and worker.outcomes.pop().error is None
         assert not worker.outcomes
     finally:
@@ -60,7 +61,7 @@ def test_a_task_handed_back_before_it_starts_never_starts() -> None:
     task = app.task(name="t")(lambda: ran.append(1))
     worker = Worker(app, queues=["q"])
     try:
-        flight = _flight(claimed_at=worker.last_heartbeat)
+        flight = _flight(leased_from=time.monotonic())
         with worker._pool.starting:
             assert flight.hand_back()
         _run(worker, task, flight)

@@ -16,10 +16,37 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     UPDATE rota.workers SET stopped_at = now() WHERE id = p_id
 $$;
 
--- Declares workers dead and requeues their tasks (the attempt counts);
--- returns the ids requeued. Only a worker silent for two of its own
--- heartbeats can be declared dead, whoever asks: a live worker never is.
+-- Declares silent workers dead; returns the ids of their tasks requeued. Only
+-- a worker silent for two of its own heartbeats can be declared dead, whoever
+-- asks: a live worker never is. One silent may only be cut off and still
+-- running what it holds: each task goes back in line once its lease passed
+-- (here, or by rota.requeue_expired), never sooner.
 CREATE OR REPLACE FUNCTION rota.reap_workers(p_ids text[]) RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_tasks uuid[];
+BEGIN
+    WITH dead AS (
+        UPDATE rota.workers SET stopped_at = now(), declared_dead = true
+        WHERE id = ANY (p_ids) AND stopped_at IS NULL
+          AND heartbeat_at < now() - make_interval(secs => 2 * coalesce(heartbeat_seconds, 0))
+        RETURNING id
+    )
+    SELECT array_agg(r.task_id) INTO v_tasks
+    FROM rota.running r
+    WHERE r.worker = ANY (ARRAY(SELECT id FROM dead)) AND r.lease_expires_at < now();
+    IF v_tasks IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM rota.requeue(
+        v_tasks, array_fill(NULL::integer, ARRAY[cardinality(v_tasks)]), true, 'worker died');
+END
+$$;
+
+-- Declares dead workers whose process is gone (its pid, on the host that
+-- asks) and requeues all their tasks at once: nothing runs them any more.
+-- The same two heartbeats of silence are needed first.
+CREATE OR REPLACE FUNCTION rota.reap_gone_workers(p_ids text[]) RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_tasks uuid[];
@@ -36,18 +63,19 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM rota.requeue(
-        v_tasks, array_fill(NULL::integer, ARRAY[cardinality(v_tasks)]), true, 'worker died');
+        v_tasks, array_fill(NULL::integer, ARRAY[cardinality(v_tasks)]), true,
+        'its worker''s process is gone');
 END
 $$;
 
--- Claims still held by workers that stopped (or were declared dead) more
--- than p_after ago: a worker that died during its shutdown, or one declared
--- dead that claimed before it learned so. Returns their task ids, to requeue.
+-- Claims still held by workers that stopped more than p_after ago (a worker
+-- that died during its shutdown). Returns their task ids, to requeue. Those
+-- of a worker declared dead for its silence are its leases' to free.
 CREATE OR REPLACE FUNCTION rota.stopped_workers_claims(p_after interval) RETURNS SETOF uuid
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.task_id FROM rota.running r
     JOIN rota.workers w ON w.id = r.worker
-    WHERE w.stopped_at < now() - p_after
+    WHERE w.stopped_at < now() - p_after AND NOT w.declared_dead
 $$;
 
 -- Checks a worker's secret, and makes the rest of the transaction act as that
@@ -180,14 +208,15 @@ END
 $$;
 
 -- A worker declared dead while it was only cut off (a partition longer than
--- ROTA_WORKER_DEAD_AFTER_SECONDS) comes back under its own name: what it held
--- went back in line when it was declared dead, and its reports of those
--- tasks are refused (their leases passed). False when its row is gone.
+-- ROTA_WORKER_DEAD_AFTER_SECONDS) comes back under its own name: what it
+-- holds is still its while the leases last, and its reports of tasks whose
+-- leases passed are refused. False when its row is gone.
 CREATE OR REPLACE FUNCTION rota.worker_rejoin(p_worker text, p_secret bytea) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM rota.check_worker(p_worker, p_secret);
-    UPDATE rota.workers SET stopped_at = NULL, heartbeat_at = now() WHERE id = p_worker;
+    UPDATE rota.workers SET stopped_at = NULL, declared_dead = false, heartbeat_at = now()
+    WHERE id = p_worker;
     RETURN FOUND;
 END
 $$;
@@ -200,8 +229,9 @@ BEGIN
 END
 $$;
 
--- Requeues claims still held by workers stopped more than p_after ago (the
--- attempt counts); returns the ids requeued.
+-- Requeues claims still held by workers that stopped more than p_after ago
+-- (the attempt counts); returns the ids requeued. A worker declared dead for
+-- its silence may be running them: its leases free them (requeue_expired).
 CREATE OR REPLACE FUNCTION rota.reap_stopped_claims(p_after interval) RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -209,7 +239,8 @@ DECLARE
 BEGIN
     SELECT array_agg(r.task_id) INTO v_tasks
     FROM rota.running r JOIN rota.workers w ON w.id = r.worker
-    WHERE w.stopped_at < now() - greatest(p_after, interval '1 second');
+    WHERE w.stopped_at < now() - greatest(p_after, interval '1 second')
+      AND NOT w.declared_dead;
     IF v_tasks IS NULL THEN
         RETURN;
     END IF;
