@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
+import pytest
+
 from rota import App, Settings
 from rota.consumer.running import TaskPool
 from rota.consumer.worker import InFlight, StaleClaim, Worker
@@ -91,3 +93,28 @@ def test_the_task_pool_runs_calls_on_its_threads_and_drops_unstarted_ones_at_shu
         thread.join(5)
         assert not thread.is_alive()
     assert sorted(ran) == ["test-pool_0", "test-pool_1"]  # the queued call never ran
+
+
+def test_a_claims_lease_is_counted_from_before_the_claim_was_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The server starts the lease when the claim arrives: an answer that
+    # comes back late (a slow link) must not lengthen it in the worker's eyes.
+    app = App(Settings(lease_seconds=60))
+    app.task(name="t")(lambda: None)
+    worker = Worker(app, queues=["q"])
+    sent: list[float] = []
+    task = _flight(0.0).task
+
+    def slow_claim(conn: Any, queues: list[str], wanted: int) -> list[ClaimedTask]:
+        sent.append(time.monotonic())
+        time.sleep(0.05)  # the answer on its way back
+        return [task]
+
+    monkeypatch.setattr(worker, "_claim", slow_claim)
+    monkeypatch.setattr(worker, "_run_sync", lambda registered, flight: None)
+    try:
+        worker._step(None, ["q"])  # type: ignore[arg-type]
+        assert worker.in_flight[task.id].leased_from <= sent[0]
+    finally:
+        worker._pool.shutdown()
