@@ -40,7 +40,9 @@ from rota.core.limits import (
 )
 from rota.core.load import (
     TASK_COPY_TYPES,
+    commit_without_flush,
     count_loader_batch,
+    flush_commits,
     load,
     record_loader_batch,
     task_rows,
@@ -107,6 +109,7 @@ __all__ = [
     "cancel",
     "charge_queue",
     "claim",
+    "commit_without_flush",
     "complete",
     "complete_and_claim",
     "configure_tenant",
@@ -117,6 +120,7 @@ __all__ = [
     "drop_limit",
     "extend_leases",
     "fail",
+    "flush_commits",
     "limits",
     "listen_cancel",
     "listen_ready",

@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 import redis
 
+from rota import core
 from rota.buffer import redis_client
 from rota.buffer.streams import (
     RESET_BACKLOG_IF_EMPTY,
@@ -120,7 +121,7 @@ class Loader:
             settings, timeout=settings.loader_redis_timeout_seconds, retries=0
         )
         self.streams = all_streams(settings.stream_prefix, settings.shards)
-        self._conn = Kept(lambda: connections.connect(self.settings, "load"))
+        self._conn = Kept(self._connect)
         self._groups_ready = False
         self.reader = BufferReader(self.redis, settings, self.consumer, self.streams)
         self.settle = BufferSettle(lambda: self.redis, settings)
@@ -132,6 +133,16 @@ class Loader:
     @property
     def conn(self) -> psycopg.Connection[Any]:
         return self._conn.get()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """The loading connection: its commits make tasks claimable without
+        waiting for the WAL flush, and a pass waits for the flush once before
+        it acknowledges anything (behind a transaction pooler, where a
+        session's setting would outlive it, each commit waits)."""
+        conn = connections.connect(self.settings, "load")
+        if not self.settings.transaction_pooling:
+            db.run(conn, core.commit_without_flush())
+        return conn
 
     def close(self) -> None:
         self.release_held()
@@ -234,6 +245,10 @@ class Loader:
         if entries:
             self.reader.tasks_per_entry = max(1.0, tasks / len(entries))
         stored, refused = load_entries(self.conn, decoded, self.settings.loader_batch_size)
+        if tasks and not self.settings.transaction_pooling:
+            # Durable before acknowledged: this pass's commits, and those of
+            # a loader that died before acknowledging what is loaded again.
+            db.run(self.conn, core.flush_commits())
         result.loaded = stored
         result.duplicates = tasks - stored - len(refused)
         dead.extend(refused)

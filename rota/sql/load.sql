@@ -103,3 +103,19 @@ SELECT rota.add_workflow(%(joins)b::uuid[], %(results)s::text[], %(payloads)s::j
                          %(members)b::uuid[], %(member_joins)b::uuid[],
                          %(positions)s::integer[], %(tenant)s::text,
                          %(waiting_at)s::timestamptz)
+
+-- name: commit_without_flush
+-- A loader's commits make its tasks claimable at once, without waiting for
+-- the WAL flush (a disk's slow fsync then delays no task's start); it
+-- acknowledges nothing in the buffer before flush_commits returns.
+SET synchronous_commit = off
+
+-- name: flush_commits
+-- Returns once every commit this session made before it is as durable as
+-- the server's own setting makes a commit: this transaction writes a record
+-- (an empty logical message, prefix 'rota', which logical decoding may
+-- show), so its commit waits for the WAL up to it, and so past all the
+-- earlier commits, with the setting the session began with.
+SELECT set_config('synchronous_commit', reset_val, true),
+       pg_logical_emit_message(true, 'rota', '')
+FROM pg_settings WHERE name = 'synchronous_commit'

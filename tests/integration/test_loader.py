@@ -238,3 +238,49 @@ def test_buffer_stats_show_depth_and_age(app: App, settings: Settings) -> None:
     loader.close()
     assert sum(s["entries"] for s in stats.values()) == 1
     assert max(s["oldest_age_seconds"] for s in stats.values()) >= 0.05
+
+
+def test_loads_are_claimable_before_their_flush_and_acknowledged_only_after_it(
+    app: App, settings: Settings, conn: Conn, monkeypatch: Any
+) -> None:
+    # A slow fsync must not delay a task's start, nor may the buffer forget a
+    # task PostgreSQL could still lose: the loader commits without waiting
+    # for the WAL flush, then waits for it once before it acknowledges.
+    app.tasks["parse_pdf"].using(tenant="alice").enqueue("a.pdf")
+    loader = Loader(settings)
+    events: list[str] = []
+    flush, finish = core.flush_commits, loader.settle.finish
+
+    def flushing() -> Any:
+        events.append("flush")
+        return flush()
+
+    def acknowledging(*args: Any, **kwargs: Any) -> None:
+        setting = loader.conn.execute("SHOW synchronous_commit").fetchone()
+        events.append(f"ack (loads' synchronous_commit {setting[0] if setting else None})")
+        finish(*args, **kwargs)
+
+    monkeypatch.setattr(core, "flush_commits", flushing)
+    monkeypatch.setattr(loader.settle, "finish", acknowledging)
+    try:
+        assert loader.drain().loaded == 1
+    finally:
+        loader.close()
+    assert events[:2] == ["flush", "ack (loads' synchronous_commit off)"]
+    assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 1
+
+
+def test_flush_commits_returns_with_the_sessions_commits_flushed(
+    settings: Settings, conn: Conn
+) -> None:
+    with db.connect(settings.database_url) as loading:
+        db.run(loading, core.commit_without_flush())
+        loading.execute("SELECT pg_current_xact_id()")  # commits a record, not waiting for it
+        (committed,) = loading.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone() or [
+            None
+        ]
+        db.run(loading, core.flush_commits())
+        flushed = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", [committed])
+        assert flushed.fetchone() == (True,)
+        # The session's own setting is unchanged: only the flush's commit waited.
+        assert loading.execute("SHOW synchronous_commit").fetchone() == ("off",)
