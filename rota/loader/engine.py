@@ -14,6 +14,7 @@ A crash before 3 leaves the entries pending (reclaimed later); a crash between
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ from rota.buffer.streams import (
     oldest_age,
 )
 from rota.core import connections, db
+from rota.loader.acks import Acknowledger
 from rota.loader.reading import BufferReader, Entry
 from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
@@ -122,6 +124,8 @@ class Loader:
         )
         self.streams = all_streams(settings.stream_prefix, settings.shards)
         self._conn = Kept(self._connect)
+        # A long-running loader's acknowledgements, off its loop (run_forever).
+        self._acks: Acknowledger | None = None
         self._groups_ready = False
         self.reader = BufferReader(self.redis, settings, self.consumer, self.streams)
         self.settle = BufferSettle(lambda: self.redis, settings)
@@ -136,9 +140,10 @@ class Loader:
 
     def _connect(self) -> psycopg.Connection[Any]:
         """The loading connection: its commits make tasks claimable without
-        waiting for the WAL flush, and a pass waits for the flush once before
-        it acknowledges anything (behind a transaction pooler, where a
-        session's setting would outlive it, each commit waits)."""
+        waiting for the WAL flush; what a pass loaded is acknowledged after a
+        flush (rota.loader.acks, or in the pass for a drain). Behind a
+        transaction pooler, where a session's setting would outlive it, each
+        commit waits."""
         conn = connections.connect(self.settings, "load")
         if not self.settings.transaction_pooling:
             db.run(conn, core.commit_without_flush())
@@ -245,15 +250,19 @@ class Loader:
         if entries:
             self.reader.tasks_per_entry = max(1.0, tasks / len(entries))
         stored, refused = load_entries(self.conn, decoded, self.settings.loader_batch_size)
-        if tasks and not self.settings.transaction_pooling:
-            # Durable before acknowledged: this pass's commits, and those of
-            # a loader that died before acknowledging what is loaded again.
-            db.run(self.conn, core.flush_commits())
         result.loaded = stored
         result.duplicates = tasks - stored - len(refused)
         dead.extend(refused)
         result.dead_lettered = len(dead)
-        self._finish(entries + exhausted, dead, decoded)
+        # Durable before acknowledged: this pass's commits, and those of a
+        # loader that died before acknowledging what is loaded again.
+        settle = functools.partial(self._finish, entries + exhausted, dead, decoded)
+        if self._acks is not None:
+            self._acks.submit(settle)  # after a flush, off this loop
+        else:
+            if tasks and not self.settings.transaction_pooling:
+                db.run(self.conn, core.flush_commits())
+            settle()
         self._held = None
         if not result.entries:
             self._reset_backlogs()
@@ -370,7 +379,14 @@ class Loader:
             summary.add(result)
 
         stop = Polled(should_stop, STOP_CHECK_SECONDS)
-        rounds(one_pass, outage, LOADER_OUTAGES, stop, lost=self._after_failure)
+        if not self.settings.transaction_pooling:
+            self._acks = Acknowledger(self.settings)
+        try:
+            rounds(one_pass, outage, LOADER_OUTAGES, stop, lost=self._after_failure)
+        finally:
+            if self._acks is not None:
+                self._acks.stop()
+                self._acks = None
         summary.seconds = round(time.monotonic() - started, 3)
         return summary
 

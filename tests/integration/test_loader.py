@@ -6,6 +6,7 @@ import concurrent.futures
 import json
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -284,3 +285,48 @@ def test_flush_commits_returns_with_the_sessions_commits_flushed(
         assert flushed.fetchone() == (True,)
         # The session's own setting is unchanged: only the flush's commit waited.
         assert loading.execute("SHOW synchronous_commit").fetchone() == ("off",)
+
+
+def test_a_slow_flush_delays_the_acknowledgement_never_the_next_load(
+    app: App, settings: Settings, conn: Conn, monkeypatch: Any
+) -> None:
+    # The long-running loader waits for the WAL flush on a thread of its
+    # own: while a flush hangs (a disk's slow fsync), tasks go on being
+    # loaded and claimable, and what they came from stays in the buffer.
+    flushing, release = threading.Event(), threading.Event()
+    flush = core.flush_commits
+
+    def slow_flush() -> Any:
+        flushing.set()
+        assert release.wait(30)
+        return flush()
+
+    monkeypatch.setattr(core, "flush_commits", slow_flush)
+    client = _client(settings)
+    pending = lambda: sum(  # noqa: E731
+        client.xpending(stream_name(settings.stream_prefix, s), settings.loader_group)["pending"]
+        for s in range(settings.shards)
+    )
+    ready = lambda: db.run(conn, core.queue_counts()).get("pdfs", {}).get("ready", 0)  # noqa: E731
+    loader, stop = Loader(settings), threading.Event()
+    running = threading.Thread(
+        target=loader.run_forever, args=(stop.is_set,), kwargs={"block_ms": 50}
+    )
+    running.start()
+    try:
+        parse_pdf = app.tasks["parse_pdf"].using(tenant="alice")
+        parse_pdf.enqueue("1.pdf")
+        wait_for(
+            lambda: ready() == 1 and flushing.is_set(), what="the first load, its flush hanging"
+        )
+        parse_pdf.enqueue("2.pdf")
+        wait_for(lambda: ready() == 2, what="the second load, the flush still hanging")
+        assert pending() == 2  # neither acknowledged yet
+        release.set()
+        wait_for(lambda: pending() == 0, what="both acknowledged after the flush")
+    finally:
+        release.set()
+        stop.set()
+        running.join(30)
+        loader.close()
+    assert not running.is_alive()
