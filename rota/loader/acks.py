@@ -9,15 +9,23 @@ slow fsync then delays acknowledgements, never the next load, nor a task's
 start. An entry never acknowledged (the loader died, PostgreSQL was lost)
 stays in the buffer, is reclaimed and loaded again, as a duplicate if its
 load survived.
+
+A flush covers only commits made on the server it runs on, before it and
+since that server last started: a load is settled only by a flush on a
+connection opened before the load began and never lost since (a server
+that restarted or failed over in between ended that connection).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
 import redis
 
 from rota import core
@@ -37,19 +45,31 @@ class Acknowledger:
     once a WAL flush that began after it was submitted has returned."""
 
     def __init__(self, settings: Settings) -> None:
-        self._conn = Kept(lambda: connections.connect(settings, "load"))
+        self._conn = Kept(self._connect)
+        self._settings = settings
+        self._connected_at = 0.0  # time.monotonic() when the connection was opened
         self._outage = Outage("PostgreSQL (the loader's flushes)", log)
-        self._waiting: list[Callable[[], None]] = []
+        # (when the load began, time.monotonic(); its settlement)
+        self._waiting: list[tuple[float, Callable[[], None]]] = []
         self._busy = False
         self._stopping = False
         self._deadline: float | None = None
         self._changed = threading.Condition()
+        self._open()
         self._thread = threading.Thread(target=self._run, name="rota-loader-acks", daemon=True)
         self._thread.start()
 
-    def submit(self, settle: Callable[[], None]) -> None:
+    def _open(self) -> None:
+        """A connection open before the loads it is to cover begin: a load
+        that began before it is left to be reclaimed and loaded again."""
+        if self._conn.current is None:
+            with contextlib.suppress(*db.SERVER_LOST):
+                self._conn.get()
+
+    def submit(self, began: float, settle: Callable[[], None]) -> None:
+        """`settle` once a flush covers the loads that began at `began`."""
         with self._changed:
-            self._waiting.append(settle)
+            self._waiting.append((began, settle))
             self._changed.notify_all()
 
     def wait_settled(self, timeout: float) -> bool:
@@ -74,6 +94,7 @@ class Acknowledger:
 
     def _run(self) -> None:
         while True:
+            self._open()
             with self._changed:
                 while not self._waiting and not self._stopping:
                     self._changed.wait()
@@ -88,27 +109,41 @@ class Acknowledger:
                     self._busy = False
                     self._changed.notify_all()
 
-    def _settle(self, batch: list[Callable[[], None]]) -> None:
-        flushed = retrying(
+    def _settle(self, batch: list[tuple[float, Callable[[], None]]]) -> None:
+        since = retrying(
             self._flush,
             self._outage,
             db.SERVER_LOST,
             self._wait,
             lost=lambda _: self._conn.drop(),
         )
-        if flushed is None:
+        if since is None:
             log.warning("%d load(s) left unacknowledged at shutdown: reclaimed later", len(batch))
             return
-        for settle in batch:
+        covered = [settle for began, settle in batch if began >= since]
+        if len(covered) < len(batch):
+            log.warning(
+                "%d load(s) not acknowledged: PostgreSQL was lost since they began "
+                "(reclaimed and loaded again)",
+                len(batch) - len(covered),
+            )
+        for settle in covered:
             try:
                 settle()
             except redis.RedisError as exc:
                 # Left pending in the buffer: reclaimed and loaded again.
                 log.warning("could not acknowledge loaded buffer entries: %s", exc)
 
-    def _flush(self) -> bool:
-        db.run(self._conn.get(), core.flush_commits())
-        return True
+    def _connect(self) -> psycopg.Connection[Any]:
+        self._connected_at = time.monotonic()
+        return connections.connect(self._settings, "load")
+
+    def _flush(self) -> float:
+        """Flushes; returns since when its connection has been open."""
+        conn = self._conn.get()
+        since = self._connected_at
+        db.run(conn, core.flush_commits())
+        return since
 
     def _wait(self, seconds: float) -> bool:
         """Waits out a backoff; True to give up (stopping, past the deadline)."""

@@ -249,6 +249,7 @@ class Loader:
         tasks = sum(len(envelopes) for _, envelopes in decoded)
         if entries:
             self.reader.tasks_per_entry = max(1.0, tasks / len(entries))
+        began = time.monotonic()
         stored, refused = load_entries(self.conn, decoded, self.settings.loader_batch_size)
         result.loaded = stored
         result.duplicates = tasks - stored - len(refused)
@@ -258,7 +259,7 @@ class Loader:
         # loader that died before acknowledging what is loaded again.
         settle = functools.partial(self._finish, entries + exhausted, dead, decoded)
         if self._acks is not None:
-            self._acks.submit(settle)  # after a flush, off this loop
+            self._acks.submit(began, settle)  # after a flush, off this loop
         else:
             if tasks and not self.settings.transaction_pooling:
                 db.run(self.conn, core.flush_commits())

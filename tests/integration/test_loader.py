@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from rota.buffer.entries import TaskBatch
 from rota.buffer.streams import ENTRY_VERSION, dead_letter_stream, shard_for, stream_name
 from rota.core import db
 from rota.loader import Loader, lambda_handler
+from rota.loader.acks import Acknowledger
 from rota.loader.store import load_in_chunks
 from rota.model.envelope import envelope_template
 from tests.helpers import pending_idle_past_reclaim, wait_for
@@ -330,3 +332,28 @@ def test_a_slow_flush_delays_the_acknowledgement_never_the_next_load(
         running.join(30)
         loader.close()
     assert not running.is_alive()
+
+
+def test_a_flush_on_a_connection_lost_since_a_load_began_acknowledges_nothing_of_it(
+    settings: Settings, conn: Conn
+) -> None:
+    # A restart or failover ends every session, and may have lost the
+    # commits not yet flushed: only a flush on a connection opened before a
+    # load began, and never lost since, may settle it.
+    acks = Acknowledger(settings)
+    settled: list[str] = []
+    try:
+        acks.submit(time.monotonic(), lambda: settled.append("kept"))
+        assert acks.wait_settled(10) and settled == ["kept"]
+        began = time.monotonic()
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name LIKE 'rota-loader%%' AND datname = current_database()"
+        )
+        acks.submit(began, lambda: settled.append("begun before the loss"))
+        assert acks.wait_settled(30)
+        acks.submit(time.monotonic(), lambda: settled.append("begun after"))
+        assert acks.wait_settled(10)
+    finally:
+        acks.stop()
+    assert settled == ["kept", "begun after"]
