@@ -49,8 +49,8 @@ class Acknowledger:
         self._settings = settings
         self._connected_at = 0.0  # time.monotonic() when the connection was opened
         self._outage = Outage("PostgreSQL (the loader's flushes)", log)
-        # (when the load began, time.monotonic(); its settlement)
-        self._waiting: list[tuple[float, Callable[[], None]]] = []
+        # (when the load began, time.monotonic(); its settlement; its release)
+        self._waiting: list[tuple[float, Callable[[], None], Callable[[], object]]] = []
         self._busy = False
         self._stopping = False
         self._deadline: float | None = None
@@ -66,10 +66,14 @@ class Acknowledger:
             with contextlib.suppress(*db.SERVER_LOST):
                 self._conn.get()
 
-    def submit(self, began: float, settle: Callable[[], None]) -> None:
-        """`settle` once a flush covers the loads that began at `began`."""
+    def submit(
+        self, began: float, settle: Callable[[], None], release: Callable[[], object]
+    ) -> None:
+        """`settle` once a flush covers the loads that began at `began`;
+        `release` the entries instead (for a loader to load them again at
+        once) if PostgreSQL was lost since."""
         with self._changed:
-            self._waiting.append((began, settle))
+            self._waiting.append((began, settle, release))
             self._changed.notify_all()
 
     def wait_settled(self, timeout: float) -> bool:
@@ -109,7 +113,7 @@ class Acknowledger:
                     self._busy = False
                     self._changed.notify_all()
 
-    def _settle(self, batch: list[tuple[float, Callable[[], None]]]) -> None:
+    def _settle(self, batch: list[tuple[float, Callable[[], None], Callable[[], object]]]) -> None:
         since = retrying(
             self._flush,
             self._outage,
@@ -120,19 +124,19 @@ class Acknowledger:
         if since is None:
             log.warning("%d load(s) left unacknowledged at shutdown: reclaimed later", len(batch))
             return
-        covered = [settle for began, settle in batch if began >= since]
-        if len(covered) < len(batch):
+        lost = [release for began, _, release in batch if began < since]
+        if lost:
             log.warning(
                 "%d load(s) not acknowledged: PostgreSQL was lost since they began "
-                "(reclaimed and loaded again)",
-                len(batch) - len(covered),
+                "(their entries are loaded again)",
+                len(lost),
             )
-        for settle in covered:
+        for settle in [settle for began, settle, _ in batch if began >= since] + lost:
             try:
                 settle()
             except redis.RedisError as exc:
                 # Left pending in the buffer: reclaimed and loaded again.
-                log.warning("could not acknowledge loaded buffer entries: %s", exc)
+                log.warning("could not settle loaded buffer entries: %s", exc)
 
     def _connect(self) -> psycopg.Connection[Any]:
         self._connected_at = time.monotonic()

@@ -259,7 +259,8 @@ class Loader:
         # loader that died before acknowledging what is loaded again.
         settle = functools.partial(self._finish, entries + exhausted, dead, decoded)
         if self._acks is not None:
-            self._acks.submit(began, settle)  # after a flush, off this loop
+            # After a flush, off this loop.
+            self._acks.submit(began, settle, lambda: self.reader.release(entries + exhausted))
         else:
             if tasks and not self.settings.transaction_pooling:
                 db.run(self.conn, core.flush_commits())

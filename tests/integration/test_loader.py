@@ -342,18 +342,23 @@ def test_a_flush_on_a_connection_lost_since_a_load_began_acknowledges_nothing_of
     # load began, and never lost since, may settle it.
     acks = Acknowledger(settings)
     settled: list[str] = []
+    released: list[int] = []
     try:
-        acks.submit(time.monotonic(), lambda: settled.append("kept"))
+        acks.submit(time.monotonic(), lambda: settled.append("kept"), lambda: released.append(0))
         assert acks.wait_settled(10) and settled == ["kept"]
         began = time.monotonic()
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE application_name LIKE 'rota-loader%%' AND datname = current_database()"
         )
-        acks.submit(began, lambda: settled.append("begun before the loss"))
+        acks.submit(
+            began, lambda: settled.append("begun before the loss"), lambda: released.append(1)
+        )
         assert acks.wait_settled(30)
-        acks.submit(time.monotonic(), lambda: settled.append("begun after"))
+        acks.submit(
+            time.monotonic(), lambda: settled.append("begun after"), lambda: released.append(2)
+        )
         assert acks.wait_settled(10)
     finally:
         acks.stop()
-    assert settled == ["kept", "begun after"]
+    assert settled == ["kept", "begun after"] and released == [1]  # loaded again
