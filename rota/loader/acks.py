@@ -30,6 +30,7 @@ import redis
 
 from rota import core
 from rota.core import connections, db
+from rota.loader.reading import Entry
 from rota.runtime.outage import Kept, Outage, retrying
 from rota.settings import Settings
 
@@ -49,8 +50,10 @@ class Acknowledger:
         self._settings = settings
         self._connected_at = 0.0  # time.monotonic() when the connection was opened
         self._outage = Outage("PostgreSQL (the loader's flushes)", log)
-        # (when the load began, time.monotonic(); its settlement; its release)
-        self._waiting: list[tuple[float, Callable[[], None], Callable[[], object]]] = []
+        # (when the load began, time.monotonic(); its settlement; its entries)
+        self._waiting: list[tuple[float, Callable[[], None], list[Entry]]] = []
+        # Entries whose loads no flush could vouch for: the loop loads them again.
+        self._again: list[Entry] = []
         self._busy = False
         self._stopping = False
         self._deadline: float | None = None
@@ -66,14 +69,12 @@ class Acknowledger:
             with contextlib.suppress(*db.SERVER_LOST):
                 self._conn.get()
 
-    def submit(
-        self, began: float, settle: Callable[[], None], release: Callable[[], object]
-    ) -> None:
-        """`settle` once a flush covers the loads that began at `began`;
-        `release` the entries instead (for a loader to load them again at
-        once) if PostgreSQL was lost since."""
+    def submit(self, began: float, settle: Callable[[], None], entries: list[Entry]) -> None:
+        """`settle` once a flush covers the loads of `entries` that began at
+        `began`; if PostgreSQL was lost since, the entries are handed back
+        (`take_again`) instead."""
         with self._changed:
-            self._waiting.append((began, settle, release))
+            self._waiting.append((began, settle, entries))
             self._changed.notify_all()
 
     def wait_settled(self, timeout: float) -> bool:
@@ -108,12 +109,24 @@ class Acknowledger:
                 self._busy = True
             try:
                 self._settle(batch)
+            except Exception:
+                # Anything else: this batch is loaded again, the thread goes on.
+                log.exception("settling loaded buffer entries failed; they are loaded again")
+                self._conn.drop()
+                with self._changed:
+                    self._again.extend(entry for _, _, entries in batch for entry in entries)
             finally:
                 with self._changed:
                     self._busy = False
                     self._changed.notify_all()
 
-    def _settle(self, batch: list[tuple[float, Callable[[], None], Callable[[], object]]]) -> None:
+    def take_again(self) -> list[Entry]:
+        """Entries to load again: their loads may have been lost."""
+        with self._changed:
+            again, self._again = self._again, []
+        return again
+
+    def _settle(self, batch: list[tuple[float, Callable[[], None], list[Entry]]]) -> None:
         since = retrying(
             self._flush,
             self._outage,
@@ -124,14 +137,16 @@ class Acknowledger:
         if since is None:
             log.warning("%d load(s) left unacknowledged at shutdown: reclaimed later", len(batch))
             return
-        lost = [release for began, _, release in batch if began < since]
+        lost = [entry for began, _, entries in batch if began < since for entry in entries]
         if lost:
             log.warning(
-                "%d load(s) not acknowledged: PostgreSQL was lost since they began "
-                "(their entries are loaded again)",
+                "%d buffer entries not acknowledged: PostgreSQL was lost since their load"
+                " began (loaded again)",
                 len(lost),
             )
-        for settle in [settle for began, settle, _ in batch if began >= since] + lost:
+            with self._changed:
+                self._again.extend(lost)
+        for settle in [settle for began, settle, _ in batch if began >= since]:
             try:
                 settle()
             except redis.RedisError as exc:
@@ -139,8 +154,9 @@ class Acknowledger:
                 log.warning("could not settle loaded buffer entries: %s", exc)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        self._connected_at = time.monotonic()
-        return connections.connect(self._settings, "load")
+        conn = connections.connect(self._settings, "load")
+        self._connected_at = time.monotonic()  # after: its session began before
+        return conn
 
     def _flush(self) -> float:
         """Flushes; returns since when its connection has been open."""

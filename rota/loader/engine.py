@@ -211,6 +211,10 @@ class Loader:
         # PostgreSQL takes no entry it could not store.
         _ = self.conn
         result = PassResult()
+        if self._held is None and self._acks is not None:
+            again = self._acks.take_again()
+            if again:
+                self._held = (again, [])
         if self._held is not None:
             # What a pass read but could not finish (an outage of either
             # server): this loader loads it again. XCLAIM JUSTID resets its
@@ -259,8 +263,7 @@ class Loader:
         # loader that died before acknowledging what is loaded again.
         settle = functools.partial(self._finish, entries + exhausted, dead, decoded)
         if self._acks is not None:
-            # After a flush, off this loop.
-            self._acks.submit(began, settle, lambda: self.reader.release(entries + exhausted))
+            self._acks.submit(began, settle, entries + exhausted)  # after a flush, off this loop
         else:
             if tasks and not self.settings.transaction_pooling:
                 db.run(self.conn, core.flush_commits())

@@ -20,6 +20,7 @@ from rota.buffer.streams import ENTRY_VERSION, dead_letter_stream, shard_for, st
 from rota.core import db
 from rota.loader import Loader, lambda_handler
 from rota.loader.acks import Acknowledger
+from rota.loader.reading import Entry
 from rota.loader.store import load_in_chunks
 from rota.model.envelope import envelope_template
 from tests.helpers import pending_idle_past_reclaim, wait_for
@@ -342,23 +343,20 @@ def test_a_flush_on_a_connection_lost_since_a_load_began_acknowledges_nothing_of
     # load began, and never lost since, may settle it.
     acks = Acknowledger(settings)
     settled: list[str] = []
-    released: list[int] = []
+    entry: Entry = ("stream", "1-0", {})
     try:
-        acks.submit(time.monotonic(), lambda: settled.append("kept"), lambda: released.append(0))
+        acks.submit(time.monotonic(), lambda: settled.append("kept"), [])
         assert acks.wait_settled(10) and settled == ["kept"]
         began = time.monotonic()
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE application_name LIKE 'rota-loader%%' AND datname = current_database()"
         )
-        acks.submit(
-            began, lambda: settled.append("begun before the loss"), lambda: released.append(1)
-        )
+        acks.submit(began, lambda: settled.append("begun before the loss"), [entry])
         assert acks.wait_settled(30)
-        acks.submit(
-            time.monotonic(), lambda: settled.append("begun after"), lambda: released.append(2)
-        )
+        acks.submit(time.monotonic(), lambda: settled.append("begun after"), [])
         assert acks.wait_settled(10)
     finally:
         acks.stop()
-    assert settled == ["kept", "begun after"] and released == [1]  # loaded again
+    assert settled == ["kept", "begun after"]
+    assert acks.take_again() == [entry]  # handed back to the loop, loaded again
