@@ -61,14 +61,14 @@ _PREPARED = Rows(_Prepared)
 
 
 def commit_without_flush() -> Op[None]:
-    """This session's commits no longer wait for the WAL flush: what a load
+    """This connection's commits no longer wait for the WAL flush: what a load
     commits is claimable at once. Acknowledge what was loaded only after
     `flush_commits`."""
     yield Execute(query("commit_without_flush"))
 
 
 def flush_commits() -> Op[None]:
-    """Waits until every commit this session made before is flushed, as the
+    """Waits until every commit this connection made before is flushed, as the
     server's synchronous_commit asks of a commit (its own transaction)."""
     yield Execute(query("flush_commits"), alone=True)
 

@@ -3,7 +3,7 @@
 The loader's commits make tasks claimable without waiting for the WAL flush
 (rota.core.commit_without_flush). Before the buffer forgets an entry, what
 was loaded from it must be durable: here one thread waits for the flush (on
-a connection of its own: a flush covers the WAL of every session up to it)
+a connection of its own: a flush covers the WAL of every connection up to it)
 and then acknowledges everything loaded before the flush began. A disk's
 slow fsync then delays acknowledgements, never the next load, nor a task's
 start. An entry never acknowledged (the loader died, PostgreSQL was lost)
@@ -155,7 +155,7 @@ class Acknowledger:
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = connections.connect(self._settings, "load")
-        self._connected_at = time.monotonic()  # after: its session began before
+        self._connected_at = time.monotonic()  # after: the server side began before
         return conn
 
     def _flush(self) -> float:

@@ -142,7 +142,7 @@ class Loader:
         """The loading connection: its commits make tasks claimable without
         waiting for the WAL flush; what a pass loaded is acknowledged after a
         flush (rota.loader.acks, or in the pass for a drain). Behind a
-        transaction pooler, where a session's setting would outlive it, each
+        transaction pooler, where a connection's setting would outlive it, each
         commit waits."""
         conn = connections.connect(self.settings, "load")
         if not self.settings.transaction_pooling:

@@ -111,11 +111,11 @@ SELECT rota.add_workflow(%(joins)b::uuid[], %(results)s::text[], %(payloads)s::j
 SET synchronous_commit = off
 
 -- name: flush_commits
--- Returns once every commit this session made before it is as durable as
+-- Returns once every commit this connection made before it is as durable as
 -- the server's own setting makes a commit: this transaction writes a record
 -- (an empty logical message, prefix 'rota', which logical decoding may
 -- show), so its commit waits for the WAL up to it, and so past all the
--- earlier commits, with the setting the session began with.
+-- earlier commits, with the setting the connection began with.
 SELECT set_config('synchronous_commit', reset_val, true),
        pg_logical_emit_message(true, 'rota', '')
 FROM pg_settings WHERE name = 'synchronous_commit'

@@ -274,7 +274,7 @@ def test_loads_are_claimable_before_their_flush_and_acknowledged_only_after_it(
     assert db.run(conn, core.queue_counts())["pdfs"]["ready"] == 1
 
 
-def test_flush_commits_returns_with_the_sessions_commits_flushed(
+def test_flush_commits_returns_with_the_connections_commits_flushed(
     settings: Settings, conn: Conn
 ) -> None:
     with db.connect(settings.database_url) as loading:
@@ -286,7 +286,7 @@ def test_flush_commits_returns_with_the_sessions_commits_flushed(
         db.run(loading, core.flush_commits())
         flushed = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", [committed])
         assert flushed.fetchone() == (True,)
-        # The session's own setting is unchanged: only the flush's commit waited.
+        # The connection's own setting is unchanged: only the flush's commit waited.
         assert loading.execute("SHOW synchronous_commit").fetchone() == ("off",)
 
 
@@ -338,7 +338,7 @@ def test_a_slow_flush_delays_the_acknowledgement_never_the_next_load(
 def test_a_flush_on_a_connection_lost_since_a_load_began_acknowledges_nothing_of_it(
     settings: Settings, conn: Conn
 ) -> None:
-    # A restart or failover ends every session, and may have lost the
+    # A restart or failover ends every connection, and may have lost the
     # commits not yet flushed: only a flush on a connection opened before a
     # load began, and never lost since, may settle it.
     acks = Acknowledger(settings)
