@@ -123,6 +123,10 @@ class Loader:
             settings, timeout=settings.loader_redis_timeout_seconds, retries=0
         )
         self.streams = all_streams(settings.stream_prefix, settings.shards)
+        # Commits that skip the WAL flush, settled after one; behind a
+        # transaction pooler, where a connection's setting would outlive it,
+        # each commit waits instead.
+        self._flushes_apart = not settings.transaction_pooling
         self._conn = Kept(self._connect)
         # A long-running loader's acknowledgements, off its loop (run_forever).
         self._acks: Acknowledger | None = None
@@ -141,11 +145,10 @@ class Loader:
     def _connect(self) -> psycopg.Connection[Any]:
         """The loading connection: its commits make tasks claimable without
         waiting for the WAL flush; what a pass loaded is acknowledged after a
-        flush (rota.loader.acks, or in the pass for a drain). Behind a
-        transaction pooler, where a connection's setting would outlive it, each
-        commit waits."""
+        flush (rota.loader.acks, or in the pass for a drain), unless behind a
+        transaction pooler."""
         conn = connections.connect(self.settings, "load")
-        if not self.settings.transaction_pooling:
+        if self._flushes_apart:
             db.run(conn, core.commit_without_flush())
         return conn
 
@@ -265,7 +268,7 @@ class Loader:
         if self._acks is not None:
             self._acks.submit(began, settle, entries + exhausted)  # after a flush, off this loop
         else:
-            if tasks and not self.settings.transaction_pooling:
+            if tasks and self._flushes_apart:
                 db.run(self.conn, core.flush_commits())
             settle()
         self._held = None
@@ -384,7 +387,7 @@ class Loader:
             summary.add(result)
 
         stop = Polled(should_stop, STOP_CHECK_SECONDS)
-        if not self.settings.transaction_pooling:
+        if self._flushes_apart:
             self._acks = Acknowledger(self.settings)
         try:
             rounds(one_pass, outage, LOADER_OUTAGES, stop, lost=self._after_failure)

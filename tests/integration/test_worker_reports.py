@@ -13,13 +13,24 @@ from rota.consumer.worker import InFlight, Outcome, Worker
 from rota.core import db
 
 
+def _worker_with_tasks(
+    app: App, conn: psycopg.Connection[Any], count: int, **options: Any
+) -> tuple[Worker, list[Any]]:
+    """A registered worker (not started) and the ids of `count` tasks of
+    alice's, enqueued in that order."""
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = [
+        parse_pdf.using(tenant="alice", connection=conn).enqueue(f"{i}.pdf") for i in range(count)
+    ]
+    worker = Worker(app, queues=["pdfs"], maintenance=False, **options)
+    db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], count))
+    return worker, ids
+
+
 def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
     app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    parse_pdf = app.tasks["parse_pdf"]
-    ids = [parse_pdf.using(tenant="alice", connection=conn).enqueue(f"{i}.pdf") for i in range(3)]
-    worker = Worker(app, queues=["pdfs"], maintenance=False)
-    db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 3))
+    worker, ids = _worker_with_tasks(app, conn, 3)
     claimed = db.run(conn, core.claim(["pdfs"], 3, worker.key))
     assert [t.id for t in claimed] == ids
     for task, error in zip(claimed, [None, None, ValueError("bad page")], strict=True):
@@ -43,10 +54,7 @@ def test_outcomes_outlive_a_lost_connection_and_are_reported_after_reconnecting(
 def test_completions_sent_with_a_refused_claim_are_reported_apart_next(
     app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    parse_pdf = app.tasks["parse_pdf"]
-    ids = [parse_pdf.using(tenant="alice", connection=conn).enqueue(f"{i}.pdf") for i in range(4)]
-    worker = Worker(app, queues=["pdfs"], batch_size=2, maintenance=False)
-    db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 4))
+    worker, ids = _worker_with_tasks(app, conn, 4, batch_size=2)
     done = db.run(conn, core.claim(["pdfs"], 2, worker.key))
     for task in done:
         worker.in_flight[task.id] = InFlight(task, timeout=None)
@@ -77,10 +85,7 @@ def test_completions_sent_with_a_refused_claim_are_reported_apart_next(
 def test_a_task_whose_lease_a_heartbeat_finds_lost_never_starts_and_held_ones_are_renewed(
     app: App, settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    parse_pdf = app.tasks["parse_pdf"]
-    ids = [parse_pdf.using(tenant="alice", connection=conn).enqueue(f"{i}.pdf") for i in range(2)]
-    worker = Worker(app, queues=["pdfs"], maintenance=False)
-    db.run(conn, core.register_worker(worker.key, "host", 1, ["pdfs"], 2))
+    worker, ids = _worker_with_tasks(app, conn, 2)
     held, lost = db.run(conn, core.claim(["pdfs"], 2, worker.key))
     sent = time.monotonic() - 50  # both prefetched, claimed 50 s ago
     for task in (held, lost):
