@@ -232,16 +232,16 @@ class Settings(BaseSettings):
         default=20_000,
         ge=1,
         description=(
-            "Tasks per load transaction: loads of a queue take turns on its lock, so bigger"
-            " is not always faster."
+            "Tasks per load transaction: loads that share a tenant take turns on its fair"
+            " tag until one commits, so bigger is not always faster."
         ),
     )
     spark_load_size: int = Field(
         default=100_000,
         ge=1,
         description=(
-            "Tasks per load inside a Spark micro-batch: one loader in one transaction shares"
-            " no queue lock, so a larger load only saves per-load work."
+            "Tasks per load inside a Spark micro-batch: a shard's tenants are its own and it"
+            " loads in one transaction, so a larger load only saves per-load work."
         ),
     )
     loader_read_count: int = Field(

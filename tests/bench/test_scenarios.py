@@ -118,6 +118,14 @@ def test_bench_load_spark_engine(settings: Settings) -> None:
     phases = report["latency_micro_batch_ms"]
     assert phases["batches"] >= 1
     assert phases["triggerExecution"] >= phases["addBatch"] >= 0
+    # The same query doing no work waits less than the loader's tasks do, and
+    # at least the start of a batch.
+    floor = report["micro_batch_floor"]
+    assert floor["batches"] >= 1
+    waits = floor["enqueue_to_read_ms"]
+    assert 0 < waits["p50"] <= waits["p99"]
+    assert waits["p50"] < report["enqueue_to_committed_ms"]["p50"]
+    assert floor["micro_batch_ms"]["triggerExecution"] >= floor["micro_batch_ms"]["addBatch"] > 0
 
 
 @pytest.mark.spark

@@ -413,7 +413,11 @@ def bench_pipeline_load(
         latencies = _latencies(conn)
         committed = _commit_latencies(conn)
     app.close()
+    floor = None
     if spark is not None:
+        from rota_tools.bench.spark_floor import micro_batch_floor
+
+        floor = micro_batch_floor(spark, settings.shards, 0.1, max(10.0, trickle_seconds))
         spark.stop()
     return {
         "params": {
@@ -448,6 +452,9 @@ def bench_pipeline_load(
                 # Where a micro-batch's time goes under the trickle (Spark's
                 # durationMs, medians over the batches that loaded tasks).
                 "latency_micro_batch_ms": phases.medians() if phases else None,
+                # The same query reading and loading nothing: the least the
+                # enqueue -> committed latency can be with Spark's batches here.
+                "micro_batch_floor": floor,
             }
             if engine == "spark"
             else {}
