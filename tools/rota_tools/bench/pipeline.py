@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -198,12 +198,16 @@ def _micro_batch_phases() -> Any:
                 self.batches.append(dict(event.progress.durationMs))
 
         def medians(self) -> dict[str, float]:
-            names = sorted({name for batch in self.batches for name in batch})
-            return {
-                name: statistics.median(b.get(name, 0) for b in self.batches) for name in names
-            } | {"batches": len(self.batches)}
+            return phase_medians(self.batches) | {"batches": len(self.batches)}
 
     return Phases()
+
+
+def phase_medians(batches: Sequence[Mapping[str, int]]) -> dict[str, float]:
+    """Each phase's median over micro-batches' `durationMs` (a phase a batch
+    did not report counts as 0 there)."""
+    names = sorted({name for batch in batches for name in batch})
+    return {name: statistics.median(b.get(name, 0) for b in batches) for name in names}
 
 
 def _fill_buffer(app: App, tasks: int, tenants: int) -> None:

@@ -18,6 +18,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from rota.loader.spark import CHECKPOINT_MANAGER, LOCAL_CHECKPOINT_MANAGER
+from rota_tools.bench.pipeline import phase_medians
 from rota_tools.stats import percentile
 
 SOURCE = "rota_bench_floor"
@@ -67,7 +68,7 @@ def micro_batch_floor(
 ) -> dict[str, Any]:
     """Runs the empty query for `seconds`; the latency of arrivals spread 1 ms
     apart over each batch's span to its partitions' reads, and the batches'
-    phases (medians)."""
+    phases (medians, as the loader's are reported)."""
     spark.dataSource.register(FloorSource)
     reads: list[tuple[float, float, float]] = []
 
@@ -107,9 +108,6 @@ def micro_batch_floor(
             "p50": round(statistics.median(waits), 1),
             "p99": round(percentile(waits, 0.99), 1),
         },
-        "micro_batch_ms": {
-            name: statistics.median(batch.get(name, 0) for batch in phases)
-            for name in ("triggerExecution", "addBatch", "walCommit", "commitOffsets")
-        },
+        "micro_batch_ms": phase_medians(phases),
         "batches": len(phases),
     }
