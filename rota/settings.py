@@ -236,12 +236,24 @@ class Settings(BaseSettings):
             " tag until one commits, so bigger is not always faster."
         ),
     )
+    spark_shard_connections: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Connections loading one buffer shard in a Spark micro-batch, each a transaction"
+            " of its own for a group of the shard's tenants (a tenant's tasks stay in one, in"
+            " enqueue order): one tenant's flood no longer holds its whole shard to one"
+            " connection's speed."
+        ),
+    )
     spark_load_size: int = Field(
-        default=100_000,
+        default=20_000,
         ge=1,
         description=(
-            "Tasks per load inside a Spark micro-batch: a shard's tenants are its own and it"
-            " loads in one transaction, so a larger load only saves per-load work."
+            "Tasks per load inside a Spark micro-batch: each group of a shard's tenants hands"
+            " its connection a load once it holds this many and the connection is free (more"
+            " while it is busy, up to four times this), all in the group's one transaction."
         ),
     )
     loader_read_count: int = Field(

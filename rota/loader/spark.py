@@ -4,12 +4,13 @@ Source: a Python data source (pyspark.sql.datasource) over the buffer's shards,
 one partition per shard, offsets being each shard's last stream entry id, kept
 in Spark's checkpoint. Each partition's Spark task reads its shard's entries,
 checks them, and loads them on its executor in the same Python worker: in
-chunks through the core's bulk SQL (COPY + one call), in one PostgreSQL
-transaction of its own, with a ledger row keyed by (checkpoint, batch id,
-shard) (rota.loader.spark_load).
+chunks through the core's bulk SQL (COPY + one call), its tenants split into
+`ROTA_SPARK_SHARD_CONNECTIONS` groups, each group in one PostgreSQL
+transaction of its own on a connection of its own, with a ledger row keyed by
+(checkpoint, batch id, part) (rota.loader.spark_load).
 
 Sink: `foreachBatch` runs the micro-batch and settles it. A replayed
-micro-batch skips the shards already loaded and loads the rest, so every
+micro-batch skips the groups already loaded and loads the rest, so every
 task is loaded exactly once. Invalid entries, and tasks PostgreSQL refuses, go to the dead-letter
 stream before the commit. Loads of different shards never wait for each
 other (a shard holds whole tenants, and loads lock only their tenants' rows),
@@ -111,24 +112,28 @@ class BatchSink:
     def settle_batch(self, results: list[ShardResult], batch_id: int) -> None:
         """The shards' results: trims and counts what loaded; raises
         ShardOutage if a shard met one (the batch is tried again)."""
-        streams = [r.stream for r in results]
-        if len(set(streams)) != len(streams):  # a shard split over partitions: never trimmed
+        parts = [(r.stream, r.part) for r in results]
+        if len(set(parts)) != len(parts):  # a shard split over partitions: never trimmed
             raise RuntimeError(f"micro-batch {batch_id}: a shard in several partitions")
         settled = [r for r in results if r.outage is None]
+        failed = [r for r in results if r.outage is not None]
         # Durable now: trimmed here, not only by the source's commit, which
-        # Spark calls when the next batch starts (with an idle buffer, never).
-        # Backlog counts are lowered by the attempt that loaded the shard.
+        # Spark calls when the next batch starts (with an idle buffer, never);
+        # a shard only once all its groups are loaded. Backlog counts are
+        # lowered by the attempt that loaded the group.
+        unsettled = {r.stream for r in failed}
+        trim = {r.stream: r.last for r in settled if r.last and r.stream not in unsettled}
         loaded = [
             (r.stream, [TenantCost(t, c) for t, c in r.tenants.items()]) for r in settled if r.fresh
         ]
-        self.settle.finish(loaded, trim_through={r.stream: r.last for r in settled if r.last})
+        self.settle.finish(loaded, trim_through=trim)
         stored = sum(r.stored for r in settled)
         dead = sum(r.dead for r in settled)
         tasks = sum(r.tasks for r in settled)
         self.loaded += stored
         self.dead_lettered += dead
         lag = oldest_age(r.first for r in settled if r.first)
-        fresh = [r for r in settled if r.fresh]
+        fresh = {r.stream for r in settled if r.fresh}
         if fresh:
             log.info(
                 "micro-batch %d: loaded %d task(s), %d dead-lettered, %d shard(s); lag %.3f s",
@@ -140,7 +145,6 @@ class BatchSink:
             )
             if self.metrics is not None:
                 self.metrics.passed(stored, tasks - stored, dead, lag)
-        failed = [r for r in results if r.outage is not None]
         if failed:
             raise ShardOutage(f"{failed[0].stream}: {failed[0].outage}")
         self.batches += 1
@@ -179,6 +183,7 @@ def buffer_stream(
         .option("max_payload_bytes", str(settings.max_payload_bytes))
         .option("queues", ",".join(sorted(settings.allowed_queues or ())))
         .option("max_entries", str(max_entries))
+        .option("groups", str(settings.spark_shard_connections))
         .load()
     )
 

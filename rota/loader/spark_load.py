@@ -1,20 +1,26 @@
 """The Spark loader's executor side, run by the buffer source's `read` (one
 Spark task per shard, rota.loader.spark_source): the shard's entries, read
-and checked once, load in a PostgreSQL transaction of their own with the
-ledger row (checkpoint, micro-batch, shard), dead letters written before the
-commit; the task's one output row is the shard's result, for the driver
-(rota.loader.spark). Pickled with the source: plain values only. Connections
-are made in the executor's Python worker when first needed and kept for the
-next micro-batch (Spark reuses its workers); an outage closes them.
+and checked once, go to groups of its tenants
+(`ROTA_SPARK_SHARD_CONNECTIONS`), each loading in a PostgreSQL transaction of
+its own with its ledger row (checkpoint, micro-batch, part), dead letters
+written before the commit; the task's output rows are the groups' results,
+for the driver (rota.loader.spark). Pickled with the source: plain values
+only. Connections are made in the executor's Python worker when first needed
+and kept for the next micro-batch (Spark reuses its workers); an outage
+closes them.
 """
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
+import time
+import zlib
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import orjson
 import psycopg
@@ -28,6 +34,7 @@ from rota.loader.settle import BufferSettle, Dead, DeadLettersRefused
 from rota.loader.store import load_entries
 from rota.model.envelope import TaskEnvelope
 from rota.runtime.outage import Kept
+from rota.runtime.process import tune_gc
 from rota.settings import Settings
 
 # What an executor reports instead of failing its Spark task: the driver
@@ -38,7 +45,7 @@ EXECUTOR_OUTAGES: tuple[type[Exception], ...] = (
     DeadLettersRefused,
 )
 
-# One row per shard: small, whatever the batch's size.
+# One row per group of a shard: small, whatever the batch's size.
 RESULT_SCHEMA = (
     "stream string, part int, fresh boolean, stored long, dead long, tasks long,"
     " first string, last string, tenants string, outage string"
@@ -52,8 +59,9 @@ Entry = tuple[str, TaskBatch, list[Rejected]]
 
 
 def shard_of(stream: str) -> int:
-    """The shard number in a stream's name (`{prefix}:{<shard>}`): the ledger's
-    part, stable across replays (Spark's partition indexes are not)."""
+    """The shard number in a stream's name (`{prefix}:{<shard>}`): with the
+    group, the ledger's part, stable across replays (Spark's partition
+    indexes are not)."""
     found = _SHARD.search(stream)
     if found is None:
         raise ValueError(f"{stream!r} is not a buffer shard's name")
@@ -91,6 +99,7 @@ class TenantCost(NamedTuple):
 @dataclass(frozen=True)
 class ShardResult:
     stream: str
+    part: int  # the ledger's part: shard * groups + group
     fresh: bool  # loaded by this attempt (False: the ledger had it)
     stored: int
     dead: int
@@ -105,6 +114,7 @@ class ShardResult:
         """From the source's output row (RESULT_SCHEMA)."""
         return cls(
             row.stream,
+            row.part,
             row.fresh,
             row.stored,
             row.dead,
@@ -119,7 +129,7 @@ class ShardResult:
         """The source's output row (RESULT_SCHEMA)."""
         return (
             self.stream,
-            shard_of(self.stream),
+            self.part,
             self.fresh,
             self.stored,
             self.dead,
@@ -132,106 +142,234 @@ class ShardResult:
 
 
 class ShardLoader:
-    """An executor's connections, made when first needed and kept between
-    micro-batches; dropped after an outage."""
+    """An executor's connections (one per group of a shard's tenants), made
+    when first needed and kept between micro-batches; dropped after an outage."""
 
     def __init__(self, job: LoadJob) -> None:
         self.job = job
-        self._conn = Kept(lambda: connections.connect(job.settings, "load"))
+        self._conns: list[Kept[psycopg.Connection[Any]]] = []
         self._redis = Kept(lambda: redis_client.connect(job.settings, retries=0))
         self.buffer = self._redis.get
         self.settle = BufferSettle(self.buffer, job.settings)
+        self._groups: dict[tuple[str, int], int] = {}
 
-    @property
-    def conn(self) -> psycopg.Connection[Any]:
-        return self._conn.get()
+    def conn(self, group: int) -> Kept[psycopg.Connection[Any]]:
+        while len(self._conns) <= group:
+            self._conns.append(Kept(lambda: connections.connect(self.job.settings, "load")))
+        return self._conns[group]
 
     def close(self) -> None:
-        self._conn.drop()
+        for kept in self._conns:
+            kept.drop()
         self._redis.drop()
 
-    def load(self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]) -> ShardResult:
-        """Loads one shard's entries in one transaction with its ledger row; a
-        shard the ledger has already (a replay) is not read. An outage is
-        reported in the result (the connections closed), not raised."""
-        try:
-            return self._load(stream, batch_id, last, entries)
-        except EXECUTOR_OUTAGES as exc:
+    def group_of(self, tenant: str, groups: int) -> int:
+        """The tenant's group among a shard's `groups`: stable across
+        processes, and independent of its shard (crc32 % shards)."""
+        found = self._groups.get((tenant, groups))
+        if found is None:
+            found = (zlib.crc32(tenant.encode()) // self.job.settings.shards) % groups
+            if len(self._groups) > 100_000:
+                self._groups.clear()
+            self._groups[(tenant, groups)] = found
+        return found
+
+    def load(
+        self, stream: str, batch_id: int, last: str, entries: Iterable[Entry], groups: int = 1
+    ) -> list[ShardResult]:
+        """Loads one shard's entries, its tenants split into `groups`, each
+        group in a transaction of its own (on a connection and thread of its
+        own) with its ledger row, part `shard * groups + group`: a tenant's
+        tasks load in one transaction, in enqueue order. A replay loads only
+        the groups the ledger lacks, and reads nothing when it has them all.
+        An outage is reported in the results (the connections closed), not
+        raised."""
+        parts = [_Group(self, g, shard_of(stream) * groups + g, batch_id) for g in range(groups)]
+        with ThreadPoolExecutor(groups, thread_name_prefix="rota-load") as pool:
+            for group in parts:
+                group.start(pool)
+            fresh = [group for group in parts if group.check()]
+            first = ""
+            reading: BaseException | None = None
+            if fresh:
+                try:
+                    first = self._route(stream, entries, parts, groups)
+                except BaseException as exc:
+                    for group in fresh:
+                        group.send(_ABORT)  # each rolls back, and its thread ends
+                    if not isinstance(exc, EXECUTOR_OUTAGES):
+                        raise
+                    reading = exc
+                else:
+                    for group in fresh:
+                        group.send(_END)
+            results = [group.result(stream, first, last, reading) for group in parts]
+        if any(r.outage is not None for r in results):
             self.close()
-            return ShardResult(stream, False, 0, 0, 0, "", last, {}, repr(exc))
+        return results
 
-    def _load(self, stream: str, batch_id: int, last: str, entries: Iterable[Entry]) -> ShardResult:
-        job = self.job
-        part = shard_of(stream)
-        size = job.settings.spark_load_size
+    def _route(
+        self, stream: str, entries: Iterable[Entry], parts: list[_Group], groups: int
+    ) -> str:
+        """Sends each entry's tasks to their tenants' groups, in order; the
+        entries' invalid parts go with group 0. Returns the first entry's id."""
         first = ""
-        stored = tasks = 0
-        costs: dict[str, float] = {}
-        dead: list[Dead] = []
-        conn = self.conn
+        size = self.job.settings.spark_load_size
+        for entry_id, batch, bad in entries:
+            first = first or entry_id
+            parts[0].dead.extend((stream, entry_id, rejected) for rejected in bad)
+            if not batch.tenants:
+                continue
+            if groups == 1:
+                parts[0].add(stream, entry_id, batch, size)
+                continue
+            of = [self.group_of(tenant, groups) for tenant in batch.tenants]
+            if of.count(of[0]) == len(of):
+                parts[of[0]].add(stream, entry_id, batch, size)
+                continue
+            for g in sorted(set(of)):
+                picked = batch.select([i for i, x in enumerate(of) if x == g])
+                parts[g].add(stream, entry_id, picked, size)
+        return first
+
+
+_END = object()
+_ABORT = object()
+
+
+class _Aborted(Exception):
+    """The shard's entries could not be read: its groups roll back."""
+
+
+class _Group:
+    """One group of a shard's tenants: its transaction runs on a pool thread,
+    fed chunks by the reading thread. A chunk goes over once it holds
+    `ROTA_SPARK_LOAD_SIZE` tasks and the connection has none waiting, so
+    every group loads while the shard is read; while the connection is busy
+    the chunk grows, up to four times that, where the reading waits."""
+
+    def __init__(self, loader: ShardLoader, group: int, part: int, batch_id: int) -> None:
+        self.loader = loader
+        self.group = group
+        self.part = part
+        self.batch_id = batch_id
+        self.dead: list[Dead] = []  # invalid parts of entries (group 0), then refused tasks
+        self.costs: dict[str, float] = {}
+        self.tasks = 0
+        self._chunk: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
+        self._waiting = 0
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self._aborted = threading.Event()
+        self._ready: Future[bool] = Future()
+        self._done: Future[int] | None = None
+        self.fresh = False
+
+    def start(self, pool: ThreadPoolExecutor) -> None:
+        self._done = pool.submit(self._run)
+
+    def check(self) -> bool:
+        """Waits for the group's ledger check: whether this attempt loads it
+        (False also after an outage, which `result` reports)."""
+        try:
+            self.fresh = self._ready.result()
+        except EXECUTOR_OUTAGES:
+            self.fresh = False
+        return self.fresh
+
+    def add(self, stream: str, entry_id: str, batch: TaskBatch, size: int) -> None:
+        if not self.fresh:
+            return  # loaded by an earlier attempt
+        for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
+            self.costs[tenant] = self.costs.get(tenant, 0.0) + cost
+        envelopes = batch.envelopes()
+        self._chunk.append(((stream, entry_id), envelopes))
+        self.tasks += len(envelopes)
+        self._waiting += len(envelopes)
+        if self._waiting < size:
+            return
+        if self._waiting >= 4 * size:
+            self._wait_for_room()
+        if self._inbox.empty():
+            self._inbox.put(self._chunk)
+            self._chunk, self._waiting = [], 0
+
+    def _wait_for_room(self) -> None:
+        """Until the connection has no chunk waiting (or its thread ended)."""
+        assert self._done is not None
+        while not self._inbox.empty() and not self._done.done():
+            time.sleep(0.002)
+
+    def send(self, message: object) -> None:
+        """Ends the group's load: _END (after the last chunk) or _ABORT."""
+        if message is _ABORT:
+            self._aborted.set()
+        elif self._chunk:
+            self._inbox.put(self._chunk)
+            self._chunk, self._waiting = [], 0
+        self._inbox.put(message)
+
+    def _run(self) -> int:
+        try:
+            return self._load()
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+            raise
+
+    def _load(self) -> int:
+        loader, job = self.loader, self.loader.job
+        conn = loader.conn(self.group).get()
+        stored = 0
         with conn.transaction():
-            if not db.run(conn, core.record_loader_batch(job.query_key, batch_id, part)):
-                return ShardResult(stream, False, 0, 0, 0, "", last, {}, None)
-            # One chunk loads (its thread waiting on PostgreSQL) while the next
-            # is read; the connection is used by one thread at a time.
-            with ThreadPoolExecutor(1, thread_name_prefix="rota-load") as loading:
-                pending: Future[tuple[int, list[Dead]]] | None = None
-                chunk: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
-                waiting = 0
-                for entry_id, batch, bad in entries:
-                    first = first or entry_id
-                    dead.extend((stream, entry_id, rejected) for rejected in bad)
-                    if not batch.tenants:
-                        continue
-                    for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
-                        costs[tenant] = costs.get(tenant, 0.0) + cost
-                    envelopes = batch.envelopes()
-                    chunk.append(((stream, entry_id), envelopes))
-                    tasks += len(envelopes)
-                    waiting += len(envelopes)
-                    # In chunks as entries arrive, in order (the previous chunk
-                    # done first): a tenant's tasks take their places in line
-                    # in the order they were enqueued.
-                    if waiting >= size:
-                        stored += _settled(pending, dead)
-                        pending = loading.submit(self._load_chunk, chunk)
-                        chunk, waiting = [], 0
-                stored += _settled(pending, dead)
-            stored += _settled(self._load_chunk(chunk), dead)
-            db.run(conn, core.count_loader_batch(job.query_key, batch_id, stored, part))
+            if not db.run(conn, core.record_loader_batch(job.query_key, self.batch_id, self.part)):
+                self._ready.set_result(False)
+                return 0
+            self._ready.set_result(True)
+            while (message := self._inbox.get()) is not _END:
+                if self._aborted.is_set():
+                    raise _Aborted
+                chunk = cast(list[tuple[tuple[str, str], list[TaskEnvelope]]], message)
+                loaded, refused = load_entries(conn, chunk, job.settings.spark_load_size)
+                stored += loaded
+                self.dead.extend((s, entry_id, rejected) for (s, entry_id), rejected in refused)
+            db.run(conn, core.count_loader_batch(job.query_key, self.batch_id, stored, self.part))
             # Before the commit: a replay may record them twice, never zero times.
-            if self.settle.record_dead(dead):
+            if loader.settle.record_dead(self.dead):
                 raise DeadLettersRefused("dead letters refused; the shard is tried again")
-        return ShardResult(stream, True, stored, len(dead), tasks, first, last, costs, None)
+        return stored
 
-    def _load_chunk(
-        self, entries: list[tuple[tuple[str, str], list[TaskEnvelope]]]
-    ) -> tuple[int, list[Dead]]:
-        """Loads the entries' tasks (savepoints in the shard's transaction):
-        the tasks stored, and those PostgreSQL refused with their entry."""
-        stored, refused = load_entries(self.conn, entries, self.job.settings.spark_load_size)
-        return stored, [(stream, entry_id, rejected) for (stream, entry_id), rejected in refused]
-
-
-def _settled(
-    load: Future[tuple[int, list[Dead]]] | tuple[int, list[Dead]] | None, dead: list[Dead]
-) -> int:
-    """The tasks a load stored (waiting for it); its refused tasks join `dead`."""
-    if load is None:
-        return 0
-    stored, refused = load.result() if isinstance(load, Future) else load
-    dead.extend(refused)
-    return stored
+    def result(
+        self, stream: str, first: str, last: str, reading: BaseException | None
+    ) -> ShardResult:
+        """The group's result, once its thread ended."""
+        assert self._done is not None
+        try:
+            stored = self._done.result()
+        except _Aborted:
+            return ShardResult(stream, self.part, False, 0, 0, 0, "", last, {}, repr(reading))
+        except EXECUTOR_OUTAGES as exc:
+            return ShardResult(stream, self.part, False, 0, 0, 0, "", last, {}, repr(exc))
+        if not self._ready.result():
+            return ShardResult(stream, self.part, False, 0, 0, 0, "", last, {}, None)
+        dead = len(self.dead)
+        return ShardResult(
+            stream, self.part, True, stored, dead, self.tasks, first, last, self.costs, None
+        )
 
 
 _kept: ShardLoader | None = None
 
 
 def shard_loader(job: LoadJob) -> ShardLoader:
-    """This Python worker's loader for `job`, kept between micro-batches."""
+    """This Python worker's loader for `job`, kept between micro-batches. A
+    worker Spark forks for the loader runs nothing else: its collector is
+    tuned for batches as a loader process's is (`tune_gc`) when it first loads."""
     global _kept
-    if _kept is None or _kept.job != job:
-        if _kept is not None:
-            _kept.close()
+    if _kept is None:
+        tune_gc()
+    elif _kept.job != job:
+        _kept.close()
+        _kept = None
+    if _kept is None:
         _kept = ShardLoader(job)
     return _kept

@@ -1,11 +1,13 @@
 """The buffer as a Spark Structured Streaming source that loads (a Python
 data source): one partition per shard, offsets being each shard's last
-stream entry id, kept in Spark's checkpoint. Each partition's Spark task
-reads its shard's entries, checks them and loads them on its executor, in
-the one Python worker (rota.loader.spark_load): its only row is the
-shard's result. The source is made for one loader (`loading_source`): what
-it loads with travels pickled with the class, never in its options, which
-Spark shows in plans and its UI."""
+stream entry id, kept in Spark's checkpoint with the number of groups a
+shard's tenants load in (so that a replayed batch splits them as it did).
+Each partition's Spark task reads its shard's entries, checks them and
+loads them on its executor, in the one Python worker
+(rota.loader.spark_load): its rows are its groups' results. The source is
+made for one loader (`loading_source`): what it loads with travels pickled
+with the class, never in its options, which Spark shows in plans and its
+UI."""
 
 from __future__ import annotations
 
@@ -24,11 +26,14 @@ from rota.settings import Settings
 
 SOURCE_NAME = "rota_buffer"
 PAGE = 1000
+# The offsets' key for the groups a shard's tenants load in (never a stream's name).
+GROUPS = "groups"
 
 
 class BufferSource(DataSource):
     """`spark.readStream.format("rota_buffer")`; options: redis_url, streams,
-    max_payload_bytes, max_entries (per micro-batch, 0 for all available).
+    max_payload_bytes, max_entries (per micro-batch, 0 for all available),
+    groups (connections loading one shard).
     Loads with its class's `job` (`loading_source`)."""
 
     job: LoadJob | None = None
@@ -66,6 +71,7 @@ class BufferStreamReader(DataSourceStreamReader):
         self.streams = options["streams"].split(",")
         self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
         self.max_entries = int(options.get("max_entries", "0"))
+        self.groups = int(options.get("groups", "1"))
         queues = options.get("queues")
         self.allowed_queues = frozenset(queues.split(",")) if queues else None
         self._driver_client: redis_client.Client | None = None
@@ -93,7 +99,7 @@ class BufferStreamReader(DataSourceStreamReader):
             raise
 
     def initialOffset(self) -> dict[str, str]:
-        return dict.fromkeys(self.streams, "0-0")
+        return {**dict.fromkeys(self.streams, "0-0"), GROUPS: str(self.groups)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
@@ -124,6 +130,7 @@ class BufferStreamReader(DataSourceStreamReader):
                     entry_id = last[0][0].decode()
                     if entry_key(entry_id) > entry_key(begin):
                         end[stream] = entry_id
+                        end[GROUPS] = str(self.groups)  # a new batch splits as now
             return end
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
@@ -136,14 +143,17 @@ class BufferStreamReader(DataSourceStreamReader):
                 pipe.xlen(stream)
             lengths = dict(zip(streams, pipe.execute(), strict=True))
         streams.sort(key=lambda s: -lengths[s])
-        return [InputPartition((s, start.get(s, "0-0"), end[s])) for s in streams]
+        # As the batch was planned (a checkpoint written before groups: one).
+        groups = int(end.get(GROUPS, "1"))
+        return [InputPartition((s, start.get(s, "0-0"), end[s], groups)) for s in streams]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        """Loads the partition's shard (an outage is reported in its row)."""
-        stream, first, last = partition.value
+        """Loads the partition's shard (an outage is reported in its rows)."""
+        stream, first, last, groups = partition.value
         loader = shard_loader(self.job)
         entries = self._entries(loader.buffer, stream, first, last)
-        yield loader.load(stream, task_batch_id(), last, entries).row()
+        for result in loader.load(stream, task_batch_id(), last, entries, groups):
+            yield result.row()
 
     def _entries(
         self, buffer: Callable[[], redis_client.Client], stream: str, first: str, last: str
@@ -165,7 +175,7 @@ class BufferStreamReader(DataSourceStreamReader):
         with self._planning_client() as client:
             pipe = client.pipeline(transaction=False)
             for stream, entry_id in end.items():
-                if entry_id != "0-0":
+                if stream != GROUPS and entry_id != "0-0":
                     pipe.xtrim(stream, minid=next_entry_id(entry_id), approximate=False)
             pipe.execute()
 

@@ -306,13 +306,14 @@ CREATE TABLE rota.archives (
 );
 
 -- The Spark loader's ledger of loaded micro-batch partitions (exactly once):
--- each executor loads its partition in a transaction with its row.
+-- each executor loads each group of its partition's tenants in a transaction
+-- with its row.
 CREATE TABLE rota.loader_batches (
     query text NOT NULL,  -- the streaming query's checkpoint: batch ids restart with it
     batch_id bigint NOT NULL,
     tasks integer NOT NULL,
     loaded_at timestamptz NOT NULL DEFAULT now(),
-    part integer NOT NULL DEFAULT 0,  -- the partition: a buffer shard
+    part integer NOT NULL DEFAULT 0,  -- shard * groups + group (rota.loader.spark_load)
     PRIMARY KEY (query, batch_id, part)
 );
 

@@ -2,8 +2,9 @@
 through failures in the middle of a micro-batch: an executor's Python worker
 killed with SIGKILL, the driver killed with SIGKILL and started again from its
 checkpoint, PostgreSQL stopped with `-m immediate` and started again. Each
-shard of a batch loads in its own transaction with its ledger row: after
-each fault every task is stored exactly once, and the buffer is trimmed."""
+group of a shard's tenants loads in its own transaction with its ledger row:
+after each fault every task is stored exactly once, and the buffer is
+trimmed."""
 
 from __future__ import annotations
 
@@ -102,14 +103,20 @@ def loading_python_workers(roots: Iterable[int], database_port: int) -> list[int
     return workers
 
 
-def shards_loaded(conn: Conn) -> int:
-    """The ledger rows of the query's first micro-batch (one per shard loaded)."""
+def parts_loaded(conn: Conn) -> int:
+    """The ledger rows of the query's first micro-batch (one per group of a
+    shard's tenants loaded)."""
     row = conn.execute("SELECT count(*) FROM rota.loader_batches WHERE batch_id = 0").fetchone()
     return int(row[0]) if row else 0
 
 
-def _mid_batch(conn: Conn, shards: int) -> bool:
-    return 0 < shards_loaded(conn) < shards
+def parts(settings: Settings) -> int:
+    """A micro-batch's ledger rows when every shard has entries."""
+    return settings.shards * settings.spark_shard_connections
+
+
+def _mid_batch(conn: Conn, settings: Settings) -> bool:
+    return 0 < parts_loaded(conn) < parts(settings)
 
 
 def _stored(conn: Conn) -> int:
@@ -143,12 +150,12 @@ def _finish_and_check(
         assert stored == (len(ids), len(ids))
         assert set(db.run(conn, core.task_states(ids))) == set(ids)
         # The interrupted batch held the whole backlog: one ledger row per
-        # shard, and the tasks they stored add up to the backlog.
+        # group of each shard, and the tasks they stored add up to the backlog.
         ledger = conn.execute(
             "SELECT count(*), sum(tasks), min(loaded_at), max(loaded_at)"
             " FROM rota.loader_batches WHERE batch_id = 0"
         ).fetchone()
-        assert ledger is not None and ledger[:2] == (settings.shards, len(ids))
+        assert ledger is not None and ledger[:2] == (parts(settings), len(ids))
         assert ledger[2] < fault_at < ledger[3]
     with redis.Redis.from_url(settings.redis_url) as client:
         assert client.xlen(dead_letter_stream(settings.stream_prefix)) == 0
@@ -161,9 +168,7 @@ def test_an_executor_python_worker_killed_mid_batch(
     port = int(conn.info.port)
     with _start_loader(settings, tmp_path / "checkpoint") as loader:
         victims = wait_for(
-            lambda: (
-                _mid_batch(conn, settings.shards) and loading_python_workers([loader.pid], port)
-            ),
+            lambda: _mid_batch(conn, settings) and loading_python_workers([loader.pid], port),
             timeout=180,
             what="a Python worker loading a shard after another shard committed",
         )
@@ -180,9 +185,7 @@ def test_the_driver_killed_mid_batch_then_started_again_from_its_checkpoint(
     ids = _enqueue(app, TASKS)
     checkpoint = tmp_path / "checkpoint"
     with _start_loader(settings, checkpoint) as doomed:
-        wait_for(
-            lambda: _mid_batch(conn, settings.shards), timeout=180, what="a shard of the batch"
-        )
+        wait_for(lambda: _mid_batch(conn, settings), timeout=180, what="a shard of the batch")
         below = descendants(doomed.pid)
         fault_at = _now(conn)
         doomed.kill()  # the driver's Python process: its JVM and workers go with it
@@ -207,9 +210,7 @@ def test_postgresql_restarted_mid_batch(
 ) -> None:
     ids = _enqueue(app, TASKS)
     with _start_loader(settings, tmp_path / "checkpoint") as loader:
-        wait_for(
-            lambda: _mid_batch(conn, settings.shards), timeout=180, what="a shard of the batch"
-        )
+        wait_for(lambda: _mid_batch(conn, settings), timeout=180, what="a shard of the batch")
         fault_at = _now(conn)
         postgres_server.stop_immediately()
         postgres_server.start_again()

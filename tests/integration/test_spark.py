@@ -72,23 +72,29 @@ def test_streaming_loads_once_and_restarts_from_its_checkpoint(
 
 
 def _load(
-    settings: Settings, query: str, batch_id: int, rows: list[tuple[str, str, str]]
+    settings: Settings,
+    query: str,
+    batch_id: int,
+    rows: list[tuple[str, str, str]],
+    groups: int = 1,
 ) -> list[Any]:
     """Loads (stream, entry id, tasks' JSON) rows as the source's tasks do,
-    a shard each, through an executor's loader."""
+    a shard each, through an executor's loader: the groups' results."""
     from rota.loader.spark_load import LoadJob, ShardLoader
 
     loader = ShardLoader(LoadJob(settings, query))
     try:
         return [
-            loader.load(
+            result
+            for stream in sorted({r[0] for r in rows})
+            for entries in [[(e, data) for s, e, data in rows if s == stream]]
+            for result in loader.load(
                 stream,
                 batch_id,
                 entries[-1][0],
                 [(e, TaskBatch.from_checked_json(data), []) for e, data in entries],
+                groups,
             )
-            for stream in sorted({r[0] for r in rows})
-            for entries in [[(e, data) for s, e, data in rows if s == stream]]
         ]
     finally:
         loader.close()
@@ -163,6 +169,68 @@ def test_a_shard_loads_in_chunks_as_its_entries_arrive_keeping_each_tenants_orde
     claimed = db.run(conn, core.claim(["pdfs"], 80, "w"))
     for tenant in ("a", "b"):
         assert [t.args[0] for t in claimed if t.tenant == tenant] == list(range(40))
+
+
+def test_a_shards_tenants_load_in_groups_and_a_replay_loads_the_groups_an_outage_stopped(
+    app: App, settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    from rota.loader.spark import BatchSink, ShardOutage
+    from rota.loader.spark_load import LoadJob, ShardLoader
+
+    loader = ShardLoader(LoadJob(settings, "q"))
+    shard_0 = [t for t in (f"t{i}" for i in range(400)) if shard_for(t, settings.shards) == 0]
+    tenants = shard_0[:8]
+    group = {t: loader.group_of(t, 2) for t in tenants}
+    assert set(group.values()) == {0, 1}
+    parse_pdf = app.tasks["parse_pdf"]
+    ids = []
+    for start in range(0, 50, 10):  # entries mixing the tenants, ten tasks each a round
+        ids += app.enqueue_many(
+            [
+                parse_pdf.using(tenant=t).prepare(i)
+                for t in tenants
+                for i in range(start, start + 10)
+            ]
+        )
+    client = redis.Redis.from_url(settings.redis_url)
+    stream = stream_name(settings.stream_prefix, 0)
+    entries = [
+        (e.decode(), TaskBatch.from_checked_json(f[b"tasks"].decode()), [])
+        for e, f in client.xrange(stream)
+    ]
+    assert len(entries) == 5 and sum(len(b) for _, b, _ in entries) == 400
+    last = entries[-1][0]
+    # Group 1's connection is lost: its group reports the outage, group 0 loads.
+    lost = loader.conn(1).get().info.backend_pid
+    conn.execute("SELECT pg_terminate_backend(%s)", [lost])
+    first = loader.load(stream, 4, last, entries, 2)
+    assert [(r.part, r.fresh, r.outage is None) for r in first] == [
+        (0, True, True),
+        (1, False, False),
+    ]
+    sink = BatchSink(settings, query_key="q")
+    with pytest.raises(ShardOutage):
+        sink.settle_batch(first, 4)
+    assert client.xlen(stream) == 5  # a group is missing: nothing trimmed
+    stored = conn.execute("SELECT DISTINCT tenant FROM rota.tasks").fetchall()
+    assert {t for (t,) in stored} == {t for t in tenants if group[t] == 0}
+    # The batch again: the ledger has group 0, so group 1 loads alone.
+    again = loader.load(stream, 4, last, entries, 2)
+    assert [(r.part, r.fresh) for r in again] == [(0, False), (1, True)]
+    sink.settle_batch(again, 4)
+    loader.close()
+    sink.close()
+    assert client.xlen(stream) == 0
+    assert sink.loaded == 400
+    ledger = conn.execute(
+        "SELECT part, tasks FROM rota.loader_batches WHERE query = 'q' ORDER BY part"
+    ).fetchall()
+    in_0 = sum(group[t] == 0 for t in tenants)
+    assert ledger == [(0, 50 * in_0), (1, 50 * (8 - in_0))]
+    claimed = db.run(conn, core.claim(["pdfs"], 400, "w"))
+    assert sorted(map(str, (t.id for t in claimed))) == sorted(map(str, ids))
+    for tenant in tenants:  # each in one transaction, in enqueue order
+        assert [t.args[0] for t in claimed if t.tenant == tenant] == list(range(50))
 
 
 def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(

@@ -244,7 +244,8 @@ def _spark_sustained(
     checkpoint = checkpoint_location(
         f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}-{uuid.uuid4().hex[:8]}"
     )
-    streaming = _spark_loader(settings, spark, checkpoint, 0.2, stop)
+    # The trigger of `rota loader run --engine spark` (0.1 s).
+    streaming = _spark_loader(settings, spark, checkpoint, 0.1, stop)
     streaming.start()
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
     fill_app = _app(filling)
