@@ -233,6 +233,36 @@ def test_a_shards_tenants_load_in_groups_and_a_replay_loads_the_groups_an_outage
         assert [t.args[0] for t in claimed if t.tenant == tenant] == list(range(50))
 
 
+def test_a_batch_is_planned_with_the_groups_its_offsets_name(app: App, settings: Settings) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from rota.loader.spark_load import LoadJob
+    from rota.loader.spark_source import GROUPS, BufferStreamReader
+
+    shards = all_streams(settings.stream_prefix, settings.shards)
+    options = {"redis_url": settings.redis_url, "streams": ",".join(shards), "groups": "3"}
+    reader = BufferStreamReader(options, LoadJob(settings, "q"))
+    start = reader.initialOffset()
+    assert start == {**dict.fromkeys(shards, "0-0"), GROUPS: "3"}
+    # Nothing new: the same offsets, whatever the setting (no empty batch).
+    old = {**dict.fromkeys(shards, "0-0"), GROUPS: "1"}
+    assert reader.latestOffset(old, ReadAllAvailable()) == old
+    parse_pdf = app.tasks["parse_pdf"]
+    app.enqueue_many([parse_pdf.using(tenant=f"t{i}").prepare(i) for i in range(20)])
+    end = reader.latestOffset(old, ReadAllAvailable())
+    assert end[GROUPS] == "3"  # a new batch splits as the setting says now
+    assert {p.value[3] for p in reader.partitions(old, end)} == {3}
+    # A batch checkpointed before groups (no key) replays as one group.
+    before = {k: v for k, v in end.items() if k != GROUPS}
+    planned = reader.partitions(old, before)
+    assert planned and {p.value[3] for p in planned} == {1}
+    reader.commit(end)  # the groups' key is not a stream to trim
+    client = redis.Redis.from_url(settings.redis_url)
+    assert sum(client.xlen(s) for s in shards) == 0
+    assert not client.exists(GROUPS)
+    reader.stop()
+
+
 def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
     settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
