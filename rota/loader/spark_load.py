@@ -188,21 +188,21 @@ class ShardLoader:
         with ThreadPoolExecutor(groups, thread_name_prefix="rota-load") as pool:
             for group in parts:
                 group.start(pool)
-            fresh = [group for group in parts if group.check()]
             first = ""
             reading: BaseException | None = None
-            if fresh:
-                try:
+            try:
+                fresh = [group for group in parts if group.check()]
+                if fresh:
                     first = self._route(stream, entries, parts, groups)
-                except BaseException as exc:
-                    for group in fresh:
-                        group.send(_ABORT)  # each rolls back, and its thread ends
-                    if not isinstance(exc, EXECUTOR_OUTAGES):
-                        raise
-                    reading = exc
-                else:
-                    for group in fresh:
-                        group.send(_END)
+            except BaseException as exc:
+                for group in parts:
+                    group.send(_ABORT)  # each rolls back, and its thread ends
+                if not isinstance(exc, EXECUTOR_OUTAGES):
+                    raise
+                reading = exc
+            else:
+                for group in fresh:
+                    group.send(_END)
             results = [group.result(stream, first, last, reading) for group in parts]
         if any(r.outage is not None for r in results):
             self.close()
@@ -277,8 +277,9 @@ class _Group:
         return self.fresh
 
     def add(self, stream: str, entry_id: str, batch: TaskBatch, size: int) -> None:
-        if not self.fresh:
-            return  # loaded by an earlier attempt
+        assert self._done is not None
+        if not self.fresh or self._done.done():
+            return  # loaded by an earlier attempt, or its load met an outage
         for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
             self.costs[tenant] = self.costs.get(tenant, 0.0) + cost
         envelopes = batch.envelopes()

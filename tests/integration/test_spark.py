@@ -25,6 +25,7 @@ from rota.buffer.streams import (
 )
 from rota.core import db
 from rota.model.envelope import envelope_template
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -171,13 +172,15 @@ def test_a_shard_loads_in_chunks_as_its_entries_arrive_keeping_each_tenants_orde
         assert [t.args[0] for t in claimed if t.tenant == tenant] == list(range(40))
 
 
+@pytest.mark.parametrize("lost", ["before the batch", "mid-read"])
 def test_a_shards_tenants_load_in_groups_and_a_replay_loads_the_groups_an_outage_stopped(
-    app: App, settings: Settings, conn: psycopg.Connection[Any]
+    app: App, settings: Settings, conn: psycopg.Connection[Any], lost: str
 ) -> None:
     from rota.loader.spark import BatchSink, ShardOutage
     from rota.loader.spark_load import LoadJob, ShardLoader
 
-    loader = ShardLoader(LoadJob(settings, "q"))
+    # Loads of one entry: each entry goes to its group's connection as read.
+    loader = ShardLoader(LoadJob(settings.model_copy(update={"spark_load_size": 1}), "q"))
     shard_0 = [t for t in (f"t{i}" for i in range(400)) if shard_for(t, settings.shards) == 0]
     tenants = shard_0[:8]
     group = {t: loader.group_of(t, 2) for t in tenants}
@@ -200,10 +203,23 @@ def test_a_shards_tenants_load_in_groups_and_a_replay_loads_the_groups_an_outage
     ]
     assert len(entries) == 5 and sum(len(b) for _, b, _ in entries) == 400
     last = entries[-1][0]
+
+    def lose_group_1() -> None:
+        pid = loader.conn(1).get().info.backend_pid
+        conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+        gone = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s"
+        wait_for(lambda: conn.execute(gone, [pid]).fetchone() == (0,), what="the backend gone")
+
+    def read() -> Any:
+        yield entries[0]
+        if lost == "mid-read":  # group 1 loaded the first entry's tasks, uncommitted
+            lose_group_1()
+        yield from entries[1:]
+
     # Group 1's connection is lost: its group reports the outage, group 0 loads.
-    lost = loader.conn(1).get().info.backend_pid
-    conn.execute("SELECT pg_terminate_backend(%s)", [lost])
-    first = loader.load(stream, 4, last, entries, 2)
+    if lost == "before the batch":
+        lose_group_1()
+    first = loader.load(stream, 4, last, read(), 2)
     assert [(r.part, r.fresh, r.outage is None) for r in first] == [
         (0, True, True),
         (1, False, False),
