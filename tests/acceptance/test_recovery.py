@@ -57,6 +57,9 @@ def test_a_postgres_restart_is_ridden_out(
         "ROTA_DATABASE_TIMEOUT_SECONDS": "2",
         "PYTHONPATH": str(ROOT),
     }
+    loops = ("claims and reports", "LISTEN") + (
+        ("heartbeat and maintenance",) if maintenance == "in-worker" else ()
+    )
     worker_args = ["worker", "--app", "tests.acceptance.workapp:app"]
     processes = {}
     if maintenance == "reaper":
@@ -109,6 +112,16 @@ def test_a_postgres_restart_is_ridden_out(
             assert conn.execute(
                 "SELECT count(*) FROM rota.workers WHERE stopped_at IS NOT NULL"
             ).fetchone() == (0,)  # never declared dead
+        # A loop says its outage ended once a round of it completes (the
+        # heartbeat's first round after the restart runs the maintenance duties).
+        wait_for(
+            lambda: all(
+                f"PostgreSQL ({loop}) reachable again" in processes["worker"].errors()
+                for loop in loops
+            ),
+            timeout=30,
+            what="each loop's outage logged as ended",
+        )
         assert all(p.poll() is None for p in processes.values())
     finally:
         for process in processes.values():
@@ -119,9 +132,7 @@ def test_a_postgres_restart_is_ridden_out(
         app.close()
     assert all(p.returncode == 0 for p in processes.values()), logs
     worker_log = logs["worker"]
-    for loop in ("claims and reports", "LISTEN") + (
-        ("heartbeat and maintenance",) if maintenance == "in-worker" else ()
-    ):
+    for loop in loops:
         # One line when the outage starts, one when it ends: not one per try.
         assert worker_log.count(f"PostgreSQL ({loop}) unavailable") == 1, worker_log
         assert worker_log.count(f"PostgreSQL ({loop}) reachable again") == 1, worker_log
