@@ -110,6 +110,12 @@ class ShardResult:
     outage: str | None
 
     @classmethod
+    def unloaded(cls, stream: str, part: int, last: str, outage: str | None) -> ShardResult:
+        """A group this attempt did not load: the ledger had it (no outage),
+        or an outage stopped it."""
+        return cls(stream, part, False, 0, 0, 0, "", last, {}, outage)
+
+    @classmethod
     def from_row(cls, row: Any) -> ShardResult:
         """From the source's output row (RESULT_SCHEMA)."""
         return cls(
@@ -151,7 +157,6 @@ class ShardLoader:
         self._redis = Kept(lambda: redis_client.connect(job.settings, retries=0))
         self.buffer = self._redis.get
         self.settle = BufferSettle(self.buffer, job.settings)
-        self._groups: dict[tuple[str, int], int] = {}
 
     def conn(self, group: int) -> Kept[psycopg.Connection[Any]]:
         while len(self._conns) <= group:
@@ -166,13 +171,7 @@ class ShardLoader:
     def group_of(self, tenant: str, groups: int) -> int:
         """The tenant's group among a shard's `groups`: stable across
         processes, and independent of its shard (crc32 % shards)."""
-        found = self._groups.get((tenant, groups))
-        if found is None:
-            found = (zlib.crc32(tenant.encode()) // self.job.settings.shards) % groups
-            if len(self._groups) > 100_000:
-                self._groups.clear()
-            self._groups[(tenant, groups)] = found
-        return found
+        return (zlib.crc32(tenant.encode()) // self.job.settings.shards) % groups
 
     def load(
         self, stream: str, batch_id: int, last: str, entries: Iterable[Entry], groups: int = 1
@@ -196,13 +195,13 @@ class ShardLoader:
                     first = self._route(stream, entries, parts, groups)
             except BaseException as exc:
                 for group in parts:
-                    group.send(_ABORT)  # each rolls back, and its thread ends
+                    group.abort()  # each rolls back, and its thread ends
                 if not isinstance(exc, EXECUTOR_OUTAGES):
                     raise
                 reading = exc
             else:
                 for group in fresh:
-                    group.send(_END)
+                    group.finish()
             results = [group.result(stream, first, last, reading) for group in parts]
         if any(r.outage is not None for r in results):
             self.close()
@@ -234,7 +233,6 @@ class ShardLoader:
 
 
 _END = object()
-_ABORT = object()
 
 
 class _Aborted(Exception):
@@ -300,14 +298,17 @@ class _Group:
         while not self._inbox.empty() and not self._done.done():
             time.sleep(0.002)
 
-    def send(self, message: object) -> None:
-        """Ends the group's load: _END (after the last chunk) or _ABORT."""
-        if message is _ABORT:
-            self._aborted.set()
-        elif self._chunk:
+    def finish(self) -> None:
+        """Hands over the last chunk: the group commits once it is loaded."""
+        if self._chunk:
             self._inbox.put(self._chunk)
             self._chunk, self._waiting = [], 0
-        self._inbox.put(message)
+        self._inbox.put(_END)
+
+    def abort(self) -> None:
+        """The group rolls back without loading what waits for it."""
+        self._aborted.set()
+        self._inbox.put(_END)
 
     def _run(self) -> int:
         try:
@@ -326,9 +327,12 @@ class _Group:
                 self._ready.set_result(False)
                 return 0
             self._ready.set_result(True)
-            while (message := self._inbox.get()) is not _END:
+            while True:
+                message = self._inbox.get()
                 if self._aborted.is_set():
                     raise _Aborted
+                if message is _END:
+                    break
                 chunk = cast(list[tuple[tuple[str, str], list[TaskEnvelope]]], message)
                 loaded, refused = load_entries(conn, chunk, job.settings.spark_load_size)
                 stored += loaded
@@ -347,11 +351,11 @@ class _Group:
         try:
             stored = self._done.result()
         except _Aborted:
-            return ShardResult(stream, self.part, False, 0, 0, 0, "", last, {}, repr(reading))
+            return ShardResult.unloaded(stream, self.part, last, repr(reading))
         except EXECUTOR_OUTAGES as exc:
-            return ShardResult(stream, self.part, False, 0, 0, 0, "", last, {}, repr(exc))
+            return ShardResult.unloaded(stream, self.part, last, repr(exc))
         if not self._ready.result():
-            return ShardResult(stream, self.part, False, 0, 0, 0, "", last, {}, None)
+            return ShardResult.unloaded(stream, self.part, last, None)
         dead = len(self.dead)
         return ShardResult(
             stream, self.part, True, stored, dead, self.tasks, first, last, self.costs, None
