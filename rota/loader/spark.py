@@ -193,6 +193,9 @@ def checkpoint_location(checkpoint: str) -> str:
     return checkpoint if "://" in checkpoint else str(Path(checkpoint).resolve())
 
 
+# Seconds between micro-batches: `rota loader run --engine spark`'s default.
+TRIGGER_SECONDS = 0.1
+
 # Spark's default for a local checkpoint goes through Hadoop's FileContext,
 # whose rename asks for the file's link status; without Hadoop's native
 # library that forks `readlink`, several times per micro-batch
@@ -234,7 +237,7 @@ def run_streaming(
     *,
     master: str = "local[*]",
     checkpoint: str = "./rota-checkpoints/loader",
-    trigger_seconds: float = 0.1,
+    trigger_seconds: float = TRIGGER_SECONDS,
     should_stop: Callable[[], bool] = lambda: False,
     available_now: bool = False,
     max_entries: int = 0,

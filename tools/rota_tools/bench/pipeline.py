@@ -157,9 +157,10 @@ def _warm_up(app: App, conn: psycopg.Connection[Any]) -> None:
 
 
 def _spark_loader(
-    settings: Settings, spark: Any, checkpoint: str, trigger_seconds: float, stop: threading.Event
+    settings: Settings, spark: Any, checkpoint: str, stop: threading.Event
 ) -> threading.Thread:
-    """The streaming loader in a thread (not started), until `stop` is set."""
+    """The streaming loader in a thread (not started), until `stop` is set,
+    with `rota loader run`'s trigger."""
     from rota.loader.spark import run_streaming
 
     return threading.Thread(
@@ -167,7 +168,6 @@ def _spark_loader(
         kwargs={
             "settings": settings,
             "checkpoint": checkpoint,
-            "trigger_seconds": trigger_seconds,
             "should_stop": stop.is_set,
             "session": spark,
         },
@@ -244,8 +244,7 @@ def _spark_sustained(
     checkpoint = checkpoint_location(
         f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}-{uuid.uuid4().hex[:8]}"
     )
-    # The trigger of `rota loader run --engine spark` (0.1 s).
-    streaming = _spark_loader(settings, spark, checkpoint, 0.1, stop)
+    streaming = _spark_loader(settings, spark, checkpoint, stop)
     streaming.start()
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
     fill_app = _app(filling)
@@ -387,7 +386,6 @@ def bench_pipeline_load(
                 settings,
                 spark,
                 f"/tmp/rota-bench-ckpt-{os.getpid()}-lat-{uuid.uuid4().hex[:8]}",
-                0.1,
                 stop,
             )
             phases = _micro_batch_phases()
@@ -420,9 +418,12 @@ def bench_pipeline_load(
     app.close()
     floor = None
     if spark is not None:
+        from rota.loader.spark import TRIGGER_SECONDS
         from rota_tools.bench.spark_floor import micro_batch_floor
 
-        floor = micro_batch_floor(spark, settings.shards, 0.1, max(10.0, trickle_seconds))
+        floor = micro_batch_floor(
+            spark, settings.shards, TRIGGER_SECONDS, max(10.0, trickle_seconds)
+        )
         spark.stop()
     return {
         "params": {
