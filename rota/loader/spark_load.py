@@ -214,21 +214,29 @@ class ShardLoader:
         entries' invalid parts go with group 0. Returns the first entry's id."""
         first = ""
         size = self.job.settings.spark_load_size
+        # This batch's tenants' groups: a lookup a task instead of a hash.
+        known: dict[str, int] = {}
         for entry_id, batch, bad in entries:
             first = first or entry_id
             parts[0].dead.extend((stream, entry_id, rejected) for rejected in bad)
             if not batch.tenants:
                 continue
+            envelopes = batch.envelopes()
             if groups == 1:
-                parts[0].add(stream, entry_id, batch, size)
+                parts[0].add(stream, entry_id, envelopes, size)
                 continue
-            of = [self.group_of(tenant, groups) for tenant in batch.tenants]
+            for tenant in set(batch.tenants).difference(known):
+                known[tenant] = self.group_of(tenant, groups)
+            of = list(map(known.__getitem__, batch.tenants))
             if of.count(of[0]) == len(of):
-                parts[of[0]].add(stream, entry_id, batch, size)
+                parts[of[0]].add(stream, entry_id, envelopes, size)
                 continue
-            for g in sorted(set(of)):
-                picked = batch.select([i for i, x in enumerate(of) if x == g])
-                parts[g].add(stream, entry_id, picked, size)
+            split: list[list[TaskEnvelope]] = [[] for _ in parts]
+            for group, envelope in zip(of, envelopes, strict=True):
+                split[group].append(envelope)
+            for group, picked in enumerate(split):
+                if picked:
+                    parts[group].add(stream, entry_id, picked, size)
         return first
 
 
@@ -274,13 +282,14 @@ class _Group:
             self.fresh = False
         return self.fresh
 
-    def add(self, stream: str, entry_id: str, batch: TaskBatch, size: int) -> None:
+    def add(self, stream: str, entry_id: str, envelopes: list[TaskEnvelope], size: int) -> None:
+        """One entry's tasks of this group's tenants, in enqueue order."""
         assert self._done is not None
         if not self.fresh or self._done.done():
             return  # loaded by an earlier attempt, or its load met an outage
-        for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
-            self.costs[tenant] = self.costs.get(tenant, 0.0) + cost
-        envelopes = batch.envelopes()
+        costs = self.costs
+        for envelope in envelopes:
+            costs[envelope.tenant] = costs.get(envelope.tenant, 0.0) + envelope.cost
         self._chunk.append(((stream, entry_id), envelopes))
         self.tasks += len(envelopes)
         self._waiting += len(envelopes)
