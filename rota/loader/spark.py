@@ -170,10 +170,15 @@ def spark_session(
 
 
 def buffer_stream(
-    session: SparkSession, settings: Settings, query_key: str, max_entries: int = 0
+    session: SparkSession,
+    settings: Settings,
+    query_key: str,
+    max_entries: int = 0,
+    idle_wait: float = 0.0,
 ) -> DataFrame:
     """The buffer as a stream that loads, each micro-batch's rows the results
-    of its shards' loads."""
+    of its shards' loads; with `idle_wait`, a trigger that finds the buffer
+    empty waits up to that many seconds for an entry."""
     session.dataSource.register(loading_source(LoadJob(settings, query_key)))
     return (
         session.readStream.format(SOURCE_NAME)
@@ -184,6 +189,7 @@ def buffer_stream(
         .option("queues", ",".join(sorted(settings.allowed_queues or ())))
         .option("max_entries", str(max_entries))
         .option("groups", str(settings.spark_shard_connections))
+        .option("idle_wait", str(idle_wait))
         .load()
     )
 
@@ -195,6 +201,9 @@ def checkpoint_location(checkpoint: str) -> str:
 
 # Seconds between micro-batches: `rota loader run --engine spark`'s default.
 TRIGGER_SECONDS = 0.1
+# Seconds a trigger that finds the buffer empty waits for an entry: also
+# about how long a stop waits for an idle query.
+IDLE_WAIT_SECONDS = 1.0
 
 # Spark's default for a local checkpoint goes through Hadoop's FileContext,
 # whose rename asks for the file's link status; without Hadoop's native
@@ -225,7 +234,10 @@ def _await(running: Any, should_stop: Callable[[], bool]) -> None:
         except StreamingQueryException:
             break  # the caller reads running.exception()
     for _ in range(600):
-        if not (running.isActive and running.status["isTriggerActive"]):
+        # A trigger waiting for an entry (latestOffset) has no data yet: it
+        # answers within IDLE_WAIT_SECONDS, and the stop waits for that.
+        status = running.status if running.isActive else None
+        if not (status and status["isTriggerActive"] and status["isDataAvailable"]):
             break
         time.sleep(0.1)
     if running.isActive:
@@ -252,7 +264,13 @@ def run_streaming(
     sink = BatchSink(settings, query_key=checkpoint_path, should_stop=should_stop, metrics=metrics)
     log.info("Spark loader on %s, checkpoint %s", spark.sparkContext.master, checkpoint_path)
     writer = (
-        buffer_stream(spark, settings, checkpoint_path, max_entries)
+        buffer_stream(
+            spark,
+            settings,
+            checkpoint_path,
+            max_entries,
+            idle_wait=0.0 if available_now else IDLE_WAIT_SECONDS,
+        )
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint_path)
     )

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from redis.typing import KeyT, StreamIdT
 
 from rota.buffer import redis_client
 from rota.buffer.streams import decode_entry, entry_key, next_entry_id
@@ -72,6 +73,7 @@ class BufferStreamReader(DataSourceStreamReader):
         self.max_payload_bytes = int(options.get("max_payload_bytes", str(256 * 1024)))
         self.max_entries = int(options.get("max_entries", "0"))
         self.groups = int(options.get("groups", "1"))
+        self.idle_wait = float(options.get("idle_wait", "0"))
         queues = options.get("queues")
         self.allowed_queues = frozenset(queues.split(",")) if queues else None
         self._driver_client: redis_client.Client | None = None
@@ -82,8 +84,9 @@ class BufferStreamReader(DataSourceStreamReader):
         return state
 
     def _client(self) -> redis_client.Client:
-        settings = Settings(redis_url=self.redis_url, redis_timeout=self.redis_timeout)
-        return redis_client.connect(settings)
+        # Its reads may block for `idle_wait` (latestOffset) before answering.
+        timeout = self.redis_timeout + self.idle_wait
+        return redis_client.connect(Settings(redis_url=self.redis_url, redis_timeout=timeout))
 
     @contextlib.contextmanager
     def _planning_client(self) -> Iterator[redis_client.Client]:
@@ -105,33 +108,47 @@ class BufferStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
+        """Each shard's last entry (within the limit). When no shard has a new
+        one, waits up to `idle_wait` seconds for one first: an idle loader asks
+        once a wait instead of once a trigger, and a task enqueued meanwhile
+        starts its micro-batch at once (a trigger that took longer than its
+        interval is followed by the next without a pause). Not on a cluster,
+        whose shards one XREAD cannot span."""
         with self._planning_client() as client:
-            end = dict(start)
-            per_stream = (
-                max(1, limit.max_rows // len(self.streams))
-                if isinstance(limit, ReadMaxRows)
-                else None
-            )
-            # One snapshot of every shard (a transaction, on one Redis): a
-            # writer spreading a batch over the shards is seen whole or not
-            # at all. A cluster's shards live on different nodes: read apart.
-            pipe = client.pipeline(transaction=isinstance(client, redis.Redis))
-            for stream in self.streams:
-                begin = start.get(stream, "0-0")
-                if per_stream is None:
-                    pipe.xrevrange(stream, count=1)
-                else:
-                    pipe.xrange(stream, min=f"({begin}", count=per_stream)
-            replies: list[Any] = pipe.execute()
-            for stream, reply in zip(self.streams, replies, strict=True):
-                begin = start.get(stream, "0-0")
-                last = reply[:1] if per_stream is None else reply[-1:]
-                if last:
-                    entry_id = last[0][0].decode()
-                    if entry_key(entry_id) > entry_key(begin):
-                        end[stream] = entry_id
-                        end[GROUPS] = str(self.groups)  # a new batch splits as now
+            end = self._latest(client, start, limit)
+            if end == start and self.idle_wait > 0 and isinstance(client, redis.Redis):
+                after: dict[KeyT, StreamIdT] = {s: start.get(s, "0-0") for s in self.streams}
+                if client.xread(after, count=1, block=max(1, round(self.idle_wait * 1000))):
+                    end = self._latest(client, start, limit)
             return end
+
+    def _latest(
+        self, client: redis_client.Client, start: dict[str, str], limit: ReadLimit
+    ) -> dict[str, str]:
+        end = dict(start)
+        per_stream = (
+            max(1, limit.max_rows // len(self.streams)) if isinstance(limit, ReadMaxRows) else None
+        )
+        # One snapshot of every shard (a transaction, on one Redis): a
+        # writer spreading a batch over the shards is seen whole or not
+        # at all. A cluster's shards live on different nodes: read apart.
+        pipe = client.pipeline(transaction=isinstance(client, redis.Redis))
+        for stream in self.streams:
+            begin = start.get(stream, "0-0")
+            if per_stream is None:
+                pipe.xrevrange(stream, count=1)
+            else:
+                pipe.xrange(stream, min=f"({begin}", count=per_stream)
+        replies: list[Any] = pipe.execute()
+        for stream, reply in zip(self.streams, replies, strict=True):
+            begin = start.get(stream, "0-0")
+            last = reply[:1] if per_stream is None else reply[-1:]
+            if last:
+                entry_id = last[0][0].decode()
+                if entry_key(entry_id) > entry_key(begin):
+                    end[stream] = entry_id
+                    end[GROUPS] = str(self.groups)  # a new batch splits as now
+        return end
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
         streams = [s for s in self.streams if end.get(s, "0-0") != start.get(s, "0-0")]

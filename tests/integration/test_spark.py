@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,42 @@ def test_a_batch_is_planned_with_the_groups_its_offsets_name(app: App, settings:
     assert sum(client.xlen(s) for s in shards) == 0
     assert not client.exists(GROUPS)
     reader.stop()
+
+
+def test_a_trigger_that_finds_the_buffer_empty_waits_for_an_entry_and_wakes_on_one(
+    app: App, settings: Settings
+) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from rota.loader.spark_load import LoadJob
+    from rota.loader.spark_source import BufferStreamReader
+
+    shards = all_streams(settings.stream_prefix, settings.shards)
+    options = {"redis_url": settings.redis_url, "streams": ",".join(shards)}
+    start = BufferStreamReader(options, LoadJob(settings, "q")).initialOffset()
+    # Without a wait, an empty buffer answers the same offsets at once.
+    assert (
+        BufferStreamReader(options, LoadJob(settings, "q")).latestOffset(start, ReadAllAvailable())
+        == start
+    )
+    # With one, the trigger waits; an entry enqueued meanwhile ends the wait
+    # (long before its 60 s) and is in the offsets it answers.
+    waiting = BufferStreamReader(options | {"idle_wait": "60"}, LoadJob(settings, "q"))
+    answered: list[dict[str, str]] = []
+    asking = threading.Thread(
+        target=lambda: answered.append(waiting.latestOffset(start, ReadAllAvailable()))
+    )
+    asking.start()
+    client = redis.Redis.from_url(settings.redis_url)
+    wait_for(lambda: any(c.get("cmd") == "xread" for c in client.client_list()), what="the XREAD")
+    assert not answered
+    app.enqueue_many([app.tasks["parse_pdf"].using(tenant="t").prepare(1)])
+    asking.join(30)
+    assert not asking.is_alive()
+    (end,) = answered
+    [(stream, entries)] = client.xread({s: "0-0" for s in shards})
+    assert end == {**start, stream.decode(): entries[-1][0].decode()}
+    waiting.stop()
 
 
 def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(
