@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,11 +24,12 @@ pytestmark = pytest.mark.slow(
 )
 
 
-def bench(settings: Settings, *args: str) -> dict[str, Any]:
+def bench(settings: Settings, *args: str, tmp: Path | None = None) -> dict[str, Any]:
     env = {
         **os.environ,
         "ROTA_DATABASE_URL": settings.database_url,
         "ROTA_REDIS_URL": settings.redis_url,
+        **({"TMPDIR": str(tmp)} if tmp else {}),
     }
     done = subprocess.run(
         [sys.executable, "-m", "rota", "bench", *args, "--json"],
@@ -90,13 +92,18 @@ def test_bench_load_python_engine(settings: Settings) -> None:
 
 
 @pytest.mark.spark
-def test_bench_load_spark_engine(settings: Settings) -> None:
+def test_bench_load_spark_engine(settings: Settings, tmp_path: Path) -> None:
+    elsewhere = set(Path("/tmp").glob("rota-bench-*"))
     report = bench(
         settings,
         "load",
         *("--engine", "spark", "--tasks", "3000", "--tenants", "50", "--runs", "1"),
         *("--trickle-seconds", "1"),
+        tmp=tmp_path,
     )
+    # Its queries' checkpoints are removed (it leaves its Spark log only).
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("rota-bench")] == []
+    assert set(Path("/tmp").glob("rota-bench-*")) <= elsewhere
     # The warm-up task, then the whole backlog, which appears at once, in one micro-batch.
     assert report["micro_batch_tasks"] == [[1, 3000]]
     assert report["warm_up_run_tasks_per_s"] > 0  # the untimed run before

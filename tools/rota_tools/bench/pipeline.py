@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -228,7 +230,7 @@ def _spark_sustained(
     conn: psycopg.Connection[Any],
     tasks: int,
     tenants: int,
-    run: int,
+    checkpoint: str,
 ) -> tuple[float, list[int], float]:
     """The streaming query runs first (its start-up is not the steady rate), then
     the backlog appears in the buffer at once, as it does for the Python engine
@@ -241,9 +243,7 @@ def _spark_sustained(
 
     stop = threading.Event()
     # Resolved once: the sink keys its ledger by it, and so does the read below.
-    checkpoint = checkpoint_location(
-        f"/tmp/rota-bench-ckpt-{os.getpid()}-{run}-{uuid.uuid4().hex[:8]}"
-    )
+    checkpoint = checkpoint_location(checkpoint)
     streaming = _spark_loader(settings, spark, checkpoint, stop)
     streaming.start()
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
@@ -279,6 +279,14 @@ def _spark_sustained(
         fill_app.close()
         client.close()
     return tasks / elapsed, [n for n in _micro_batch_tasks(conn, checkpoint) if n > 0], cpu
+
+
+@contextlib.contextmanager
+def _removed(directory: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _micro_batch_tasks(conn: psycopg.Connection[Any], checkpoint: str) -> list[int]:
@@ -341,7 +349,9 @@ def bench_pipeline_load(
     def spent(engine_name: str, seconds: float) -> None:
         cpu_per_task.setdefault(engine_name, []).append(seconds / tasks * 1e6)
 
-    with db.connect(settings.database_url) as conn:
+    # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
+    checkpoints = tempfile.mkdtemp(prefix="rota-bench-ckpt-")
+    with db.connect(settings.database_url) as conn, _removed(checkpoints):
         # Spark gets one untimed run first (run -1): the JVM compiles its hot
         # paths during the first large micro-batches (runs 1-3 of a fresh JVM
         # measured 42k, 50k, 55k tasks/s), and a sustained loader is past that.
@@ -363,7 +373,9 @@ def bench_pipeline_load(
                 rates.append(tasks / elapsed)
                 spent(f"python_{loaders}_process", cpu)
             else:
-                rate, sizes, cpu = _spark_sustained(settings, app, spark, conn, tasks, tenants, run)
+                rate, sizes, cpu = _spark_sustained(
+                    settings, app, spark, conn, tasks, tenants, f"{checkpoints}/{run}"
+                )
                 if run < 0:
                     warm_up_rate = rate
                 else:
@@ -382,12 +394,7 @@ def bench_pipeline_load(
             loader = Loader(settings, consumer="bench-latency")
             runner = threading.Thread(target=loader.run_forever, args=(stop.is_set, 100))
         else:
-            runner = _spark_loader(
-                settings,
-                spark,
-                f"/tmp/rota-bench-ckpt-{os.getpid()}-lat-{uuid.uuid4().hex[:8]}",
-                stop,
-            )
+            runner = _spark_loader(settings, spark, f"{checkpoints}/latency", stop)
             phases = _micro_batch_phases()
             assert spark is not None
             spark.streams.addListener(phases)
