@@ -98,9 +98,12 @@ def test_bench_load_spark_engine(settings: Settings, tmp_path: Path) -> None:
         settings,
         "load",
         *("--engine", "spark", "--tasks", "3000", "--tenants", "50", "--runs", "1"),
-        *("--trickle-seconds", "1"),
+        *("--trickle-seconds", "1", "--spark-warm-up-batches", "3"),
         tmp=tmp_path,
     )
+    # Untimed first: micro-batches of 2,000 tasks, each loaded before the next.
+    assert report["jvm_warm_up"]["tasks"] == 6000
+    assert report["jvm_warm_up"]["micro_batches"] >= 3
     # Its queries' checkpoints are removed (it leaves its Spark log only).
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("rota-bench")] == []
     assert set(Path("/tmp").glob("rota-bench-*")) <= elsewhere

@@ -146,6 +146,13 @@ def bench_load(
     trickle_seconds: Annotated[
         float, typer.Option(help="python/spark: the latency phase's trickle (1,000 tasks/s)")
     ] = 5.0,
+    spark_warm_up_batches: Annotated[
+        int,
+        typer.Option(
+            help="spark: untimed micro-batches of 2,000 tasks first, while the JVM compiles "
+            "its per-batch paths (a long-running loader is past that)"
+        ),
+    ] = 80,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
@@ -173,7 +180,7 @@ def bench_load(
             figures = _beside_cluster(
                 settings,
                 lambda s: bench_pipeline_load(
-                    s, engine, tasks, tenants, runs, loaders, trickle_seconds
+                    s, engine, tasks, tenants, runs, loaders, trickle_seconds, spark_warm_up_batches
                 ),
                 redis_cluster,
             )

@@ -281,6 +281,57 @@ def _spark_sustained(
     return tasks / elapsed, [n for n in _micro_batch_tasks(conn, checkpoint) if n > 0], cpu
 
 
+# The tasks of each micro-batch a Spark bench runs first, untimed
+# (`--spark-warm-up-batches`): the JVM compiles the micro-batch's own paths
+# (planning, scheduling, checkpointing) over its first tens of batches,
+# whatever their size. Measured over 200k-task batches: the JVM spent
+# 0.6-1.0 s of CPU on each of the first ten (its JIT compiler most of it),
+# and 0.13-0.23 s on each after 80 small ones. A long-running loader is past that.
+WARM_UP_BATCH_TASKS = 2_000
+
+
+def _warm_jvm(
+    settings: Settings,
+    app: App,
+    spark: Any,
+    conn: psycopg.Connection[Any],
+    checkpoint: str,
+    batches: int,
+) -> dict[str, Any]:
+    """Runs a loader query over `batches` micro-batches, each waiting for the
+    one before to be loaded; their count and seconds."""
+    from rota.loader.spark import checkpoint_location
+
+    stop = threading.Event()
+    checkpoint = checkpoint_location(checkpoint)
+    streaming = _spark_loader(settings, spark, checkpoint, stop)
+    streaming.start()
+    noop = app.tasks["noop"]
+    started = time.perf_counter()
+    try:
+        for batch in range(batches):
+            first = batch * WARM_UP_BATCH_TASKS
+            app.enqueue_many(
+                [
+                    noop.using(tenant=skewed_tenant(k, 1000)).prepare(k, "pad")
+                    for k in range(first, first + WARM_UP_BATCH_TASKS)
+                ]
+            )
+            deadline = time.monotonic() + 120
+            while sum(_micro_batch_tasks(conn, checkpoint)) < first + WARM_UP_BATCH_TASKS:
+                assert time.monotonic() < deadline, "the warm-up loader loaded nothing in 120 s"
+                time.sleep(0.005)
+    finally:
+        stop.set()
+        streaming.join()
+    loaded = _micro_batch_tasks(conn, checkpoint)
+    return {
+        "micro_batches": len([n for n in loaded if n > 0]),
+        "tasks": sum(loaded),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
 @contextlib.contextmanager
 def _removed(directory: str) -> Iterator[None]:
     try:
@@ -325,6 +376,7 @@ def bench_pipeline_load(
     runs: int,
     loaders: int = 2,
     trickle_seconds: float = 5.0,
+    spark_warm_up_batches: int = 0,
 ) -> dict[str, Any]:
     """Sustained buffer -> PostgreSQL tasks/s (buffer filled first), then the
     enqueue -> claimable latency under a steady trickle with the loader running."""
@@ -351,10 +403,16 @@ def bench_pipeline_load(
 
     # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
     checkpoints = tempfile.mkdtemp(prefix="rota-bench-ckpt-")
+    jvm_warm_up = None
     with db.connect(settings.database_url) as conn, _removed(checkpoints):
-        # Spark gets one untimed run first (run -1): the JVM compiles its hot
-        # paths during the first large micro-batches (runs 1-3 of a fresh JVM
-        # measured 42k, 50k, 55k tasks/s), and a sustained loader is past that.
+        if engine == "spark" and spark_warm_up_batches > 0:
+            reset(conn)
+            _flush_buffer(settings)
+            jvm_warm_up = _warm_jvm(
+                settings, app, spark, conn, f"{checkpoints}/warm-up", spark_warm_up_batches
+            )
+        # Spark also gets one untimed run of the whole backlog (run -1): its
+        # executors' Python workers start, import and connect in their first.
         for run in range(-1 if engine == "spark" else 0, runs):
             if engine == "spark" and run >= 0:
                 for processes, measured in python_rates.items():
@@ -440,6 +498,7 @@ def bench_pipeline_load(
             "runs": runs,
             "loaders": loaders if engine == "python" else 1,
             "trickle_seconds": trickle_seconds,
+            **({"spark_warm_up_batches": spark_warm_up_batches} if engine == "spark" else {}),
         },
         "sustained_tasks_per_s": round(statistics.median(rates)),
         "runs": [round(r) for r in rates],
@@ -449,6 +508,7 @@ def bench_pipeline_load(
         **(
             {
                 "micro_batch_tasks": micro_batches,
+                "jvm_warm_up": jvm_warm_up,
                 "warm_up_run_tasks_per_s": round(warm_up_rate),
                 "python_loader_tasks_per_s": {
                     f"{n}_process": round(statistics.median(r)) for n, r in python_rates.items()
