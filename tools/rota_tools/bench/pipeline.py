@@ -284,9 +284,8 @@ def _spark_sustained(
 # The tasks of each micro-batch a Spark bench runs first, untimed
 # (`--spark-warm-up-batches`): the JVM compiles the micro-batch's own paths
 # (planning, scheduling, checkpointing) over its first tens of batches,
-# whatever their size. Measured over 200k-task batches: the JVM spent
-# 0.6-1.0 s of CPU on each of the first ten (its JIT compiler most of it),
-# and 0.13-0.23 s on each after 80 small ones. A long-running loader is past that.
+# whatever their size, and a long-running loader is past that (the JVM's
+# CPU a batch before and after: docs/explanation/benchmarks.md).
 WARM_UP_BATCH_TASKS = 2_000
 
 
