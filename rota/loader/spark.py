@@ -201,8 +201,7 @@ def checkpoint_location(checkpoint: str) -> str:
 
 # Seconds between micro-batches: `rota loader run --engine spark`'s default.
 TRIGGER_SECONDS = 0.1
-# Seconds a trigger that finds the buffer empty waits for an entry: also
-# about how long a stop waits for an idle query.
+# Seconds a trigger that finds the buffer empty waits for an entry.
 IDLE_WAIT_SECONDS = 1.0
 
 # Spark's default for a local checkpoint goes through Hadoop's FileContext,
@@ -234,10 +233,12 @@ def _await(running: Any, should_stop: Callable[[], bool]) -> None:
         except StreamingQueryException:
             break  # the caller reads running.exception()
     for _ in range(600):
-        # A trigger waiting for an entry (latestOffset) has no data yet: it
-        # answers within IDLE_WAIT_SECONDS, and the stop waits for that.
+        # A trigger still getting offsets (an idle one waits there for an
+        # entry) has no batch in hand yet: the stop ends it there.
         status = running.status if running.isActive else None
-        if not (status and status["isTriggerActive"] and status["isDataAvailable"]):
+        if not (status and status["isTriggerActive"]) or status["message"].startswith(
+            "Getting offsets"
+        ):
             break
         time.sleep(0.1)
     if running.isActive:

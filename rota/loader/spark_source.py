@@ -76,29 +76,30 @@ class BufferStreamReader(DataSourceStreamReader):
         self.idle_wait = float(options.get("idle_wait", "0"))
         queues = options.get("queues")
         self.allowed_queues = frozenset(queues.split(",")) if queues else None
-        self._driver_client: redis_client.Client | None = None
+        # The driver's clients, made when first needed: for planning, and
+        # for the wait for entries (its socket timeout covers the wait).
+        self._driver_clients: dict[bool, redis_client.Client] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_driver_client"] = None  # a client never travels with the pickled reader
+        state["_driver_clients"] = {}  # a client never travels with the pickled reader
         return state
 
-    def _client(self) -> redis_client.Client:
-        # Its reads may block for `idle_wait` (latestOffset) before answering.
-        timeout = self.redis_timeout + self.idle_wait
-        return redis_client.connect(Settings(redis_url=self.redis_url, redis_timeout=timeout))
-
     @contextlib.contextmanager
-    def _planning_client(self) -> Iterator[redis_client.Client]:
+    def _planning_client(self, waiting: bool = False) -> Iterator[redis_client.Client]:
         """The driver's client for planning (every trigger asks for the latest
-        offsets): kept between calls, dropped after an error."""
-        if self._driver_client is None:
-            self._driver_client = self._client()
+        offsets), or with `waiting` the one that waits for entries: kept
+        between calls, dropped after an error."""
+        client = self._driver_clients.get(waiting)
+        if client is None:
+            settings = Settings(redis_url=self.redis_url, redis_timeout=self.redis_timeout)
+            timeout = self.redis_timeout + self.idle_wait if waiting else None
+            client = self._driver_clients[waiting] = redis_client.connect(settings, timeout)
         try:
-            yield self._driver_client
+            yield client
         except BaseException:
-            self._driver_client.close()
-            self._driver_client = None
+            del self._driver_clients[waiting]
+            client.close()
             raise
 
     def initialOffset(self) -> dict[str, str]:
@@ -116,11 +117,15 @@ class BufferStreamReader(DataSourceStreamReader):
         whose shards one XREAD cannot span."""
         with self._planning_client() as client:
             end = self._latest(client, start, limit)
-            if end == start and self.idle_wait > 0 and isinstance(client, redis.Redis):
-                after: dict[KeyT, StreamIdT] = {s: start.get(s, "0-0") for s in self.streams}
-                if client.xread(after, count=1, block=max(1, round(self.idle_wait * 1000))):
-                    end = self._latest(client, start, limit)
+            if end != start or self.idle_wait <= 0 or not isinstance(client, redis.Redis):
+                return end
+        with self._planning_client(waiting=True) as waiter:
+            after: dict[KeyT, StreamIdT] = {s: start.get(s, "0-0") for s in self.streams}
+            arrived = waiter.xread(after, count=1, block=max(1, round(self.idle_wait * 1000)))
+        if not arrived:
             return end
+        with self._planning_client() as client:
+            return self._latest(client, start, limit)
 
     def _latest(
         self, client: redis_client.Client, start: dict[str, str], limit: ReadLimit
@@ -197,6 +202,6 @@ class BufferStreamReader(DataSourceStreamReader):
             pipe.execute()
 
     def stop(self) -> None:
-        if self._driver_client is not None:
-            self._driver_client.close()
-            self._driver_client = None
+        for client in self._driver_clients.values():
+            client.close()
+        self._driver_clients.clear()

@@ -93,7 +93,7 @@ def test_bench_load_python_engine(settings: Settings) -> None:
 
 @pytest.mark.spark
 def test_bench_load_spark_engine(settings: Settings, tmp_path: Path) -> None:
-    elsewhere = set(Path("/tmp").glob("rota-bench-*"))
+    elsewhere = set(Path("/tmp").glob("rota-bench-ckpt-*"))
     report = bench(
         settings,
         "load",
@@ -106,7 +106,7 @@ def test_bench_load_spark_engine(settings: Settings, tmp_path: Path) -> None:
     assert report["jvm_warm_up"]["micro_batches"] >= 3
     # Its queries' checkpoints are removed (it leaves its Spark log only).
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("rota-bench")] == []
-    assert set(Path("/tmp").glob("rota-bench-*")) <= elsewhere
+    assert set(Path("/tmp").glob("rota-bench-ckpt-*")) <= elsewhere
     # The warm-up task, then the whole backlog, which appears at once, in one micro-batch.
     assert report["micro_batch_tasks"] == [[1, 3000]]
     assert report["warm_up_run_tasks_per_s"] > 0  # the untimed run before

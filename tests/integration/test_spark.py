@@ -314,6 +314,12 @@ def test_a_trigger_that_finds_the_buffer_empty_waits_for_an_entry_and_wakes_on_o
     [(stream, entries)] = client.xread({s: "0-0" for s in shards})
     assert end == {**start, stream.decode(): entries[-1][0].decode()}
     waiting.stop()
+    # A wait longer than the Redis timeout that sees no entry ends without an
+    # error, with the same offsets.
+    options |= {"redis_timeout": "0.2", "idle_wait": "0.5"}
+    quiet = BufferStreamReader(options, LoadJob(settings, "q"))
+    assert quiet.latestOffset(end, ReadAllAvailable()) == end
+    quiet.stop()
 
 
 def test_tasks_postgresql_refuses_are_dead_lettered_and_the_rest_loaded(

@@ -12,9 +12,11 @@ from rota_tools.bench.compare import (
     STAGES,
     CompareError,
     Metric,
+    Side,
     figure,
     parse_extra_args,
     parse_stages,
+    side_args,
     snapshot,
     stage_table,
     verdict,
@@ -123,3 +125,32 @@ def test_the_working_trees_snapshot_holds_new_files_and_leaves_the_index(tmp_pat
     ).stdout
     assert status.splitlines() == [" M kept.py", "?? new.py"]
     assert _git(repo, "stash", "list") == ""
+
+
+def test_an_option_only_one_side_has_is_given_to_it_with_the_value_that_measures_as_before(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from rota_tools.bench import compare
+
+    # This tree's bench takes it (its real help, read from a subprocess).
+    here = Side("candidate", "working tree", Path(compare.__file__).parents[3])
+    args = list(STAGES["load-spark"].args)
+    assert compare._accepts(here, args, "--spark-warm-up-batches")
+    old = Side("baseline", "old", tmp_path)
+    monkeypatch.setattr(compare, "_accepts", lambda side, _a, _o: side is here)
+    said: list[str] = []
+    got = side_args((old, here), "load-spark", args, said.append)
+    assert got == {"baseline": args, "candidate": [*args, "--spark-warm-up-batches", "0"]}
+    assert said == [
+        "load-spark: candidate runs with --spark-warm-up-batches 0, as the other measures"
+    ]
+    # Both sides have it, or the stage has no such option: the same arguments.
+    monkeypatch.setattr(compare, "_accepts", lambda *_: True)
+    assert side_args((old, here), "load-spark", args, said.append) == {
+        "baseline": args,
+        "candidate": args,
+    }
+    assert side_args((old, here), "claim", ["claim"], said.append) == {
+        "baseline": ["claim"],
+        "candidate": ["claim"],
+    }

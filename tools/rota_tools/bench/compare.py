@@ -418,6 +418,43 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+# Options a newer bench has that change what it measures, with the value
+# that measures as before: passed to a side only when the other lacks them,
+# so both sides of an A/B measure the same way.
+MEASURED_AS_BEFORE = {"load-spark": ("--spark-warm-up-batches", "0")}
+
+
+def _accepts(side: Side, args: Sequence[str], option: str) -> bool:
+    """Whether the side's `rota bench SCENARIO` takes `option`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rota", "bench", args[0], "--help"],
+        cwd=side.tree,
+        env={**side.env(), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return option in done.stdout
+
+
+def side_args(
+    sides: tuple[Side, Side], stage: str, args: list[str], log: Callable[[str], None]
+) -> dict[str, list[str]]:
+    """Each side's arguments for `stage`: the same, but for an option only one
+    side has (MEASURED_AS_BEFORE), given to it with its former value."""
+    out = {side.name: list(args) for side in sides}
+    if stage in MEASURED_AS_BEFORE:
+        option, value = MEASURED_AS_BEFORE[stage]
+        has = {side.name: _accepts(side, args, option) for side in sides}
+        if len(set(has.values())) == 2:
+            for side in sides:
+                if has[side.name]:
+                    out[side.name] += [option, value]
+                    log(f"{stage}: {side.name} runs with {option} {value}, as the other measures")
+    return out
+
+
 def compare(
     sides: tuple[Side, Side],
     stages: Sequence[str],
@@ -431,12 +468,16 @@ def compare(
     """Runs every stage on both sides, alternating, `rounds` times; returns
     the raw reports and each figure's verdict."""
     results = {(stage, side.name): Result() for stage in stages for side in sides}
+    args_of = {
+        stage: side_args(sides, stage, [*STAGES[stage].args, *extra_args.get(stage, [])], log)
+        for stage in stages
+    }
     for round_number in range(rounds):
         order = in_turns(sides, round_number)
         for stage in stages:
             spec = STAGES[stage]
-            args = [*spec.args, *extra_args.get(stage, [])]
             for side in order:
+                args = args_of[stage][side.name]
                 url = _fresh_servers(admin_url, "rota_ab", redis_url if spec.redis else None)
                 started = time.monotonic()
                 result = results[(stage, side.name)]

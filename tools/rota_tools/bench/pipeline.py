@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import importlib.util
 import multiprocessing
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -331,14 +329,6 @@ def _warm_jvm(
     }
 
 
-@contextlib.contextmanager
-def _removed(directory: str) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 def _micro_batch_tasks(conn: psycopg.Connection[Any], checkpoint: str) -> list[int]:
     """The tasks each micro-batch of the query stored, in order (its loader ledger)."""
     rows = conn.execute(query("bench_loader_batches"), {"query": checkpoint}).fetchall()
@@ -401,9 +391,11 @@ def bench_pipeline_load(
         cpu_per_task.setdefault(engine_name, []).append(seconds / tasks * 1e6)
 
     # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
-    checkpoints = tempfile.mkdtemp(prefix="rota-bench-ckpt-")
     jvm_warm_up = None
-    with db.connect(settings.database_url) as conn, _removed(checkpoints):
+    with (
+        db.connect(settings.database_url) as conn,
+        tempfile.TemporaryDirectory(prefix="rota-bench-ckpt-") as checkpoints,
+    ):
         if engine == "spark" and spark_warm_up_batches > 0:
             reset(conn)
             _flush_buffer(settings)
@@ -456,24 +448,26 @@ def bench_pipeline_load(
             assert spark is not None
             spark.streams.addListener(phases)
         runner.start()
-        # The trickle starts once the loader has loaded a task (Spark's first
-        # micro-batch is slow); that task is left out of the latencies.
-        _warm_up(app, conn)
-        sent = 0
-        deadline = time.monotonic() + trickle_seconds
-        while time.monotonic() < deadline:
-            app.enqueue_many(
-                [
-                    noop.using(tenant=skewed_tenant(sent + k, tenants)).prepare(sent + k, "pad")
-                    for k in range(20)
-                ]
-            )
-            sent += 20
-            time.sleep(0.02)
-        while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < sent + 1:
-            time.sleep(0.1)
-        stop.set()
-        runner.join()
+        try:
+            # The trickle starts once the loader has loaded a task (Spark's
+            # first micro-batch is slow); that task is left out of the latencies.
+            _warm_up(app, conn)
+            sent = 0
+            deadline = time.monotonic() + trickle_seconds
+            while time.monotonic() < deadline:
+                app.enqueue_many(
+                    [
+                        noop.using(tenant=skewed_tenant(sent + k, tenants)).prepare(sent + k, "pad")
+                        for k in range(20)
+                    ]
+                )
+                sent += 20
+                time.sleep(0.02)
+            while db.run(conn, core.queue_counts()).get(QUEUE, {}).get("ready", 0) < sent + 1:
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            runner.join()
         if phases is not None:
             assert spark is not None
             spark.streams.removeListener(phases)
