@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import multiprocessing
 import os
@@ -11,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -221,6 +222,35 @@ def _fill_buffer(app: App, tasks: int, tenants: int) -> None:
         )
 
 
+@contextlib.contextmanager
+def _streaming(settings: Settings, spark: Any, checkpoint: str) -> Iterator[str]:
+    """A loader query running on `checkpoint` while the block runs; yields
+    the checkpoint as resolved once, the key of its ledger rows."""
+    from rota.loader.spark import checkpoint_location
+
+    stop = threading.Event()
+    checkpoint = checkpoint_location(checkpoint)
+    streaming = _spark_loader(settings, spark, checkpoint, stop)
+    streaming.start()
+    try:
+        yield checkpoint
+    finally:
+        stop.set()
+        streaming.join()
+
+
+def _until_loaded(
+    conn: psycopg.Connection[Any], checkpoint: str, tasks: int, poll: float, timeout: float
+) -> None:
+    """Until the query's ledger counts `tasks` (it commits with the tasks):
+    0.2 ms a poll, where counting ready tasks took 30 ms while a batch's
+    uncommitted rows were in the index (PostgreSQL's time, on two cores)."""
+    deadline = time.monotonic() + timeout
+    while sum(_micro_batch_tasks(conn, checkpoint)) < tasks:
+        assert time.monotonic() < deadline, f"the loader did not load {tasks} tasks in {timeout} s"
+        time.sleep(poll)
+
+
 def _spark_sustained(
     settings: Settings,
     app: App,
@@ -236,44 +266,31 @@ def _spark_sustained(
     does not read and renamed onto its shards in one MULTI. The clock runs
     until every task is claimable. Returns tasks/s, the micro-batch sizes and
     the machine's CPU seconds meanwhile."""
-
-    from rota.loader.spark import checkpoint_location
-
-    stop = threading.Event()
-    # Resolved once: the sink keys its ledger by it, and so does the read below.
-    checkpoint = checkpoint_location(checkpoint)
-    streaming = _spark_loader(settings, spark, checkpoint, stop)
-    streaming.start()
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
     fill_app = _app(filling)
     client = redis_client.connect(settings)
     try:
-        _warm_up(app, conn)
-        _fill_buffer(fill_app, tasks, tenants)
-        # One MULTI on a single Redis; a cluster cannot span slots in one.
-        pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
-        for staged, live in zip(
-            all_streams(filling.stream_prefix, filling.shards),
-            all_streams(settings.stream_prefix, settings.shards),
-            strict=True,
-        ):
-            if client.exists(staged):  # a shard no tenant of the backlog maps to has none
-                # (The command, not the method: a cluster pipeline refuses `rename`,
-                # whose two keys here share their shard's slot.)
-                pipe.execute_command("RENAME", staged, live)
-        cpu = machine_seconds()
-        started = time.perf_counter()
-        pipe.execute()
-        # Done when the ledger says so (it commits with the tasks): 0.2 ms a
-        # poll, where counting ready tasks took 30 ms while the batch's
-        # uncommitted rows were in the index (PostgreSQL's time, on two cores).
-        while sum(_micro_batch_tasks(conn, checkpoint)) < tasks + 1:
-            time.sleep(0.02)
-        elapsed = time.perf_counter() - started
-        cpu = machine_seconds() - cpu
+        with _streaming(settings, spark, checkpoint) as checkpoint:
+            _warm_up(app, conn)
+            _fill_buffer(fill_app, tasks, tenants)
+            # One MULTI on a single Redis; a cluster cannot span slots in one.
+            pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
+            for staged, live in zip(
+                all_streams(filling.stream_prefix, filling.shards),
+                all_streams(settings.stream_prefix, settings.shards),
+                strict=True,
+            ):
+                if client.exists(staged):  # a shard no tenant of the backlog maps to has none
+                    # (The command, not the method: a cluster pipeline refuses `rename`,
+                    # whose two keys here share their shard's slot.)
+                    pipe.execute_command("RENAME", staged, live)
+            cpu = machine_seconds()
+            started = time.perf_counter()
+            pipe.execute()
+            _until_loaded(conn, checkpoint, tasks + 1, poll=0.02, timeout=600)
+            elapsed = time.perf_counter() - started
+            cpu = machine_seconds() - cpu
     finally:
-        stop.set()
-        streaming.join()
         fill_app.close()
         client.close()
     return tasks / elapsed, [n for n in _micro_batch_tasks(conn, checkpoint) if n > 0], cpu
@@ -297,15 +314,9 @@ def _warm_jvm(
 ) -> dict[str, Any]:
     """Runs a loader query over `batches` micro-batches, each waiting for the
     one before to be loaded; their count and seconds."""
-    from rota.loader.spark import checkpoint_location
-
-    stop = threading.Event()
-    checkpoint = checkpoint_location(checkpoint)
-    streaming = _spark_loader(settings, spark, checkpoint, stop)
-    streaming.start()
     noop = app.tasks["noop"]
     started = time.perf_counter()
-    try:
+    with _streaming(settings, spark, checkpoint) as checkpoint:
         for batch in range(batches):
             first = batch * WARM_UP_BATCH_TASKS
             app.enqueue_many(
@@ -314,13 +325,7 @@ def _warm_jvm(
                     for k in range(first, first + WARM_UP_BATCH_TASKS)
                 ]
             )
-            deadline = time.monotonic() + 120
-            while sum(_micro_batch_tasks(conn, checkpoint)) < first + WARM_UP_BATCH_TASKS:
-                assert time.monotonic() < deadline, "the warm-up loader loaded nothing in 120 s"
-                time.sleep(0.005)
-    finally:
-        stop.set()
-        streaming.join()
+            _until_loaded(conn, checkpoint, first + WARM_UP_BATCH_TASKS, poll=0.005, timeout=120)
     loaded = _micro_batch_tasks(conn, checkpoint)
     return {
         "micro_batches": len([n for n in loaded if n > 0]),
@@ -390,10 +395,10 @@ def bench_pipeline_load(
     def spent(engine_name: str, seconds: float) -> None:
         cpu_per_task.setdefault(engine_name, []).append(seconds / tasks * 1e6)
 
-    # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
     jvm_warm_up = None
     with (
         db.connect(settings.database_url) as conn,
+        # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
         tempfile.TemporaryDirectory(prefix="rota-bench-ckpt-") as checkpoints,
     ):
         if engine == "spark" and spark_warm_up_batches > 0:
