@@ -180,18 +180,24 @@ def buffer_stream(
     of its shards' loads; with `idle_wait`, a trigger that finds the buffer
     empty waits up to that many seconds for an entry."""
     session.dataSource.register(loading_source(LoadJob(settings, query_key)))
-    return (
-        session.readStream.format(SOURCE_NAME)
-        .option("redis_url", settings.redis_url)
-        .option("redis_timeout", str(settings.redis_timeout))
-        .option("streams", ",".join(all_streams(settings.stream_prefix, settings.shards)))
-        .option("max_payload_bytes", str(settings.max_payload_bytes))
-        .option("queues", ",".join(sorted(settings.allowed_queues or ())))
-        .option("max_entries", str(max_entries))
-        .option("groups", str(settings.spark_shard_connections))
-        .option("idle_wait", str(idle_wait))
-        .load()
-    )
+    options = source_options(settings, max_entries, idle_wait)
+    return session.readStream.format(SOURCE_NAME).options(**options).load()
+
+
+def source_options(
+    settings: Settings, max_entries: int = 0, idle_wait: float = 0.0
+) -> dict[str, str]:
+    """The buffer source's options for the loader's settings."""
+    return {
+        "redis_url": settings.redis_url,
+        "redis_timeout": str(settings.redis_timeout),
+        "streams": ",".join(all_streams(settings.stream_prefix, settings.shards)),
+        "max_payload_bytes": str(settings.max_payload_bytes),
+        "queues": ",".join(sorted(settings.allowed_queues or ())),
+        "max_entries": str(max_entries),
+        "groups": str(settings.spark_shard_connections),
+        "idle_wait": str(idle_wait),
+    }
 
 
 def checkpoint_location(checkpoint: str) -> str:

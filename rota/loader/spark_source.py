@@ -22,7 +22,14 @@ from redis.typing import KeyT, StreamIdT
 
 from rota.buffer import redis_client
 from rota.buffer.streams import decode_entry, entry_key, next_entry_id
-from rota.loader.spark_load import RESULT_SCHEMA, Entry, LoadJob, shard_loader, task_batch_id
+from rota.loader.spark_load import (
+    RESULT_SCHEMA,
+    Entry,
+    LoadJob,
+    ShardResult,
+    shard_loader,
+    task_batch_id,
+)
 from rota.settings import Settings
 
 SOURCE_NAME = "rota_buffer"
@@ -171,11 +178,16 @@ class BufferStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         """Loads the partition's shard (an outage is reported in its rows)."""
-        stream, first, last, groups = partition.value
+        for result in self.load(partition.value, task_batch_id()):
+            yield result.row()
+
+    def load(self, part: tuple[str, str, str, int], batch_id: int) -> list[ShardResult]:
+        """A partition's work, `partitions()`' value: its shard's entries
+        after the start offset through the end one, loaded in its groups."""
+        stream, first, last, groups = part
         loader = shard_loader(self.job)
         entries = self._entries(loader.buffer, stream, first, last)
-        for result in loader.load(stream, task_batch_id(), last, entries, groups):
-            yield result.row()
+        return loader.load(stream, batch_id, last, entries, groups)
 
     def _entries(
         self, buffer: Callable[[], redis_client.Client], stream: str, first: str, last: str

@@ -113,16 +113,25 @@ def test_bench_load_spark_engine(settings: Settings, tmp_path: Path) -> None:
     assert report["enqueue_to_claimable_ms"]["tasks"] > 0
     # Each engine's rate is within what its CPU per task allows on these cores.
     cpu = report["machine_cpu_us_per_task"]
-    assert set(cpu) == {"spark", "python_1_process", "python_2_process"}
+    assert set(cpu) == {"spark", "spark_executor_code", "python_1_process", "python_2_process"}
     cores = report["machine"]["cpus"]
     rates = {
         "spark": report["sustained_tasks_per_s"],
+        "spark_executor_code": report["spark_executor_code_tasks_per_s"],
         **{f"python_{n}": r for n, r in report["python_loader_tasks_per_s"].items()},
     }
     for engine, rate in rates.items():
         assert 0 < rate <= 1.1 * cores * 1e6 / cpu[engine], (engine, rate, cpu)
     assert report["spark_to_two_python_loaders"] == pytest.approx(
         rates["spark"] / rates["python_2_process"], abs=0.002
+    )
+    # The executors' code without Spark, in the same runs (its ledger rows
+    # and trims are the loader's, or the backlog would not be whole here).
+    assert report["spark_to_its_executor_code"] == pytest.approx(
+        rates["spark"] / rates["spark_executor_code"], abs=0.002
+    )
+    assert report["executor_code_to_two_python_loaders"] == pytest.approx(
+        rates["spark_executor_code"] / rates["python_2_process"], abs=0.002
     )
     # The micro-batches under the trickle, phase by phase (Spark's own timings).
     phases = report["latency_micro_batch_ms"]

@@ -32,6 +32,7 @@ from rota_tools.bench.cpu import (
     postgres_probe,
     redis_probe,
 )
+from rota_tools.bench.executor_code import executor_processes, load_as_one_batch
 from rota_tools.bench.starts import offer, start_figures
 from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
 from rota_tools.sql import query
@@ -387,6 +388,8 @@ def bench_pipeline_load(
     # Beside the Spark loader, in the same run: the Python loader with one and
     # with two processes, on the same tasks and servers.
     python_rates: dict[int, list[float]] = {1: [], 2: []}
+    # And the Spark loader's own executor code without Spark, run for run.
+    code_rates: list[float] = []
     # The machine's CPU per task of each engine (every process: PostgreSQL,
     # Redis, the loaders or Spark), run by run: on cores that are all busy,
     # what a task costs bounds the rate.
@@ -400,6 +403,7 @@ def bench_pipeline_load(
         db.connect(settings.database_url) as conn,
         # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
         tempfile.TemporaryDirectory(prefix="rota-bench-ckpt-") as checkpoints,
+        executor_processes() if engine == "spark" else contextlib.nullcontext() as pool,
     ):
         if engine == "spark" and spark_warm_up_batches > 0:
             reset(conn)
@@ -419,6 +423,16 @@ def bench_pipeline_load(
                     measured.append(tasks / elapsed)
                     spent(f"python_{processes}_process", cpu)
                     assert db.run(conn, core.queue_counts())[QUEUE]["ready"] == tasks
+            if pool is not None:  # also in run -1: its processes import and connect
+                reset(conn)
+                _flush_buffer(settings)
+                _fill_buffer(app, tasks, tenants)
+                key = f"{checkpoints}/executor-code"
+                elapsed, cpu, stored = load_as_one_batch(settings, pool, key, run + 2)
+                assert stored == tasks, f"the executor code stored {stored} of {tasks}"
+                if run >= 0:
+                    code_rates.append(tasks / elapsed)
+                    spent("spark_executor_code", cpu)
             reset(conn)
             _flush_buffer(settings)
             if engine == "python":
@@ -519,6 +533,16 @@ def bench_pipeline_load(
                 ),
                 "spark_to_one_python_loader": round(
                     statistics.median(rates) / statistics.median(python_rates[1]), 3
+                ),
+                # The executors' code in plain processes, one per core: Spark's
+                # own cost is the gap between it and the Spark loader.
+                "spark_executor_code_tasks_per_s": round(statistics.median(code_rates)),
+                "spark_executor_code_runs": [round(r) for r in code_rates],
+                "spark_to_its_executor_code": round(
+                    statistics.median(rates) / statistics.median(code_rates), 3
+                ),
+                "executor_code_to_two_python_loaders": round(
+                    statistics.median(code_rates) / statistics.median(python_rates[2]), 3
                 ),
                 # Where a micro-batch's time goes under the trickle (Spark's
                 # durationMs, medians over the batches that loaded tasks).
