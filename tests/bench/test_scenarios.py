@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from rota import Settings
+from rota_tools.bench.pipeline import WARM_UP
 from rota_tools.devservers import Server
 
 pytestmark = pytest.mark.slow(
@@ -75,6 +77,29 @@ def test_bench_load_from_several_connections(settings: Settings) -> None:
     assert parallel["backend_samples"] > 0  # the sampler saw the loaders at work
     # Disjoint tenants of one queue: no load waits on another's rows.
     assert parallel["row_lock_wait_samples"] == 0, parallel["waits"]
+
+
+def test_bench_load_with_even_tenants(settings: Settings) -> None:
+    report = bench(
+        settings,
+        "load",
+        *("--engine", "python", "--tasks", "2000", "--tenants", "10", "--runs", "1"),
+        *("--trickle-seconds", "1", "--even-tenants"),
+    )
+    assert report["params"]["even_tenants"] is True
+    # What it leaves is the trickle's tasks (and the warm-up's one, of a
+    # tenant of its own), spread over the ten tenants alike; by default one
+    # tenant holds half.
+    with psycopg.connect(settings.database_url) as conn:
+        counts = [
+            n
+            for (n,) in conn.execute(
+                "SELECT count(*) FROM rota.tasks t JOIN rota.tenants n ON n.id = t.tenant_id"
+                " WHERE n.name <> %s GROUP BY t.tenant_id ORDER BY 1",
+                [WARM_UP],
+            ).fetchall()
+        ]
+    assert len(counts) == 10 and counts[-1] - counts[0] <= 2, counts
 
 
 def test_bench_load_python_engine(settings: Settings) -> None:

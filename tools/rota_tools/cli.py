@@ -153,6 +153,13 @@ def bench_load(
             "its per-batch paths (a long-running loader is past that)"
         ),
     ] = 80,
+    even_tenants: Annotated[
+        bool,
+        typer.Option(
+            help="python/spark: each tenant an equal share of the tasks (by default one "
+            "tenant holds half)"
+        ),
+    ] = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     local: Local = None,
@@ -180,7 +187,15 @@ def bench_load(
             figures = _beside_cluster(
                 settings,
                 lambda s: bench_pipeline_load(
-                    s, engine, tasks, tenants, runs, loaders, trickle_seconds, spark_warm_up_batches
+                    s,
+                    engine,
+                    tasks,
+                    tenants,
+                    runs,
+                    loaders,
+                    trickle_seconds,
+                    spark_warm_up_batches,
+                    even_tenants,
                 ),
                 redis_cluster,
             )

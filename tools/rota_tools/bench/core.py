@@ -42,6 +42,11 @@ def skewed_tenant(i: int, tenants: int) -> str:
     return f"t{1 + (i // 2) % (tenants - 1):04d}"
 
 
+def even_tenant(i: int, tenants: int) -> str:
+    """The tenants holding equal shares of the tasks, in turn."""
+    return f"t{i % tenants:04d}"
+
+
 def make_tasks(
     count: int, tenants: int, start: int = 0, queue: str = QUEUE, priorities: Sequence[int] = (0,)
 ) -> Iterator[TaskEnvelope]:

@@ -23,7 +23,7 @@ from rota.buffer.streams import all_streams
 from rota.core import db
 from rota.loader import Loader
 from rota.runtime.process import tune_gc
-from rota_tools.bench.core import reset, skewed_tenant
+from rota_tools.bench.core import even_tenant, reset, skewed_tenant
 from rota_tools.bench.cpu import (
     CpuMeter,
     Probe,
@@ -212,12 +212,16 @@ def phase_medians(batches: Sequence[Mapping[str, int]]) -> dict[str, float]:
     return {name: statistics.median(b.get(name, 0) for b in batches) for name in names}
 
 
-def _fill_buffer(app: App, tasks: int, tenants: int) -> None:
+# Which tenant the i-th task of a bench's backlog belongs to, of `tenants`.
+TenantOf = Callable[[int, int], str]
+
+
+def _fill_buffer(app: App, tasks: int, tenants: int, tenant_of: TenantOf = skewed_tenant) -> None:
     noop = app.tasks["noop"]
     for i in range(0, tasks, 10_000):
         app.enqueue_many(
             [
-                noop.using(tenant=skewed_tenant(j, tenants)).prepare(j, "pad")
+                noop.using(tenant=tenant_of(j, tenants)).prepare(j, "pad")
                 for j in range(i, min(tasks, i + 10_000))
             ]
         )
@@ -260,6 +264,7 @@ def _spark_sustained(
     tasks: int,
     tenants: int,
     checkpoint: str,
+    tenant_of: TenantOf = skewed_tenant,
 ) -> tuple[float, list[int], float]:
     """The streaming query runs first (its start-up is not the steady rate), then
     the backlog appears in the buffer at once, as it does for the Python engine
@@ -273,7 +278,7 @@ def _spark_sustained(
     try:
         with _streaming(settings, spark, checkpoint) as checkpoint:
             _warm_up(app, conn)
-            _fill_buffer(fill_app, tasks, tenants)
+            _fill_buffer(fill_app, tasks, tenants, tenant_of)
             # One MULTI on a single Redis; a cluster cannot span slots in one.
             pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
             for staged, live in zip(
@@ -372,9 +377,13 @@ def bench_pipeline_load(
     loaders: int = 2,
     trickle_seconds: float = 5.0,
     spark_warm_up_batches: int = 0,
+    even_tenants: bool = False,
 ) -> dict[str, Any]:
     """Sustained buffer -> PostgreSQL tasks/s (buffer filled first), then the
-    enqueue -> claimable latency under a steady trickle with the loader running."""
+    enqueue -> claimable latency under a steady trickle with the loader running.
+    The tasks' tenants: one holds half of them, or with `even_tenants` each
+    an equal share."""
+    tenant_of = even_tenant if even_tenants else skewed_tenant
     app = _app(settings)
     noop = app.tasks["noop"]
     rates = []
@@ -418,7 +427,7 @@ def bench_pipeline_load(
                 for processes, measured in python_rates.items():
                     reset(conn)
                     _flush_buffer(settings)
-                    _fill_buffer(app, tasks, tenants)
+                    _fill_buffer(app, tasks, tenants, tenant_of)
                     elapsed, cpu = _parallel_drain(settings, processes)
                     measured.append(tasks / elapsed)
                     spent(f"python_{processes}_process", cpu)
@@ -426,7 +435,7 @@ def bench_pipeline_load(
             if pool is not None:  # also in run -1: its processes import and connect
                 reset(conn)
                 _flush_buffer(settings)
-                _fill_buffer(app, tasks, tenants)
+                _fill_buffer(app, tasks, tenants, tenant_of)
                 key = f"{checkpoints}/executor-code"
                 elapsed, cpu, stored = load_as_one_batch(settings, pool, key, run + 2)
                 assert stored == tasks, f"the executor code stored {stored} of {tasks}"
@@ -436,13 +445,13 @@ def bench_pipeline_load(
             reset(conn)
             _flush_buffer(settings)
             if engine == "python":
-                _fill_buffer(app, tasks, tenants)
+                _fill_buffer(app, tasks, tenants, tenant_of)
                 elapsed, cpu = _parallel_drain(settings, loaders)
                 rates.append(tasks / elapsed)
                 spent(f"python_{loaders}_process", cpu)
             else:
                 rate, sizes, cpu = _spark_sustained(
-                    settings, app, spark, conn, tasks, tenants, f"{checkpoints}/{run}"
+                    settings, app, spark, conn, tasks, tenants, f"{checkpoints}/{run}", tenant_of
                 )
                 if run < 0:
                     warm_up_rate = rate
@@ -476,7 +485,7 @@ def bench_pipeline_load(
             while time.monotonic() < deadline:
                 app.enqueue_many(
                     [
-                        noop.using(tenant=skewed_tenant(sent + k, tenants)).prepare(sent + k, "pad")
+                        noop.using(tenant=tenant_of(sent + k, tenants)).prepare(sent + k, "pad")
                         for k in range(20)
                     ]
                 )
@@ -510,6 +519,7 @@ def bench_pipeline_load(
             "runs": runs,
             "loaders": loaders if engine == "python" else 1,
             "trickle_seconds": trickle_seconds,
+            "even_tenants": even_tenants,
             **({"spark_warm_up_batches": spark_warm_up_batches} if engine == "spark" else {}),
         },
         "sustained_tasks_per_s": round(statistics.median(rates)),
