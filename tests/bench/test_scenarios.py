@@ -87,6 +87,8 @@ def test_bench_load_with_even_tenants(settings: Settings) -> None:
         *("--trickle-seconds", "1", "--even-tenants"),
     )
     assert report["params"]["even_tenants"] is True
+    # The backlog the loaders loaded: 200 tasks each (by default, one holds half).
+    assert report["backlog_largest_tenant_share"] == pytest.approx(0.1, abs=0.001)
     # What it leaves is the trickle's tasks (and the warm-up's one, of a
     # tenant of its own), spread over the ten tenants alike; by default one
     # tenant holds half.
@@ -110,6 +112,7 @@ def test_bench_load_python_engine(settings: Settings) -> None:
         *("--trickle-seconds", "1"),
     )
     assert report["sustained_tasks_per_s"] > 0
+    assert report["backlog_largest_tenant_share"] == pytest.approx(0.5, abs=0.001)
     assert report["enqueue_to_claimable_ms"]["tasks"] > 0
     # Each task commits after its load began: timed to the commit, not the start.
     committed, started = report["enqueue_to_committed_ms"], report["enqueue_to_claimable_ms"]
@@ -123,9 +126,11 @@ def test_bench_load_spark_engine(settings: Settings, tmp_path: Path) -> None:
         settings,
         "load",
         *("--engine", "spark", "--tasks", "3000", "--tenants", "50", "--runs", "1"),
-        *("--trickle-seconds", "1", "--spark-warm-up-batches", "3"),
+        *("--trickle-seconds", "1", "--spark-warm-up-batches", "3", "--even-tenants"),
         tmp=tmp_path,
     )
+    # The Spark loader's backlog: 60 tasks a tenant, and the warm-up task.
+    assert report["backlog_largest_tenant_share"] == pytest.approx(60 / 3001, abs=0.001)
     # Untimed first: micro-batches of 2,000 tasks, each loaded before the next.
     assert report["jvm_warm_up"]["tasks"] == 6000
     assert report["jvm_warm_up"]["micro_batches"] >= 3

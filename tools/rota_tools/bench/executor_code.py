@@ -32,21 +32,28 @@ def _load_part(
 
 
 @contextlib.contextmanager
-def executor_processes() -> Iterator[Pool]:
-    """A process per core, started before any clock (Spark's workers are up
-    and kept between micro-batches too)."""
-    cores = os.cpu_count() or 1
-    with multiprocessing.get_context("spawn").Pool(cores) as pool:
-        pool.map(time.sleep, [0.0] * cores)
+def executor_processes(shards: int) -> Iterator[Pool]:
+    """As many processes as `local[*]` runs a micro-batch's tasks at once
+    (a core each, one task a shard), started and importing the executor's
+    code before any clock: Spark's workers are up and kept between
+    micro-batches too."""
+    processes = min(os.cpu_count() or 1, shards)
+    with multiprocessing.get_context("spawn").Pool(processes, initializer=_import) as pool:
+        pool.map(time.sleep, [0.0] * processes)
         yield pool
+
+
+def _import() -> None:
+    import rota.loader.spark_source  # noqa: F401
 
 
 def load_as_one_batch(
     settings: Settings, pool: Pool, query_key: str, batch_id: int
 ) -> tuple[float, float, int]:
     """Loads everything in the buffer as one micro-batch of `query_key`;
-    returns the seconds, the machine's CPU seconds meanwhile and the tasks
-    stored."""
+    returns the seconds until its loads committed (as a Spark run is timed
+    to its ledger), the machine's CPU seconds meanwhile and the tasks
+    stored. The batch is then settled (trimmed) as the sink does."""
     from rota.loader.spark import BatchSink, source_options
     from rota.loader.spark_load import LoadJob
     from rota.loader.spark_source import BufferStreamReader
@@ -60,9 +67,10 @@ def load_as_one_batch(
         end = reader.latestOffset(start, reader.getDefaultReadLimit())
         parts = [(reader, part.value, batch_id) for part in reader.partitions(start, end)]
         results = [r for rs in pool.map(_load_part, parts, chunksize=1) for r in rs]
+        elapsed, cpu = time.perf_counter() - started, machine_seconds() - cpu
         sink.settle_batch(results, batch_id)
         reader.commit(end)
-        return time.perf_counter() - started, machine_seconds() - cpu, sink.loaded
+        return elapsed, cpu, sink.loaded
     finally:
         sink.close()
         reader.stop()

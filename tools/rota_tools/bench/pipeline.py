@@ -412,7 +412,9 @@ def bench_pipeline_load(
         db.connect(settings.database_url) as conn,
         # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
         tempfile.TemporaryDirectory(prefix="rota-bench-ckpt-") as checkpoints,
-        executor_processes() if engine == "spark" else contextlib.nullcontext() as pool,
+        executor_processes(settings.shards)
+        if engine == "spark"
+        else contextlib.nullcontext() as pool,
     ):
         if engine == "spark" and spark_warm_up_batches > 0:
             reset(conn)
@@ -436,8 +438,9 @@ def bench_pipeline_load(
                 reset(conn)
                 _flush_buffer(settings)
                 _fill_buffer(app, tasks, tenants, tenant_of)
-                key = f"{checkpoints}/executor-code"
-                elapsed, cpu, stored = load_as_one_batch(settings, pool, key, run + 2)
+                # A key a run, as each Spark run is a query of its own.
+                key = f"{checkpoints}/executor-code-{run}"
+                elapsed, cpu, stored = load_as_one_batch(settings, pool, key, 0)
                 assert stored == tasks, f"the executor code stored {stored} of {tasks}"
                 if run >= 0:
                     code_rates.append(tasks / elapsed)
@@ -461,6 +464,8 @@ def bench_pipeline_load(
                     micro_batches.append(sizes)
             warm_up = 1 if engine == "spark" else 0
             assert db.run(conn, core.queue_counts())[QUEUE]["ready"] == tasks + warm_up
+        # The engine's last backlog, as loaded: its largest tenant's share.
+        largest_share = conn.execute(query("bench_largest_tenant_share")).fetchone()
 
         # Latency: the loader runs; tasks trickle in at ~1,000/s for `trickle_seconds`.
         reset(conn)
@@ -524,6 +529,7 @@ def bench_pipeline_load(
         },
         "sustained_tasks_per_s": round(statistics.median(rates)),
         "runs": [round(r) for r in rates],
+        "backlog_largest_tenant_share": round(largest_share[0], 3) if largest_share else None,
         "machine_cpu_us_per_task": {
             name: round(statistics.median(runs_), 1) for name, runs_ in cpu_per_task.items()
         },

@@ -214,6 +214,11 @@ WHERE tenant IS DISTINCT FROM %(warm_up)s
 SELECT sum(tasks)::integer FROM rota.loader_batches WHERE query = %(query)s
 GROUP BY batch_id ORDER BY batch_id
 
+-- name: bench_largest_tenant_share
+-- The largest tenant's share of the tasks in rota.tasks.
+SELECT coalesce(max(n)::float8 / nullif(sum(n), 0), 0)
+FROM (SELECT count(*) AS n FROM rota.tasks GROUP BY tenant_id) c
+
 -- name: bench_start_latencies
 -- Enqueue -> start of every finished task, in milliseconds.
 SELECT extract(epoch FROM f.started_at - f.enqueued_at) * 1000 FROM rota.finished f
