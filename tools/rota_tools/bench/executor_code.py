@@ -1,7 +1,7 @@
 """The Spark loader's executor code without Spark: the buffer source's own
 planning (`latestOffset`, `partitions`), its partitions loaded by
-`BufferStreamReader.load` in plain processes, one per core as `local[*]` runs
-its tasks, and the batch settled by the sink's `settle_batch` and the source's
+`BufferStreamReader.load` in plain processes, as many at once as `local[*]`
+runs its tasks, and the batch settled by the sink's `settle_batch` and the source's
 `commit`. Beside the Spark loader in the same run it shows what Spark itself
 costs (its JVM, its workers' plumbing); beside the Python loaders, whether
 the executors' Python does more than theirs."""

@@ -57,6 +57,12 @@ def _flush_buffer(settings: Settings) -> None:
     client.close()
 
 
+def _empty(conn: psycopg.Connection[Any], settings: Settings) -> None:
+    """No task in PostgreSQL and none in the buffer: where each run starts."""
+    reset(conn)
+    _flush_buffer(settings)
+
+
 def bench_enqueue(settings: Settings, tasks: int, tenants: int, runs: int) -> dict[str, Any]:
 
     app = _app(settings)
@@ -417,8 +423,7 @@ def bench_pipeline_load(
         else contextlib.nullcontext() as pool,
     ):
         if engine == "spark" and spark_warm_up_batches > 0:
-            reset(conn)
-            _flush_buffer(settings)
+            _empty(conn, settings)
             jvm_warm_up = _warm_jvm(
                 settings, app, spark, conn, f"{checkpoints}/warm-up", spark_warm_up_batches
             )
@@ -427,16 +432,14 @@ def bench_pipeline_load(
         for run in range(-1 if engine == "spark" else 0, runs):
             if engine == "spark" and run >= 0:
                 for processes, measured in python_rates.items():
-                    reset(conn)
-                    _flush_buffer(settings)
+                    _empty(conn, settings)
                     _fill_buffer(app, tasks, tenants, tenant_of)
                     elapsed, cpu = _parallel_drain(settings, processes)
                     measured.append(tasks / elapsed)
                     spent(f"python_{processes}_process", cpu)
                     assert db.run(conn, core.queue_counts())[QUEUE]["ready"] == tasks
             if pool is not None:  # also in run -1: its processes import and connect
-                reset(conn)
-                _flush_buffer(settings)
+                _empty(conn, settings)
                 _fill_buffer(app, tasks, tenants, tenant_of)
                 # A key a run, as each Spark run is a query of its own.
                 key = f"{checkpoints}/executor-code-{run}"
@@ -445,8 +448,7 @@ def bench_pipeline_load(
                 if run >= 0:
                     code_rates.append(tasks / elapsed)
                     spent("spark_executor_code", cpu)
-            reset(conn)
-            _flush_buffer(settings)
+            _empty(conn, settings)
             if engine == "python":
                 _fill_buffer(app, tasks, tenants, tenant_of)
                 elapsed, cpu = _parallel_drain(settings, loaders)
@@ -468,8 +470,7 @@ def bench_pipeline_load(
         largest_share = conn.execute(query("bench_largest_tenant_share")).fetchone()
 
         # Latency: the loader runs; tasks trickle in at ~1,000/s for `trickle_seconds`.
-        reset(conn)
-        _flush_buffer(settings)
+        _empty(conn, settings)
         stop = threading.Event()
         phases = None
         if engine == "python":
@@ -550,8 +551,8 @@ def bench_pipeline_load(
                 "spark_to_one_python_loader": round(
                     statistics.median(rates) / statistics.median(python_rates[1]), 3
                 ),
-                # The executors' code in plain processes, one per core: Spark's
-                # own cost is the gap between it and the Spark loader.
+                # The executors' code in plain processes, as local[*] runs its
+                # tasks: Spark's own cost is the gap between it and the loader.
                 "spark_executor_code_tasks_per_s": round(statistics.median(code_rates)),
                 "spark_executor_code_runs": [round(r) for r in code_rates],
                 "spark_to_its_executor_code": round(
@@ -804,8 +805,7 @@ def bench_end_to_end(
     noop = app.tasks["noop"]
     client = redis_client.connect(settings)
     with db.connect(settings.database_url) as conn:
-        reset(conn)
-        _flush_buffer(settings)
+        _empty(conn, settings)
         loader = spawn_loader(fleet)
         workers = spawn_workers(
             NOOP_APP, [QUEUE], 2, fleet, concurrency=concurrency, batch_size=100
