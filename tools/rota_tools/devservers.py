@@ -309,10 +309,13 @@ def start_redis(
     tls: TLSFiles | None = None,
     cluster: bool = False,
     also_on: Sequence[str] = (),
+    appendfsync: str = "everysec",
 ) -> Server:
     """A Redis on `port`; with `tls`, that port speaks TLS only (rediss://);
     with `cluster`, a cluster node not yet part of any cluster; `also_on`:
-    addresses it listens on besides loopback (rota_tools.netns)."""
+    addresses it listens on besides loopback (rota_tools.netns);
+    `appendfsync`: "always" for tests that kill it and count what it
+    acknowledged (docs/howto/setup.md)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServerError("redis-server not found: run `bash infra/install-servers.sh`")
@@ -336,10 +339,14 @@ def start_redis(
         "no",
         "--logfile",
         str(log),
-        # The buffer's durability is Redis's: with the AOF, an acknowledged XADD
-        # survives a crash of the redis process (the write precedes the reply).
+        # The buffer's durability is Redis's. With "everysec" (Redis's default)
+        # a write that waits behind a slow fsync is acknowledged from memory,
+        # and a kill -9 then loses it; with "always" the write and its fsync
+        # precede the reply.
         "--appendonly",
         "yes" if appendonly else "no",
+        "--appendfsync",
+        appendfsync,
     ]
     if cluster:
         # The bus port is named: the default (port + 10000) may be taken or
@@ -505,9 +512,12 @@ def local_postgres(settings: dict[str, str] | None = None) -> Iterator[Server]:
 
 @contextlib.contextmanager
 def local_redis(
-    appendonly: bool = True, tls: TLSFiles | None = None, also_on: Sequence[str] = ()
+    appendonly: bool = True,
+    tls: TLSFiles | None = None,
+    also_on: Sequence[str] = (),
+    appendfsync: str = "everysec",
 ) -> Iterator[Server]:
-    server = start_redis(appendonly=appendonly, tls=tls, also_on=also_on)
+    server = start_redis(appendonly=appendonly, tls=tls, also_on=also_on, appendfsync=appendfsync)
     try:
         yield server
     finally:

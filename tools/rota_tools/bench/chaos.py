@@ -5,7 +5,8 @@ Real processes on throwaway servers: a producer enqueueing across 50 tenants
 tenant has a concurrency limit. After a fault-free baseline, faults follow one
 another under load: kill -9 of the loader, of a worker mid-task, of the
 producer mid-burst and of the maintenance leader (each restarted at once, as
-a supervisor would); Redis killed and restarted from its append-only file;
+a supervisor would); Redis killed and restarted from its append-only file
+(`appendfsync always`);
 PostgreSQL stopped with `-m immediate` and started again after a pause, and
 then unreachable for longer than a lease; optionally kill -9 of the Spark
 loader. Then everything drains, and the runs each task left (chaosapp) are
@@ -313,7 +314,7 @@ def run_chaos(
 ) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         pg = stack.enter_context(local_postgres())
-        rd = stack.enter_context(local_redis())
+        rd = stack.enter_context(local_redis(appendfsync="always"))
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-chaos-")))
         settings = Settings(database_url=pg.url, redis_url=rd.url)
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
