@@ -49,6 +49,7 @@ class _Counts(NamedTuple):
     ready: int
     running: int
     scheduled: int
+    parked: int
 
 
 _COUNTS = Rows(_Counts)
@@ -58,7 +59,13 @@ def queue_counts() -> Op[dict[str, dict[str, int]]]:
     """Live counts per queue (a scan of the queue tables: for `rota stats`)."""
     counts = yield from select(query("queue_counts"), None, _COUNTS)
     return {
-        c.queue: {"ready": c.ready, "running": c.running, "scheduled": c.scheduled} for c in counts
+        c.queue: {
+            "ready": c.ready,
+            "running": c.running,
+            "scheduled": c.scheduled,
+            "parked": c.parked,
+        }
+        for c in counts
     }
 
 

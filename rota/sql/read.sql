@@ -23,7 +23,9 @@ SELECT q.name AS queue,
        (SELECT count(*) FROM rota.ready r WHERE r.queue_id = q.id) AS ready,
        (SELECT count(*) FROM rota.running r WHERE r.queue_id = q.id) AS running,
        (SELECT count(*) FROM rota.scheduled s JOIN rota.tasks t ON t.id = s.task_id
-        WHERE t.queue_id = q.id) AS scheduled
+        WHERE t.queue_id = q.id) AS scheduled,
+       -- Waiting for their key's room (rota.key_admit), out of the line.
+       (SELECT count(*) FROM rota.parked p WHERE p.queue_id = q.id) AS parked
 FROM rota.queues q
 ORDER BY q.name
 

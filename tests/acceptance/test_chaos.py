@@ -32,6 +32,7 @@ def test_every_acknowledged_task_runs_through_every_fault() -> None:
         "ready": 0,
         "running": 0,
         "scheduled": 0,
+        "parked": 0,
         "dead": 0,
         "dead_letters": 0,
     }

@@ -38,6 +38,7 @@ def test_nothing_acknowledged_is_lost_through_silent_partitions_half_open_and_sl
         "ready": 0,
         "running": 0,
         "scheduled": 0,
+        "parked": 0,
         "dead": 0,
         "dead_letters": 0,
     }

@@ -217,6 +217,7 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str, together
             "ready": 0,
             "running": 0,
             "scheduled": 0,
+            "parked": 0,
         }
         counters = dict(conn.execute("SELECT name, running FROM rota.tenants").fetchall())
         assert counters == {"a": 0, "b": 0, "c": 0, "free": 0, "metered": 0}

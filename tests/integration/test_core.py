@@ -201,6 +201,7 @@ def test_a_future_eta_waits_scheduled_then_gets_a_fresh_fair_place(conn: Conn) -
         "ready": 3,
         "running": 0,
         "scheduled": 1,
+        "parked": 0,
     }
     assert db.transact(conn, core.promote_due()) == 0
     wait_for(lambda: db.transact(conn, core.promote_due()), what="the eta")

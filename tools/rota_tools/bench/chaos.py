@@ -261,6 +261,13 @@ def _left(settings: Settings) -> dict[str, int]:
     return {"buffer": buffered, **counts, "dead": int(dead), "dead_letters": dead_letters}
 
 
+def _drained(settings: Settings) -> bool:
+    """Nothing waits anywhere: in the buffer, in line, running, scheduled,
+    or parked for its key's room."""
+    left = _left(settings)
+    return not any(left[k] for k in ("buffer", "ready", "running", "scheduled", "parked"))
+
+
 def _max_concurrent(intervals: list[tuple[float, float]]) -> int:
     events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
     running = peak = 0
@@ -419,12 +426,7 @@ def _run(
     fault_phase_end = time.time()
 
     harness.stop("producer")
-    drained = _wait(
-        lambda: (
-            not any(_left(harness.settings)[k] for k in ("buffer", "ready", "running", "scheduled"))
-        ),
-        180,
-    )
+    drained = _wait(lambda: _drained(harness.settings), 180)
     left = _left(harness.settings)
     runs = harness.runs()
     overlaps = _leadership_overlaps(harness)

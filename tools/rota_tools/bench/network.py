@@ -53,6 +53,7 @@ from rota_tools.bench.chaos import (
     Fault,
     Harness,
     _completions_per_second,
+    _drained,
     _left,
     _report,
     _wait,
@@ -305,11 +306,7 @@ def _run(
     fault_phase_end = time.time()
 
     harness.stop("producer")
-    drained = _wait(
-        lambda: not any(_left(harness.settings)[k] for k in ("buffer", "ready", "running",
-                                                            "scheduled")),
-        180,
-    )  # fmt: skip
+    drained = _wait(lambda: _drained(harness.settings), 180)
     left = _left(harness.settings)
     report = _report(
         harness, harness.runs(), faults, baseline, baseline_start, baseline_end,

@@ -28,6 +28,7 @@ from rota_tools.bench.chaos import (
     LIMITED_TENANT,
     Harness,
     Process,
+    _drained,
     _left,
     _report,
     _wait,
@@ -158,12 +159,7 @@ def _run(harness: UpgradeHarness, revision: str, rate: float, seconds: float) ->
     alive = all(harness.alive().values())
     fault_phase_end = time.time()
     harness.stop("producer")
-    drained = _wait(
-        lambda: (
-            not any(_left(harness.settings)[k] for k in ("buffer", "ready", "running", "scheduled"))
-        ),
-        180,
-    )
+    drained = _wait(lambda: _drained(harness.settings), 180)
     left = _left(harness.settings)
     runs = harness.runs()
     report = _report(
