@@ -222,6 +222,20 @@ def test_bench_claim(settings: Settings) -> None:
     assert report["leased_fifo_baseline_tasks_per_s"] > 0
     assert report["postgresql_per_task"]["cpu_us"] > 0
     assert report["postgresql_per_task"]["wal_bytes"] > 0
+    # rota's rows written directly, beside rota and the leased FIFO: the
+    # ratios are of the rates reported, and each queue's costs were taken.
+    direct = report["rows_direct_tasks_per_s"]
+    assert direct > 0
+    assert report["ratio_to_rows_direct"] == pytest.approx(
+        report["claim_complete_tasks_per_s"] / direct, abs=0.002
+    )
+    assert report["rows_direct_to_leased_fifo"] == pytest.approx(
+        direct / report["leased_fifo_baseline_tasks_per_s"], abs=0.002
+    )
+    by_queue = report["per_task_by_queue"]
+    assert set(by_queue) == {"rota", "rows_direct", "leased_fifo"}
+    for costs in by_queue.values():
+        assert costs["cpu_us"] > 0 and costs["wal_bytes"] > 0 and costs["client_cpu_us"] > 0
 
 
 def test_bench_enqueue(settings: Settings) -> None:

@@ -33,6 +33,7 @@ BATCH = 10_000
 QUEUE = "bench"
 FIFO = "fifo"  # the baselines' keys among backlog sizes
 LEASED_FIFO = "leased_fifo"
+ROWS_DIRECT = "rows_direct"  # rota's tables, claimed and completed by plain statements
 
 
 def skewed_tenant(i: int, tenants: int) -> str:
@@ -449,6 +450,25 @@ class FifoFiller:
         self.conn.execute(self._render(query("bench_fifo_drop_schema")))
 
 
+class RowsDirect:
+    """Claims and completes a queue's tasks in rota's own tables by plain
+    statements (bench.sql, bench_rows_direct_*): the same row changes as
+    rota.claim and rota.complete, none of their logic. Filled by Filler."""
+
+    def __init__(self, conn: psycopg.Connection[Any], queue: str = QUEUE) -> None:
+        self.conn, self.queue = conn, queue
+        self.claim_query = query("bench_rows_direct_claim")
+        self.finish_query = query("bench_rows_direct_finish")
+
+    def claim(self, limit: int) -> Sequence[Any]:
+        params = {"queue": self.queue, "limit": limit}
+        return self.conn.execute(self.claim_query, params, prepare=True).fetchall()
+
+    def finish(self, claimed: Sequence[Any]) -> int:
+        ids = UUIDArray(row[0] for row in claimed)
+        return self.conn.execute(self.finish_query, {"ids": ids}, prepare=True).rowcount
+
+
 def _queue_for(backlog: int) -> str:
     return f"{QUEUE}-{backlog}"
 
@@ -502,25 +522,29 @@ def _claim_latencies_beside(
             baseline.drop()
 
 
-def _claim_worker(args: tuple[str, str, int, float]) -> int:
+def _claim_worker(args: tuple[str, str, int, float]) -> tuple[int, float]:
     """Claims and finishes in a loop for `seconds`; `kind` is "rota" or a
-    baseline's (FIFO, LEASED_FIFO)."""
+    baseline's (FIFO, LEASED_FIFO, ROWS_DIRECT). Returns the tasks done and
+    the CPU seconds the loop took in this process."""
     kind, url, limit, seconds = args
     done = 0
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         # Autocommit: each call is one statement, atomic on its own.
-        claimer = (
+        claimer: Filler | FifoFiller | RowsDirect = (
             Filler(conn, tenants=0)
             if kind == "rota"
+            else RowsDirect(conn)
+            if kind == ROWS_DIRECT
             else FifoFiller(conn, kind, leased=kind == LEASED_FIFO)
         )
+        cpu = time.process_time()
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             got = claimer.claim(limit)
             if not got:
                 break
             done += claimer.finish(got)
-    return done
+        return done, time.process_time() - cpu
 
 
 def claim_throughput(
@@ -533,15 +557,28 @@ def claim_throughput(
 ) -> float:
     """Tasks/s claimed and completed by `connections` processes in `seconds`;
     `on_start` is called once they are up, as the clock starts."""
+    return claim_run(kind, url, connections, limit, seconds, on_start)[0]
+
+
+def claim_run(
+    kind: str,
+    url: str,
+    connections: int,
+    limit: int,
+    seconds: float,
+    on_start: Callable[[], None] | None = None,
+) -> tuple[float, float]:
+    """claim_throughput's tasks/s, and the claiming processes' CPU (µs) per task."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(connections, initializer=tune_gc) as pool:
         pool.map(time.sleep, [0.0] * connections)  # workers up before the clock starts
         if on_start is not None:
             on_start()
         started = time.perf_counter()
-        done = sum(pool.map(_claim_worker, [(kind, url, limit, seconds)] * connections))
+        results = pool.map(_claim_worker, [(kind, url, limit, seconds)] * connections)
         elapsed = time.perf_counter() - started
-    return done / elapsed
+    done = sum(n for n, _ in results)
+    return done / elapsed, sum(cpu for _, cpu in results) * 1e6 / max(1, done)
 
 
 def churn(url: str, queue: str, tasks: int, connections: int, limit: int) -> float:
@@ -679,32 +716,52 @@ def bench_claim(
     a fifth at 9): with urgent tasks waiting, claims swap slots within tenants."""
     with psycopg.connect(url, autocommit=True) as conn:
         # Throughput: claim + complete, `connections` processes, alternating
-        # with the plain FIFO baselines (without and with leases), `runs` times.
+        # with the baselines (rota's rows written directly, the plain FIFO
+        # without and with leases), `runs` times; each one's cost per task
+        # on the server and in the claiming processes.
         rates: list[float] = []
-        baseline_rates: dict[str, list[float]] = {FIFO: [], LEASED_FIFO: []}
+        baseline_rates: dict[str, list[float]] = {ROWS_DIRECT: [], FIFO: [], LEASED_FIFO: []}
         costs: list[dict[str, float | None]] = []
+        split: dict[str, list[dict[str, float | None]]] = {
+            "rota": [],
+            ROWS_DIRECT: [],
+            LEASED_FIFO: [],
+        }
         statements: list[dict[str, Any]] | None = None
         size = max(backlogs[0], int(40_000 * throughput_seconds))
+
+        def measured(kind: str) -> float:
+            cost = PostgresCost(conn)
+            rate, client_us = claim_run(kind, url, connections, limit, throughput_seconds)
+            per_task = cost.per_task(max(1, round(rate * throughput_seconds)))
+            if kind in split:
+                split[kind].append({**per_task, "client_cpu_us": round(client_us, 1)})
+            if kind == "rota":
+                nonlocal statements
+                costs.append(per_task)
+                statements = cost.top_statements(max(1, round(rate * throughput_seconds)))
+            return rate
+
         for _ in range(runs):
-            # Fresh tables for both, as the baseline's are: the effect of churn
+            # Fresh tables for each, as the baselines' are: the effect of churn
             # on claims is what backlog-scaling measures.
             reset(conn)
-            filler = Filler(conn, tenants, priorities=priorities)
-            filler.fill(size)
-            cost = PostgresCost(conn)
-            rates.append(claim_throughput("rota", url, connections, limit, throughput_seconds))
-            costs.append(cost.per_task(round(rates[-1] * throughput_seconds)))
-            statements = cost.top_statements(round(rates[-1] * throughput_seconds))
+            Filler(conn, tenants, priorities=priorities).fill(size)
+            rates.append(measured("rota"))
             for kind, kind_rates in baseline_rates.items():
+                if kind == ROWS_DIRECT:
+                    reset(conn)
+                    Filler(conn, tenants, priorities=priorities).fill(size)
+                    kind_rates.append(measured(kind))
+                    continue
                 baseline = FifoFiller(conn, kind, leased=kind == LEASED_FIFO)
                 try:
                     baseline.fill(size)
-                    kind_rates.append(
-                        claim_throughput(kind, url, connections, limit, throughput_seconds)
-                    )
+                    kind_rates.append(measured(kind))
                 finally:
                     baseline.drop()
     fifo_rates, leased_rates = baseline_rates[FIFO], baseline_rates[LEASED_FIFO]
+    direct_rates = baseline_rates[ROWS_DIRECT]
     return {
         "params": {
             "backlogs": backlogs,
@@ -724,6 +781,19 @@ def bench_claim(
         "ratio_to_leased_fifo_baseline": round(
             statistics.median(rates) / statistics.median(leased_rates), 3
         ),
+        # rota's own rows claimed and completed by plain statements: what its
+        # tables cost, apart from its logic (claim.sql, reports.sql) and its
+        # client (rota.core).
+        "rows_direct_tasks_per_s": round(statistics.median(direct_rates)),
+        "ratio_to_rows_direct": round(
+            statistics.median(rates) / statistics.median(direct_rates), 3
+        ),
+        "rows_direct_to_leased_fifo": round(
+            statistics.median(direct_rates) / statistics.median(leased_rates), 3
+        ),
+        # Per task claimed and completed: PostgreSQL's CPU and WAL, and the
+        # claiming processes' CPU, for rota and the two baselines it is read beside.
+        "per_task_by_queue": {kind: median_costs(values) for kind, values in split.items()},
         # PostgreSQL's CPU and WAL per task claimed and completed.
         "postgresql_per_task": median_costs(costs),
         **({"postgresql_statements": statements} if statements else {}),
@@ -731,6 +801,7 @@ def bench_claim(
             "claim_complete_tasks_per_s": [round(r) for r in rates],
             "fifo_baseline_tasks_per_s": [round(r) for r in fifo_rates],
             "leased_fifo_baseline_tasks_per_s": [round(r) for r in leased_rates],
+            "rows_direct_tasks_per_s": [round(r) for r in direct_rates],
         },
         **backlog_scaling(url, backlogs, tenants, connections, limit, samples, priorities),
         "goal": {

@@ -99,6 +99,49 @@ RETURNING b.id, b.payload
 UPDATE {schema}.rota_bench_fifo_body SET status = 'done', finished_at = now()
 WHERE id = ANY (%(ids)b::uuid[]) AND status = 'running'
 
+-- name: bench_rows_direct_claim
+-- rota's own rows, written directly: the claim's row changes (out of
+-- rota.ready in fair order, SKIP LOCKED; a lease in rota.running; the body
+-- read from rota.tasks) in one plain statement, without rota.claim's limits,
+-- priorities, keys, function calls or SECURITY DEFINER. What rota's tables
+-- cost a claim, apart from its logic.
+WITH c AS MATERIALIZED (
+    SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id, r.priority
+    FROM rota.ready r
+    WHERE r.queue_id = (SELECT q.id FROM rota.queues q WHERE q.name = %(queue)s)
+    ORDER BY r.vtime, r.tenant_id, r.seq
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), taken AS (
+    DELETE FROM rota.ready WHERE ctid = ANY (ARRAY(SELECT row_id FROM c))
+), claimed AS MATERIALIZED (
+    SELECT c.*, t.name, t.payload, t.attempts + 1 AS attempt
+    FROM rota.tasks t JOIN c ON c.task_id = t.id
+    WHERE t.id = ANY (ARRAY(SELECT task_id FROM c))
+), leased AS (
+    INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
+                              lease_expires_at, counted, priority)
+    SELECT task_id, queue_id, tenant_id, vtime, seq, attempt, 'bench',
+           now() + interval '30 seconds', false, priority
+    FROM claimed
+)
+SELECT task_id, payload FROM claimed ORDER BY vtime, tenant_id, seq
+
+-- name: bench_rows_direct_finish
+-- The completion's row changes, written directly: the lease and the body go,
+-- a row in rota.finished stays.
+WITH done AS (
+    DELETE FROM rota.running WHERE task_id = ANY (%(ids)b::uuid[])
+    RETURNING task_id, queue_id, tenant_id, attempt, claimed_at
+), gone AS (
+    DELETE FROM rota.tasks WHERE id = ANY (ARRAY(SELECT task_id FROM done))
+    RETURNING id, enqueued_at, max_attempts, cost
+)
+INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
+                           max_attempts, cost)
+SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
+       g.max_attempts, g.cost
+FROM done d JOIN gone g ON g.id = d.task_id
+
 -- name: bench_fair_setup
 -- The same workload for the fairness baselines: one row per task, in arrival order.
 DROP TABLE IF EXISTS rota_bench_fair;
