@@ -5,20 +5,22 @@
 
 -- Takes claimed tasks off the running table, keeping each limited tenant's
 -- and key's counter right. Tenant rows, then key rows, are locked in id
--- order, as claims lock them.
--- One statement: plpgsql keeps its plan, where a sql function would plan it
--- on every call (this runs on every completion). A hash join of the tokens:
--- planned on a near-empty running table, the join became a nested loop that
--- compared every running row with every token (2 ms for 100 completions, and
--- quadratic in a mass requeue).
-CREATE OR REPLACE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
-RETURNS SETOF rota.running
-LANGUAGE plpgsql SET enable_nestloop = off AS $$
+-- order, as claims lock them. A hash join of the tokens: planned on a
+-- near-empty running table, the join became a nested loop that compared
+-- every running row with every token (2 ms for 100 completions, and
+-- quadratic in a mass requeue); enable_nestloop is off where it runs. So is
+-- JIT in the completion's statement: the join release's nested loop, costed
+-- at 1e10 when disabled, would have it compiled on every call in a session
+-- that leaves JIT on.
+--
+-- Its CTEs are one text (v_take): the statement of rota.take_running (for
+-- failures, hand-backs, requeues) and the head of the completion's, so that
+-- a completion is one statement in one function: a nested function call
+-- costs every report a call and a copy of its rows. A DO block puts the
+-- functions together (EXECUTE format()). In plpgsql, each keeps its plan.
+DO $make$
 DECLARE
-    -- Set by rota.check_worker: a worker takes only what it holds.
-    v_worker text := nullif(current_setting('rota.acting_worker', true), '');
-BEGIN
-    RETURN QUERY
+    v_take constant text := $part$
     WITH taken AS MATERIALIZED (
         DELETE FROM rota.running r
         USING unnest(p_ids, p_attempts) AS x(id, attempt)
@@ -54,25 +56,18 @@ BEGIN
         UPDATE rota.keys k SET running = greatest(k.running - c.n, 0)
         FROM keys_counted c
         WHERE k.id = ANY (ARRAY(SELECT id FROM keys_locked)) AND k.id = c.key_id
-    )
-    SELECT * FROM taken;
-END
-$$;
-
--- rota.complete's work, saying of each task completed whether its tenant's
--- running counter counted it (its tenant row was locked to uncount it).
-CREATE OR REPLACE FUNCTION rota.complete_counted(p_ids uuid[], p_attempts integer[])
-RETURNS TABLE (task_id uuid, counted boolean)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-BEGIN
-    -- `t.id = ANY(ARRAY(...))` keeps the planner on the primary key: a join on
-    -- a function's result is estimated at 1000 rows and turns into a seq scan.
-    RETURN QUERY
-    WITH done AS MATERIALIZED (
-        SELECT r.task_id, r.queue_id, r.tenant_id, r.attempt, r.claimed_at, r.counted, r.key_id
-        FROM rota.take_running(p_ids, p_attempts) r
+    )$part$;
+    -- Completes the tasks taken: they leave rota.tasks (a delete is far
+    -- cheaper than rewriting the wide row) for the narrow rota.finished log,
+    -- and a join whose last member this was is released.
+    v_complete constant text := $part$, done AS MATERIALIZED (
+        -- Read after keys_locked: tenant and key rows are locked before the
+        -- tasks' rows, as when the tasks were taken in a statement of their own.
+        SELECT t.task_id, t.queue_id, t.tenant_id, t.attempt, t.claimed_at, t.counted, t.key_id
+        FROM taken t
+        WHERE (SELECT count(*) FROM keys_locked) >= 0
     ), gone AS (
+        -- `t.id = ANY(ARRAY(...))` keeps the planner on the primary key.
         DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM done d))
         RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost, t.join_id
     ), stored AS (
@@ -94,22 +89,49 @@ BEGIN
              LATERAL rota.count_down_joins(
                  ARRAY(SELECT g.join_id FROM gone g WHERE g.join_id IS NOT NULL)) AS j(id)
         WHERE (SELECT t.status FROM rota.tasks t WHERE t.id = j.id) = 'scheduled'
-    )
+    )$part$;
+    -- Set by rota.check_worker: a worker takes only what it holds.
+    v_worker constant text := $part$
+DECLARE
+    v_worker text := nullif(current_setting('rota.acting_worker', true), '');$part$;
+BEGIN
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
+RETURNS SETOF rota.running
+LANGUAGE plpgsql SET enable_nestloop = off AS $body$%s
+BEGIN
+    RETURN QUERY%s
+    SELECT * FROM taken;
+END
+$body$$function$, v_worker, v_take);
+    -- rota.complete's work, saying of each task completed whether its
+    -- tenant's running counter counted it (its tenant row was locked to
+    -- uncount it): for rota.complete_claim and rota.complete_keeping.
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.complete_counted(p_ids uuid[], p_attempts integer[])
+RETURNS TABLE (task_id uuid, counted boolean)
+LANGUAGE plpgsql SET enable_nestloop = off SET jit = off AS $body$
+#variable_conflict use_column%s
+BEGIN
+    RETURN QUERY%s%s
     SELECT s.task_id, d.counted OR d.key_id IS NOT NULL
     FROM stored s JOIN done d ON d.task_id = s.task_id;
 END
-$$;
-
--- Finishes claimed tasks successfully: they leave rota.tasks (a delete is far
--- cheaper than rewriting the wide row) for the narrow rota.finished log.
--- Returns the ids completed; an id whose attempt token is stale (the lease
--- expired and the task was given to someone else) is refused and left alone.
+$body$$function$, v_worker, v_take, v_complete);
+    -- Finishes claimed tasks successfully. Returns the ids completed; an id
+    -- whose attempt token is stale (the lease expired and the task was given
+    -- to someone else) is refused and left alone.
+    EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.complete(p_ids uuid[], p_attempts integer[]) RETURNS SETOF uuid
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+                 SET enable_nestloop = off SET jit = off AS $body$%s
 BEGIN
-    RETURN QUERY SELECT c.task_id FROM rota.complete_counted(p_ids, p_attempts) c;
+    RETURN QUERY%s%s
+    SELECT s.task_id FROM stored s;
 END
-$$;
+$body$$function$, v_worker, v_take, v_complete);
+END
+$make$;
 
 -- Hands back claimed tasks whose name the worker's app does not know, for a
 -- worker that knows it: each runs again p_delay seconds later with no attempt
