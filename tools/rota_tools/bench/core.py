@@ -7,6 +7,7 @@ more than absolute numbers.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import statistics
@@ -731,6 +732,8 @@ def bench_claim(
         size = max(backlogs[0], int(40_000 * throughput_seconds))
 
         def measured(kind: str) -> float:
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                conn.execute(query("bench_checkpoint"))
             cost = PostgresCost(conn)
             rate, client_us = claim_run(kind, url, connections, limit, throughput_seconds)
             per_task = cost.per_task(max(1, round(rate * throughput_seconds)))
@@ -742,22 +745,21 @@ def bench_claim(
                 statements = cost.top_statements(max(1, round(rate * throughput_seconds)))
             return rate
 
-        for _ in range(runs):
+        kinds = ["rota", *baseline_rates]
+        for run in range(runs):
             # Fresh tables for each, as the baselines' are: the effect of churn
-            # on claims is what backlog-scaling measures.
-            reset(conn)
-            Filler(conn, tenants, priorities=priorities).fill(size)
-            rates.append(measured("rota"))
-            for kind, kind_rates in baseline_rates.items():
-                if kind == ROWS_DIRECT:
+            # on claims is what backlog-scaling measures. Each run starts with
+            # the next one in turn, so none always goes first.
+            for kind in kinds[run % len(kinds) :] + kinds[: run % len(kinds)]:
+                if kind in ("rota", ROWS_DIRECT):
                     reset(conn)
                     Filler(conn, tenants, priorities=priorities).fill(size)
-                    kind_rates.append(measured(kind))
+                    (rates if kind == "rota" else baseline_rates[kind]).append(measured(kind))
                     continue
                 baseline = FifoFiller(conn, kind, leased=kind == LEASED_FIFO)
                 try:
                     baseline.fill(size)
-                    kind_rates.append(measured(kind))
+                    baseline_rates[kind].append(measured(kind))
                 finally:
                     baseline.drop()
     fifo_rates, leased_rates = baseline_rates[FIFO], baseline_rates[LEASED_FIFO]

@@ -234,6 +234,11 @@ ANALYZE rota.ready
 -- name: bench_analyze_fifo
 ANALYZE {schema}.rota_bench_fifo_ready, {schema}.rota_bench_fifo_body
 
+-- name: bench_checkpoint
+-- Before a timed run: the fill's WAL is checkpointed, so no run inherits a
+-- checkpoint (and its full-page writes) from the one before.
+CHECKPOINT
+
 -- name: bench_analyze_fair
 ANALYZE rota_bench_fair
 
