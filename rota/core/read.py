@@ -56,7 +56,8 @@ _COUNTS = Rows(_Counts)
 
 
 def queue_counts() -> Op[dict[str, dict[str, int]]]:
-    """Live counts per queue (a scan of the queue tables: for `rota stats`)."""
+    """Live counts per queue: ready, running, scheduled, and parked for their
+    key's room (a scan of the queue tables)."""
     counts = yield from select(query("queue_counts"), None, _COUNTS)
     return {
         c.queue: {

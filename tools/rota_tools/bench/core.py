@@ -731,9 +731,11 @@ def bench_claim(
         statements: list[dict[str, Any]] | None = None
         size = max(backlogs[0], int(40_000 * throughput_seconds))
 
-        def measured(kind: str) -> float:
+        def checkpoint() -> None:
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 conn.execute(query("bench_checkpoint"))
+
+        def measured(kind: str) -> float:
             cost = PostgresCost(conn)
             rate, client_us = claim_run(kind, url, connections, limit, throughput_seconds)
             per_task = cost.per_task(max(1, round(rate * throughput_seconds)))
@@ -751,6 +753,7 @@ def bench_claim(
             # on claims is what backlog-scaling measures. Each run starts with
             # the next one in turn, so none always goes first.
             for kind in kinds[run % len(kinds) :] + kinds[: run % len(kinds)]:
+                checkpoint()
                 if kind in ("rota", ROWS_DIRECT):
                     reset(conn)
                     Filler(conn, tenants, priorities=priorities).fill(size)

@@ -235,8 +235,9 @@ ANALYZE rota.ready
 ANALYZE {schema}.rota_bench_fifo_ready, {schema}.rota_bench_fifo_body
 
 -- name: bench_checkpoint
--- Before a timed run: the fill's WAL is checkpointed, so no run inherits a
--- checkpoint (and its full-page writes) from the one before.
+-- Before each fill: the fill pays the full-page writes of the pages it
+-- touches, and the timed run after it, well under max_wal_size since, meets
+-- no checkpoint of its own or one left by the run before.
 CHECKPOINT
 
 -- name: bench_analyze_fair
