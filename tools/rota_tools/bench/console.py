@@ -23,7 +23,7 @@ from rota.core import db
 from rota.core.connections import application_name
 from rota.errors import RotaError
 from rota.settings import Settings
-from rota_tools.bench.core import QUEUE, Filler, claim_throughput, reset
+from rota_tools.bench.core import QUEUE, Filler, claim_run, reset
 from rota_tools.devservers import free_port
 from rota_tools.sql import query
 from rota_tools.stats import percentile
@@ -254,7 +254,7 @@ def _side_by_side(
             toggler = pool.submit(_toggle, console, plan, window, go)
             try:
                 # The windows start once every claiming process is up.
-                claim_throughput("rota", url, connections, 100, seconds + window, go.set)
+                claim_run("rota", url, connections, 100, seconds + window, go.set)
             finally:
                 go.set()
             start = toggler.result()  # a failed refresh fails the benchmark

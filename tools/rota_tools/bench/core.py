@@ -548,19 +548,6 @@ def _claim_worker(args: tuple[str, str, int, float]) -> tuple[int, float]:
         return done, time.process_time() - cpu
 
 
-def claim_throughput(
-    kind: str,
-    url: str,
-    connections: int,
-    limit: int,
-    seconds: float,
-    on_start: Callable[[], None] | None = None,
-) -> float:
-    """Tasks/s claimed and completed by `connections` processes in `seconds`;
-    `on_start` is called once they are up, as the clock starts."""
-    return claim_run(kind, url, connections, limit, seconds, on_start)[0]
-
-
 def claim_run(
     kind: str,
     url: str,
@@ -569,7 +556,9 @@ def claim_run(
     seconds: float,
     on_start: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
-    """claim_throughput's tasks/s, and the claiming processes' CPU (µs) per task."""
+    """Tasks/s claimed and completed by `connections` processes in `seconds`,
+    and those processes' CPU (µs) per task; `on_start` is called once they
+    are up, as the clock starts."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(connections, initializer=tune_gc) as pool:
         pool.map(time.sleep, [0.0] * connections)  # workers up before the clock starts
@@ -845,7 +834,7 @@ def lock_pressure(
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        rate = claim_throughput("rota", url, connections, limit, seconds)
+        rate = claim_run("rota", url, connections, limit, seconds)[0]
     finally:
         stop.set()
         sampler.join()
