@@ -709,9 +709,7 @@ def bench_claim(
         # with the baselines (rota's rows written directly, the plain FIFO
         # without and with leases), `runs` times; each one's cost per task
         # on the server and in the claiming processes.
-        rates: list[float] = []
-        baseline_rates: dict[str, list[float]] = {ROWS_DIRECT: [], FIFO: [], LEASED_FIFO: []}
-        costs: list[dict[str, float | None]] = []
+        by_kind: dict[str, list[float]] = {"rota": [], ROWS_DIRECT: [], FIFO: [], LEASED_FIFO: []}
         split: dict[str, list[dict[str, float | None]]] = {
             "rota": [],
             ROWS_DIRECT: [],
@@ -732,11 +730,10 @@ def bench_claim(
                 split[kind].append({**per_task, "client_cpu_us": round(client_us, 1)})
             if kind == "rota":
                 nonlocal statements
-                costs.append(per_task)
                 statements = cost.top_statements(max(1, round(rate * throughput_seconds)))
             return rate
 
-        kinds = ["rota", *baseline_rates]
+        kinds = list(by_kind)
         for run in range(runs):
             # Fresh tables for each, as the baselines' are: the effect of churn
             # on claims is what backlog-scaling measures. Each run starts with
@@ -746,16 +743,17 @@ def bench_claim(
                 if kind in ("rota", ROWS_DIRECT):
                     reset(conn)
                     Filler(conn, tenants, priorities=priorities).fill(size)
-                    (rates if kind == "rota" else baseline_rates[kind]).append(measured(kind))
+                    by_kind[kind].append(measured(kind))
                     continue
                 baseline = FifoFiller(conn, kind, leased=kind == LEASED_FIFO)
                 try:
                     baseline.fill(size)
-                    baseline_rates[kind].append(measured(kind))
+                    by_kind[kind].append(measured(kind))
                 finally:
                     baseline.drop()
-    fifo_rates, leased_rates = baseline_rates[FIFO], baseline_rates[LEASED_FIFO]
-    direct_rates = baseline_rates[ROWS_DIRECT]
+    rates, direct_rates = by_kind["rota"], by_kind[ROWS_DIRECT]
+    fifo_rates, leased_rates = by_kind[FIFO], by_kind[LEASED_FIFO]
+    by_queue = {kind: median_costs(values) for kind, values in split.items()}
     return {
         "params": {
             "backlogs": backlogs,
@@ -787,9 +785,11 @@ def bench_claim(
         ),
         # Per task claimed and completed: PostgreSQL's CPU and WAL, and the
         # claiming processes' CPU, for rota and the two baselines it is read beside.
-        "per_task_by_queue": {kind: median_costs(values) for kind, values in split.items()},
-        # PostgreSQL's CPU and WAL per task claimed and completed.
-        "postgresql_per_task": median_costs(costs),
+        "per_task_by_queue": by_queue,
+        # PostgreSQL's CPU and WAL per task claimed and completed (rota's).
+        "postgresql_per_task": {
+            key: value for key, value in by_queue["rota"].items() if key != "client_cpu_us"
+        },
         **({"postgresql_statements": statements} if statements else {}),
         "runs": {
             "claim_complete_tasks_per_s": [round(r) for r in rates],
