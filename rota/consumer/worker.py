@@ -144,20 +144,12 @@ class Worker:
         """Runs until stopped; returns whether every task finished (False: some
         still ran after the shutdown grace and were handed back, and their
         threads cannot be stopped: the process should exit now)."""
-        conn = retrying(self._connect, self.claims_outage, db.SERVER_LOST, self.stopping.wait)
+        queues = worker_queues(self.app, self.fixed_queues, self.exclude)
+        conn = retrying(
+            lambda: self._join(queues), self.claims_outage, db.SERVER_LOST, self.stopping.wait
+        )
         if conn is None:
             return True  # stopped before the database came back
-        queues = worker_queues(self.app, self.fixed_queues, self.exclude)
-        host, beat = socket.gethostname(), self.settings.heartbeat_seconds
-        db.run(
-            conn, core.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat)
-        )
-        # The app's limits on keys, as its code declares them (rota.Limit).
-        limits = [t.options.limit for t in self.app.tasks.values() if t.options.limit]
-        if limits:
-            declared = db.run(conn, core.declare_limits(limits, f"worker {self.id}"))
-            if declared:
-                log.info("limits on keys declared: %s", ", ".join(declared))
         self._loop_thread.start()
         if self._children is not None:
             self._children.start(self.concurrency)
@@ -200,6 +192,27 @@ class Worker:
     def _connect(self) -> psycopg.Connection[Any]:
         """The connection that claims and reports."""
         return connections.connect(self.settings, "claims")
+
+    def _join(self, queues: list[str]) -> psycopg.Connection[Any]:
+        """Connects, registers the worker and declares the app's limits on keys
+        (rota.Limit): all of it again after a lost server, as each statement
+        may be repeated."""
+        conn = self._connect()
+        try:
+            host, beat = socket.gethostname(), self.settings.heartbeat_seconds
+            db.run(
+                conn,
+                core.register_worker(self.key, host, os.getpid(), queues, self.concurrency, beat),
+            )
+            limits = [t.options.limit for t in self.app.tasks.values() if t.options.limit]
+            if limits:
+                declared = db.run(conn, core.declare_limits(limits, f"worker {self.id}"))
+                if declared:
+                    log.info("limits on keys declared: %s", ", ".join(declared))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _step(self, conn: psycopg.Connection[Any], queues: list[str]) -> None:
         """Reports what finished, then claims what fits; waits when there is nothing to do."""

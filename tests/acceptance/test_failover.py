@@ -107,6 +107,7 @@ class Failover:
     cron_ticks_after: int  # cron tasks run on the new primary for ticks after the promotion
     leaders: int  # sessions holding the maintenance lock on the new primary
     lag_bytes: int  # WAL the standby had not flushed when the old primary died
+    exited: list[Any]  # processes that ended on their own (each rides the failover out)
 
 
 def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
@@ -209,6 +210,7 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
                     what="tasks run on the new primary",
                 )
                 back_after = time.monotonic() - promoted
+                exited_early = {i for i, p in enumerate(processes) if p.poll() is not None}
                 # Lease expiry and dead workers on the new primary: one
                 # worker dies mid-task, the other takes its tasks over.
                 processes[1].kill()
@@ -280,6 +282,11 @@ def _fail_over(primary: Server, standby: Server, synchronous: bool) -> Failover:
                     ),
                     leaders=_maintenance_leaders(new),
                     lag_bytes=lag_bytes,
+                    exited=[
+                        p.args
+                        for i, p in enumerate(processes)
+                        if i in exited_early or (i != 1 and p.poll() is not None)
+                    ],
                 )
         finally:
             stop.set()
@@ -311,6 +318,7 @@ def test_a_failover_to_a_synchronous_standby_loses_nothing_acknowledged(
     assert result.most_at_once <= LIMIT  # the tenant's limit held across the failover
     assert result.cron_ticks_after >= 2  # maintenance runs on the new primary
     assert result.leaders == 1  # ... led by one worker
+    assert result.exited == []
 
 
 @pytest.mark.parametrize("pair", [False], indirect=True, ids=["asynchronous"])
@@ -323,3 +331,4 @@ def test_a_failover_to_an_asynchronous_standby_loses_only_the_lag(
     assert all(0 <= before <= ASYNC_LOSS_WINDOW_SECONDS for before in result.lost), result.lost
     assert result.cron_ticks_after >= 2
     assert result.leaders == 1
+    assert result.exited == []

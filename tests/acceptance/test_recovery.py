@@ -139,3 +139,58 @@ def test_a_postgres_restart_is_ridden_out(
     if maintenance == "reaper":
         assert logs["reaper"].count("PostgreSQL (maintenance) unavailable") == 1, logs["reaper"]
         assert logs["reaper"].count("runs the maintenance duties") == 2  # won again
+
+
+def test_a_restart_while_a_worker_registers_is_ridden_out(
+    own_postgres: Server, redis_url: str
+) -> None:
+    """The server goes away between the worker's connect and its
+    registration: the worker connects again, registers and runs tasks."""
+    url = own_postgres.url
+    env = {
+        **os.environ,
+        "ROTA_DATABASE_URL": url,
+        "ROTA_REDIS_URL": redis_url,
+        "ROTA_POLL_SECONDS": "0.2",
+        "PYTHONPATH": str(ROOT),
+    }
+    from tests.acceptance import workapp
+
+    app = App(Settings(database_url=url, redis_url=redis_url))
+    app.tasks.update(workapp.app.tasks)
+    blocker = psycopg.connect(url)
+    # The registration's INSERT waits for this lock until the restart.
+    blocker.execute("LOCK TABLE rota.workers IN SHARE MODE")
+    worker = _start(env, "worker", "--app", "tests.acceptance.workapp:app")
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE query ~ 'register_worker' AND wait_event_type = 'Lock'"
+                    ).fetchone()
+                    == (1,)
+                ),
+                what="the worker's registration waiting",
+            )
+        own_postgres.stop_immediately()
+        own_postgres.start_again()
+        with psycopg.connect(url, autocommit=True) as conn:
+            ids = app.enqueue_many(
+                [workapp.app.tasks["sleep"].using(tenant="a").prepare(0)], connection=conn
+            )
+            wait_for(
+                lambda: worker.poll() is not None or _states(url, ids) == {"succeeded"},
+                timeout=60,
+                what="the task run",
+            )
+            assert worker.poll() is None, worker.errors()
+            registered = conn.execute("SELECT count(*) FROM rota.workers").fetchone()
+        assert registered == (1,)
+    finally:
+        blocker.close()
+        worker.terminate()
+        worker.stop(None, timeout=30)
+        app.close()
+    assert worker.returncode == 0, worker.errors()

@@ -232,6 +232,11 @@ def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
     with db.connect(urls["worker"]) as conn:
         for key in (victim, thief):
             db.run(conn, core.register_worker(key, "host", 3, ["default"], 4, 30.0))
+        # Registered again (a reply lost with the server): the same row; with
+        # another secret, nothing is taken over (the forged calls below fail).
+        db.run(conn, core.register_worker(victim, "host", 3, ["default"], 4, 30.0))
+        forged = core.WorkerKey("victim", b"guessed")
+        db.run(conn, core.register_worker(forged, "elsewhere", 9, ["default"], 4, 30.0))
         held = db.run(conn, core.claim(["default"], 3, victim))
         tokens = [t.token for t in held]
         # The thief's key completes, fails, hands back or extends none of them.
@@ -242,7 +247,6 @@ def test_a_worker_credential_touches_only_its_own_worker_s_tasks(
         assert db.run(conn, core.extend_leases(tokens, 60, thief)) == set()
         assert db.run(conn, core.worker_claims(thief)) == []
         # Nor can it act as the victim without the victim's secret.
-        forged = core.WorkerKey("victim", b"guessed")
         for call in (
             core.complete(tokens, forged),
             core.complete_and_claim(tokens, ["default"], 1, forged),

@@ -105,6 +105,9 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     INSERT INTO rota.workers (id, host, pid, queues, concurrency, secret_hash, heartbeat_seconds)
     VALUES (p_id, p_host, p_pid, p_queues, p_concurrency, sha256(p_secret),
             least(greatest(p_heartbeat_seconds, 0), 3600))
+    -- Again by the same worker (its reply lost with the server): the same row.
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+    WHERE rota.workers.secret_hash IS NOT DISTINCT FROM excluded.secret_hash
 $$;
 
 CREATE OR REPLACE FUNCTION rota.worker_claim(p_worker text, p_secret bytea, p_queues text[],
