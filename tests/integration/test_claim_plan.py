@@ -34,9 +34,16 @@ def _backlog(conn: Conn, tenants: int = 50) -> None:
 # One tenant holding the whole backlog (the noisy neighbour) once made the
 # planner expect no row to pass the blocked-tenants filter and sort a seq scan.
 @pytest.mark.parametrize("tenants", [50, 1], ids=["many-tenants", "one-tenant"])
-def test_the_claim_reads_ready_through_its_fair_order_index(conn: Conn, tenants: int) -> None:
+@pytest.mark.parametrize("limited", [False, True], ids=["no-limit", "a-limited-tenant"])
+def test_the_claim_reads_ready_through_its_fair_order_index(
+    conn: Conn, tenants: int, limited: bool
+) -> None:
     _backlog(conn, tenants)
+    if limited:
+        db.transact(conn, core.configure_tenant("t0", concurrency_limit=1_000))
     plan = _claim_plan(conn)
+    # Tenants' limits are read only while some tenant is limited (the probe decided).
+    assert ("CTE limits" in json.dumps(plan)) == limited
     scans = [
         (n["Node Type"], n.get("Relation Name"), n.get("Index Name"))
         for n in _plan_nodes(plan)

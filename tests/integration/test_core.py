@@ -408,6 +408,25 @@ def test_concurrency_limit_holds_back_extra_tasks_without_using_attempts(conn: C
     assert next_one.tenant == "capped" and next_one.attempt == 1
 
 
+def test_a_completion_of_counted_and_uncounted_tasks_keeps_every_counter(conn: Conn) -> None:
+    # Uncounted tasks complete in the lean statement, counted ones in the
+    # whole one: a batch mixing them, and tasks counted after their claim
+    # (a limit set while they ran), leave each tenant's counter right.
+    load(conn, envelopes("late", 3) + envelopes("free", 3))
+    early = claim(conn, 6)
+    db.transact(conn, core.configure_tenant("late", concurrency_limit=5))
+    db.transact(conn, core.configure_tenant("capped", concurrency_limit=5))
+    load(conn, envelopes("capped", 3))
+    capped = claim(conn, 3)
+    stale = (capped[0].id, capped[0].attempt + 1)
+    tokens = [t.token for t in early + capped]
+    assert db.transact(conn, core.complete([*tokens, stale])) == {t.id for t in early + capped}
+    running = dict(conn.execute("SELECT name, running FROM rota.tenants").fetchall())
+    assert running == {"late": 0, "free": 0, "capped": 0}
+    assert conn.execute("SELECT count(*) FROM rota.running").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (9,)
+
+
 def test_rate_limit_throttles_without_failing(conn: Conn) -> None:
     db.transact(conn, core.configure_tenant("slow", rate_limit=5, rate_burst=2))
     load(conn, envelopes("slow", 10))

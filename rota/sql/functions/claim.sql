@@ -6,15 +6,59 @@
 -- SECURITY DEFINER: a worker's role claims through it, holding no direct
 -- UPDATE or DELETE on the tables.
 --
--- The function runs one of four statements made of the parts below, each
+-- The function runs one of five statements made of the parts below, each
 -- part written once: without an urgent task in these queues (most claims),
 -- the parts without the priority step; without keyed tasks (most), those
--- without the keys' limits. Left in the statement and skipped at run time,
--- a step would still cost every claim the setup of its CTEs
--- (docs/explanation/benchmarks.md). A DO block puts the function together
--- (EXECUTE format()).
+-- without the keys' limits; and with neither, and no tenant limited or
+-- paused anywhere, the first tasks in line as they come. Left in the
+-- statement and skipped at run time, a step would still cost every claim
+-- the setup of its CTEs (docs/explanation/benchmarks.md). A tenant limited
+-- or paused after the probe is seen by the next claim, as one limited
+-- after a statement's snapshot always was.
+--
+-- rota.complete_claim completes claimed tasks (stale tokens refused), then
+-- claims up to p_limit as rota.claim does. The first row carries the outcome
+-- and no task: how many were completed, and whether the claim ran. It does
+-- not run when a completion locked a limited tenant's row: a claim locks
+-- tenant rows too, and two workers each holding one tenant's lock while the
+-- other's claim asks for it would deadlock; the worker then claims in a
+-- statement of its own, as separate transactions always could. The claimed
+-- tasks follow, in fair order.
+--
+-- rota.complete_keeping_claim is rota.complete_claim for a batch whose
+-- completions keep results: each task's result (p_values[i], or the reason
+-- p_refused[i], for p_ttls[i] seconds; NULLs for a task that keeps none)
+-- kept with its completion, the waiters woken, then the claim, in one
+-- statement.
+--
+-- A DO block puts the three functions together (EXECUTE format()), each
+-- part written once: a function shared by them would cost every claim and
+-- report, on the hottest path, another call and another copy of its rows.
 DO $make$
 DECLARE
+    -- The first tasks in fair order of the queues (%1$s: the tenants to
+    -- skip, %2$s: more columns).
+    v_candidates constant text := $part$
+            SELECT c.*, q.name AS queue%2$s
+            FROM rota.queues q
+            CROSS JOIN LATERAL (
+                SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id,
+                       r.priority
+                FROM rota.ready r
+                WHERE r.queue_id = q.id%1$s
+                ORDER BY r.vtime, r.tenant_id, r.seq
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) c
+            WHERE q.name = ANY (p_queues) AND NOT q.paused
+            ORDER BY c.vtime, c.tenant_id, c.seq
+            LIMIT p_limit$part$;
+    -- The tenants a claim skips when some tenant is limited: `+ 0` hides
+    -- the column's statistics from this filter: when one tenant holds the
+    -- whole backlog they make the planner expect no row to pass it, and it
+    -- then sorts a seq scan of ready on every claim.
+    v_blocked constant text := $part$
+                  AND r.tenant_id + 0 <> ALL ((SELECT blocked FROM limits)::integer[])$part$;
     -- The tasks admitted: in fair order, within their tenants' limits.
     v_admitted constant text := $part$
         WITH limits AS MATERIALIZED (
@@ -28,24 +72,7 @@ DECLARE
                        '{}') AS blocked
             FROM rota.tenants t
             WHERE t.limited
-        ), candidates AS MATERIALIZED (
-            SELECT c.*, q.name AS queue
-            FROM rota.queues q
-            CROSS JOIN LATERAL (
-                SELECT r.ctid AS row_id, r.queue_id, r.vtime, r.tenant_id, r.seq, r.task_id,
-                       r.priority
-                FROM rota.ready r
-                -- `+ 0` hides the column's statistics from this filter: when one
-                -- tenant holds the whole backlog they make the planner expect no row
-                -- to pass it, and it then sorts a seq scan of ready on every claim.
-                WHERE r.queue_id = q.id AND r.tenant_id + 0 <> ALL ((SELECT blocked FROM limits)::integer[])
-                ORDER BY r.vtime, r.tenant_id, r.seq
-                LIMIT p_limit
-                FOR UPDATE SKIP LOCKED
-            ) c
-            WHERE q.name = ANY (p_queues) AND NOT q.paused
-            ORDER BY c.vtime, c.tenant_id, c.seq
-            LIMIT p_limit
+        ), candidates AS MATERIALIZED (%1$s
         ), limited AS MATERIALIZED (
             -- The candidates' limited tenants, locked in id order, as every writer of
             -- tenant counters locks them; FOR UPDATE reads the latest committed
@@ -204,7 +231,7 @@ DECLARE
     -- The tasks that fit (%1$I: final, or in queues without keyed tasks
     -- every task claimed) are counted for their tenants, and leased (%2$s:
     -- with the key that counts each).
-    v_leased constant text := $part$
+    v_charged constant text := $part$
         ), charged AS (
             UPDATE rota.tenants t
             SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
@@ -213,7 +240,8 @@ DECLARE
             FROM (SELECT tenant_id, count(*) AS n FROM %1$I GROUP BY tenant_id) a
             JOIN limited l ON l.id = a.tenant_id
             -- The ANY keeps the planner on the key, even with a plan made on few tenants.
-            WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))
+            WHERE t.id = a.tenant_id AND t.id = ANY (ARRAY(SELECT id FROM limited))$part$;
+    v_leased constant text := $part$
         ), leased AS (
             INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
                                       lease_expires_at, counted, priority%2$s)
@@ -226,30 +254,27 @@ DECLARE
                coalesce(c.tenant, (SELECT tn.name FROM rota.tenants tn WHERE tn.id = c.tenant_id))
                    AS tenant,
                c.attempt,
-               c.max_attempts, c.lease_expires_at, c.enqueued_at
+               c.max_attempts, c.lease_expires_at, c.enqueued_at/*more*/
         FROM %1$I c
         ORDER BY c.vtime, c.tenant_id, c.seq$part$;
-BEGIN
-    EXECUTE format($function$
-CREATE OR REPLACE FUNCTION rota.claim(p_queues text[], p_limit integer, p_worker text,
-                                      p_lease_seconds double precision)
-RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
-               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $claim$
-#variable_conflict use_column
-DECLARE
-    v_urgent boolean;
-    v_keys boolean;
+    v_claim text;  -- the probe and the five statements, as a function's body runs them
+    v_settle text;
 BEGIN
     -- Priority is looked at only when these queues hold an urgent task at
-    -- all (one probe of the partial index ready_urgent), and keys only in
-    -- queues holding keyed tasks of a limit (rota.queues.key_limited).
-    -- One statement: each costs an executor run.
+    -- all (one probe of the partial index ready_urgent), keys only in
+    -- queues holding keyed tasks of a limit (rota.queues.key_limited), and
+    -- tenants' limits only when some tenant is limited or paused (one probe
+    -- of the partial index tenants_limited). One statement: each costs an
+    -- executor run.
+    v_claim := format($claim$
     SELECT EXISTS (SELECT FROM rota.queues q JOIN rota.ready x ON x.queue_id = q.id
                    WHERE q.name = ANY (p_queues) AND x.priority > 0),
-           EXISTS (SELECT FROM rota.queues q WHERE q.name = ANY (p_queues) AND q.key_limited)
-    INTO v_urgent, v_keys;
-    IF NOT v_urgent AND NOT v_keys THEN
+           EXISTS (SELECT FROM rota.queues q WHERE q.name = ANY (p_queues) AND q.key_limited),
+           EXISTS (SELECT FROM rota.tenants t WHERE t.limited)
+    INTO v_urgent, v_keys, v_limited;
+    IF NOT v_urgent AND NOT v_keys AND NOT v_limited THEN
+        RETURN QUERY%10$s%3$s%11$s;
+    ELSIF NOT v_urgent AND NOT v_keys THEN
         RETURN QUERY%1$s%3$s%8$s;
     ELSIF NOT v_urgent THEN
         RETURN QUERY%1$s%4$s%7$s%9$s;
@@ -257,55 +282,52 @@ BEGIN
         RETURN QUERY%1$s%2$s%5$s%8$s;
     ELSE
         RETURN QUERY%1$s%2$s%6$s%7$s%9$s;
-    END IF;
-END
-$claim$$function$,
-        v_admitted, v_priority,
+    END IF;$claim$,
+        format(v_admitted, format(v_candidates, v_blocked, '')), v_priority,
         format(v_taken, 'admitted', ''), format(v_taken, 'admitted', ', t.limit_key'),
         format(v_taken, 'picked', ''), format(v_taken, 'picked', ', t.limit_key'),
-        v_key_stage, format(v_leased, 'claimed', ''), format(v_leased, 'final', ', key_id'));
-END
-$make$;
-
--- rota.complete_claim completes claimed tasks (stale tokens refused), then
--- claims up to p_limit as rota.claim does. The first row carries the outcome
--- and no task: how many were completed, and whether the claim ran. It does
--- not run when a completion locked a limited tenant's row: a claim locks
--- tenant rows too, and two workers each holding one tenant's lock while the
--- other's claim asks for it would deadlock; the worker then claims in a
--- statement of its own, as separate transactions always could. The claimed
--- tasks follow, in fair order.
---
--- rota.complete_keeping_claim is rota.complete_claim for a batch whose
--- completions keep results: each task's result (p_values[i], or the reason
--- p_refused[i], for p_ttls[i] seconds; NULLs for a task that keeps none)
--- kept with its completion, the waiters woken, then the claim, in one
--- statement.
---
--- Their body is written once below, the completion apart; a DO block makes
--- them (EXECUTE format()): a function shared by the two would cost every
--- report on the hottest path another call.
-DO $make$
+        v_key_stage,
+        format(v_charged, 'claimed') || format(v_leased, 'claimed', ''),
+        format(v_charged, 'final') || format(v_leased, 'final', ', key_id'),
+        -- No tenant limited: the first tasks in line, as they come.
+        E'\n        WITH admitted AS MATERIALIZED (' || format(v_candidates, '', ', false AS counted'),
+        format(v_leased, 'claimed', ''));
+    EXECUTE format($function$
+CREATE OR REPLACE FUNCTION rota.claim(p_queues text[], p_limit integer, p_worker text,
+                                      p_lease_seconds double precision)
+RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
+               max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
+#variable_conflict use_column
 DECLARE
+    v_urgent boolean;
+    v_keys boolean;
+    v_limited boolean;
+BEGIN%s
+END
+$body$$function$, replace(v_claim, '/*more*/', ''));
     -- Completes with %1$s (each task completed, and whether its tenant's
-    -- count was kept), then claims.
-    v_body constant text := $part$
+    -- count was kept), then claims with the claim's statements %2$s (in the
+    -- function's own body: a call of rota.claim would copy its rows again).
+    v_settle := $settle$
+#variable_conflict use_column
 DECLARE
     v_completed integer;
     v_locked boolean;
+    v_urgent boolean;
+    v_keys boolean;
+    v_limited boolean;
 BEGIN
     SELECT count(*), coalesce(bool_or(c.counted), false) INTO v_completed, v_locked
     FROM %1$s c;
     RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
                         NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
                         v_completed, NOT v_locked;
-    IF NOT v_locked THEN
-        RETURN QUERY SELECT c.*, NULL::integer, NULL::boolean
-                     FROM rota.claim(p_queues, p_limit, p_worker, p_lease_seconds) c;
+    IF NOT v_locked THEN%2$s
     END IF;
 END
-$part$;
-BEGIN
+$settle$;
+    v_claim := replace(v_claim, '/*more*/', ', NULL::integer, NULL::boolean');
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.complete_claim(p_ids uuid[], p_attempts integer[],
                                                p_queues text[], p_limit integer, p_worker text,
@@ -314,7 +336,7 @@ RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attemp
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$%s$body$
-$function$, format(v_body, 'rota.complete_counted(p_ids, p_attempts)'));
+$function$, format(v_settle, 'rota.complete_counted(p_ids, p_attempts)', v_claim));
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts integer[],
                                                        p_values jsonb[], p_refused text[],
@@ -325,7 +347,8 @@ RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attemp
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$%s$body$
-$function$, format(v_body, 'rota.complete_keeping(p_ids, p_attempts, p_values, '
-                               'p_refused, p_ttls)'));
+$function$, format(v_settle, 'rota.complete_keeping(p_ids, p_attempts, p_values, '
+                                 'p_refused, p_ttls)', v_claim));
 END
 $make$;
+

@@ -15,9 +15,11 @@
 --
 -- Its CTEs are one text (v_take): the statement of rota.take_running (for
 -- failures, hand-backs, requeues) and the head of the completion's, so that
--- a completion is one statement in one function: a nested function call
--- costs every report a call and a copy of its rows. A DO block puts the
--- functions together (EXECUTE format()). In plpgsql, each keeps its plan.
+-- a completion runs in one function: a nested function call costs every
+-- report a call and a copy of its rows. Most completions are one short
+-- statement (v_lean); the whole one runs only for what that left. A DO
+-- block puts the functions together (EXECUTE format()). In plpgsql, each
+-- keeps its plan.
 DO $make$
 DECLARE
     v_take constant text := $part$
@@ -90,6 +92,32 @@ DECLARE
                  ARRAY(SELECT g.join_id FROM gone g WHERE g.join_id IS NOT NULL)) AS j(id)
         WHERE (SELECT t.status FROM rota.tasks t WHERE t.id = j.id) = 'scheduled'
     )$part$;
+    -- Completes the tasks counted for no tenant and no key, while no join
+    -- waits (most): no tenant or key row to lock and uncount, no join to
+    -- release. The rest, if any, go through the whole statement after it.
+    -- Only rows as they are when deleted qualify: one counted meanwhile (a
+    -- limit set) waits for the whole statement.
+    v_lean constant text := $part$
+    WITH taken AS MATERIALIZED (
+        DELETE FROM rota.running r
+        USING unnest(p_ids, p_attempts) AS x(id, attempt)
+        WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
+          AND (x.attempt IS NULL OR (r.attempt = x.attempt AND r.lease_expires_at > now()))
+          AND (v_worker IS NULL OR r.worker = v_worker)
+          AND NOT r.counted AND r.key_id IS NULL
+          AND NOT EXISTS (SELECT FROM rota.joins w WHERE NOT w.released)
+        RETURNING r.task_id, r.queue_id, r.tenant_id, r.attempt, r.claimed_at
+    ), gone AS (
+        DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM taken d))
+        RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost
+    ), stored AS (
+        INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
+                                   max_attempts, cost)
+        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
+               g.max_attempts, g.cost
+        FROM taken d JOIN gone g ON g.id = d.task_id
+        RETURNING task_id
+    )$part$;
     -- Set by rota.check_worker: a worker takes only what it holds.
     v_worker constant text := $part$
 DECLARE
@@ -112,12 +140,18 @@ CREATE OR REPLACE FUNCTION rota.complete_counted(p_ids uuid[], p_attempts intege
 RETURNS TABLE (task_id uuid, counted boolean)
 LANGUAGE plpgsql SET enable_nestloop = off SET jit = off AS $body$
 #variable_conflict use_column%s
+    v_done integer;
 BEGIN
-    RETURN QUERY%s%s
-    SELECT s.task_id, d.counted OR d.key_id IS NOT NULL
-    FROM stored s JOIN done d ON d.task_id = s.task_id;
+    RETURN QUERY%s
+    SELECT s.task_id, false FROM stored s;
+    GET DIAGNOSTICS v_done = ROW_COUNT;
+    IF v_done < cardinality(p_ids) THEN
+        RETURN QUERY%s%s
+        SELECT s.task_id, d.counted OR d.key_id IS NOT NULL
+        FROM stored s JOIN done d ON d.task_id = s.task_id;
+    END IF;
 END
-$body$$function$, v_worker, v_take, v_complete);
+$body$$function$, v_worker, v_lean, v_take, v_complete);
     -- Finishes claimed tasks successfully. Returns the ids completed; an id
     -- whose attempt token is stale (the lease expired and the task was given
     -- to someone else) is refused and left alone.
@@ -125,11 +159,17 @@ $body$$function$, v_worker, v_take, v_complete);
 CREATE OR REPLACE FUNCTION rota.complete(p_ids uuid[], p_attempts integer[]) RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
                  SET enable_nestloop = off SET jit = off AS $body$%s
+    v_done integer;
 BEGIN
-    RETURN QUERY%s%s
+    RETURN QUERY%s
     SELECT s.task_id FROM stored s;
+    GET DIAGNOSTICS v_done = ROW_COUNT;
+    IF v_done < cardinality(p_ids) THEN
+        RETURN QUERY%s%s
+        SELECT s.task_id FROM stored s;
+    END IF;
 END
-$body$$function$, v_worker, v_take, v_complete);
+$body$$function$, v_worker, v_lean, v_take, v_complete);
 END
 $make$;
 
