@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rota_tools.bench.roundtrips import Path, Trip, path_of, trips
+from rota_tools.bench.roundtrips import Path, Trip, notified, path_of, trips
 from rota_tools.delay_proxy import Chunk
 
 
@@ -52,3 +52,33 @@ def test_a_tasks_path_counts_each_stage_in_its_window() -> None:
 def test_no_path_without_a_worker_request_or_a_commit_in_the_window() -> None:
     assert path_of(10.0, 10.1, 11.0, [], [], [], []) is None
     assert path_of(10.0, 10.1, 11.0, [], [], [], [Trip(10.5, 10.6)]) is None
+
+
+def test_the_loader_s_stage_ends_with_the_commit_whose_notify_wakes_the_worker() -> None:
+    blocked_read = Trip(5.0, 10.2)
+    insert = Trip(10.3, 10.5)  # the commit: its NOTIFY reaches the worker at 10.51
+    flush = Trip(10.55, 10.6)  # the WAL flush before the buffer is acknowledged
+    claim = Trip(10.7, 10.9)  # a worker slow to wake
+    path = path_of(
+        enqueued=10.0,
+        acknowledged=10.15,
+        started=11.0,
+        producer=[Trip(10.0, 10.1)],
+        loader=[blocked_read, insert, flush],
+        loader_postgres=[insert, flush],
+        worker=[claim],
+        notifies=[9.5, 10.51],
+    )
+    assert path == Path(producer=1, loader=2, worker=1)
+    # Without the NOTIFY, the flush answered before the claim would count.
+    slow = path_of(10.0, 10.15, 11.0, [], [blocked_read, insert, flush], [insert, flush], [claim])
+    assert slow is not None and slow.loader == 3
+
+
+def test_a_notify_is_a_server_chunk_that_begins_a_notification() -> None:
+    events = [
+        Chunk(1.0, 2, False, b"A"),
+        Chunk(1.5, 1, True, b"B"),
+        Chunk(1.7, 1, False, b"2"),
+    ]
+    assert notified(events) == [1.0]

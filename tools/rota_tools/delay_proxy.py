@@ -25,6 +25,7 @@ class Chunk(NamedTuple):
     at: float  # time.time() when the proxy read it
     connection: int  # numbered from 1 in the order they were accepted
     from_client: bool
+    head: bytes = b""  # its first byte (a PostgreSQL message's type)
 
 
 class DelayProxy:
@@ -130,7 +131,7 @@ class DelayProxy:
         try:
             while data := await source.read(CHUNK):
                 if self.events is not None:
-                    self.events.append(Chunk(time.time(), connection, from_client))
+                    self.events.append(Chunk(time.time(), connection, from_client, data[:1]))
                 held.put_nowait((loop.time() + self.delay, data))
                 if sender.done():
                     break

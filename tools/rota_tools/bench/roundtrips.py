@@ -9,9 +9,12 @@ a client sends after the server last spoke) and the answer to it; what a
 server sends unasked (a NOTIFY) is no round trip. For each task:
 
 - producer: round trips sent between the enqueue call and its return;
-- loader: those answered after the enqueue call, up to its last answer from
-  PostgreSQL before the worker's first request (the commit whose NOTIFY
-  wakes the worker); the blocked read that the new entry ends counts as one;
+- loader: those answered after the enqueue call, up to the commit whose
+  NOTIFY wakes the worker: its last answer from PostgreSQL to a request sent
+  before that NOTIFY reached the worker (without one, before the worker's
+  first request); the blocked read that the new entry ends counts as one,
+  and what follows the commit (the WAL flush before the buffer is
+  acknowledged) does not;
 - worker: those sent from its first request after the enqueue call (the
   claim) up to the task's start.
 
@@ -26,7 +29,7 @@ import contextlib
 import statistics
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -60,6 +63,12 @@ def trips(events: list[Chunk]) -> list[Trip]:
     return found
 
 
+def notified(events: list[Chunk]) -> list[float]:
+    """When a PostgreSQL proxy's server side sent a NOTIFY (a chunk that
+    begins a NotificationResponse, unasked)."""
+    return sorted(c.at for c in events if not c.from_client and c.head == b"A")
+
+
 class Path(NamedTuple):
     producer: int
     loader: int
@@ -78,6 +87,7 @@ def path_of(
     loader: list[Trip],
     loader_postgres: list[Trip],
     worker: list[Trip],
+    notifies: Sequence[float] = (),
 ) -> Path | None:
     """One task's round trips per stage (the module's docstring says how);
     None when no worker request came between the enqueue and the start."""
@@ -85,7 +95,12 @@ def path_of(
     if not claims:
         return None
     woken = min(t.sent for t in claims)
-    commits = [t.answered for t in loader_postgres if enqueued < t.answered <= woken]
+    notify = next((at for at in notifies if enqueued < at <= woken), None)
+    commits = [
+        t.answered
+        for t in loader_postgres
+        if enqueued < t.answered and (t.sent < notify if notify else t.answered <= woken)
+    ]
     if not commits:
         return None
     committed = max(commits)
@@ -195,6 +210,7 @@ def start_round_trips(settings: Settings, tasks: int = 40) -> dict[str, Any]:
                 seen["loader_redis"] + seen["loader_postgres"],
                 seen["loader_postgres"],
                 worker,
+                notified(proxy["worker_postgres"].events or []),
             )
         )
         is not None
