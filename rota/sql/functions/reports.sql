@@ -22,7 +22,8 @@
 -- keeps its plan.
 DO $make$
 DECLARE
-    v_take constant text := $part$
+    -- %1$s: more conditions on the running rows taken.
+    v_take_rows constant text := $part$
     WITH taken AS MATERIALIZED (
         DELETE FROM rota.running r
         USING unnest(p_ids, p_attempts) AS x(id, attempt)
@@ -32,8 +33,9 @@ DECLARE
           -- lease: past it the worker holds nothing (the task is requeued
           -- and may run elsewhere), whatever kept it silent.
           AND (x.attempt IS NULL OR (r.attempt = x.attempt AND r.lease_expires_at > now()))
-          AND (v_worker IS NULL OR r.worker = v_worker)
-        RETURNING r.*
+          AND (v_worker IS NULL OR r.worker = v_worker)%1$s
+        RETURNING r.*$part$;
+    v_uncount constant text := $part$
     ), counted AS (
         SELECT tenant_id, count(*) AS n FROM taken WHERE counted GROUP BY tenant_id
     ), locked AS MATERIALIZED (
@@ -57,28 +59,30 @@ DECLARE
     ), keys_uncounted AS (
         UPDATE rota.keys k SET running = greatest(k.running - c.n, 0)
         FROM keys_counted c
-        WHERE k.id = ANY (ARRAY(SELECT id FROM keys_locked)) AND k.id = c.key_id
-    )$part$;
-    -- Completes the tasks taken: they leave rota.tasks (a delete is far
-    -- cheaper than rewriting the wide row) for the narrow rota.finished log,
-    -- and a join whose last member this was is released.
-    v_complete constant text := $part$, done AS MATERIALIZED (
-        -- Read after keys_locked: tenant and key rows are locked before the
-        -- tasks' rows, as when the tasks were taken in a statement of their own.
-        SELECT t.task_id, t.queue_id, t.tenant_id, t.attempt, t.claimed_at, t.counted, t.key_id
-        FROM taken t
-        WHERE (SELECT count(*) FROM keys_locked) >= 0
+        WHERE k.id = ANY (ARRAY(SELECT id FROM keys_locked)) AND k.id = c.key_id$part$;
+    -- The tasks of %1$I leave rota.tasks (a delete is far cheaper than
+    -- rewriting the wide row) for the narrow rota.finished log.
+    v_stored constant text := $part$
     ), gone AS (
         -- `t.id = ANY(ARRAY(...))` keeps the planner on the primary key.
-        DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM done d))
+        DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM %1$I d))
         RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost, t.join_id
     ), stored AS (
         INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
                                    max_attempts, cost)
         SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
                g.max_attempts, g.cost
-        FROM done d JOIN gone g ON g.id = d.task_id
-        RETURNING task_id
+        FROM %1$I d JOIN gone g ON g.id = d.task_id
+        RETURNING task_id$part$;
+    v_done_rows constant text := $part$
+    ), done AS MATERIALIZED (
+        -- Read after keys_locked: tenant and key rows are locked before the
+        -- tasks' rows, as when the tasks were taken in a statement of their own.
+        SELECT t.task_id, t.queue_id, t.tenant_id, t.attempt, t.claimed_at, t.counted, t.key_id
+        FROM taken t
+        WHERE (SELECT count(*) FROM keys_locked) >= 0$part$;
+    -- A join whose last member this was is released.
+    v_release constant text := $part$
     ), released AS (
         -- The joins whose last member this was: due now (still waiting, not
         -- dead or cancelled meanwhile).
@@ -97,38 +101,27 @@ DECLARE
     -- release. The rest, if any, go through the whole statement after it.
     -- Only rows as they are when deleted qualify: one counted meanwhile (a
     -- limit set) waits for the whole statement.
-    v_lean constant text := $part$
-    WITH taken AS MATERIALIZED (
-        DELETE FROM rota.running r
-        USING unnest(p_ids, p_attempts) AS x(id, attempt)
-        WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
-          AND (x.attempt IS NULL OR (r.attempt = x.attempt AND r.lease_expires_at > now()))
-          AND (v_worker IS NULL OR r.worker = v_worker)
+    v_lean_rows constant text := $part$
           AND NOT r.counted AND r.key_id IS NULL
-          AND NOT EXISTS (SELECT FROM rota.joins w WHERE NOT w.released)
-        RETURNING r.task_id, r.queue_id, r.tenant_id, r.attempt, r.claimed_at
-    ), gone AS (
-        DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM taken d))
-        RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost
-    ), stored AS (
-        INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
-                                   max_attempts, cost)
-        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
-               g.max_attempts, g.cost
-        FROM taken d JOIN gone g ON g.id = d.task_id
-        RETURNING task_id
-    )$part$;
+          AND NOT EXISTS (SELECT FROM rota.joins w WHERE NOT w.released)$part$;
+    v_take text;  -- taking (rota.take_running), the head of a completion
+    v_complete text;  -- the rest of a completion
+    v_lean text;  -- the lean completion
     -- Set by rota.check_worker: a worker takes only what it holds.
     v_worker constant text := $part$
 DECLARE
     v_worker text := nullif(current_setting('rota.acting_worker', true), '');$part$;
 BEGIN
+    v_take := format(v_take_rows, '') || v_uncount;
+    v_complete := v_done_rows || format(v_stored, 'done') || v_release;
+    v_lean := format(v_take_rows, v_lean_rows) || format(v_stored, 'taken') || E'\n    )';
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
 RETURNS SETOF rota.running
 LANGUAGE plpgsql SET enable_nestloop = off AS $body$%s
 BEGIN
     RETURN QUERY%s
+    )
     SELECT * FROM taken;
 END
 $body$$function$, v_worker, v_take);
