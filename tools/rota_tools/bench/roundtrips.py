@@ -99,7 +99,7 @@ def path_of(
     commits = [
         t.answered
         for t in loader_postgres
-        if enqueued < t.answered and (t.sent < notify if notify else t.answered <= woken)
+        if enqueued < t.answered and (t.answered <= woken if notify is None else t.sent < notify)
     ]
     if not commits:
         return None
