@@ -225,6 +225,45 @@ def test_concurrency_limits_hold_under_racing_claims(database_url: str, together
         assert conn.execute("SELECT count(*) FROM rota.tasks").fetchone() == (0,)
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["apart", "with-completions"])
+def test_a_limit_set_and_lifted_while_claims_race_keeps_its_counter_right(
+    database_url: str, together: bool
+) -> None:
+    """No tenant is limited, so claims and completions take their lean
+    statements, while a tenant's limit is set and lifted again and again:
+    every completion completes what it was given, and with the limit left
+    set while tasks still run, its counter ends at zero."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        load(conn, [e for t in ["a", "b", "c"] for e in envelopes(t, 600)])
+    turns, left_waiting = [0], [0]  # and tasks not yet run when the limit was last set
+
+    def toggle() -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            rng = random.Random(3)
+            waiting = 1800
+            while waiting > 1200 or turns[0] % 2:  # set, lifted, ..., set
+                limit = None if turns[0] % 2 else 1_000  # never holds a task back
+                db.transact(conn, core.configure_tenant("a", concurrency_limit=limit))
+                turns[0] += 1
+                counts = db.run(conn, core.queue_counts())["default"]
+                waiting = counts["ready"] + counts["running"]
+                time.sleep(rng.uniform(0, 0.005))
+            left_waiting[0] = waiting
+
+    toggler = threading.Thread(target=toggle, daemon=True)
+    toggler.start()
+    try:
+        assert _race(database_url, _claim_and_run(together)) == []
+    finally:
+        toggler.join(30)
+    assert turns[0] >= 3 and left_waiting[0] > 0, (turns, left_waiting)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM rota.finished").fetchone() == (1800,)
+        assert conn.execute("SELECT count(*) FROM rota.running").fetchone() == (0,)
+        counters = dict(conn.execute("SELECT name, running FROM rota.tenants").fetchall())
+        assert counters == {"a": 0, "b": 0, "c": 0}
+
+
 def test_loaders_racing_with_the_same_tasks_store_each_once(database_url: str) -> None:
     """A replayed batch loaded while its first load is still open: the second
     COPY waits on the first, meets its ids and loads only what is new."""

@@ -28,7 +28,8 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 -- Creates or changes a tenant. The running counter is recounted when a
--- concurrency limit is set; a fresh rate limit starts with a full bucket.
+-- concurrency limit is set (a task being reported at that instant runs on
+-- uncounted); a fresh rate limit starts with a full bucket.
 CREATE OR REPLACE FUNCTION rota.configure_tenant(
     p_name text, p_weight double precision, p_concurrency_limit integer,
     p_rate_limit double precision, p_rate_burst double precision, p_capacity bigint
@@ -39,7 +40,12 @@ DECLARE
 BEGIN
     INSERT INTO rota.tenants (name) VALUES (p_name) ON CONFLICT (name) DO NOTHING;
     SELECT id INTO v_id FROM rota.tenants WHERE name = p_name FOR UPDATE;
-    UPDATE rota.running SET counted = (p_concurrency_limit IS NOT NULL) WHERE tenant_id = v_id;
+    -- The tenant's row is held: no running row is waited for (a completion
+    -- deleting it may wait for the tenant's row). One locked meanwhile keeps
+    -- its mark, and the counter counts the rows marked.
+    UPDATE rota.running SET counted = (p_concurrency_limit IS NOT NULL)
+    WHERE task_id = ANY (ARRAY(SELECT r.task_id FROM rota.running r WHERE r.tenant_id = v_id
+                               FOR UPDATE SKIP LOCKED));
     UPDATE rota.tenants SET
         weight = p_weight,
         concurrency_limit = p_concurrency_limit,
@@ -47,7 +53,8 @@ BEGIN
         rate_burst = coalesce(p_rate_burst, greatest(1, coalesce(p_rate_limit, 1))),
         capacity = p_capacity,
         running = CASE WHEN p_concurrency_limit IS NULL THEN 0
-                       ELSE (SELECT count(*) FROM rota.running r WHERE r.tenant_id = v_id) END,
+                       ELSE (SELECT count(*) FROM rota.running r
+                             WHERE r.tenant_id = v_id AND r.counted) END,
         tokens = coalesce(p_rate_burst, greatest(1, coalesce(p_rate_limit, 1))),
         refilled_at = now()
     WHERE id = v_id;
