@@ -107,6 +107,7 @@ DECLARE
     v_take text;  -- taking (rota.take_running), the head of a completion
     v_complete text;  -- the rest of a completion
     v_lean text;  -- the lean completion
+    v_completing text;
     -- Set by rota.check_worker: a worker takes only what it holds.
     v_worker constant text := $part$
 DECLARE
@@ -115,6 +116,20 @@ BEGIN
     v_take := format(v_take_rows, '') || v_uncount;
     v_complete := v_done_rows || format(v_stored, 'done') || v_release;
     v_lean := format(v_take_rows, v_lean_rows) || format(v_stored, 'taken') || E'\n    )';
+    -- A completion's body: the lean statement, then the whole one for what
+    -- it left; %1$s and %2$s: what each returns of the tasks completed.
+    v_completing := v_worker || $part$
+    v_done integer;
+BEGIN
+    RETURN QUERY$part$ || v_lean || $part$
+    %1$s;
+    GET DIAGNOSTICS v_done = ROW_COUNT;
+    IF v_done < cardinality(p_ids) THEN
+        RETURN QUERY$part$ || v_take || v_complete || $part$
+        %2$s;
+    END IF;
+END
+$part$;
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.take_running(p_ids uuid[], p_attempts integer[])
 RETURNS SETOF rota.running
@@ -132,37 +147,18 @@ $body$$function$, v_worker, v_take);
 CREATE OR REPLACE FUNCTION rota.complete_counted(p_ids uuid[], p_attempts integer[])
 RETURNS TABLE (task_id uuid, counted boolean)
 LANGUAGE plpgsql SET enable_nestloop = off SET jit = off AS $body$
-#variable_conflict use_column%s
-    v_done integer;
-BEGIN
-    RETURN QUERY%s
-    SELECT s.task_id, false FROM stored s;
-    GET DIAGNOSTICS v_done = ROW_COUNT;
-    IF v_done < cardinality(p_ids) THEN
-        RETURN QUERY%s%s
-        SELECT s.task_id, d.counted OR d.key_id IS NOT NULL
-        FROM stored s JOIN done d ON d.task_id = s.task_id;
-    END IF;
-END
-$body$$function$, v_worker, v_lean, v_take, v_complete);
+#variable_conflict use_column%s$body$$function$,
+        format(v_completing, 'SELECT s.task_id, false FROM stored s',
+               'SELECT s.task_id, d.counted OR d.key_id IS NOT NULL
+        FROM stored s JOIN done d ON d.task_id = s.task_id'));
     -- Finishes claimed tasks successfully. Returns the ids completed; an id
     -- whose attempt token is stale (the lease expired and the task was given
     -- to someone else) is refused and left alone.
     EXECUTE format($function$
 CREATE OR REPLACE FUNCTION rota.complete(p_ids uuid[], p_attempts integer[]) RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-                 SET enable_nestloop = off SET jit = off AS $body$%s
-    v_done integer;
-BEGIN
-    RETURN QUERY%s
-    SELECT s.task_id FROM stored s;
-    GET DIAGNOSTICS v_done = ROW_COUNT;
-    IF v_done < cardinality(p_ids) THEN
-        RETURN QUERY%s%s
-        SELECT s.task_id FROM stored s;
-    END IF;
-END
-$body$$function$, v_worker, v_lean, v_take, v_complete);
+                 SET enable_nestloop = off SET jit = off AS $body$%s$body$$function$,
+        format(v_completing, 'SELECT s.task_id FROM stored s', 'SELECT s.task_id FROM stored s'));
 END
 $make$;
 
