@@ -322,6 +322,23 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
         assert e2e[f"p50_over_{key}_ms"] == pytest.approx(
             e2e["enqueue_to_start_ms"]["p50"] - e2e[floor]["enqueue_to_start_ms"]["p50"], abs=0.11
         )
+    # The PostgreSQL queue flooded as rota was (every task, two consumers):
+    # the floor of its throughput and CPU, and rota's ratios to it.
+    flood = e2e["postgres_queue_flood"]
+    assert flood["tasks"] == 300 and flood["tasks_per_s"] > 0
+    assert set(flood["cpu"]["per_process"]) == {
+        "producer",
+        "consumer_1",
+        "consumer_2",
+        "postgresql",
+    }
+    assert flood["enqueue_to_start_ms"]["p99"] >= flood["enqueue_to_start_ms"]["p50"] > 0
+    assert e2e["tasks_per_s_to_postgres_queue_flood"] == pytest.approx(
+        e2e["tasks_per_s"] / flood["tasks_per_s"], rel=0.01
+    )
+    assert e2e["cpu_per_task_to_postgres_queue_flood"] == pytest.approx(
+        cpu["all_us_per_task"] / flood["cpu"]["all_us_per_task"], rel=0.01
+    )
     # Again behind PgBouncer in transaction mode: LISTEN on the direct URL, then polling.
     for key, listen in (("pgbouncer_listen", True), ("pgbouncer_poll", False)):
         pooled = e2e[key]

@@ -394,7 +394,7 @@ def bench_end_to_end(
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.pipeline import bench_end_to_end as run
     from rota_tools.bench.roundtrips import start_round_trips
-    from rota_tools.bench.starts import start_baselines
+    from rota_tools.bench.starts import postgres_queue_flood, start_baselines
 
     with bench_settings(database_url, redis_url, local) as settings:
         if tracing:
@@ -408,6 +408,15 @@ def bench_end_to_end(
         # hops (buffer -> loader -> commit -> NOTIFY -> claim) add to a Redis
         # pop, and to a durable queue written straight into PostgreSQL.
         figures |= start_baselines(settings, min(tasks, 5000), rate)
+        # The PostgreSQL queue flooded as rota was: every task, the same rate,
+        # two consumers; rota's throughput and CPU are read against it.
+        flood = figures["postgres_queue_flood"] = postgres_queue_flood(settings, tasks, rate)
+        figures["tasks_per_s_to_postgres_queue_flood"] = round(
+            figures["tasks_per_s"] / flood["tasks_per_s"], 3
+        )
+        figures["cpu_per_task_to_postgres_queue_flood"] = round(
+            figures["cpu"]["all_us_per_task"] / flood["cpu"]["all_us_per_task"], 3
+        )
         p50 = figures["enqueue_to_start_ms"]["p50"]
         for key, baseline in (
             ("redis_pop", "redis_pop_baseline"),

@@ -611,11 +611,19 @@ def _finished(conn: psycopg.Connection[Any]) -> int:
 
 
 def _wait_for_finished(
-    conn: psycopg.Connection[Any], count: int, processes: Sequence[subprocess.Popen[bytes]]
+    conn: psycopg.Connection[Any],
+    count: int,
+    processes: Sequence[subprocess.Popen[bytes]],
+    drained: bool = False,
 ) -> None:
     """Until `count` tasks finished; raises if a process doing the work exited
-    (a run would otherwise wait for ever)."""
-    while _finished(conn) < count:
+    (a run would otherwise wait for ever). `drained`: `count` is every task
+    of the run, counted only once none waits or runs."""
+    statement = query("bench_finished_when_drained" if drained else "bench_finished_count")
+    while True:
+        row = conn.execute(statement).fetchone()
+        if row is not None and row[0] is not None and row[0] >= count:
+            return
         for process in processes:
             if process.poll() is not None:
                 args = process.args
@@ -672,7 +680,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
             try:
                 _wait_for_finished(conn, 100, workers)  # workers up and running
                 begin_count, started = _finished(conn), time.perf_counter()
-                _wait_for_finished(conn, tasks, workers)
+                _wait_for_finished(conn, tasks, workers, drained=True)
                 throughput[key].append((tasks - begin_count) / (time.perf_counter() - started))
             finally:
                 stop_workers(workers)
@@ -839,7 +847,7 @@ def bench_end_to_end(
                     ]
                 ),
             )
-            _wait_for_finished(conn, tasks, [loader, *workers])
+            _wait_for_finished(conn, tasks, [loader, *workers], drained=True)
             elapsed = time.perf_counter() - started
             cpu = meter.report(elapsed, tasks)
         finally:

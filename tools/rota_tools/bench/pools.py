@@ -53,7 +53,7 @@ def _rate(
         warm = min(tasks // 10, 2 * concurrency)
         _wait_for_finished(conn, warm, workers)
         begin, started = _finished(conn), time.perf_counter()
-        _wait_for_finished(conn, tasks, workers)
+        _wait_for_finished(conn, tasks, workers, drained=True)
         return (tasks - begin) / (time.perf_counter() - started)
     finally:
         stop_workers(workers)

@@ -13,6 +13,11 @@ read against.
 
 Each consumer is a process of its own, as rota's workers are; a task starts
 when its consumer holds it (rota's: when its claim returns).
+
+The PostgreSQL queue is also flooded as rota's pipeline is (`postgres_queue_flood`):
+every task of the run, at the same rate, to two consumers (rota's two
+workers), with the CPU of every process: the throughput and CPU floor that
+rota's buffer, loader, fair places and leases are read against.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import asyncio
 import importlib.util
 import json
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +38,7 @@ import psycopg
 from rota import Settings
 from rota.buffer import redis_client
 from rota_tools.bench.core import in_schema
+from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe
 from rota_tools.bench.peers import fresh_database
 from rota_tools.sql import query
 from rota_tools.stats import percentile
@@ -122,6 +129,44 @@ def postgres_queue_baseline(settings: Settings, tasks: int, rate: float) -> dict
             conn.execute(_render(conn, query("bench_fifo_drop_schema")))
 
 
+def postgres_queue_flood(
+    settings: Settings, tasks: int, rate: float, consumers: int = 2
+) -> dict[str, Any]:
+    """The durable PostgreSQL queue written to directly, offered `tasks` at
+    `rate` to `consumers` processes: achieved tasks/s (from the first task
+    sent to the last one started), starts, and CPU per task of the producer
+    (this process), the consumers and PostgreSQL."""
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(_render(conn, query("bench_fifo_schema")))
+        conn.execute(_render(conn, query("bench_pgqueue_setup")))
+        enqueue = _render(conn, query("bench_pgqueue_enqueue"))
+
+        def send(first: int, n: int) -> None:
+            enqueued_at = time.time()
+            payloads = [json.dumps({"args": [i, "pad"]}) for i in range(first, first + n)]
+            conn.execute(enqueue, {"payloads": payloads, "enqueued_at": enqueued_at}, prepare=True)
+
+        try:
+            return _paced(
+                "PostgreSQL queue",
+                _pgqueue_consumer,
+                settings.database_url,
+                tasks,
+                rate,
+                send,
+                consumers,
+                lambda pids: CpuMeter(
+                    {
+                        "producer": pid_probe(os.getpid()),
+                        **{f"consumer_{n}": pid_probe(pid) for n, pid in enumerate(pids, 1)},
+                        "postgresql": postgres_probe(conn),
+                    }
+                ),
+            )
+        finally:
+            conn.execute(_render(conn, query("bench_fifo_drop_schema")))
+
+
 def pgqueuer_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
     """pgqueuer in a database of its own on the same server: its producer's
     enqueue (an INSERT that NOTIFYs), its worker with a claim batch of BATCH."""
@@ -146,33 +191,56 @@ def pgqueuer_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, 
 
 def _paced(
     what: str,
-    consumer: Callable[[Any, int, Any], None],
+    consumer: Callable[..., None],
     target: Any,
     tasks: int,
     rate: float,
     send: Callable[[int, int], object],
+    consumers: int = 1,
+    meter: Callable[[list[int]], CpuMeter] | None = None,
 ) -> dict[str, Any]:
     """Starts `consumer(target, tasks, results)` in a process of its own,
     offers `tasks` at `rate` through `send` once it says it is waiting, and
-    reports the starts it sends back."""
+    reports the starts it sends back. With more `consumers`, each is also
+    given the count of tasks they started between them (a shared counter:
+    each stops once it reaches `tasks`), and the report has the tasks/s
+    achieved and, with a `meter` of the consumers' pids, the CPU used."""
     ctx = multiprocessing.get_context("spawn")
-    receiving, sending = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=consumer, args=(target, tasks, sending), daemon=True)
-    process.start()
-    try:
+    started_count = ctx.Value("q", 0)
+    pipes, processes = [], []
+    for _ in range(consumers):
+        receiving, sending = ctx.Pipe(duplex=False)
+        args = (target, tasks, sending) + ((started_count,) if consumers > 1 else ())
+        processes.append(ctx.Process(target=consumer, args=args, daemon=True))
+        pipes.append(receiving)
+        processes[-1].start()
         sending.close()
-        _receive(receiving, process, 60, f"the {what} consumer did not start")  # up and waiting
-        offer(tasks, rate, send)
-        starts: list[float] = _receive(
-            receiving, process, 120, f"the {what} consumer did not finish"
-        )
+    figures: dict[str, Any] = {"tasks": tasks}
+    try:
+        for receiving, process in zip(pipes, processes, strict=True):
+            _receive(receiving, process, 60, f"the {what} consumer did not start")  # waiting
+        cpu = meter([p.pid for p in processes if p.pid is not None]) if meter else None
+        if cpu:
+            cpu.start()
+        began = offer(tasks, rate, send)
+        if consumers > 1:
+            while started_count.value < tasks and all(p.is_alive() for p in processes):
+                time.sleep(0.002)
+            elapsed = time.perf_counter() - began
+            figures["tasks_per_s"] = round(tasks / elapsed)
+            if cpu:
+                figures["cpu"] = cpu.report(elapsed, tasks)
+        starts: list[float] = []
+        for receiving, process in zip(pipes, processes, strict=True):
+            starts += _receive(receiving, process, 120, f"the {what} consumer did not finish")
         if len(starts) < tasks:
-            raise RuntimeError(f"benchmark: the {what} consumer got {len(starts)} of {tasks}")
+            raise RuntimeError(f"benchmark: the {what} consumers got {len(starts)} of {tasks}")
     finally:
-        process.join(10)
-        if process.is_alive():
-            process.kill()
-    return {"tasks": tasks, "enqueue_to_start_ms": start_figures(starts)}
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+    return {**figures, "enqueue_to_start_ms": start_figures(starts)}
 
 
 def _receive(receiving: Any, process: Any, timeout: float, failure: str) -> Any:
@@ -205,7 +273,9 @@ def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
     client.close()
 
 
-def _pgqueue_consumer(url: str, tasks: int, results: Any) -> None:
+def _pgqueue_consumer(url: str, tasks: int, results: Any, shared: Any = None) -> None:
+    """Claims and completes until `tasks` started: its own, or with `shared`
+    (a counter of all consumers' starts), everyone's."""
     starts: list[float] = []
     with psycopg.connect(url, autocommit=True) as conn:
         claim, finish = (
@@ -214,14 +284,22 @@ def _pgqueue_consumer(url: str, tasks: int, results: Any) -> None:
         )
         conn.execute(query("bench_pgqueue_listen"))
         results.send(None)
-        while len(starts) < tasks:
+        idle_since = time.monotonic()
+        while (shared.value if shared is not None else len(starts)) < tasks:
             rows = conn.execute(claim, {"limit": BATCH}, prepare=True).fetchall()
             now = time.time()
             if rows:
                 starts.extend((now - enqueued_at) * 1000 for _, _, enqueued_at in rows)
+                if shared is not None:
+                    with shared.get_lock():
+                        shared.value += len(rows)
                 conn.execute(finish, {"ids": [row[0] for row in rows]}, prepare=True)
-            elif not list(conn.notifies(timeout=IDLE_SECONDS, stop_after=1)):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_SECONDS:
                 break  # the parent reports the shortfall
+            else:
+                # Briefly: another consumer may take the last tasks.
+                list(conn.notifies(timeout=0.05, stop_after=1))
     results.send(starts)
 
 
