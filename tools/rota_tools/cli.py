@@ -394,7 +394,7 @@ def bench_end_to_end(
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.pipeline import bench_end_to_end as run
     from rota_tools.bench.roundtrips import start_round_trips
-    from rota_tools.bench.starts import postgres_queue_flood, start_baselines
+    from rota_tools.bench.starts import postgres_queue_baseline, start_baselines
 
     with bench_settings(database_url, redis_url, local) as settings:
         if tracing:
@@ -410,7 +410,9 @@ def bench_end_to_end(
         figures |= start_baselines(settings, min(tasks, 5000), rate)
         # The PostgreSQL queue flooded as rota was: every task, the same rate,
         # two consumers; rota's throughput and CPU are read against it.
-        flood = figures["postgres_queue_flood"] = postgres_queue_flood(settings, tasks, rate)
+        flood = figures["postgres_queue_flood"] = postgres_queue_baseline(
+            settings, tasks, rate, consumers=2
+        )
         figures["tasks_per_s_to_postgres_queue_flood"] = round(
             figures["tasks_per_s"] / flood["tasks_per_s"], 3
         )

@@ -619,7 +619,7 @@ def _wait_for_finished(
     """Until `count` tasks finished; raises if a process doing the work exited
     (a run would otherwise wait for ever). `drained`: `count` is every task
     of the run, counted only once none waits or runs."""
-    statement = query("bench_finished_when_drained" if drained else "bench_finished_count")
+    statement = query("bench_finished_when_drained") if drained else query("bench_finished_count")
     while True:
         row = conn.execute(statement).fetchone()
         if row is not None and row[0] is not None and row[0] >= count:

@@ -14,10 +14,11 @@ read against.
 Each consumer is a process of its own, as rota's workers are; a task starts
 when its consumer holds it (rota's: when its claim returns).
 
-The PostgreSQL queue is also flooded as rota's pipeline is (`postgres_queue_flood`):
-every task of the run, at the same rate, to two consumers (rota's two
-workers), with the CPU of every process: the throughput and CPU floor that
-rota's buffer, loader, fair places and leases are read against.
+The PostgreSQL queue is also flooded as rota's pipeline is (end-to-end's
+`postgres_queue_flood`): every task of the run, at the same rate, to two
+consumers (rota's two workers), with the CPU of every process: the
+throughput and CPU floor that rota's buffer, loader, fair places and
+leases are read against.
 """
 
 from __future__ import annotations
@@ -108,34 +109,14 @@ def redis_pop_baseline(settings: Settings, tasks: int, rate: float) -> dict[str,
         client.close()
 
 
-def postgres_queue_baseline(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
-    """The durable PostgreSQL queue written to directly (see the module's
-    docstring), in a schema of its own on rota's database."""
-    with psycopg.connect(settings.database_url, autocommit=True) as conn:
-        conn.execute(_render(conn, query("bench_fifo_schema")))
-        conn.execute(_render(conn, query("bench_pgqueue_setup")))
-        enqueue = _render(conn, query("bench_pgqueue_enqueue"))
-
-        def send(first: int, n: int) -> None:
-            enqueued_at = time.time()
-            payloads = [json.dumps({"args": [i, "pad"]}) for i in range(first, first + n)]
-            conn.execute(enqueue, {"payloads": payloads, "enqueued_at": enqueued_at}, prepare=True)
-
-        try:
-            return _paced(
-                "PostgreSQL queue", _pgqueue_consumer, settings.database_url, tasks, rate, send
-            )
-        finally:
-            conn.execute(_render(conn, query("bench_fifo_drop_schema")))
-
-
-def postgres_queue_flood(
-    settings: Settings, tasks: int, rate: float, consumers: int = 2
+def postgres_queue_baseline(
+    settings: Settings, tasks: int, rate: float, consumers: int = 1
 ) -> dict[str, Any]:
-    """The durable PostgreSQL queue written to directly, offered `tasks` at
-    `rate` to `consumers` processes: achieved tasks/s (from the first task
-    sent to the last one started), starts, and CPU per task of the producer
-    (this process), the consumers and PostgreSQL."""
+    """The durable PostgreSQL queue written to directly (see the module's
+    docstring), in a schema of its own on rota's database. With more
+    `consumers` (the flood), the report has the tasks/s achieved (from the
+    first task sent to the last one started) and the CPU a task of the
+    producer (this process), the consumers and PostgreSQL."""
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         conn.execute(_render(conn, query("bench_fifo_schema")))
         conn.execute(_render(conn, query("bench_pgqueue_setup")))
@@ -145,6 +126,15 @@ def postgres_queue_flood(
             enqueued_at = time.time()
             payloads = [json.dumps({"args": [i, "pad"]}) for i in range(first, first + n)]
             conn.execute(enqueue, {"payloads": payloads, "enqueued_at": enqueued_at}, prepare=True)
+
+        def meter(pids: list[int]) -> CpuMeter:
+            return CpuMeter(
+                {
+                    "producer": pid_probe(os.getpid()),
+                    **{f"consumer_{n}": pid_probe(pid) for n, pid in enumerate(pids, 1)},
+                    "postgresql": postgres_probe(conn),
+                }
+            )
 
         try:
             return _paced(
@@ -155,13 +145,7 @@ def postgres_queue_flood(
                 rate,
                 send,
                 consumers,
-                lambda pids: CpuMeter(
-                    {
-                        "producer": pid_probe(os.getpid()),
-                        **{f"consumer_{n}": pid_probe(pid) for n, pid in enumerate(pids, 1)},
-                        "postgresql": postgres_probe(conn),
-                    }
-                ),
+                meter if consumers > 1 else None,
             )
         finally:
             conn.execute(_render(conn, query("bench_fifo_drop_schema")))
