@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers lint typecheck docs test test-fast test-bench demo clean
+.PHONY: install servers lint typecheck sql docs test test-fast test-bench demo clean
 
 $(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# The functions made of named parts (rota/sql/parts/), rendered to their
+# files of rota/sql/functions/ (rota/sql/render.py): run after editing a
+# part, and commit both (tests/unit/test_sql_render.py compares them).
+sql: $(STAMP)
+	$(PY) -m rota.sql.render
 
 # The documentation site (mkdocs.yml), its reference pages generated from the
 # code at build time (tools/rota_tools/docs_reference.py); --strict makes a

@@ -1,6 +1,7 @@
 """rota's SQL as shipped files: migrations, the current schema, the
-functions (functions/), and named statements in `-- name: NAME` blocks, one
-file per audience."""
+functions (functions/, some rendered from the parts in parts/ by
+rota.sql.render), and named statements in `-- name: NAME` blocks, one file
+per audience."""
 
 from __future__ import annotations
 
@@ -96,13 +97,21 @@ def current_schema() -> str:
 
 # The files of functions/ in the order they are applied: each after those it
 # needs (a LANGUAGE sql body is checked against the functions it calls when
-# it is made; views and triggers name theirs).
+# it is made; views and triggers name theirs). Some are rendered from the
+# parts in parts/ (rota.sql.render, `make sql`): one function each.
 FUNCTION_FILES = (
     "line.sql",
+    "enter_line.sql",
+    "tasks_enter_line.sql",
     "limits.sql",
     "claim.sql",
+    "take_running.sql",
+    "complete_counted.sql",
+    "complete.sql",
     "reports.sql",
+    "complete_claim.sql",
     "results.sql",
+    "complete_keeping_claim.sql",
     "workflows.sql",
     "workers.sql",
     "retention.sql",
