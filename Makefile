@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,console,docs,otel]' -e './tools[demo,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,dashboard,docs,otel]' -e './tools[demo,bench]'
 	touch $(STAMP)
 
 install: $(STAMP) servers

@@ -85,7 +85,7 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "URL that reaches PostgreSQL without the pooler, for the connections that need a"
-            " session of their own: a worker's LISTEN and `rota reaper`'s lock."
+            " session of their own: a worker's LISTEN and `rota maintenance`'s lock."
         ),
     )
     redis_url: str = Field(

@@ -1,4 +1,4 @@
-"""`rota worker` and `rota reaper`: running tasks, and the maintenance duties."""
+"""`rota worker` and `rota maintenance`: running tasks, and the maintenance duties."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def worker(
         Pool,
         typer.Option(help="threads, or processes: sync tasks in child processes, one per slot"),
     ] = Pool.threads,
-    maintenance: Annotated[bool, typer.Option(help="take part in reaper/scheduler duty")] = True,
+    maintenance: Annotated[bool, typer.Option(help="take part in the maintenance duties")] = True,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
     log_level: LogLevel = "info",
@@ -78,7 +78,7 @@ def worker(
 
 
 @app.command()
-def reaper(
+def maintenance(
     app_spec: Annotated[str | None, typer.Option("--app", help="for cron schedules")] = None,
     database_url: DatabaseUrl = None,
     log_level: LogLevel = "info",
@@ -98,3 +98,15 @@ def reaper(
     stop = threading.Event()
     on_stop_signals(stop.set)
     run_maintenance(settings, Maintenance(settings, application), stop)
+
+
+@app.command(hidden=True)
+def reaper(
+    app_spec: Annotated[str | None, typer.Option("--app", help="for cron schedules")] = None,
+    database_url: DatabaseUrl = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
+) -> None:
+    """Deprecated: `rota maintenance`."""
+    typer.echo("rota reaper is deprecated: run `rota maintenance`", err=True)
+    maintenance(app_spec, database_url, log_level, log_format)

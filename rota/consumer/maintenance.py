@@ -2,7 +2,7 @@
 promote due tasks, requeue expired leases, reap dead workers, fire cron ticks,
 the retention duties (finished and dead tasks, stopped workers' rows, the
 loader ledger), and the console's figures (service per minute, counts per
-queue and tenant). Run by `rota reaper`, or inside workers by the one that holds
+queue and tenant). Run by `rota maintenance`, or inside workers by the one that holds
 the maintenance lock (`Leadership`)."""
 
 from __future__ import annotations
@@ -287,15 +287,15 @@ class Leadership:
 
 
 def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event) -> None:
-    """`rota reaper`: the duties every ROTA_MAINTENANCE_SECONDS while this
+    """`rota maintenance`: the duties every ROTA_MAINTENANCE_SECONDS while this
     process leads, riding out database outages, until `stop` is set."""
-    leadership = Leadership(duty, f"reaper {socket.gethostname()}:{os.getpid()}")
+    leadership = Leadership(duty, f"maintenance {socket.gethostname()}:{os.getpid()}")
     outage = Outage("PostgreSQL (maintenance)", log)
     # The lock lives in a session: never one a transaction pooler shares out
     # (the "maintenance" connection goes to Settings.session_database_url).
     if settings.session_database_url is None:
         raise ValidationError(
-            "rota reaper holds a session-level lock: behind a transaction pooler, "
+            "rota maintenance holds a session-level lock: behind a transaction pooler, "
             "set ROTA_DIRECT_DATABASE_URL to a URL that reaches PostgreSQL directly"
         )
     conn = Kept(lambda: connections.connect(settings, "maintenance"))

@@ -468,10 +468,10 @@ class Worker:
 
     def _heartbeat(self) -> None:
         # The maintenance lock is a session's: behind a transaction pooler the
-        # heartbeat's connection has none, and `rota reaper` leads instead.
+        # heartbeat's connection has none, and `rota maintenance` leads instead.
         leads = self.run_maintenance and not self.settings.transaction_pooling
         if self.run_maintenance and not leads:
-            log.info("behind a transaction pooler, workers leave maintenance to `rota reaper`")
+            log.info("behind a transaction pooler, workers leave maintenance to `rota maintenance`")
         leadership = (
             Leadership(Maintenance(self.settings, self.app), f"worker {self.id}") if leads else None
         )

@@ -36,7 +36,7 @@ Purpose = Literal[
     "claims",  # a worker's claims and reports
     "heartbeat",  # a worker's heartbeats, and maintenance while it leads
     "listen",  # a worker's LISTEN for new tasks and cancels
-    "maintenance",  # `rota reaper`: the maintenance lock and duties
+    "maintenance",  # `rota maintenance`: the maintenance lock and duties
     "load",  # the loaders and `rota import`
     "enqueue",  # the producers: the database fallback, transactional enqueues
     "results",  # a task's status and result
@@ -61,7 +61,7 @@ USES: dict[str, Use] = {
     "claims": Use("rota-worker"),
     "heartbeat": Use("rota-worker"),
     "listen": Use("rota-worker", session=True),
-    "maintenance": Use("rota-reaper", session=True),
+    "maintenance": Use("rota-maintenance", session=True),
     "load": Use("rota-loader"),
     "enqueue": Use("rota-producer"),
     "results": Use("rota-results"),

@@ -36,7 +36,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
             "--maintenance",
             action=argparse.BooleanOptionalAction,
             default=_DEFAULTS["maintenance"],
-            help="take part in reaper/scheduler duty",
+            help="take part in the maintenance duties",
         )
         parser.add_argument(
             "--metrics-port", type=int, help="serve /metrics, /healthz and /readyz on this port"

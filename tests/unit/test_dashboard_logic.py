@@ -13,7 +13,7 @@ import pytest
 from starlette.requests import Request
 
 from rota.cli.output import table
-from rota.console.auth import (
+from rota.dashboard.auth import (
     COOKIE,
     LOOPBACK,
     SCOPES,

@@ -7,8 +7,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rota.console import data
-from rota.console.web import PER_PAGE, text
+from rota.dashboard import data
+from rota.dashboard.web import PER_PAGE, text
 from rota.errors import RotaError
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rota.console import data, history
+from rota.dashboard import data, history
 
 
 def charts(request: Request, c: data.Connections) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rota.console import data
+from rota.dashboard import data
 
 AUDIT_ENTRIES = 30
 

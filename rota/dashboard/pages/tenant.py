@@ -7,9 +7,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rota.console import data, history
-from rota.console.auth import CSRF_FIELD
-from rota.console.web import PER_PAGE, whole
+from rota.dashboard import data, history
+from rota.dashboard.auth import CSRF_FIELD
+from rota.dashboard.web import PER_PAGE, whole
 from rota.errors import RotaError
 
 WHOLE_NUMBERS = ("concurrency_limit", "capacity")

@@ -15,7 +15,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from rota import Settings, core
-from rota.console.app import create_app
+from rota.dashboard.app import create_app
 from rota.core import db
 from rota_tools.devservers import free_port
 from tests.helpers import claim, envelopes, load, wait_for
@@ -314,7 +314,7 @@ WALL, OPS = "wall-screen-token-0123", "operator-token-0123456"
 def scoped(settings: Settings, tmp_path: Any) -> Iterator[Console]:
     """A console with two tokens from a tokens file: a wall screen's that may
     read and be scraped, an operator's that may do everything."""
-    from rota.console.auth import token_hash
+    from rota.dashboard.auth import token_hash
 
     tokens = tmp_path / "tokens"
     tokens.write_text(
@@ -409,8 +409,8 @@ def test_a_pages_handlers_run_alone(settings: Settings, conn: Conn) -> None:
     """No app, no HTTP: a handler is a function of a request and the servers."""
     from starlette.requests import Request
 
-    from rota.console.data import Connections
-    from rota.console.pages import overview, tenant
+    from rota.dashboard.data import Connections
+    from rota.dashboard.pages import overview, tenant
 
     def request(**path_params: str) -> Request:
         return Request(

@@ -1,6 +1,6 @@
 """The operations console: server-rendered pages and a JSON API over the
 same data, for people and for scripts in any language. Each page's handlers
-live in rota.console.pages, the wrapping they share in rota.console.web;
+live in rota.dashboard.pages, the wrapping they share in rota.dashboard.web;
 here they are routed.
 
     rota dashboard --host 127.0.0.1 --port 8377
@@ -17,8 +17,8 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Route
 
-from rota.console.headers import SecurityHeaders
-from rota.console.pages import (
+from rota.dashboard.headers import SecurityHeaders
+from rota.dashboard.pages import (
     api,
     charts,
     dead,
@@ -30,7 +30,7 @@ from rota.console.pages import (
     tenant,
     workers,
 )
-from rota.console.web import Console, Do, Fetch
+from rota.dashboard.web import Console, Do, Fetch
 from rota.settings import Settings
 
 MAX_BODY = 4 * 1024 * 1024

@@ -2,7 +2,7 @@
 most MAX_POINTS buckets), read from the history maintenance keeps (per
 queue, rota.queue_history; per tenant, rota.service by its tenant index),
 never from the task tables, and kept for a moment like the pages' figures.
-Each chart is the JSON-ready form rota.console.charts draws; a bounded
+Each chart is the JSON-ready form rota.dashboard.charts draws; a bounded
 number of series, the rest summed into "other"."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rota.console.data import Connections
+from rota.dashboard.data import Connections
 from rota.core import db, history, read
 from rota.errors import ValidationError
 from rota.model.rules import check_tenant

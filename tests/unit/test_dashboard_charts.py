@@ -1,5 +1,5 @@
-"""The console's SVG charts (rota.console.charts) and the windows and series
-of their data (rota.console.history), without servers."""
+"""The console's SVG charts (rota.dashboard.charts) and the windows and series
+of their data (rota.dashboard.history), without servers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rota.console import charts, history
+from rota.dashboard import charts, history
 from rota.core import history as core_history
 from rota.errors import ValidationError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rota.console.auth import token_hash
+from rota.dashboard.auth import token_hash
 from rota_tools.devservers import free_port, make_tls_files
 from tests.helpers import start_logged, wait_for
 

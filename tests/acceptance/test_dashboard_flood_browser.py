@@ -26,7 +26,7 @@ import pytest
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from rota import App
-from rota.console import charts
+from rota.dashboard import charts
 from tests.acceptance.test_console_browser import (  # noqa: F401
     ROOT,
     SHOTS,

@@ -7,8 +7,8 @@ import hmac
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from rota.console.auth import COOKIE, CSRF_FIELD, CSRF_HEADER
-from rota.console.web import Console
+from rota.dashboard.auth import COOKIE, CSRF_FIELD, CSRF_HEADER
+from rota.dashboard.web import Console
 
 
 async def login_page(request: Request, console: Console) -> Response:

@@ -1,6 +1,6 @@
 """The overview (/): queues, top tenants, workers, the buffer and its dead
 letters, from the one gatherer (rota.readmodel.figures); and the queues'
-charts over ?window= (rota.console.history)."""
+charts over ?window= (rota.dashboard.history)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from starlette.requests import Request
 
-from rota.console import data, history
+from rota.dashboard import data, history
 
 
 def overview(request: Request, c: data.Connections) -> dict[str, Any]:

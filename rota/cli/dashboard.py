@@ -53,7 +53,7 @@ def dashboard(
     which every action needs too."""
     import uvicorn
 
-    from rota.console.app import create_app
+    from rota.dashboard.app import create_app
     from rota.readmodel.health import is_loopback, serve_health
     from rota.runtime import logs
 
@@ -99,7 +99,7 @@ def dashboard_token(
     ROTA_CONSOLE_TOKENS_FILE (which keeps only its hash)."""
     import secrets
 
-    from rota.console.auth import parse_scopes, token_hash
+    from rota.dashboard.auth import parse_scopes, token_hash
 
     if not name or not all(c.isalnum() or c in "-_.@" for c in name):
         raise ValidationError("a token's name: letters, digits, - _ . @")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from rota import Settings
-from rota.console.app import create_app
+from rota.dashboard.app import create_app
 from tests.helpers import envelopes, load
 
 TOKEN = "fuzz-token-0123456789"

@@ -9,8 +9,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from rota.console import data
-from rota.console.web import Console
+from rota.dashboard import data
+from rota.dashboard.web import Console
 from rota.core import db, read
 
 

@@ -1,5 +1,5 @@
 """The JSON API's own endpoint, POST /api/tasks: enqueueing from any
-language (the reads and actions are the pages' twins, rota.console.web)."""
+language (the reads and actions are the pages' twins, rota.dashboard.web)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from rota.console import data
-from rota.console.web import Console
+from rota.dashboard import data
+from rota.dashboard.web import Console
 
 
 async def enqueue(request: Request, console: Console) -> Response:

@@ -1,5 +1,5 @@
 """The console's page handlers, each alone: a request in, plain data out
-(the servers faked), and the wrapping they share (rota.console.web)."""
+(the servers faked), and the wrapping they share (rota.dashboard.web)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from rota import Settings
-from rota.console import data
-from rota.console.pages import dead, overview, task, tenant, workers
-from rota.console.web import Console
+from rota.dashboard import data
+from rota.dashboard.pages import dead, overview, task, tenant, workers
+from rota.dashboard.web import Console
 from rota.errors import RotaError, ValidationError
 
 

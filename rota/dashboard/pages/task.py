@@ -10,8 +10,8 @@ from uuid import UUID
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from rota.console import data
-from rota.console.web import PER_PAGE, Console, text, whole
+from rota.dashboard import data
+from rota.dashboard.web import PER_PAGE, Console, text, whole
 from rota.errors import RotaError
 
 
