@@ -26,7 +26,7 @@ from rota.core import connections, db
 from rota.core.results import prune_results
 from rota.errors import ValidationError
 from rota.model.envelope import make_envelope, task_id_for_key
-from rota.runtime.outage import Kept, Outage, rounds
+from rota.runtime.outage import Kept, Outage, run_rounds
 from rota.settings import Settings
 
 log = logging.getLogger("rota.maintenance")
@@ -309,7 +309,7 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
         leadership.connection_lost()
 
     try:
-        rounds(
+        run_rounds(
             lead,
             outage,
             db.SERVER_LOST,

@@ -27,7 +27,7 @@ from rota.core.results import KeptResult
 from rota.errors import Retry, ValidationError
 from rota.model.envelope import dump_result
 from rota.model.rules import check_delay
-from rota.runtime.outage import Kept, Outage, rounds
+from rota.runtime.outage import Kept, Outage, run_rounds
 from rota.settings import Settings
 
 log = logging.getLogger("rota.worker")
@@ -308,7 +308,7 @@ def listen(
                         wake.set()
 
     outage = Outage("PostgreSQL (LISTEN)", log)
-    rounds(listening, outage, db.SERVER_LOST, stopping)
+    run_rounds(listening, outage, db.SERVER_LOST, stopping)
 
 
 def heartbeat(
@@ -341,7 +341,7 @@ def heartbeat(
             leadership.connection_lost()
 
     try:
-        rounds(
+        run_rounds(
             beat_and_maintain,
             Outage("PostgreSQL (heartbeat and maintenance)", log),
             db.SERVER_LOST,

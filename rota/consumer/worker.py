@@ -59,7 +59,7 @@ from rota.context import current_cancel, current_task
 from rota.core import connections, db
 from rota.readmodel.metrics import WorkerMetrics
 from rota.runtime import tracing
-from rota.runtime.outage import Kept, Outage, retrying, rounds
+from rota.runtime.outage import Kept, Outage, run_rounds, run_until_done
 from rota.task import Task
 
 log = logging.getLogger("rota.worker")
@@ -145,7 +145,7 @@ class Worker:
         still ran after the shutdown grace and were handed back, and their
         threads cannot be stopped: the process should exit now)."""
         queues = worker_queues(self.app, self.fixed_queues, self.exclude)
-        conn = retrying(
+        conn = run_until_done(
             lambda: self._join(queues), self.claims_outage, db.SERVER_LOST, self.stopping.wait
         )
         if conn is None:
@@ -170,7 +170,7 @@ class Worker:
             # An outage keeps the outcomes not yet reported, to report after
             # reconnecting. Other failures are narrowed down to their task
             # where they can be (claims and reports); anything else is logged.
-            rounds(
+            run_rounds(
                 lambda: self._step(kept.get(), queues),
                 self.claims_outage,
                 db.SERVER_LOST,

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from rota.dashboard.data import Connections
 from rota.core import db, history, read
+from rota.dashboard.data import Connections
 from rota.errors import ValidationError
 from rota.model.rules import check_tenant
 

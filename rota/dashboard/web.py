@@ -19,10 +19,18 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from rota.buffer import redis_client
-from rota.dashboard.auth import COOKIE, CSRF_FIELD, SCOPES, Guard, Principal, read_tokens, token_hash
+from rota.core import db
+from rota.dashboard.auth import (
+    COOKIE,
+    CSRF_FIELD,
+    SCOPES,
+    Guard,
+    Principal,
+    read_tokens,
+    token_hash,
+)
 from rota.dashboard.charts import svg
 from rota.dashboard.data import Connections, figures
-from rota.core import db
 from rota.errors import EnqueueError, RotaError
 from rota.readmodel.metrics import overview_registry
 from rota.runtime.redact import redact

@@ -15,8 +15,8 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from rota import Settings, core
-from rota.dashboard.app import create_app
 from rota.core import db
+from rota.dashboard.app import create_app
 from rota_tools.devservers import free_port
 from tests.helpers import claim, envelopes, load, wait_for
 

@@ -41,7 +41,9 @@ def test_each_commands_summary_is_one_line_on_a_wide_terminal(path: list[str]) -
     assert not continuations, rows
 
 
-def test_reaper_is_a_hidden_deprecated_alias_of_maintenance(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reaper_is_a_hidden_deprecated_alias_of_maintenance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import rota.consumer.maintenance as maintenance
 
     ran: list[object] = []

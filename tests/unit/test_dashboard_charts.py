@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rota.dashboard import charts, history
 from rota.core import history as core_history
+from rota.dashboard import charts, history
 from rota.errors import ValidationError
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -13,6 +13,7 @@ import pytest
 from starlette.requests import Request
 
 from rota.cli.output import table
+from rota.core.stored import StoredTask
 from rota.dashboard.auth import (
     COOKIE,
     LOOPBACK,
@@ -22,7 +23,6 @@ from rota.dashboard.auth import (
     read_tokens,
     token_hash,
 )
-from rota.core.stored import StoredTask
 from rota.errors import ValidationError
 from rota.model.jsondata import plain
 from rota.readmodel.metrics import OTHER, TenantLabels

@@ -9,9 +9,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from rota.core import db, read
 from rota.dashboard import data
 from rota.dashboard.web import Console
-from rota.core import db, read
 
 
 async def healthz(request: Request, console: Console) -> Response:
