@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from rota.errors import RotaError
+from rota.errors import Cancelled, OutsideTask
 
 if TYPE_CHECKING:
     from rota.core import ClaimedTask
@@ -32,15 +32,6 @@ class CancelFlag:
 
 # The running task's flag (rota task cancel, the console).
 current_cancel: contextvars.ContextVar[CancelFlag] = contextvars.ContextVar("rota_cancel")
-
-
-class OutsideTask(RotaError):
-    """`rota.context()` was called outside a running task."""
-
-
-class Cancelled(RotaError):
-    """Raised by `rota.context().raise_if_cancelled()` in a task whose cancel
-    was asked: the task ends cancelled, not retried."""
 
 
 @dataclass(frozen=True)
