@@ -18,9 +18,12 @@ install: $(STAMP) servers
 servers:
 	bash infra/install-servers.sh
 
+# import-linter's contracts (pyproject.toml, [tool.importlinter]): the layers
+# of rota, no import cycle, no import where it has no business.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rota tools tests
 	$(VENV)/bin/ruff format --check rota tools tests
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

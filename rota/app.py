@@ -434,3 +434,13 @@ class App:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def load_app(spec: str) -> App:
+    """The App that `package.module:attribute` names (ValueError if none)."""
+    from rota.runtime.process import load_object
+
+    found = load_object(spec)
+    if not isinstance(found, App):
+        raise ValueError(f"{spec} is a {type(found).__name__}, not a rota.App")
+    return found

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import enum
-import logging
-import os
 from typing import Annotated
 
 import typer
@@ -20,7 +18,7 @@ from rota.cli.app import (
     settings_from,
     split_names,
 )
-from rota.runtime.process import on_stop_signals, tune_gc
+from rota.runtime.process import on_stop_signals
 
 
 class Pool(enum.StrEnum):
@@ -49,32 +47,22 @@ def worker(
 ) -> None:
     """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
-    tune_gc()
-    from rota.consumer import Worker
-    from rota.readmodel.health import serve_health
-    from rota.runtime import logs
+    from rota.consumer.main import serve_worker
 
-    logs.configure(log_level, log_format)
-    runner = Worker(
+    serve_worker(
         load_app(app_spec),
-        queues=split_names(queues) or None,
+        app_spec,
+        queues=split_names(queues),
         exclude=split_names(exclude),
         concurrency=concurrency,
         batch_size=batch_size,
-        maintenance=maintenance,
         pool=pool.value,
-        app_spec=app_spec,
+        maintenance=maintenance,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        log_level=log_level,
+        log_format=log_format,
     )
-    on_stop_signals(runner.stop)
-    if metrics_port is not None:
-        serve_health(
-            runner.settings, metrics_host, metrics_port, runner.ready, runner.metrics.registry
-        )
-    if not runner.run():
-        # Tasks outlived the shutdown grace and were handed back; their
-        # threads cannot be stopped, and would keep the process alive.
-        logging.shutdown()
-        os._exit(0)
 
 
 @app.command()

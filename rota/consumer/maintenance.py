@@ -15,19 +15,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from croniter import croniter
 
 from rota import core
-from rota.app import App
 from rota.core import connections, db
 from rota.core.results import prune_results
 from rota.errors import ValidationError
 from rota.model.envelope import make_envelope, task_id_for_key
 from rota.runtime.outage import Kept, Outage, run_rounds
 from rota.settings import Settings
+
+if TYPE_CHECKING:
+    from rota.app import App
 
 log = logging.getLogger("rota.maintenance")
 

@@ -12,23 +12,25 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from uuid import UUID
 
 import psycopg
 
 from rota import core
-from rota.app import App
 from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
-from rota.context import CancelFlag, Cancelled
 from rota.core import connections, db
 from rota.core.results import KeptResult
-from rota.errors import Retry, ValidationError
+from rota.errors import Cancelled, Retry, ValidationError
 from rota.model.envelope import dump_result
 from rota.model.rules import check_delay
+from rota.runtime.current import CancelFlag
 from rota.runtime.outage import Kept, Outage, run_rounds
 from rota.settings import Settings
+
+if TYPE_CHECKING:
+    from rota.app import App
 
 log = logging.getLogger("rota.worker")
 

@@ -24,12 +24,11 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from rota import core
-from rota.app import App
 from rota.consumer.maintenance import Leadership, Maintenance
 from rota.consumer.processes import Children
 from rota.consumer.reports import (
@@ -55,12 +54,15 @@ from rota.consumer.running import (
     sort_outcome,
     worker_queues,
 )
-from rota.context import current_cancel, current_task
 from rota.core import connections, db
 from rota.readmodel.metrics import WorkerMetrics
 from rota.runtime import tracing
+from rota.runtime.current import current_cancel, current_task
 from rota.runtime.outage import Kept, Outage, run_rounds, run_until_done
-from rota.task import Task
+
+if TYPE_CHECKING:
+    from rota.app import App
+    from rota.task import Task
 
 log = logging.getLogger("rota.worker")
 

@@ -26,6 +26,7 @@ from rota.buffer import deadletters, redis_client
 from rota.core import connections, db, read
 from rota.core.results import task_result
 from rota.errors import ValidationError
+from rota.loader.replay import purge as purge_letters
 from rota.loader.replay import replay as replay_letters
 from rota.model.jsondata import plain
 from rota.readmodel.figures import Figures, gather
@@ -293,7 +294,7 @@ def replay(c: Connections, letter_ids: list[str], actor: str) -> dict[str, Any]:
 
 def purge(c: Connections, letter_ids: list[str], everything: bool, actor: str) -> dict[str, Any]:
     with c.postgres() as conn:
-        removed = deadletters.purge(
+        removed = purge_letters(
             c.redis, conn, c.settings.stream_prefix, actor, letter_ids, everything
         )
     return {"purged": removed}

@@ -1,6 +1,7 @@
-"""The bounds of every wait on the network, for PostgreSQL connections:
-keepalives and `tcp_user_timeout` on the client's end (libpq's parameters)
-and the same asked of the server for its end (session settings)."""
+"""The bounds of every wait on the network: keepalive probes and a user
+timeout (`keepalive`), for PostgreSQL connections on the client's end
+(libpq's parameters) and the server's (session settings), and for Redis
+clients' sockets (rota.buffer.redis_client)."""
 
 from __future__ import annotations
 
