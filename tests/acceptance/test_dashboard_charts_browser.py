@@ -1,5 +1,5 @@
 """The console's charts in a real browser (headless Chromium, Selenium, the
-fixtures of test_console_browser): after an hour in which one tenant was
+fixtures of test_dashboard_browser): after an hour in which one tenant was
 starved, the overview, the charts page and the tenant's page draw their
 charts with the right series, in light and dark schemes. The charts page's
 screenshot is the README's (docs/console-charts.png)."""
@@ -15,7 +15,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from rota import core
 from rota.core import db
-from tests.acceptance.test_console_browser import (  # noqa: F401
+from tests.acceptance.test_dashboard_browser import (  # noqa: F401
     ROOT,
     SHOTS,
     browser,

@@ -27,7 +27,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from rota import App
 from rota.dashboard import charts
-from tests.acceptance.test_console_browser import (  # noqa: F401
+from tests.acceptance.test_dashboard_browser import (  # noqa: F401
     ROOT,
     SHOTS,
     TOKEN,

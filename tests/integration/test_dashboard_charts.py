@@ -14,7 +14,7 @@ import psycopg
 from rota import core
 from rota.core import db, history
 from tests.helpers import claim, envelopes, load
-from tests.integration.test_console import browser, console, http  # noqa: F401 (fixtures)
+from tests.integration.test_dashboard import browser, console, http  # noqa: F401 (fixtures)
 
 Conn = psycopg.Connection[Any]
 

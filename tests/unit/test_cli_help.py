@@ -56,3 +56,18 @@ def test_reaper_is_a_hidden_deprecated_alias_of_maintenance(
     assert done.exit_code == 0, done.output
     assert "rota reaper is deprecated: run `rota maintenance`" in done.output
     assert len(ran) == 1
+
+
+def test_rota_worker_has_the_workers_own_defaults() -> None:
+    """`rota worker` and `manage.py rota_worker` start a worker the same way
+    (rota.consumer.main.serve_worker), with its defaults."""
+    import inspect
+
+    from rota.cli.consumer import worker
+    from rota.consumer.main import serve_worker
+
+    ours = inspect.signature(serve_worker).parameters
+    for name, parameter in inspect.signature(worker).parameters.items():
+        if name in ours and parameter.default is not inspect.Parameter.empty:
+            default = getattr(parameter.default, "value", parameter.default)  # an enum's
+            assert default == ours[name].default, name
