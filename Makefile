@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,console,docs,otel]' -e './tools[demo,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,dashboard,docs,otel]' -e './tools[demo,bench]'
 	touch $(STAMP)
 
 install: $(STAMP) servers
@@ -18,9 +18,12 @@ install: $(STAMP) servers
 servers:
 	bash infra/install-servers.sh
 
+# import-linter's contracts (pyproject.toml, [tool.importlinter]): the layers
+# of rota, no import cycle, no import where it has no business.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rota tools tests
 	$(VENV)/bin/ruff format --check rota tools tests
+	$(VENV)/bin/lint-imports
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -1,14 +1,18 @@
-"""rota: a fair, multi-tenant task queue for Python."""
+"""rota: a fair, multi-tenant task queue for Python.
 
-from rota import core
+The public API, each name documented in docs/reference/python-api.md. The
+packages below (rota.core, rota.buffer, rota.producer, ...) stay importable
+for rota's own adapters and for the curious, without promises."""
+
 from rota.app import App
-from rota.context import Cancelled, OutsideTask, TaskContext, context
-from rota.core import db
+from rota.context import TaskContext, context
 from rota.errors import (
+    Cancelled,
     CapacityExceeded,
     EnqueueError,
     InvalidName,
     NotJSONSerializable,
+    OutsideTask,
     PayloadTooLarge,
     ResultError,
     ResultExpired,
@@ -57,7 +61,5 @@ __all__ = [
     "after",
     "chain",
     "context",
-    "core",
-    "db",
     "group",
 ]

@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any, NotRequired, Required, Self, TypedDict, U
 from uuid import UUID
 
 from rota.buffer.entries import TaskBatch
-from rota.errors import UnknownTask, ValidationError
-from rota.model.envelope import check_run, envelope_template, task_id_for_key
+from rota.errors import ValidationError
+from rota.model.calls import CallRules, TaskOptions, check_call, check_queue_allowed, task_id_of
+from rota.model.envelope import envelope_template
 from rota.model.limits import Limit
 from rota.model.rules import (
-    check_idempotency_key,
+    check_cost,
     check_priority,
     check_result_ttl,
     check_soft_timeout,
     check_task_name,
     check_tenant,
     check_timeout,
-    resolve_eta,
 )
 from rota.settings import Settings
 from rota.task import (
@@ -42,7 +42,6 @@ from rota.task import (
     SyncConnection,
     Task,
     TaskCall,
-    TaskOptions,
 )
 
 if TYPE_CHECKING:
@@ -165,8 +164,8 @@ class App:
             template = envelope_template(
                 task_name, options.queue, options.max_attempts, options.backoff, options.backoff_max
             )
-            self.check_queue_allowed(options.queue)
-            check_run("check", options.cost)
+            check_queue_allowed(options.queue, self.settings.allowed_queues)
+            check_cost(options.cost)
             registered: Task[Any, Any] = Task(self, function, template, options)
             if limit is not None:
                 if not isinstance(limit, Limit):
@@ -210,82 +209,14 @@ class App:
         """Checks calls and collects them into a batch, all or nothing (raises a
         ValidationError subclass saying which call was wrong)."""
         batch = TaskBatch(now or self.clock())
+        tasks, rules, enqueued_at = self.tasks, CallRules.of(self.settings), batch.enqueued_at
         for call in calls:
-            self._add(batch, call)
+            batch.append(check_call(call, tasks, rules, enqueued_at))
         return batch
 
     def check_queue_allowed(self, queue: str) -> None:
         """With ROTA_QUEUES set, only the queues it names may be used."""
-        allowed = self.settings.allowed_queues
-        if allowed is not None and queue not in allowed:
-            raise ValidationError(
-                f"queue {queue!r} is not in ROTA_QUEUES ({', '.join(sorted(allowed))})"
-            )
-
-    def _add(
-        self, batch: TaskBatch, call: TaskCall, task_id: UUID | None = None, eta: Any = None
-    ) -> None:
-        """Checks `call` and adds it to `batch` (with `task_id`, and `eta`
-        over the call's own, when given)."""
-        task = self.tasks.get(call.name)
-        if task is None and call.queue is None:
-            check_task_name(call.name)
-            raise UnknownTask(
-                f"task {call.name!r} is not registered in this app; pass queue=... to "
-                "enqueue a task defined elsewhere"
-            )
-        if task is not None:
-            # A workflow's step: the result it receives comes first.
-            args = (None, *call.args) if call.receives else call.args
-            task.arguments.check(call.name, args, call.kwargs)
-            options = task.options
-            template = task.template
-            if call.queue is not None and call.queue != template.queue:
-                template = envelope_template(
-                    call.name,
-                    call.queue,
-                    options.max_attempts,
-                    options.backoff,
-                    options.backoff_max,
-                )
-                self.check_queue_allowed(template.queue)
-            default_cost, default_priority = options.cost, options.priority
-            limit = options.limit
-            limit_key = (
-                None
-                if limit is None
-                else limit.key(call.tenant, call.name, task.arguments.signature, args, call.kwargs)
-            )
-        else:
-            settings = self.settings
-            template = envelope_template(
-                call.name,
-                call.queue or settings.default_queue,
-                settings.default_max_attempts,
-                settings.default_backoff_seconds,
-                settings.default_backoff_max_seconds,
-            )
-            self.check_queue_allowed(template.queue)
-            default_cost, default_priority = 1.0, 0
-            limit_key = None
-        batch.add(
-            template,
-            call.tenant,
-            call.args,
-            call.kwargs,
-            # The key's id from task_id_of, called only for a keyed call.
-            task_id or (self.task_id_of(call) if call.idempotency_key is not None else None),
-            call.cost if call.cost is not None else default_cost,
-            eta
-            or (
-                call.eta
-                if call.countdown is None and call.eta is None
-                else resolve_eta(call.eta, call.countdown, batch.enqueued_at)
-            ),
-            self.settings.max_payload_bytes,
-            call.priority if call.priority is not None else default_priority,
-            limit_key,
-        )
+        check_queue_allowed(queue, self.settings.allowed_queues)
 
     # -- enqueueing ----------------------------------------------------------
 
@@ -385,11 +316,7 @@ class App:
 
     def task_id_of(self, call: TaskCall) -> UUID | None:
         """The id an idempotency key gives (None: a new one)."""
-        if call.idempotency_key is None:
-            return None
-        return task_id_for_key(
-            check_idempotency_key(call.idempotency_key), check_tenant(call.tenant)
-        )
+        return task_id_of(call)
 
     def enqueue_workflow(self, flow: Node, connection: SyncConnection | None = None) -> Workflow:
         """Stores a workflow (`rota.chain`, `rota.group`, `.then`) straight in
@@ -434,3 +361,13 @@ class App:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def load_app(spec: str) -> App:
+    """The App that `package.module:attribute` names (ValueError if none)."""
+    from rota.runtime.process import load_object
+
+    found = load_object(spec)
+    if not isinstance(found, App):
+        raise ValueError(f"{spec} is a {type(found).__name__}, not a rota.App")
+    return found

@@ -3,44 +3,16 @@ or under `rota.testing`."""
 
 from __future__ import annotations
 
-import contextvars
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from rota.errors import RotaError
+from rota.errors import Cancelled, OutsideTask
+from rota.runtime.current import CancelFlag, current_cancel, current_task
 
 if TYPE_CHECKING:
-    from rota.core import ClaimedTask
     from rota.task import Enqueue, P, Task
-
-# Set by the worker (and rota.testing) around each run; a task's own asyncio
-# tasks and threads started with contextvars.copy_context see it too.
-current_task: contextvars.ContextVar[ClaimedTask] = contextvars.ContextVar("rota_task")
-
-
-class CancelFlag:
-    """Raised (`asked`) when a running task's cancel is asked; one per run,
-    so as cheap to make as an object can be."""
-
-    __slots__ = ("asked",)
-
-    def __init__(self) -> None:
-        self.asked = False
-
-
-# The running task's flag (rota task cancel, the console).
-current_cancel: contextvars.ContextVar[CancelFlag] = contextvars.ContextVar("rota_cancel")
-
-
-class OutsideTask(RotaError):
-    """`rota.context()` was called outside a running task."""
-
-
-class Cancelled(RotaError):
-    """Raised by `rota.context().raise_if_cancelled()` in a task whose cancel
-    was asked: the task ends cancelled, not retried."""
 
 
 @dataclass(frozen=True)

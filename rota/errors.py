@@ -54,6 +54,15 @@ class Retry(RotaError):
         self.reason = reason
 
 
+class OutsideTask(RotaError):
+    """`rota.context()` was called outside a running task."""
+
+
+class Cancelled(RotaError):
+    """Raised by `rota.context().raise_if_cancelled()` in a task whose cancel
+    was asked: the task ends cancelled, not retried."""
+
+
 class SoftTimeLimitExceeded(RotaError):
     """Raised inside a task of the process pool at its `soft_timeout`: time to
     clean up before its `timeout` kills it."""

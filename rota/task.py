@@ -30,8 +30,8 @@ from typing import (
 from uuid import UUID
 
 from rota.errors import ValidationError
+from rota.model.calls import ArgumentCheck, TaskOptions
 from rota.model.envelope import EnvelopeTemplate
-from rota.model.limits import Limit
 
 if TYPE_CHECKING:
     import psycopg
@@ -44,22 +44,6 @@ R = TypeVar("R")
 # caller's work, visible if it commits, gone if it rolls back.
 SyncConnection: TypeAlias = "psycopg.Connection[object]"
 AsyncConnection: TypeAlias = "psycopg.AsyncConnection[object]"
-
-
-@dataclass(frozen=True)
-class TaskOptions:
-    queue: str
-    max_attempts: int
-    backoff: float
-    backoff_max: float
-    timeout: float | None  # seconds a run may take (the process pool kills it then)
-    cost: float
-    priority: int = 0
-    result_ttl: float | None = None  # seconds a run's return value is kept (None: not kept)
-    # Seconds until the process pool raises SoftTimeLimitExceeded in a run.
-    soft_timeout: float | None = None
-    # The limit on keys its runs count against (rota.Limit), if any.
-    limit: Limit | None = None
 
 
 @dataclass(frozen=True)
@@ -90,42 +74,6 @@ class TaskCall:
     task: Task[Any, Any] | None = field(default=None, compare=False, repr=False)
     # A workflow's join or step: a result goes before `args` when it runs.
     receives: bool = False
-
-
-# Distinct call shapes whose verdict a task remembers; past it, new shapes
-# are checked on every call (a caller varying its keywords endlessly).
-MAX_SHAPES = 1024
-
-
-class ArgumentCheck:
-    """Checks a call's arguments against the task function's signature, at
-    enqueue rather than in a worker three attempts later. Calls of one shape
-    (number of arguments, keyword names) share one verdict."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.signature = inspect.signature(fn)
-        self._verdicts: dict[int | tuple[int, tuple[str, ...]], str | None] = {}
-
-    def check(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        try:
-            # Positional calls (most) are known by their length alone.
-            shape: int | tuple[int, tuple[str, ...]] = (
-                (len(args), tuple(kwargs)) if kwargs else len(args)
-            )
-        except TypeError:
-            return  # not a list and a dict: the payload check says so
-        verdict = self._verdicts.get(shape, False)
-        if verdict is False:
-            count, names = shape if isinstance(shape, tuple) else (shape, ())
-            try:
-                self.signature.bind(*range(count), **dict.fromkeys(names))
-                verdict = None
-            except TypeError as exc:
-                verdict = str(exc)
-            if len(self._verdicts) < MAX_SHAPES:
-                self._verdicts[shape] = verdict
-        if verdict is not None:
-            raise ValidationError(f"arguments do not fit task {name!r}: {verdict}")
 
 
 class Enqueuer(Protocol):

@@ -29,6 +29,7 @@ import orjson
 from rota.buffer.entries import TaskBatch
 from rota.core.workflows import Join, Member
 from rota.errors import ValidationError
+from rota.model.calls import CallRules, check_call, task_id_of
 from rota.model.envelope import TaskEnvelope, new_task_id
 from rota.model.rules import LATEST
 from rota.runtime import tracing
@@ -51,12 +52,6 @@ class Enqueuing(Protocol):
 
     @property
     def aproducer(self) -> Any: ...
-
-    def task_id_of(self, call: TaskCall) -> UUID | None: ...
-
-    def _add(
-        self, batch: TaskBatch, call: TaskCall, task_id: UUID | None = None, eta: Any = None
-    ) -> None: ...
 
 
 # A waiting join is loaded scheduled at this time (and taken off the
@@ -255,10 +250,12 @@ def _prepared(app: Enqueuing, flow: Node) -> tuple[Callable[[], Op[int]], Workfl
     its tasks' batch."""
     from rota.core.workflows import add_workflow
 
-    made, tenant = plan(flow, app.task_id_of)
+    made, tenant = plan(flow, task_id_of)
     batch = TaskBatch.empty()
+    rules, now = CallRules.of(app.settings), batch.enqueued_at
     for task_id, call in made.calls:
-        app._add(batch, call, task_id, WAITING_AT if task_id in made.joins else None)
+        eta = WAITING_AT if task_id in made.joins else None
+        batch.append(check_call(call, app.tasks, rules, now, task_id, eta))
     members = members_of(made)
     for i, task_id in enumerate(batch.ids):
         if task_id in members:

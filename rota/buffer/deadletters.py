@@ -2,24 +2,20 @@
 
 Each dead letter holds the raw data (a whole task's JSON, an entry's task
 columns, or an unreadable entry's fields), the reason, and where it came
-from. Operators list them, replay them (rota.loader.replay) and purge them;
-both actions are recorded in rota.audit.
+from. Operators list them here, and replay or purge them (rota.loader.replay,
+which records both actions in rota.audit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import psycopg
 
-from rota import core
 from rota.buffer.redis_client import Client
 from rota.buffer.streams import check_entry_id, dead_letter_stream, entry_seconds
-from rota.core import db
 from rota.errors import ValidationError
 
 # Dead letters searched for a task id at most (newest first).
@@ -108,25 +104,3 @@ def find_task(client: Client, prefix: str, task_id: str) -> DeadLetter | None:
             last = _text(entry_id)  # the next page starts below the oldest read
         seen += len(entries)
     return None
-
-
-def purge(
-    client: Client,
-    conn: psycopg.Connection[Any],
-    prefix: str,
-    actor: str,
-    letter_ids: Sequence[str] = (),
-    everything: bool = False,
-) -> int:
-    """Deletes the dead letters named (or all of them); returns how many."""
-    stream = dead_letter_stream(prefix)
-    if everything:
-        removed = int(client.xlen(stream))
-        client.delete(stream)
-    elif letter_ids:
-        removed = int(client.xdel(stream, *[check_entry_id(i) for i in letter_ids]))
-    else:
-        return 0
-    detail: dict[str, Any] = {"all": True} if everything else {"letters": list(letter_ids)}
-    db.run(conn, core.record(actor, "purge", "dead-letters", removed, detail))
-    return removed

@@ -15,6 +15,7 @@ from pydantic import ValidationError as PydanticValidationError
 from typing_extensions import TypedDict
 
 from rota.errors import ValidationError
+from rota.model.calls import CheckedRun, run_of
 from rota.model.envelope import (
     Attempts,
     Backoff,
@@ -28,11 +29,9 @@ from rota.model.envelope import (
     TenantName,
     Time,
     check_payload,
-    check_run,
     new_task_id,
     parse_envelope,
 )
-from rota.model.rules import check_limit_key, check_priority
 
 # A batch's per-task columns, in the JSON of a buffer entry. The optional
 # ones are written only when a task has one: an entry without "priority"
@@ -88,10 +87,24 @@ class TaskBatch:
     ) -> UUID:
         """Checks one run of `template` and appends it (nothing, if it raises a
         ValidationError subclass); returns its task id."""
-        tenant, cost, eta, payload = check_run(tenant, cost, eta, args, kwargs, max_payload_bytes)
-        priority = check_priority(priority)
-        if limit_key is not None:
-            check_limit_key(limit_key)
+        return self.append(
+            run_of(
+                template,
+                tenant,
+                args,
+                kwargs,
+                task_id,
+                cost,
+                eta,
+                max_payload_bytes,
+                priority,
+                limit_key,
+            )
+        )
+
+    def append(self, run: CheckedRun) -> UUID:
+        """Appends a checked run (rota.model.calls); returns its task id."""
+        template, tenant, payload, task_id, cost, eta, priority, limit_key = run
         last, index = self._last
         if template is not last:
             index = self._index_of(template)

@@ -27,7 +27,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import AbstractBackoff
 from redis.retry import Retry
 
-from rota.core.links import keepalive
+from rota.runtime.links import keepalive
 from rota.runtime.outage import LOOPS, Backoff
 from rota.runtime.redact import redact_url
 from rota.settings import Settings

@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 
 import typer
 
-from rota.cli import admin, console, consumer, limits, loader, schema, tasks, tenants
+from rota.cli import admin, consumer, dashboard, limits, loader, schema, tasks, tenants
 from rota.cli.app import Options, app
 from rota.cli.errors import explain
 from rota.runtime.redact import printable
@@ -20,8 +20,8 @@ from rota.runtime.redact import printable
 __all__ = [
     "admin",
     "app",
-    "console",
     "consumer",
+    "dashboard",
     "limits",
     "loader",
     "main",

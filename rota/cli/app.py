@@ -59,7 +59,7 @@ def settings_from(database_url: str | None = None, redis_url: str | None = None)
 
 def load_app(spec: str) -> Any:
     """`package.module:attribute` -> the rota.App it names."""
-    from rota.runtime.process import load_app as load
+    from rota.app import load_app as load
 
     sys.path.insert(0, os.getcwd())
     try:

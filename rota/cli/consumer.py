@@ -1,10 +1,8 @@
-"""`rota worker` and `rota reaper`: running tasks, and the maintenance duties."""
+"""`rota worker` and `rota maintenance`: running tasks, and the maintenance duties."""
 
 from __future__ import annotations
 
 import enum
-import logging
-import os
 from typing import Annotated
 
 import typer
@@ -20,7 +18,7 @@ from rota.cli.app import (
     settings_from,
     split_names,
 )
-from rota.runtime.process import on_stop_signals, tune_gc
+from rota.runtime.process import on_stop_signals
 
 
 class Pool(enum.StrEnum):
@@ -41,7 +39,7 @@ def worker(
         Pool,
         typer.Option(help="threads, or processes: sync tasks in child processes, one per slot"),
     ] = Pool.threads,
-    maintenance: Annotated[bool, typer.Option(help="take part in reaper/scheduler duty")] = True,
+    maintenance: Annotated[bool, typer.Option(help="take part in the maintenance duties")] = True,
     metrics_port: MetricsPort = None,
     metrics_host: MetricsHost = "127.0.0.1",
     log_level: LogLevel = "info",
@@ -49,36 +47,26 @@ def worker(
 ) -> None:
     """Run tasks. SIGTERM/SIGINT: stop claiming, hand back unstarted tasks, let
     running ones finish within ROTA_SHUTDOWN_GRACE_SECONDS."""
-    tune_gc()
-    from rota.consumer import Worker
-    from rota.readmodel.health import serve_health
-    from rota.runtime import logs
+    from rota.consumer.main import serve_worker
 
-    logs.configure(log_level, log_format)
-    runner = Worker(
+    serve_worker(
         load_app(app_spec),
-        queues=split_names(queues) or None,
+        app_spec,
+        queues=split_names(queues),
         exclude=split_names(exclude),
         concurrency=concurrency,
         batch_size=batch_size,
-        maintenance=maintenance,
         pool=pool.value,
-        app_spec=app_spec,
+        maintenance=maintenance,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        log_level=log_level,
+        log_format=log_format,
     )
-    on_stop_signals(runner.stop)
-    if metrics_port is not None:
-        serve_health(
-            runner.settings, metrics_host, metrics_port, runner.ready, runner.metrics.registry
-        )
-    if not runner.run():
-        # Tasks outlived the shutdown grace and were handed back; their
-        # threads cannot be stopped, and would keep the process alive.
-        logging.shutdown()
-        os._exit(0)
 
 
 @app.command()
-def reaper(
+def maintenance(
     app_spec: Annotated[str | None, typer.Option("--app", help="for cron schedules")] = None,
     database_url: DatabaseUrl = None,
     log_level: LogLevel = "info",
@@ -98,3 +86,15 @@ def reaper(
     stop = threading.Event()
     on_stop_signals(stop.set)
     run_maintenance(settings, Maintenance(settings, application), stop)
+
+
+@app.command(hidden=True)
+def reaper(
+    app_spec: Annotated[str | None, typer.Option("--app", help="for cron schedules")] = None,
+    database_url: DatabaseUrl = None,
+    log_level: LogLevel = "info",
+    log_format: LogFormat = "text",
+) -> None:
+    """Deprecated: `rota maintenance`."""
+    typer.echo("rota reaper is deprecated: run `rota maintenance`", err=True)
+    maintenance(app_spec, database_url, log_level, log_format)

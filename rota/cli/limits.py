@@ -66,7 +66,8 @@ def limit_set(
 ) -> None:
     """Set a limit's numbers (those not given are cleared). An operator's
     setting holds over the app's declaration until `rota limit reset`."""
-    from rota import Limit, core
+    from rota import core
+    from rota.model.limits import Limit
 
     limit = Limit(name, concurrency=concurrency, rate=rate, burst=burst)
     run_admin(database_url, core.set_limit(limit, actor_or_default(actor)))

@@ -345,8 +345,8 @@ def letters_purge(
     redis_url: RedisUrl = None,
 ) -> None:
     """Delete dead letters (the ones named, or --all)."""
-    from rota.buffer import deadletters
     from rota.core.connections import connect
+    from rota.loader import replay
 
     if not ids and not purge_all:
         raise typer.BadParameter("name dead letter ids, or pass --all")
@@ -354,7 +354,7 @@ def letters_purge(
     client = redis_client.connect(settings)
     try:
         with connect(settings, "admin") as conn:
-            removed = deadletters.purge(
+            removed = replay.purge(
                 client, conn, settings.stream_prefix, actor_or_default(actor), ids or [], purge_all
             )
     finally:

@@ -1,4 +1,5 @@
-"""The consumer: workers, the reaper and scheduler (maintenance), cron."""
+"""The consumer: workers, and the maintenance duties (due tasks, leases, dead
+workers, cron, retention) run by one of them or by `rota maintenance`."""
 
 from rota.consumer.maintenance import Maintenance
 from rota.consumer.worker import Worker

@@ -2,7 +2,7 @@
 promote due tasks, requeue expired leases, reap dead workers, fire cron ticks,
 the retention duties (finished and dead tasks, stopped workers' rows, the
 loader ledger), and the console's figures (service per minute, counts per
-queue and tenant). Run by `rota reaper`, or inside workers by the one that holds
+queue and tenant). Run by `rota maintenance`, or inside workers by the one that holds
 the maintenance lock (`Leadership`)."""
 
 from __future__ import annotations
@@ -15,19 +15,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from croniter import croniter
 
 from rota import core
-from rota.app import App
 from rota.core import connections, db
 from rota.core.results import prune_results
 from rota.errors import ValidationError
 from rota.model.envelope import make_envelope, task_id_for_key
-from rota.runtime.outage import Kept, Outage, rounds
+from rota.runtime.outage import Kept, Outage, run_rounds
 from rota.settings import Settings
+
+if TYPE_CHECKING:
+    from rota.app import App
 
 log = logging.getLogger("rota.maintenance")
 
@@ -287,15 +289,15 @@ class Leadership:
 
 
 def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event) -> None:
-    """`rota reaper`: the duties every ROTA_MAINTENANCE_SECONDS while this
+    """`rota maintenance`: the duties every ROTA_MAINTENANCE_SECONDS while this
     process leads, riding out database outages, until `stop` is set."""
-    leadership = Leadership(duty, f"reaper {socket.gethostname()}:{os.getpid()}")
+    leadership = Leadership(duty, f"maintenance {socket.gethostname()}:{os.getpid()}")
     outage = Outage("PostgreSQL (maintenance)", log)
     # The lock lives in a session: never one a transaction pooler shares out
     # (the "maintenance" connection goes to Settings.session_database_url).
     if settings.session_database_url is None:
         raise ValidationError(
-            "rota reaper holds a session-level lock: behind a transaction pooler, "
+            "rota maintenance holds a session-level lock: behind a transaction pooler, "
             "set ROTA_DIRECT_DATABASE_URL to a URL that reaches PostgreSQL directly"
         )
     conn = Kept(lambda: connections.connect(settings, "maintenance"))
@@ -309,7 +311,7 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
         leadership.connection_lost()
 
     try:
-        rounds(
+        run_rounds(
             lead,
             outage,
             db.SERVER_LOST,

@@ -25,15 +25,17 @@ import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rota.app import App
 from rota.consumer.reports import TRACEBACK_MAX, ChildFailure, describe, full_traceback
-from rota.context import CancelFlag, Cancelled, current_cancel, current_task
 from rota.core import ClaimedTask
-from rota.errors import Retry, SoftTimeLimitExceeded
+from rota.errors import Cancelled, Retry, SoftTimeLimitExceeded
 from rota.runtime import tracing
-from rota.runtime.process import load_app
+from rota.runtime.current import CancelFlag, current_cancel, current_task
+from rota.runtime.process import load_object
+
+if TYPE_CHECKING:
+    from rota.app import App
 
 log = logging.getLogger("rota.worker")
 
@@ -103,7 +105,8 @@ def serve(conn: multiprocessing.connection.Connection, spec: str, worker: int) -
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, _soft_limit)
-    app = load_app(spec)
+    # The worker checked that `spec` names its App (spec_of, or rota.app.load_app).
+    app: App = load_object(spec)  # type: ignore[assignment]
     while True:
         try:
             message = conn.recv()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import contextlib
@@ -12,23 +13,25 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from uuid import UUID
 
-import psycopg
-
 from rota import core
-from rota.app import App
-from rota.consumer.maintenance import Leadership
 from rota.consumer.reports import MESSAGE_MAX, Unreported, describe, full_traceback
-from rota.context import CancelFlag, Cancelled
 from rota.core import connections, db
 from rota.core.results import KeptResult
-from rota.errors import Retry, ValidationError
+from rota.errors import Cancelled, Retry, ValidationError
 from rota.model.envelope import dump_result
 from rota.model.rules import check_delay
-from rota.runtime.outage import Kept, Outage, rounds
+from rota.runtime import tracing
+from rota.runtime.current import CancelFlag, current_cancel, current_task
+from rota.runtime.outage import Outage, run_rounds
 from rota.settings import Settings
+
+if TYPE_CHECKING:
+    from rota.app import App
+    from rota.consumer.processes import Children
+    from rota.task import Task
 
 log = logging.getLogger("rota.worker")
 
@@ -61,6 +64,11 @@ class InFlight:
     cancel: CancelFlag = field(default_factory=CancelFlag)
     # Kills the child process running it (the process pool), once it started.
     kill: Callable[[], None] | None = None
+
+    def lease_ran_out(self, lease_seconds: float) -> bool:
+        """Whether the task's lease may have expired: longer than a lease
+        since the claim or heartbeat that last set it was sent."""
+        return time.monotonic() > self.leased_from + lease_seconds
 
     def begin(self) -> None:
         self.started_at = time.monotonic()
@@ -146,6 +154,46 @@ class StaleClaim(Exception):
 class TaskAborted(Exception):
     """An async task raised SystemExit or KeyboardInterrupt: it fails like any
     error instead of stopping the worker's event loop."""
+
+
+def call_sync(registered: Task[Any, Any], flight: InFlight, children: Children | None) -> Any:
+    """One run of a sync task, in this thread or in a child process."""
+    with tracing.run(flight.task):
+        if children is None:
+            current_task.set(flight.task)
+            current_cancel.set(flight.cancel)
+            return registered.fn(*flight.task.args, **flight.task.kwargs)
+        options = registered.options
+        keep = flight.keep is not None
+        return children.run(
+            flight.task,
+            options.timeout,
+            options.soft_timeout,
+            keep,
+            flight.cancel,
+            flight.killed_by,
+        )
+
+
+async def run_async(
+    registered: Task[Any, Any], flight: InFlight, slots: asyncio.Semaphore, lease_seconds: float
+) -> Any:
+    """One run of an async task on the worker's event loop, in one of its `slots`."""
+    async with slots:
+        if flight.lease_ran_out(lease_seconds):
+            raise StaleClaim()
+        flight.begin()
+        current_task.set(flight.task)
+        current_cancel.set(flight.cancel)
+        try:
+            with tracing.run(flight.task):
+                return await asyncio.wait_for(
+                    registered.fn(*flight.task.args, **flight.task.kwargs), flight.timeout
+                )
+        except TimeoutError:
+            raise TaskTimeout(f"timed out after {flight.timeout} s") from None
+        except (SystemExit, KeyboardInterrupt) as exc:
+            raise TaskAborted(f"the task raised {type(exc).__name__}") from None
 
 
 def apply_cancels(
@@ -308,47 +356,4 @@ def listen(
                         wake.set()
 
     outage = Outage("PostgreSQL (LISTEN)", log)
-    rounds(listening, outage, db.SERVER_LOST, stopping)
-
-
-def heartbeat(
-    settings: Settings,
-    worker_id: str,
-    beat: Callable[[psycopg.Connection[Any]], None],
-    leadership: Leadership | None,
-    stopping: threading.Event,
-) -> None:
-    """Calls `beat` (extend leases, keep the worker's row alive) every
-    ROTA_HEARTBEAT_SECONDS, and runs the maintenance duties while `leadership`
-    holds their lock, which lives on this thread's connection: leadership is
-    lost with it. Until `stopping`; reconnects after a lost connection."""
-    last_beat = float("-inf")
-    # Which worker holds the maintenance lock: its id, in pg_stat_activity.
-    conn = Kept(lambda: connections.connect(settings, "heartbeat", who=worker_id))
-
-    def beat_and_maintain() -> float:
-        nonlocal last_beat
-        if time.monotonic() - last_beat >= settings.heartbeat_seconds:
-            beat(conn.get())
-            last_beat = time.monotonic()
-        if leadership is not None:
-            leadership.tick(conn.get())
-        return settings.maintenance_seconds
-
-    def lost(_error: BaseException) -> None:
-        conn.drop()
-        if leadership is not None:
-            leadership.connection_lost()
-
-    try:
-        rounds(
-            beat_and_maintain,
-            Outage("PostgreSQL (heartbeat and maintenance)", log),
-            db.SERVER_LOST,
-            stopping,
-            lost=lost,
-            carry_on="heartbeat or maintenance",
-            pause_after_crash=settings.maintenance_seconds,
-        )
-    finally:
-        conn.drop()
+    run_rounds(listening, outage, db.SERVER_LOST, stopping)

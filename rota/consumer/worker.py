@@ -24,12 +24,12 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from rota import core
-from rota.app import App
+from rota.consumer.heartbeat import beat, heartbeat
 from rota.consumer.maintenance import Leadership, Maintenance
 from rota.consumer.processes import Children
 from rota.consumer.reports import (
@@ -45,22 +45,22 @@ from rota.consumer.running import (
     InFlight,
     Outcome,
     StaleClaim,
-    TaskAborted,
     TaskPool,
-    TaskTimeout,
     apply_cancels,
+    call_sync,
     expire_timeouts,
-    heartbeat,
     listen,
+    run_async,
     sort_outcome,
     worker_queues,
 )
-from rota.context import current_cancel, current_task
 from rota.core import connections, db
 from rota.readmodel.metrics import WorkerMetrics
-from rota.runtime import tracing
-from rota.runtime.outage import Kept, Outage, retrying, rounds
-from rota.task import Task
+from rota.runtime.outage import Kept, Outage, run_rounds, run_until_done
+
+if TYPE_CHECKING:
+    from rota.app import App
+    from rota.task import Task
 
 log = logging.getLogger("rota.worker")
 
@@ -145,7 +145,7 @@ class Worker:
         still ran after the shutdown grace and were handed back, and their
         threads cannot be stopped: the process should exit now)."""
         queues = worker_queues(self.app, self.fixed_queues, self.exclude)
-        conn = retrying(
+        conn = run_until_done(
             lambda: self._join(queues), self.claims_outage, db.SERVER_LOST, self.stopping.wait
         )
         if conn is None:
@@ -156,7 +156,7 @@ class Worker:
         helpers = [
             threading.Thread(
                 target=listen,
-                args=(self.settings, queues, self.wake, self.exited, self._cancel_asked, self.id),
+                args=(self.settings, queues, self.wake, self.exited, self.cancel_asked, self.id),
                 daemon=True,
             ),
             threading.Thread(target=self._heartbeat, daemon=True),
@@ -170,7 +170,7 @@ class Worker:
             # An outage keeps the outcomes not yet reported, to report after
             # reconnecting. Other failures are narrowed down to their task
             # where they can be (claims and reports); anything else is logged.
-            rounds(
+            run_rounds(
                 lambda: self._step(kept.get(), queues),
                 self.claims_outage,
                 db.SERVER_LOST,
@@ -320,11 +320,13 @@ class Worker:
         if not registered.is_async:
             # A prefetched task waits unstarted (handed back at shutdown).
             return self._pool.submit(self._run_sync, registered, flight)
-        run = asyncio.run_coroutine_threadsafe(self._run_async(registered, flight), self._loop)
+        lease = self.settings.lease_seconds
+        running = run_async(registered, flight, self._async_slots, lease)
+        run = asyncio.run_coroutine_threadsafe(running, self._loop)
         flight.future = run
         run.add_done_callback(functools.partial(self._done, flight))
 
-    def _cancel_asked(self, task_id: uuid.UUID) -> None:
+    def cancel_asked(self, task_id: uuid.UUID) -> None:
         self.cancels.append(task_id)
         self.wake.set()
 
@@ -333,59 +335,19 @@ class Worker:
             self.cancels, self.in_flight, self._pool.starting, self.unreported, self._ended
         )
 
-    def _lease_ran_out(self, flight: InFlight) -> bool:
-        """Whether the task's lease may have expired: longer than a lease
-        since the claim or heartbeat that last set it was sent."""
-        return time.monotonic() > flight.leased_from + self.settings.lease_seconds
-
     def _run_sync(self, registered: Task[Any, Any], flight: InFlight) -> None:
         try:
             with self._pool.starting:
                 if flight.handed_back:
                     return
-                if self._lease_ran_out(flight):
+                if flight.lease_ran_out(self.settings.lease_seconds):
                     raise StaleClaim()
                 flight.begin()
-            value = self._call(registered, flight)
+            value = call_sync(registered, flight, self._children)
         except BaseException as exc:  # as the pool's future would keep it
             self._ended(Outcome(flight.task, exc, keep=flight.keep))
         else:
             self._ended(flight.outcome(value))
-
-    def _call(self, registered: Task[Any, Any], flight: InFlight) -> Any:
-        """One run of a sync task, in this thread or in a child process."""
-        with tracing.run(flight.task):
-            if self._children is None:
-                current_task.set(flight.task)
-                current_cancel.set(flight.cancel)
-                return registered.fn(*flight.task.args, **flight.task.kwargs)
-            options = registered.options
-            keep = flight.keep is not None
-            return self._children.run(
-                flight.task,
-                options.timeout,
-                options.soft_timeout,
-                keep,
-                flight.cancel,
-                flight.killed_by,
-            )
-
-    async def _run_async(self, registered: Task[Any, Any], flight: InFlight) -> Any:
-        async with self._async_slots:
-            if self._lease_ran_out(flight):
-                raise StaleClaim()
-            flight.begin()
-            current_task.set(flight.task)
-            current_cancel.set(flight.cancel)
-            try:
-                with tracing.run(flight.task):
-                    return await asyncio.wait_for(
-                        registered.fn(*flight.task.args, **flight.task.kwargs), flight.timeout
-                    )
-            except TimeoutError:
-                raise TaskTimeout(f"timed out after {flight.timeout} s") from None
-            except (SystemExit, KeyboardInterrupt) as exc:
-                raise TaskAborted(f"the task raised {type(exc).__name__}") from None
 
     def _done(self, flight: InFlight, future: Future[Any]) -> None:
         if not future.cancelled():
@@ -468,50 +430,11 @@ class Worker:
 
     def _heartbeat(self) -> None:
         # The maintenance lock is a session's: behind a transaction pooler the
-        # heartbeat's connection has none, and `rota reaper` leads instead.
+        # heartbeat's connection has none, and `rota maintenance` leads instead.
         leads = self.run_maintenance and not self.settings.transaction_pooling
         if self.run_maintenance and not leads:
-            log.info("behind a transaction pooler, workers leave maintenance to `rota reaper`")
+            log.info("behind a transaction pooler, workers leave maintenance to `rota maintenance`")
         leadership = (
             Leadership(Maintenance(self.settings, self.app), f"worker {self.id}") if leads else None
         )
-        heartbeat(self.settings, self.id, self._beat, leadership, self.stopping)
-
-    def _beat(self, conn: psycopg.Connection[Any]) -> None:
-        beat_started = time.monotonic()
-        if not db.run(conn, core.worker_heartbeat(self.key)) and not self.stopping.is_set():
-            # Declared dead while cut off: what it held stays its until the
-            # leases pass (then its reports of it are refused); it claims again.
-            if db.run(conn, core.rejoin_worker(self.key)):
-                log.warning("worker %s was declared dead while cut off; it rejoins", self.id)
-            else:
-                log.error("worker %s was declared dead and its record is gone; stopping", self.id)
-                self.stop()
-        tokens = [f.task.token for f in list(self.in_flight.values())]
-        held = (
-            db.run(conn, core.extend_leases(tokens, self.settings.lease_seconds, self.key))
-            if tokens
-            else set()
-        )
-        # Each lease held was renewed at the server after the beat began.
-        for task_id, attempt in tokens:
-            flight = self.in_flight.get(task_id)
-            if task_id in held and flight is not None and flight.task.attempt == attempt:
-                flight.leased_from = max(flight.leased_from, beat_started)
-        # Runs' seconds since the last beat (queues charged by time cost by them).
-        times, self.run_times = self.run_times, {}
-        if times:
-            db.run(conn, core.record_run_times(times))
-        # Only tasks still in flight count: one that finished meanwhile left
-        # the running table without losing anything.
-        lost = [t for t, _ in tokens if t not in held and t in self.in_flight]
-        if lost:
-            # Another worker may hold them now: they end as if cancelled (not
-            # started if they were not; a running one is asked to stop).
-            log.warning(
-                "%d lease(s) lost: not starting those waiting, stopping those running, "
-                "their results refused",
-                len(lost),
-            )
-            for task_id in lost:
-                self._cancel_asked(task_id)
+        heartbeat(self.settings, self.id, functools.partial(beat, self), leadership, self.stopping)

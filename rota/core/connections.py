@@ -9,7 +9,7 @@ One place applies what a connection needs: the URL (the direct one for a
 session that keeps state behind a transaction pooler), pooling (no startup
 options and no prepared statements behind a transaction pooler), the time
 opening it may take (ROTA_DATABASE_TIMEOUT_SECONDS), the bounds of every
-wait on the network (ROTA_DATABASE_DEAD_LINK_SECONDS, rota.core.links), the
+wait on the network (ROTA_DATABASE_DEAD_LINK_SECONDS, rota.runtime.links), the
 application name pg_stat_activity shows, and the session's settings: rota's
 planner settings for its own statements, the server's own for operators'
 ad-hoc reads. TLS, and anything else libpq takes, comes from the URL, and
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from rota.core.links import link, server_link
+from rota.runtime.links import link, server_link
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
@@ -36,7 +36,7 @@ Purpose = Literal[
     "claims",  # a worker's claims and reports
     "heartbeat",  # a worker's heartbeats, and maintenance while it leads
     "listen",  # a worker's LISTEN for new tasks and cancels
-    "maintenance",  # `rota reaper`: the maintenance lock and duties
+    "maintenance",  # `rota maintenance`: the maintenance lock and duties
     "load",  # the loaders and `rota import`
     "enqueue",  # the producers: the database fallback, transactional enqueues
     "results",  # a task's status and result
@@ -61,7 +61,7 @@ USES: dict[str, Use] = {
     "claims": Use("rota-worker"),
     "heartbeat": Use("rota-worker"),
     "listen": Use("rota-worker", session=True),
-    "maintenance": Use("rota-reaper", session=True),
+    "maintenance": Use("rota-maintenance", session=True),
     "load": Use("rota-loader"),
     "enqueue": Use("rota-producer"),
     "results": Use("rota-results"),

@@ -31,7 +31,7 @@ import redis
 from rota import core
 from rota.core import connections, db
 from rota.loader.reading import Entry
-from rota.runtime.outage import Kept, Outage, retrying
+from rota.runtime.outage import Kept, Outage, run_until_done
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")
@@ -127,7 +127,7 @@ class Acknowledger:
         return again
 
     def _settle(self, batch: list[tuple[float, Callable[[], None], list[Entry]]]) -> None:
-        since = retrying(
+        since = run_until_done(
             self._flush,
             self._outage,
             db.SERVER_LOST,

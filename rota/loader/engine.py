@@ -44,7 +44,7 @@ from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
 from rota.model.envelope import TaskEnvelope
 from rota.readmodel.metrics import LoaderMetrics
-from rota.runtime.outage import Kept, Outage, Polled, one_line, retrying, rounds
+from rota.runtime.outage import Kept, Outage, Polled, one_line, run_rounds, run_until_done
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader")
@@ -338,7 +338,7 @@ class Loader:
                 break
             # Within a time budget an outage is waited out; without one (or
             # past it) the drain fails, for cron to retry.
-            result = retrying(
+            result = run_until_done(
                 self.pass_once,
                 outage,
                 LOADER_OUTAGES,
@@ -390,7 +390,7 @@ class Loader:
         if self._flushes_apart:
             self._acks = Acknowledger(self.settings)
         try:
-            rounds(one_pass, outage, LOADER_OUTAGES, stop, lost=self._after_failure)
+            run_rounds(one_pass, outage, LOADER_OUTAGES, stop, lost=self._after_failure)
         finally:
             if self._acks is not None:
                 self._acks.stop()

@@ -1,6 +1,7 @@
 """Replaying dead letters: their tasks loaded into PostgreSQL with the
 loaders' own checks and function, by today's rules; what is still refused
-stays in the dead-letter stream, with the new reason."""
+stays in the dead-letter stream, with the new reason. And purging them.
+Both are recorded in rota.audit."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rota import core
 from rota.buffer.deadletters import DeadLetter, get
 from rota.buffer.entries import parse_batch
 from rota.buffer.redis_client import Client
-from rota.buffer.streams import dead_letter_stream
+from rota.buffer.streams import check_entry_id, dead_letter_stream
 from rota.core import db
 from rota.errors import ValidationError
 from rota.loader.store import load_in_chunks
@@ -84,3 +85,25 @@ def replay(
         detail = {"letters": list(result.loaded)}
         db.run(conn, core.record(actor, "replay", "dead-letters", len(result.loaded), detail))
     return result
+
+
+def purge(
+    client: Client,
+    conn: psycopg.Connection[Any],
+    prefix: str,
+    actor: str,
+    letter_ids: Sequence[str] = (),
+    everything: bool = False,
+) -> int:
+    """Deletes the dead letters named (or all of them); returns how many."""
+    stream = dead_letter_stream(prefix)
+    if everything:
+        removed = int(client.xlen(stream))
+        client.delete(stream)
+    elif letter_ids:
+        removed = int(client.xdel(stream, *[check_entry_id(i) for i in letter_ids]))
+    else:
+        return 0
+    detail: dict[str, Any] = {"all": True} if everything else {"letters": list(letter_ids)}
+    db.run(conn, core.record(actor, "purge", "dead-letters", removed, detail))
+    return removed

@@ -46,7 +46,7 @@ from rota.loader.spark_session import SparkOptions
 from rota.loader.spark_session import spark_session as build_session
 from rota.loader.spark_source import SOURCE_NAME, loading_source
 from rota.readmodel.metrics import LoaderMetrics
-from rota.runtime.outage import Outage, Polled, retrying
+from rota.runtime.outage import Outage, Polled, run_until_done
 from rota.settings import Settings
 
 log = logging.getLogger("rota.loader.spark")
@@ -94,7 +94,7 @@ class BatchSink:
             return True
 
         try:
-            done = retrying(
+            done = run_until_done(
                 load, self.outage, OUTAGES, Polled(self.should_stop).wait, lost=self._lost
             )
         except Exception:

@@ -52,7 +52,7 @@ LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 INT_RANGE = (-(2**63), 2**64 - 1)
 
 # A connection that hears nothing back for this long is taken for dead
-# (Settings.database_dead_link_seconds, rota.core.links): without it a silent
+# (Settings.database_dead_link_seconds, rota.runtime.links): without it a silent
 # partition (packets dropped, no reset) hangs a wait for the kernel's two hours.
 DEAD_LINK_SECONDS = 20.0
 

@@ -31,7 +31,7 @@ from rota.producer.core import (
     WriteBuffer,
 )
 from rota.runtime import tracing
-from rota.runtime.outage import AsyncKept, Kept, aretried, retried
+from rota.runtime.outage import AsyncKept, Kept, with_async_retries, with_retries
 from rota.settings import Settings
 
 T = TypeVar("T")
@@ -126,12 +126,14 @@ class Producer:
         self._conn = Kept(lambda: connections.connect(self.settings, "enqueue"))
         self._conn_lock = threading.Lock()
         # A Redis effect: a plain call, tried again only once it failed.
-        self._send_retried = retried(self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF)
+        self._send_retried = with_retries(
+            self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF
+        )
 
     @property
     def redis(self) -> redis_client.Client:
         if self._redis is None:
-            # Retries are ours (`retried`, then the fallback), not redis-py's.
+            # Retries are ours (`with_retries`, then the fallback), not redis-py's.
             self._redis = redis_client.connect(self.settings, retries=0)
         return self._redis
 
@@ -197,7 +199,9 @@ class AsyncProducer:
         self._redis: redis_client.AsyncClient | None = None
         self._conn = AsyncKept(lambda: connections.aconnect(self.settings, "enqueue"))
         self._conn_lock = asyncio.Lock()
-        self._send_retried = aretried(self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF)
+        self._send_retried = with_async_retries(
+            self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF
+        )
 
     async def redis(self) -> redis_client.AsyncClient:
         if self._redis is None:

@@ -46,7 +46,7 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (*SERVER_LOST, *WRITE_REFUSED)
 
 # The waits between a write's retries: short, as the enqueue waits on them.
 # The first retry goes at once (a dropped connection is usually back on a new
-# one; rota.runtime.outage.retried).
+# one; rota.runtime.outage.with_retries).
 WRITE_BACKOFF = Backoff(base=0.02, cap=0.1)
 
 

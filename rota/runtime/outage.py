@@ -4,17 +4,18 @@ Waits between attempts back off exponentially with jitter (so a fleet does
 not reconnect in lockstep), up to a bound: a `Backoff`, made of tenacity's
 wait strategies. A loop that loses PostgreSQL or Redis says so in its log
 twice: when the outage starts and when it ends, never once per try. Every
-loop runs through `rounds` (work again and again) or `retrying` (one thing
-until it succeeds), holding its connection in a `Kept`:
+loop runs through `run_rounds` (work again and again) or `run_until_done`
+(one thing until it succeeds), holding its connection in a `Kept`:
 
     conn = Kept(lambda: db.connect(url))
-    rounds(lambda: beat(conn.get()), Outage("PostgreSQL (heartbeat)", log),
-           db.SERVER_LOST, stop, lost=conn.drop)
+    run_rounds(lambda: beat(conn.get()), Outage("PostgreSQL (heartbeat)", log),
+               db.SERVER_LOST, stop, lost=conn.drop)
 
-A call that must not wait long (a producer's buffer write) is tried again a
-few times by `retried` (`aretried`), through tenacity; redis-py's own retries
-wait per a `Backoff` too (rota.buffer.redis_client). Each server's errors
-that mean "lost" are defined once, beside its connections: `db.SERVER_LOST`,
+A call that must not wait long (a producer's buffer write) is wrapped by
+`with_retries` (`with_async_retries`) to be tried again a few times, through
+tenacity; redis-py's own retries wait per a `Backoff` too
+(rota.buffer.redis_client). Each server's errors that mean "lost" are
+defined once, beside its connections: `db.SERVER_LOST`,
 `redis_client.SERVER_LOST`. Outages are counted per loop for the metrics
 (`outages()`).
 """
@@ -84,7 +85,7 @@ class Backoff:
         return self.wait(state)
 
 
-# The retrying that `delay`'s call state belongs to (a wait reads only its attempt number).
+# The Retrying that `delay`'s call state belongs to (a wait reads only its attempt number).
 _ASKING = Retrying()
 
 # Loops: the first retry comes after at most BASE seconds; waits double up to
@@ -221,7 +222,7 @@ class Polled:
         return True
 
 
-def rounds(
+def run_rounds(
     work: Callable[[], float | None],
     outage: Outage,
     errors: Errors,
@@ -256,7 +257,7 @@ def rounds(
             stop.wait(pause)
 
 
-def retrying(
+def run_until_done(
     attempt: Callable[[], T],
     outage: Outage,
     errors: Errors,
@@ -295,7 +296,7 @@ def _retries(times: int, errors: Errors, backoff: Backoff) -> dict[str, Any]:
     }
 
 
-def retried(
+def with_retries(
     attempt: Callable[[A], T], errors: Errors, retries: Callable[[A], int], backoff: Backoff
 ) -> Callable[[A], T]:
     """`attempt`, tried again `retries(arg)` times after it failed with one of
@@ -315,13 +316,13 @@ def retried(
     return call
 
 
-def aretried(
+def with_async_retries(
     attempt: Callable[[A], Awaitable[T]],
     errors: Errors,
     retries: Callable[[A], int],
     backoff: Backoff,
 ) -> Callable[[A], Awaitable[T]]:
-    """`retried`, awaited."""
+    """`with_retries`, awaited."""
 
     async def call(arg: A) -> T:
         try:

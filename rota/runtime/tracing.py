@@ -49,9 +49,9 @@ def _tracer() -> Any:
         return _made[1]
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    from rota import __version__
+    from importlib.metadata import version
 
-    _made = (provider, provider.get_tracer("rota", __version__))
+    _made = (provider, provider.get_tracer("rota", version("rota")))
     return _made[1]
 
 
@@ -153,8 +153,7 @@ class _Run:
         self.token = otel_context.attach(trace.set_span_in_context(self.span))
 
     def __exit__(self, _type: Any, error: BaseException | None, _tb: Any) -> None:
-        from rota.context import Cancelled
-        from rota.errors import Retry
+        from rota.errors import Cancelled, Retry
 
         otel_context.detach(self.token)
         span = self.span

@@ -25,9 +25,9 @@ from rota.consumer.running import (
     TaskTimeout,
     sort_outcome,
 )
-from rota.context import current_task
 from rota.model.rules import check_time
 from rota.producer import ProducerCore
+from rota.runtime.current import current_task
 from rota.task import Task
 from rota.testing.line import Line
 from rota.testing.producer import Effects, MemoryAsyncProducer, MemoryProducer

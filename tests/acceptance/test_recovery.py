@@ -1,4 +1,4 @@
-"""A worker (and the reaper sidecar) ride out a PostgreSQL restart: claims,
+"""A worker (and the `rota maintenance` sidecar) ride out a PostgreSQL restart:
 heartbeats, maintenance and LISTEN come back by themselves, each outage is
 logged when it starts and when it ends, and nothing is declared dead."""
 
@@ -41,7 +41,7 @@ def _states(url: str, ids: list[Any]) -> set[str]:
         return {s.status for s in db.run(conn, core.task_states(ids)).values()}
 
 
-@pytest.mark.parametrize("maintenance", ["in-worker", "reaper"])
+@pytest.mark.parametrize("maintenance", ["in-worker", "sidecar"])
 def test_a_postgres_restart_is_ridden_out(
     own_postgres: Server, redis_url: str, maintenance: str
 ) -> None:
@@ -62,9 +62,9 @@ def test_a_postgres_restart_is_ridden_out(
     )
     worker_args = ["worker", "--app", "tests.acceptance.workapp:app"]
     processes = {}
-    if maintenance == "reaper":
+    if maintenance == "sidecar":
         worker_args.append("--no-maintenance")
-        processes["reaper"] = _start(env, "reaper", "--app", "tests.acceptance.workapp:app")
+        processes["sidecar"] = _start(env, "maintenance", "--app", "tests.acceptance.workapp:app")
     processes["worker"] = _start(env, *worker_args)
     from tests.acceptance import workapp
 
@@ -136,9 +136,9 @@ def test_a_postgres_restart_is_ridden_out(
         # One line when the outage starts, one when it ends: not one per try.
         assert worker_log.count(f"PostgreSQL ({loop}) unavailable") == 1, worker_log
         assert worker_log.count(f"PostgreSQL ({loop}) reachable again") == 1, worker_log
-    if maintenance == "reaper":
-        assert logs["reaper"].count("PostgreSQL (maintenance) unavailable") == 1, logs["reaper"]
-        assert logs["reaper"].count("runs the maintenance duties") == 2  # won again
+    if maintenance == "sidecar":
+        assert logs["sidecar"].count("PostgreSQL (maintenance) unavailable") == 1, logs["sidecar"]
+        assert logs["sidecar"].count("runs the maintenance duties") == 2  # won again
 
 
 def test_a_restart_while_a_worker_registers_is_ridden_out(

@@ -219,7 +219,7 @@ def test_tasks_that_outlive_the_shutdown_grace_are_handed_back_and_the_worker_ex
     assert (state.status, state.attempts) == ("pending", 0)  # handed back, no attempt used
 
 
-def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
+def test_workers_and_rota_maintenance_run_through_pgbouncer_in_transaction_mode(
     env: dict[str, str],
     producer: App,
     conn: psycopg.Connection[Any],
@@ -239,11 +239,11 @@ def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
             **env,
             "ROTA_DATABASE_URL": f"{bouncer.url}/{database_url.rsplit('/', 1)[1]}",
             "ROTA_DATABASE_POOLING": "transaction",
-            # LISTEN and the reaper's lock need sessions: a direct URL.
+            # LISTEN and the maintenance lock need sessions: a direct URL.
             "ROTA_DIRECT_DATABASE_URL": database_url,
         }
         workers = [start_worker(pooled, "--concurrency", "4") for _ in range(2)]
-        reaper = start_logged([sys.executable, "-m", "rota", "reaper"], env=pooled, cwd=ROOT)
+        sidecar = start_logged([sys.executable, "-m", "rota", "maintenance"], env=pooled, cwd=ROOT)
         try:
             wait_for(
                 lambda: all(
@@ -253,9 +253,9 @@ def test_workers_and_the_reaper_run_through_pgbouncer_in_transaction_mode(
                 what="every task run through the pooler",
             )
         finally:
-            for process in [*workers, reaper]:
+            for process in [*workers, sidecar]:
                 stop(process)
-    for process in [*workers, reaper]:
+    for process in [*workers, sidecar]:
         assert process.returncode == 0, process.errors()
     runs = logged(conn)
     assert len(runs) == len({row[0] for row in runs}) == 200  # each task ran once

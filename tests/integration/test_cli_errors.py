@@ -104,7 +104,7 @@ def test_debug_shows_the_traceback_without_locals() -> None:
 
 
 def test_a_console_token_is_made_once_and_only_its_hash_kept(tmp_path: Path) -> None:
-    from rota.console.auth import read_tokens, token_hash
+    from rota.dashboard.auth import read_tokens, token_hash
 
     made = rota("dashboard-token", "wall", "--scopes", "metrics,read")
     assert made.returncode == 0, made.stderr

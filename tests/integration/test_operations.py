@@ -404,7 +404,7 @@ def test_why_still_in_the_buffer_or_its_dead_letters(
 def test_dead_letters_replay_and_purge(app: App, conn: Conn, settings: Settings) -> None:
     from rota.buffer import deadletters
     from rota.loader import Loader
-    from rota.loader.replay import replay
+    from rota.loader.replay import purge, replay
 
     parse_pdf = app.tasks["parse_pdf"]
     ids = app.enqueue_many([parse_pdf.using(tenant="alice").prepare(str(i)) for i in range(3)])
@@ -429,8 +429,8 @@ def test_dead_letters_replay_and_purge(app: App, conn: Conn, settings: Settings)
     assert deadletters.count(client, settings.stream_prefix) == 2
     assert len(claim(conn, 10, queues=("pdfs",))) == 1
 
-    assert deadletters.purge(client, conn, settings.stream_prefix, ME, [letters[1].id]) == 1
-    assert deadletters.purge(client, conn, settings.stream_prefix, ME, everything=True) == 1
+    assert purge(client, conn, settings.stream_prefix, ME, [letters[1].id]) == 1
+    assert purge(client, conn, settings.stream_prefix, ME, everything=True) == 1
     assert deadletters.count(client, settings.stream_prefix) == 0
     assert [(r[1], r[3]) for r in audit_rows(conn)] == [("replay", 1), ("purge", 1), ("purge", 1)]
     client.close()

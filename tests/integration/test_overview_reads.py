@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from rota import Settings, core
 from rota.cli import app as cli
-from rota.console.app import create_app
 from rota.core import db
+from rota.dashboard.app import create_app
 from rota.readmodel.figures import gather
 from tests.helpers import envelopes, load
 

@@ -160,7 +160,7 @@ def test_producers_loaders_and_200_claimers_work_through_pgbouncer_in_transactio
     assert 1 <= most_backends[0] <= SERVER_CONNECTIONS  # 200 clients shared the pool's 20
 
 
-def test_behind_a_transaction_pooler_the_reaper_needs_a_direct_url(settings: Settings) -> None:
+def test_behind_a_transaction_pooler_maintenance_needs_a_direct_url(settings: Settings) -> None:
     from rota.consumer import Maintenance
     from rota.consumer.maintenance import run_maintenance
 

@@ -184,7 +184,7 @@ def test_stats_dead_letters_and_the_async_producer_work_on_a_cluster(
     assert (summary.loaded, summary.dead_lettered) == (30, 1)
     assert set(db.run(conn, core.task_states(ids))) == set(ids)
     # The console reads the same through its own client.
-    from rota.console import data
+    from rota.dashboard import data
 
     console = data.Connections(cluster_settings)
     try:

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from rota import App, Settings, core
+from rota.consumer.heartbeat import beat
 from rota.consumer.worker import InFlight, Outcome, Worker
 from rota.core import db
 
@@ -100,7 +101,7 @@ def test_a_task_whose_lease_a_heartbeat_finds_lost_never_starts_and_held_ones_ar
     assert taken.id == lost.id
 
     before = time.monotonic()
-    worker._beat(conn)
+    beat(worker, conn)
     assert worker.in_flight[held.id].leased_from >= before  # renewed from the beat
     assert worker.in_flight[lost.id].leased_from == sent
     # The lost one ends as if cancelled before it started: handed back, not run.

@@ -39,3 +39,35 @@ def test_each_commands_summary_is_one_line_on_a_wide_terminal(path: list[str]) -
     names = [row.split()[0] for row in rows if row]
     assert len(names) == len(set(names)), rows
     assert not continuations, rows
+
+
+def test_reaper_is_a_hidden_deprecated_alias_of_maintenance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import rota.consumer.maintenance as maintenance
+
+    ran: list[object] = []
+    monkeypatch.setattr(maintenance, "run_maintenance", lambda *args: ran.append(args))
+    listed = CliRunner().invoke(cli, ["--help"], env={"COLUMNS": "400", "TERM": "dumb"})
+    assert " maintenance " in listed.output and " reaper " not in listed.output
+    done = CliRunner().invoke(
+        cli, ["reaper", "--database-url", "postgresql://nowhere/db"], env={"TERM": "dumb"}
+    )
+    assert done.exit_code == 0, done.output
+    assert "rota reaper is deprecated: run `rota maintenance`" in done.output
+    assert len(ran) == 1
+
+
+def test_rota_worker_has_the_workers_own_defaults() -> None:
+    """`rota worker` and `manage.py rota_worker` start a worker the same way
+    (rota.consumer.main.serve_worker), with its defaults."""
+    import inspect
+
+    from rota.cli.consumer import worker
+    from rota.consumer.main import serve_worker
+
+    ours = inspect.signature(serve_worker).parameters
+    for name, parameter in inspect.signature(worker).parameters.items():
+        if name in ours and parameter.default is not inspect.Parameter.empty:
+            default = getattr(parameter.default, "value", parameter.default)  # an enum's
+            assert default == ours[name].default, name

@@ -19,11 +19,11 @@ from rota.runtime.outage import (
     Kept,
     Outage,
     Polled,
-    aretried,
     outages,
-    retried,
-    retrying,
-    rounds,
+    run_rounds,
+    run_until_done,
+    with_async_retries,
+    with_retries,
 )
 
 
@@ -83,7 +83,7 @@ def test_an_outage_is_logged_when_it_starts_and_when_it_ends(
     assert not outage.down and outage.attempts == 0
 
 
-def test_retrying_gives_up_when_asked_or_past_its_deadline() -> None:
+def test_run_until_done_gives_up_when_asked_or_past_its_deadline() -> None:
     calls = []
 
     def attempt() -> str:
@@ -93,16 +93,18 @@ def test_retrying_gives_up_when_asked_or_past_its_deadline() -> None:
         return "connected"
 
     outage = Outage("x", logging.getLogger("t"), backoff=Backoff(0.002, 0.004))
-    assert retrying(attempt, outage, (ConnectionError,), lambda s: False) == "connected"
+    assert run_until_done(attempt, outage, (ConnectionError,), lambda s: False) == "connected"
     assert len(calls) == 3 and not outage.down
-    stopped = retrying(lambda: 1 / 0, outage, (ZeroDivisionError,), lambda s: True)
+    stopped = run_until_done(lambda: 1 / 0, outage, (ZeroDivisionError,), lambda s: True)
     assert stopped is None  # a stop was asked for while waiting
-    past = retrying(lambda: 1 / 0, outage, (ZeroDivisionError,), lambda s: False, deadline=0.0)
+    past = run_until_done(
+        lambda: 1 / 0, outage, (ZeroDivisionError,), lambda s: False, deadline=0.0
+    )
     assert past is None
 
 
 class FakeStop:
-    """A Stop that records waits and sets itself after `rounds` waits."""
+    """A Stop that records waits and sets itself after `run_rounds` waits."""
 
     def __init__(self, waits: int) -> None:
         self.left, self.waited = waits, []  # type: ignore[var-annotated]
@@ -136,7 +138,7 @@ def test_a_kept_connection_closed_meanwhile_is_made_anew() -> None:
     assert second is not first and not second.closed and kept.get() is second
 
 
-def test_rounds_reconnect_after_a_lost_server_and_carry_on_after_a_crash(
+def test_run_rounds_reconnect_after_a_lost_server_and_carry_on_after_a_crash(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kept: Kept[Conn] = Kept(Conn)
@@ -156,7 +158,7 @@ def test_rounds_reconnect_after_a_lost_server_and_carry_on_after_a_crash(
     outage = Outage("db", logging.getLogger("t"), backoff=Backoff(base=0.1, cap=2.0))
     stop = FakeStop(waits=6)
     with caplog.at_level(logging.WARNING):
-        rounds(
+        run_rounds(
             work,
             outage,
             (ConnectionError,),
@@ -177,13 +179,13 @@ def test_rounds_reconnect_after_a_lost_server_and_carry_on_after_a_crash(
     assert outages()["db"] == (1, False)
 
 
-def test_rounds_without_carry_on_let_a_crash_through() -> None:
+def test_run_rounds_without_carry_on_let_a_crash_through() -> None:
     def work() -> float:
         raise ValueError("a bug")
 
     outage = Outage("y", logging.getLogger("t"))
     with pytest.raises(ValueError):
-        rounds(work, outage, (ConnectionError,), FakeStop(waits=3))
+        run_rounds(work, outage, (ConnectionError,), FakeStop(waits=3))
 
 
 def test_polled_stop_waits_until_its_check_says_stop() -> None:
@@ -194,8 +196,8 @@ def test_polled_stop_waits_until_its_check_says_stop() -> None:
 
 
 def test_every_loop_that_builds_an_outage_runs_through_the_policy() -> None:
-    """A module that tracks an outage also reconnects through rounds or
-    retrying (the producer's breaker only logs: enqueues fall back at once)."""
+    """A module that tracks an outage also reconnects through run_rounds or
+    run_until_done (the producer's breaker only logs: enqueues fall back at once)."""
     import ast
     from pathlib import Path
 
@@ -211,7 +213,7 @@ def test_every_loop_that_builds_an_outage_runs_through_the_policy() -> None:
         }
         relative = str(path.relative_to(root))
         exempt = relative in ("runtime/outage.py", "producer/core.py")
-        if "Outage" in names and not exempt and not names & {"rounds", "retrying"}:
+        if "Outage" in names and not exempt and not names & {"run_rounds", "run_until_done"}:
             offenders.append(relative)
     assert offenders == []
 
@@ -250,19 +252,19 @@ class Flaky:
 QUICK = Backoff(base=0.002, cap=0.004)
 
 
-def test_retried_calls_once_when_the_call_succeeds() -> None:
+def test_with_retries_calls_once_when_the_call_succeeds() -> None:
     flaky = Flaky(0, redis.ConnectionError("reset"))
     asked = []
-    call = retried(flaky, SERVER_LOST, lambda arg: asked.append(arg) or 2, QUICK)
+    call = with_retries(flaky, SERVER_LOST, lambda arg: asked.append(arg) or 2, QUICK)
     assert call("x") == "X"
     assert flaky.calls == 1 and asked == []  # retries not even asked for
-    acall = aretried(flaky.acall, SERVER_LOST, lambda arg: asked.append(arg) or 2, QUICK)
+    acall = with_async_retries(flaky.acall, SERVER_LOST, lambda arg: asked.append(arg) or 2, QUICK)
     assert asyncio.run(acall("y")) == "Y"
     assert flaky.calls == 2 and asked == []
 
 
 @pytest.mark.parametrize("failures, answered", [(1, True), (3, True), (4, False)])
-def test_retried_tries_again_on_a_lost_server_then_raises(
+def test_with_retries_tries_again_on_a_lost_server_then_raises(
     failures: int, answered: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Three retries: the first at once, the others after the policy's waits.
@@ -271,7 +273,7 @@ def test_retried_tries_again_on_a_lost_server_then_raises(
         flaky = Flaky(failures, error)
         slept: list[float] = []
         monkeypatch.setattr(time, "sleep", slept.append)
-        call = retried(flaky, errors, lambda arg: 3, QUICK)
+        call = with_retries(flaky, errors, lambda arg: 3, QUICK)
         if answered:
             assert call("x") == "X"
         else:
@@ -283,7 +285,7 @@ def test_retried_tries_again_on_a_lost_server_then_raises(
         assert all(0.001 <= s <= 0.004 for s in slept)
 
         aflaky = Flaky(failures, error)
-        acall = aretried(aflaky.acall, errors, lambda arg: 3, QUICK)
+        acall = with_async_retries(aflaky.acall, errors, lambda arg: 3, QUICK)
         if answered:
             assert asyncio.run(acall("y")) == "Y"
         else:
@@ -292,18 +294,18 @@ def test_retried_tries_again_on_a_lost_server_then_raises(
         assert aflaky.calls == min(failures + 1, 4)
 
 
-def test_retried_lets_other_errors_through_and_retries_only_when_asked() -> None:
+def test_with_retries_lets_other_errors_through_and_retries_only_when_asked() -> None:
     other = Flaky(1, redis.ResponseError("WRONGTYPE"))
     with pytest.raises(redis.ResponseError):
-        retried(other, SERVER_LOST, lambda arg: 3, QUICK)("x")
+        with_retries(other, SERVER_LOST, lambda arg: 3, QUICK)("x")
     assert other.calls == 1
     none_asked = Flaky(1, redis.TimeoutError("slow"))
     with pytest.raises(redis.TimeoutError):
-        retried(none_asked, SERVER_LOST, lambda arg: 0, QUICK)("x")  # e.g. a probe
+        with_retries(none_asked, SERVER_LOST, lambda arg: 0, QUICK)("x")  # e.g. a probe
     assert none_asked.calls == 1
     aother = Flaky(1, ValueError("a bug"))
     with pytest.raises(ValueError):
-        asyncio.run(aretried(aother.acall, SERVER_LOST, lambda arg: 3, QUICK)("x"))
+        asyncio.run(with_async_retries(aother.acall, SERVER_LOST, lambda arg: 3, QUICK)("x"))
     assert aother.calls == 1
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from rota import Settings
-from rota.core.links import link
+from rota.runtime.links import link
 
 
 def test_every_wait_on_the_network_is_bounded_unless_the_url_says_otherwise() -> None:

@@ -220,7 +220,7 @@ def http_routes() -> list[tuple[str, str]]:
     app itself: building it connects to nothing (connections open on use)."""
     from starlette.routing import Route
 
-    from rota.console.app import create_app
+    from rota.dashboard.app import create_app
     from rota.settings import Settings
 
     # model_construct: the defaults, not this machine's ROTA_* variables.
@@ -236,7 +236,7 @@ def http_routes() -> list[tuple[str, str]]:
 
 
 def http_scope(method: str, path: str) -> str:
-    """The token scope a route needs (rota.console.app routes them so)."""
+    """The token scope a route needs (rota.dashboard.app routes them so)."""
     if path in ("/healthz", "/readyz"):
         return "none"
     if path == "/metrics":

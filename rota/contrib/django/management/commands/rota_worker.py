@@ -11,12 +11,13 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils.module_loading import autodiscover_modules
 
-from rota.cli.consumer import worker
+from rota.consumer.main import serve_worker
+from rota.contrib.django import get_app
 
-# `rota worker`'s own defaults, so that the two never drift apart.
+# The worker's own defaults (`rota worker` has the same), so that the two never drift apart.
 _DEFAULTS = {
     name: parameter.default
-    for name, parameter in inspect.signature(worker).parameters.items()
+    for name, parameter in inspect.signature(serve_worker).parameters.items()
     if parameter.default is not inspect.Parameter.empty
 }
 
@@ -36,7 +37,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
             "--maintenance",
             action=argparse.BooleanOptionalAction,
             default=_DEFAULTS["maintenance"],
-            help="take part in reaper/scheduler duty",
+            help="take part in the maintenance duties",
         )
         parser.add_argument(
             "--metrics-port", type=int, help="serve /metrics, /healthz and /readyz on this port"
@@ -49,10 +50,11 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django ships no type hints
 
     def handle(self, *args: Any, **options: Any) -> None:
         autodiscover_modules("tasks")
-        worker(
-            app_spec="rota.contrib.django:app",
-            queues=options["queues"],
-            exclude=options["exclude"],
+        serve_worker(
+            get_app(),
+            "rota.contrib.django:app",
+            queues=[n.strip() for n in (options["queues"] or "").split(",") if n.strip()],
+            exclude=[n.strip() for n in (options["exclude"] or "").split(",") if n.strip()],
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
             maintenance=options["maintenance"],
