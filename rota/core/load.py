@@ -293,17 +293,17 @@ def _prepared(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
     types: Sequence[str]
     extra: tuple[list[Any], ...] = ()
     if tasks.join_ids is not None:
-        block, types = "copy_tasks_members", TASK_COPY_TYPES_MEMBERS
+        statement, types = query("copy_tasks_members"), TASK_COPY_TYPES_MEMBERS
         extra = (tasks.priorities, tasks.limit_keys, tasks.join_ids)
     elif any(tasks.priorities) or any(tasks.limit_keys):
-        block, types = "copy_tasks_options", TASK_COPY_TYPES_OPTIONS
+        statement, types = query("copy_tasks_options"), TASK_COPY_TYPES_OPTIONS
         extra = (tasks.priorities, tasks.limit_keys)
     else:
-        block, types = "copy_tasks", TASK_COPY_TYPES
+        statement, types = query("copy_tasks"), TASK_COPY_TYPES
     if isinstance(tasks.ids, UUIDBytesArray):
         types = ("bytea", *types[1:])
     rows = _rows(tasks, seqs, queue_id, tenant_id, ready.now, *extra)
-    return len(tasks.ids), Copy(query(block), rows, types)
+    return len(tasks.ids), Copy(statement, rows, types)
 
 
 def _rows(

@@ -25,46 +25,37 @@ K = TypeVar("K")
 def batch_columns(batches: Sequence[TaskBatch]) -> TaskColumns:
     """The batches' tasks, in order, as one load's columns, read from the
     batches' own columns: no envelope is made per task."""
-    ids = UUIDArray()
-    tenants: list[str] = []
-    payloads: list[str] = []
-    costs: list[float] = []
-    etas: list[Any] = []
-    priorities: list[int] = []
-    limit_keys: list[str | None] = []
-    enqueued: list[Any] = []
-    shared: list[list[Any]] = [[] for _ in range(5)]  # each template field's column
+    columns: dict[str, Any] = {field: [] for field in (*_OWN, *_SHARED, "enqueued")}
+    columns["ids"] = UUIDArray()
     for batch in batches:
-        ids += batch.ids
-        tenants += batch.tenants
-        payloads += batch.payloads
-        costs += batch.costs
-        etas += batch.etas
-        priorities += batch.priorities
-        limit_keys += batch.limit_keys
-        enqueued += [batch.enqueued_at] * len(batch.ids)
+        for field, own in zip(_OWN, _own_columns(batch), strict=True):
+            columns[field] += own
+        columns["enqueued"] += [batch.enqueued_at] * len(batch.ids)
         templates = [t.as_row() for t in batch.templates]  # name, queue, retry policy
-        for field, column in enumerate(shared):
+        for place, field in enumerate(_SHARED):
             if len(templates) == 1:  # the usual case: one task's runs
-                column += [templates[0][field]] * len(batch.ids)
+                columns[field] += [templates[0][place]] * len(batch.ids)
             else:
-                values = [row[field] for row in templates]
-                column += [values[i] for i in batch.template]
-    names, queues, max_attempts, bases, maxes = shared
-    return TaskColumns(
-        ids,
-        queues,
-        tenants,
-        names,
-        payloads,
-        costs,
-        max_attempts,
-        bases,
-        maxes,
-        etas,
-        enqueued,
-        priorities,
-        limit_keys,
+                values = [row[place] for row in templates]
+                columns[field] += [values[i] for i in batch.template]
+    return TaskColumns(**columns)
+
+
+# A batch's columns of each task's own, and those its template gives (in
+# EnvelopeTemplate.as_row's order).
+_OWN = ("ids", "tenants", "payloads", "costs", "etas", "priorities", "limit_keys")
+_SHARED = ("names", "queues", "max_attempts", "backoff_bases", "backoff_maxes")
+
+
+def _own_columns(batch: TaskBatch) -> tuple[list[Any], ...]:
+    return (
+        batch.ids,
+        batch.tenants,
+        batch.payloads,
+        batch.costs,
+        batch.etas,
+        batch.priorities,
+        batch.limit_keys,
     )
 
 
