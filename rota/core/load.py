@@ -97,8 +97,8 @@ class TaskColumns:
         lists = {f: pick(getattr(self, f)) for f in _LISTS}
         return replace(self, ids=type(self.ids)(pick(self.ids)), join_ids=joins, **lists)
 
-    @classmethod
-    def joined(cls, parts: Sequence[TaskColumns]) -> TaskColumns:
+    @staticmethod
+    def joined(parts: Sequence[TaskColumns]) -> TaskColumns:
         """The tasks of `parts` (their ids of one kind), in order, as one."""
         if len(parts) == 1:
             return parts[0]
