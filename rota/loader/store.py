@@ -28,8 +28,8 @@ def batch_columns(batches: Sequence[TaskBatch]) -> TaskColumns:
     columns: dict[str, Any] = {field: [] for field in (*_OWN, *_SHARED, "enqueued")}
     columns["ids"] = UUIDArray()
     for batch in batches:
-        for field, own in zip(_OWN, _own_columns(batch), strict=True):
-            columns[field] += own
+        for field in _OWN:
+            columns[field] += getattr(batch, field)
         columns["enqueued"] += [batch.enqueued_at] * len(batch.ids)
         templates = [t.as_row() for t in batch.templates]  # name, queue, retry policy
         for place, field in enumerate(_SHARED):
@@ -41,22 +41,10 @@ def batch_columns(batches: Sequence[TaskBatch]) -> TaskColumns:
     return TaskColumns(**columns)
 
 
-# A batch's columns of each task's own, and those its template gives (in
-# EnvelopeTemplate.as_row's order).
+# The columns a batch has of each task (named as a load's), and those its
+# template gives (in EnvelopeTemplate.as_row's order).
 _OWN = ("ids", "tenants", "payloads", "costs", "etas", "priorities", "limit_keys")
 _SHARED = ("names", "queues", "max_attempts", "backoff_bases", "backoff_maxes")
-
-
-def _own_columns(batch: TaskBatch) -> tuple[list[Any], ...]:
-    return (
-        batch.ids,
-        batch.tenants,
-        batch.payloads,
-        batch.costs,
-        batch.etas,
-        batch.priorities,
-        batch.limit_keys,
-    )
 
 
 def load_entries(
