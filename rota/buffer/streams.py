@@ -181,7 +181,7 @@ def add_dead_letters(pipe: Any, prefix: str, dead: Iterable[tuple[str, str, Reje
         pipe.xadd(dead_letter_stream(prefix), fields)
 
 
-def read_backlog_tenants(pipe: Any, loaded: Sequence[tuple[str, Sequence[Any]]]) -> list[str]:
+def read_backlog_tenants(pipe: Any, loaded: Sequence[tuple[str, Iterable[Any]]]) -> list[str]:
     """Queues on `pipe` the reads of the loaded shards' backlog hashes' keys
     (the capacity-limited tenants counted there); returns the shards, in the
     order of the replies, for subtract_backlogs."""
@@ -193,11 +193,11 @@ def read_backlog_tenants(pipe: Any, loaded: Sequence[tuple[str, Sequence[Any]]])
 
 def subtract_backlogs(
     client: Client,
-    loaded: Sequence[tuple[str, Sequence[Any]]],
+    loaded: Sequence[tuple[str, Iterable[tuple[str, float]]]],
     streams: Sequence[str],
     tenant_keys: Sequence[Any],
 ) -> None:
-    """Takes loaded work (stream, tasks with .tenant and .cost) of
+    """Takes loaded work (stream, each task's tenant and cost) of
     capacity-limited tenants off the shards' backlog hashes, which the
     producer's capacity check reads; `streams` and `tenant_keys` are what
     read_backlog_tenants queued and the replies it got."""
@@ -213,9 +213,9 @@ def subtract_backlogs(
         tenants = counted.get(stream)
         if tenants:
             per_tenant = costs.setdefault(stream, {})
-            for task in tasks:
-                if task.tenant in tenants:
-                    per_tenant[task.tenant] = per_tenant.get(task.tenant, 0.0) + task.cost
+            for tenant, cost in tasks:
+                if tenant in tenants:
+                    per_tenant[tenant] = per_tenant.get(tenant, 0.0) + cost
     pipe = client.pipeline(transaction=False)
     for stream, per_tenant in costs.items():
         if per_tenant:

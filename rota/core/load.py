@@ -1,11 +1,18 @@
 """Producers and loaders: tasks into the tables, each at its fair place in
-line (docs/explanation/architecture.md, "Fairness")."""
+line (docs/explanation/architecture.md, "Fairness").
+
+Every load is `load` of one `TaskColumns`: envelopes become columns in
+`columns_of`, buffer entries in rota.loader.store (`batch_columns`), imported
+rows in rota.loader.columns. Up to SMALL_LOAD tasks go in one INSERT, more by
+COPY; the scheduled-or-pending rule and a duplicate's retry are written once.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -18,7 +25,9 @@ from rota.sql import query
 
 # Column types of the copy_tasks block (rows from `task_rows`). The payload (a
 # json column) and the status (an enum) go as text: in binary COPY their form
-# is their text, and the text dumper skips psycopg's JSON wrapper.
+# is their text, and the text dumper skips psycopg's JSON wrapper. Ids given
+# as their 16 bytes (UUIDBytesArray) go as "bytea": binary COPY sends a uuid
+# as those bytes.
 TASK_COPY_TYPES = (
     "uuid",
     "int8",
@@ -47,6 +56,109 @@ TASK_COPY_TYPES_MEMBERS = (*TASK_COPY_TYPES_OPTIONS, "uuid")
 SMALL_LOAD = 64
 
 
+@dataclass(frozen=True, slots=True)
+class TaskColumns:
+    """Checked tasks column by column, in load order: what `load` takes.
+    Every list is as long as `ids`; field for field a TaskEnvelope's."""
+
+    ids: UUIDArray | UUIDBytesArray  # UUIDs, or each id's 16 bytes (`rota import`)
+    queues: list[str]
+    tenants: list[str]
+    names: list[str]
+    payloads: list[str]
+    costs: list[float]
+    max_attempts: list[int]
+    backoff_bases: list[float]
+    backoff_maxes: list[float]
+    etas: list[datetime | None]
+    enqueued: list[datetime]
+    priorities: list[int]
+    limit_keys: list[str | None]
+    join_ids: list[UUID | None] | None = None  # each task's join (a workflow's); None: none has one
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def part(self, rows: Sequence[int] | slice) -> TaskColumns:
+        """The tasks at `rows` (positions, in order, or a slice)."""
+        if isinstance(rows, slice):
+            if rows.indices(len(self.ids)) == (0, len(self.ids), 1):
+                return self  # all of them: no copy
+
+            def pick(column: list[Any]) -> list[Any]:
+                return column[rows]
+
+        else:
+
+            def pick(column: list[Any]) -> list[Any]:
+                return [column[i] for i in rows]
+
+        joins = None if self.join_ids is None else pick(self.join_ids)
+        lists = {f: pick(getattr(self, f)) for f in _LISTS}
+        return replace(self, ids=type(self.ids)(pick(self.ids)), join_ids=joins, **lists)
+
+    @staticmethod
+    def joined(parts: Sequence[TaskColumns]) -> TaskColumns:
+        """The tasks of `parts` (their ids of one kind), in order, as one."""
+        if len(parts) == 1:
+            return parts[0]
+
+        def chained(name: str) -> list[Any]:
+            return list(chain.from_iterable(getattr(p, name) for p in parts))
+
+        joins = None
+        if any(p.join_ids is not None for p in parts):
+            joins = list(chain.from_iterable(p.join_ids or [None] * len(p) for p in parts))
+        ids = type(parts[0].ids)(chained("ids"))
+        return replace(parts[0], ids=ids, join_ids=joins, **{f: chained(f) for f in _LISTS})
+
+    def envelope(self, i: int) -> TaskEnvelope:
+        """Task `i` as an envelope (one PostgreSQL refused, say)."""
+        raw = self.ids[i]
+        return TaskEnvelope(
+            raw if isinstance(raw, UUID) else UUID(bytes=raw),
+            self.queues[i],
+            self.tenants[i],
+            self.names[i],
+            self.payloads[i],
+            self.enqueued[i],
+            self.costs[i],
+            self.max_attempts[i],
+            self.backoff_bases[i],
+            self.backoff_maxes[i],
+            self.etas[i],
+            self.priorities[i],
+            self.limit_keys[i],
+        )
+
+
+_LISTS = tuple(f.name for f in fields(TaskColumns))[1:-1]  # between the ids and the joins
+
+
+def columns_of(
+    envelopes: Iterable[TaskEnvelope], joins: Mapping[UUID, UUID] | None = None
+) -> TaskColumns:
+    """Envelopes as a load's columns; `joins`: the join of each task that is
+    a workflow's member."""
+    tasks = envelopes if isinstance(envelopes, list) else list(envelopes)
+    return TaskColumns(
+        UUIDArray([t.id for t in tasks]),
+        [t.queue for t in tasks],
+        [t.tenant for t in tasks],
+        [t.name for t in tasks],
+        [t.payload for t in tasks],
+        [t.cost for t in tasks],
+        [t.max_attempts for t in tasks],
+        [t.backoff_base for t in tasks],
+        [t.backoff_max for t in tasks],
+        [t.eta for t in tasks],
+        [t.enqueued_at for t in tasks],
+        [t.priority for t in tasks],
+        [t.limit_key for t in tasks],
+        [joins.get(t.id) for t in tasks] if joins else None,
+    )
+
+
 class _Prepared(NamedTuple):
     """What a load learns before its rows go in (load.sql's load_prepare)."""
 
@@ -73,134 +185,180 @@ def flush_commits() -> Op[None]:
     yield Execute(query("flush_commits"), alone=True)
 
 
-def load(
-    envelopes: Iterable[TaskEnvelope],
-    last: bool = True,
-    joins: Mapping[UUID, UUID] | None = None,
-) -> Op[int]:
-    """Bulk-loads tasks with their fair positions: COPY into rota.tasks (one
-    INSERT up to SMALL_LOAD tasks), whose insert trigger gives them their
-    places in line (rota.tasks_enter_line). Tasks loaded or run before (same
-    id) are ignored. Run it in a transaction (db.transact); `last=False` when
-    the operation goes on after it. `joins`: the join of each task that is a
-    workflow's member. Returns how many were new."""
-    tasks = _first_of_each_id(envelopes)
-    if not tasks:
+def load(tasks: TaskColumns | Iterable[TaskEnvelope], last: bool = True) -> Op[int]:
+    """Bulk-loads tasks (envelopes become columns: `columns_of`) with their
+    fair positions: COPY into rota.tasks (one INSERT up to SMALL_LOAD tasks),
+    whose insert trigger gives them their places in line
+    (rota.tasks_enter_line), in the columns' order. Tasks loaded or run
+    before (same id) are ignored, as is an id's second task. Run it in a
+    transaction (db.transact); `last=False` when the operation goes on after
+    it. Returns how many were new."""
+    tasks = _first_of_each_id(tasks if isinstance(tasks, TaskColumns) else columns_of(tasks))
+    if not tasks.ids:
         return 0
-    if len(tasks) <= SMALL_LOAD:
-        (stored,) = yield Execute(query("insert_tasks"), _columns(tasks, joins), ONLY, alone=last)
+    if len(tasks.ids) <= SMALL_LOAD:
+        (stored,) = yield Execute(query("insert_tasks"), _inserting(tasks), ONLY, alone=last)
         return int(stored)
     # The savepoint comes first so that it travels with BEGIN and the
     # preparation (db.transact); a batch loaded again rolls back to it and
     # prepares what is left.
     yield Send(query("load_savepoint"))
-    numbered, copy = yield from _prepared(tasks, joins)
+    count, copy = yield from _prepared(tasks)
     try:
         yield copy
     except psycopg.errors.UniqueViolation:
-        # Rare: a batch loaded again (a loader died before acknowledging it).
-        # Checking first would cost every batch a probe of the whole table.
+        # Rare: a batch loaded again (a loader died before acknowledging it,
+        # an import retried). Checking first would cost every batch a probe
+        # of the whole table.
         yield Execute(query("load_rollback_to_savepoint"))
-        loaded = set(
-            (yield from values(query("existing_tasks"), {"ids": UUIDArray(t.id for t in tasks)}))
-        )
-        tasks = [t for t in tasks if t.id not in loaded]
-        if not tasks:
+        stored = yield from values(query("existing_tasks"), {"ids": tasks.ids})
+        tasks = tasks.part(_without(tasks, stored))
+        if not tasks.ids:
             return 0
-        numbered, copy = yield from _prepared(tasks, joins)
+        count, copy = yield from _prepared(tasks)
         yield copy
-    return len(numbered)
+    return count
 
 
-def _preparing(tasks: list[TaskEnvelope]) -> dict[str, Any]:
+def _first_of_each_id(tasks: TaskColumns) -> TaskColumns:
+    ids = tasks.ids
+    # Keyed by the ids' ints: UUID's own hash is a Python-level call.
+    seen: set[Any] = set(ids) if isinstance(ids, UUIDBytesArray) else {u.int for u in ids}
+    if len(seen) == len(ids):
+        return tasks  # the usual case: no id twice
+    seen.clear()
+    first = []
+    for i, key in enumerate(ids if isinstance(ids, UUIDBytesArray) else [u.int for u in ids]):
+        if key not in seen:
+            seen.add(key)
+            first.append(i)
+    return tasks.part(first)
+
+
+def _without(tasks: TaskColumns, found: Sequence[UUID]) -> list[int]:
+    """The places of the tasks whose ids are not among `found`."""
+    skip: set[Any] = set(found)
+    if isinstance(tasks.ids, UUIDBytesArray):
+        skip = {u.bytes for u in found}
+    return [i for i, task_id in enumerate(tasks.ids) if task_id not in skip]
+
+
+def _preparing(tasks: TaskColumns) -> dict[str, Any]:
     """load_prepare's parameters, which insert_tasks takes too: the names
     (sorted: their ids come back in this order), the count and the ids."""
     return {
-        "queues": sorted({t.queue for t in tasks}),
-        "tenants": sorted({t.tenant for t in tasks}),
-        "count": len(tasks),
-        "ids": UUIDArray(t.id for t in tasks),
+        "queues": sorted(set(tasks.queues)),
+        "tenants": sorted(set(tasks.tenants)),
+        "count": len(tasks.ids),
+        "ids": tasks.ids,
     }
 
 
-def _columns(tasks: list[TaskEnvelope], joins: Mapping[UUID, UUID] | None = None) -> dict[str, Any]:
+def _inserting(tasks: TaskColumns) -> dict[str, Any]:
     """insert_tasks's parameters: load_prepare's, and the tasks column by column."""
     params = _preparing(tasks)
     queue_of = {name: i for i, name in enumerate(params["queues"], 1)}
     tenant_of = {name: i for i, name in enumerate(params["tenants"], 1)}
     return {
         **params,
-        "queue_of": [queue_of[t.queue] for t in tasks],
-        "tenant_of": [tenant_of[t.tenant] for t in tasks],
-        "names": [t.name for t in tasks],
-        "payloads": [t.payload for t in tasks],
-        "costs": [float(t.cost) for t in tasks],
-        "max_attempts": [t.max_attempts for t in tasks],
-        "backoff_bases": [float(t.backoff_base) for t in tasks],
-        "backoff_maxes": [float(t.backoff_max) for t in tasks],
-        "etas": [t.eta for t in tasks],
-        "enqueued": [t.enqueued_at for t in tasks],
-        "priorities": [t.priority for t in tasks],
-        "limit_keys": [t.limit_key for t in tasks],
-        "join_ids": [joins.get(t.id) for t in tasks] if joins else None,
+        "queue_of": list(map(queue_of.__getitem__, tasks.queues)),
+        "tenant_of": list(map(tenant_of.__getitem__, tasks.tenants)),
+        "names": tasks.names,
+        "payloads": tasks.payloads,
+        # float8[]: an int among them would make psycopg send another type.
+        "costs": [float(c) for c in tasks.costs],
+        "max_attempts": tasks.max_attempts,
+        "backoff_bases": [float(b) for b in tasks.backoff_bases],
+        "backoff_maxes": [float(b) for b in tasks.backoff_maxes],
+        "etas": tasks.etas,
+        "enqueued": tasks.enqueued,
+        "priorities": tasks.priorities,
+        "limit_keys": tasks.limit_keys,
+        "join_ids": tasks.join_ids,
     }
 
 
-def _prepared(
-    tasks: list[TaskEnvelope], joins: Mapping[UUID, UUID] | None = None
-) -> Op[tuple[list[tuple[int, TaskEnvelope]], Copy]]:
-    """The tasks with their sequence numbers (less those that already ran),
-    and the COPY that stores them (with each member's join, of `joins`)."""
+def _prepared(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
+    """How many tasks the COPY stores (less those that already ran), and the
+    COPY: copy_tasks, or with the tasks' options when one has any, or with
+    their joins when they are a workflow's."""
     params = _preparing(tasks)
     (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
+    seqs = ready.seqs
+    if ready.already_ran:
+        keep = _without(tasks, ready.already_ran)
+        tasks, seqs = tasks.part(keep), [seqs[i] for i in keep]
     queue_id = dict(zip(params["queues"], ready.queue_ids, strict=True))
     tenant_id = dict(zip(params["tenants"], ready.tenant_ids, strict=True))
-    numbered = _without(list(zip(ready.seqs, tasks, strict=True)), ready.already_ran)
-    if joins:
-        rows = task_rows(numbered, queue_id, tenant_id, ready.now, True)
-        members = ((*row, joins.get(t.id)) for row, (_, t) in zip(rows, numbered, strict=True))
-        return numbered, Copy(query("copy_tasks_members"), members, TASK_COPY_TYPES_MEMBERS)
-    options = any(t.priority for t in tasks) or any(t.limit_key for t in tasks)
-    rows = task_rows(numbered, queue_id, tenant_id, ready.now, options)
-    if options:
-        return numbered, Copy(query("copy_tasks_options"), rows, TASK_COPY_TYPES_OPTIONS)
-    return numbered, Copy(query("copy_tasks"), rows, TASK_COPY_TYPES)
+    types: Sequence[str]
+    extra: tuple[list[Any], ...] = ()
+    if tasks.join_ids is not None:
+        statement, types = query("copy_tasks_members"), TASK_COPY_TYPES_MEMBERS
+        extra = (tasks.priorities, tasks.limit_keys, tasks.join_ids)
+    elif any(tasks.priorities) or any(tasks.limit_keys):
+        statement, types = query("copy_tasks_options"), TASK_COPY_TYPES_OPTIONS
+        extra = (tasks.priorities, tasks.limit_keys)
+    else:
+        statement, types = query("copy_tasks"), TASK_COPY_TYPES
+    if isinstance(tasks.ids, UUIDBytesArray):
+        types = ("bytea", *types[1:])
+    rows = _rows(tasks, seqs, queue_id, tenant_id, ready.now, *extra)
+    return len(tasks.ids), Copy(statement, rows, types)
 
 
-def _first_of_each_id(envelopes: Iterable[TaskEnvelope]) -> list[TaskEnvelope]:
-    envelopes = list(envelopes)
-    # Keyed by the ids' ints: UUID's own hash is a Python-level call.
-    seen = {envelope.id.int for envelope in envelopes}
-    if len(seen) == len(envelopes):
-        return envelopes  # the usual case: no id twice
-    seen.clear()
-    first = []
-    for envelope in envelopes:
-        if envelope.id.int not in seen:
-            seen.add(envelope.id.int)
-            first.append(envelope)
-    return first
+def _rows(
+    tasks: TaskColumns,
+    seqs: Sequence[int],
+    queue_id: Mapping[str, int],
+    tenant_id: Mapping[str, int],
+    now: datetime,
+    *extra: Iterable[Any],
+) -> Iterator[tuple[Any, ...]]:
+    """copy_tasks's rows (TASK_COPY_TYPES), the `extra` columns after theirs."""
+    return zip(
+        tasks.ids,
+        seqs,
+        map(queue_id.__getitem__, tasks.queues),
+        map(tenant_id.__getitem__, tasks.tenants),
+        tasks.names,
+        tasks.payloads,
+        tasks.costs,
+        tasks.max_attempts,
+        tasks.backoff_bases,
+        tasks.backoff_maxes,
+        _statuses(tasks.etas, now),
+        tasks.etas,
+        tasks.enqueued,
+        tasks.tenants,
+        *extra,
+        strict=False,  # the statuses may be endless
+    )
 
 
-def _without(
-    numbered: list[tuple[int, TaskEnvelope]], ids: Sequence[UUID]
-) -> list[tuple[int, TaskEnvelope]]:
-    if not ids:
-        return numbered
-    skip = set(ids)
-    return [(seq, t) for seq, t in numbered if t.id not in skip]
+def _statuses(etas: list[datetime | None], now: datetime) -> Iterable[str]:
+    """Each task's status as it enters: scheduled while its ETA is ahead of
+    the transaction's time (insert_tasks says the same in SQL)."""
+    if etas.count(None) == len(etas):
+        return repeat("pending")  # the usual case: no task has an ETA
+    return ["scheduled" if eta is not None and eta > now else "pending" for eta in etas]
 
 
 def task_rows(
     numbered: Iterable[tuple[int, TaskEnvelope]],
-    queue_id: dict[str, int],
-    tenant_id: dict[str, int],
+    queue_id: Mapping[str, int],
+    tenant_id: Mapping[str, int],
     now: datetime,
     options: bool = False,
 ) -> Iterator[tuple[Any, ...]]:
-    """The rows of the copy_tasks block (column types TASK_COPY_TYPES), or
-    with `options` of copy_tasks_options (TASK_COPY_TYPES_OPTIONS)."""
-    for seq, t in numbered:
+    """The rows `load` COPYs (`_rows`) of envelopes numbered with their
+    sequence numbers: copy_tasks's (TASK_COPY_TYPES), or with `options`
+    copy_tasks_options's (TASK_COPY_TYPES_OPTIONS). For COPYing them
+    elsewhere (the benchmarks' baselines, which time it): made a row at a
+    time, as cheap as a row can be made of an envelope; the same rows
+    (tests/unit/test_task_columns.py)."""
+    pairs = list(numbered)
+    statuses = _statuses([t.eta for _, t in pairs], now)
+    for (seq, t), status in zip(pairs, statuses, strict=False):
         row = (
             t.id,
             seq,
@@ -212,7 +370,7 @@ def task_rows(
             t.max_attempts,
             t.backoff_base,
             t.backoff_max,
-            "scheduled" if t.eta is not None and t.eta > now else "pending",
+            status,
             t.eta,
             t.enqueued_at,
             t.tenant,
@@ -249,158 +407,3 @@ def count_loader_batch(checkpoint: str, batch_id: int, tasks: int, part: int = 0
     """The tasks a recorded partition stored, in the same transaction."""
     key = {"query": checkpoint, "batch_id": batch_id, "part": part, "tasks": tasks}
     yield Execute(query("count_loader_batch"), key)
-
-
-class TaskColumns(NamedTuple):
-    """Checked tasks column by column (`rota import`'s executors build them
-    from Arrow batches), each list as long as `ids`: what `load_columns`
-    loads, field for field a TaskEnvelope's."""
-
-    ids: list[bytes]  # each id's 16 bytes
-    queues: list[str]
-    tenants: list[str]
-    names: list[str]
-    payloads: list[str]
-    costs: list[float]
-    max_attempts: list[int]
-    etas: list[datetime | None]
-    priorities: list[int]
-    enqueued_at: datetime
-    backoff_base: float = 1.0
-    backoff_max: float = 3600.0
-
-    def part(self, rows: Sequence[int] | slice) -> TaskColumns:
-        """The tasks at `rows` (positions, in order, or a slice)."""
-        parts: dict[str, Any]
-        if isinstance(rows, slice):
-            parts = {f: getattr(self, f)[rows] for f in _PER_TASK}
-        else:
-            parts = {f: [getattr(self, f)[i] for i in rows] for f in _PER_TASK}
-        return self._replace(**parts)
-
-
-_PER_TASK = TaskColumns._fields[:9]  # the lists; the fields after them are every task's
-# copy_tasks's column types for TaskColumns' rows: binary COPY sends a uuid as
-# its 16 bytes, which is what the bytea dumper writes of the id's bytes.
-_COLUMN_COPY_TYPES = ("bytea", *TASK_COPY_TYPES[1:])
-_COLUMN_COPY_TYPES_OPTIONS = ("bytea", *TASK_COPY_TYPES_OPTIONS[1:])
-
-
-def load_columns(tasks: TaskColumns) -> Op[int]:
-    """`load` for tasks given column by column: the same statements (one
-    INSERT up to SMALL_LOAD tasks, else load_prepare and COPY, the insert
-    trigger giving each task its place in line, in the columns' order).
-    Tasks loaded or run before (same id) are ignored. Run it in a transaction
-    (db.transact). Returns how many were new."""
-    tasks = _first_of_each_column_id(tasks)
-    if not tasks.ids:
-        return 0
-    if len(tasks.ids) <= SMALL_LOAD:
-        params = _column_params(tasks)
-        (stored,) = yield Execute(query("insert_tasks"), params, ONLY, alone=True)
-        return int(stored)
-    yield Send(query("load_savepoint"))
-    count, copy = yield from _prepared_columns(tasks)
-    try:
-        yield copy
-    except psycopg.errors.UniqueViolation:
-        # Rare: part of the tasks loaded before (an import retried).
-        yield Execute(query("load_rollback_to_savepoint"))
-        ids = UUIDBytesArray(tasks.ids)
-        stored = {u.bytes for u in (yield from values(query("existing_tasks"), {"ids": ids}))}
-        tasks = tasks.part([i for i, raw in enumerate(tasks.ids) if raw not in stored])
-        if not tasks.ids:
-            return 0
-        count, copy = yield from _prepared_columns(tasks)
-        yield copy
-    return count
-
-
-def _first_of_each_column_id(tasks: TaskColumns) -> TaskColumns:
-    seen = set(tasks.ids)
-    if len(seen) == len(tasks.ids):
-        return tasks  # the usual case: no id twice
-    seen.clear()
-    first = []
-    for i, raw in enumerate(tasks.ids):
-        if raw not in seen:
-            seen.add(raw)
-            first.append(i)
-    return tasks.part(first)
-
-
-def _column_preparing(tasks: TaskColumns) -> dict[str, Any]:
-    return {
-        "queues": sorted(set(tasks.queues)),
-        "tenants": sorted(set(tasks.tenants)),
-        "count": len(tasks.ids),
-        "ids": UUIDBytesArray(tasks.ids),
-    }
-
-
-def _column_params(tasks: TaskColumns) -> dict[str, Any]:
-    """insert_tasks's parameters (as `_columns` makes them of envelopes)."""
-    params = _column_preparing(tasks)
-    queue_of = {name: i for i, name in enumerate(params["queues"], 1)}
-    tenant_of = {name: i for i, name in enumerate(params["tenants"], 1)}
-    n = len(tasks.ids)
-    return {
-        **params,
-        "queue_of": list(map(queue_of.__getitem__, tasks.queues)),
-        "tenant_of": list(map(tenant_of.__getitem__, tasks.tenants)),
-        "names": tasks.names,
-        "payloads": tasks.payloads,
-        "costs": [float(c) for c in tasks.costs],
-        "max_attempts": tasks.max_attempts,
-        "backoff_bases": [float(tasks.backoff_base)] * n,
-        "backoff_maxes": [float(tasks.backoff_max)] * n,
-        "etas": tasks.etas,
-        "enqueued": [tasks.enqueued_at] * n,
-        "priorities": tasks.priorities,
-        "limit_keys": [None] * n,  # an import's tasks name no key
-        "join_ids": None,  # nor a join
-    }
-
-
-def _prepared_columns(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
-    """How many tasks the COPY stores (less those that already ran), and the
-    COPY, its rows zipped from the columns."""
-    params = _column_preparing(tasks)
-    (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
-    if ready.already_ran:
-        ran = {u.bytes for u in ready.already_ran}
-        keep = [i for i, raw in enumerate(tasks.ids) if raw not in ran]
-        seqs = [ready.seqs[i] for i in keep]
-        tasks = tasks.part(keep)
-    else:
-        seqs = ready.seqs
-    queue_id = dict(zip(params["queues"], ready.queue_ids, strict=True))
-    tenant_id = dict(zip(params["tenants"], ready.tenant_ids, strict=True))
-    now = ready.now
-    statuses: Iterable[str] = (
-        ["scheduled" if eta is not None and eta > now else "pending" for eta in tasks.etas]
-        if any(eta is not None for eta in tasks.etas)
-        else repeat("pending")
-    )
-    columns: list[Iterable[Any]] = [
-        tasks.ids,
-        seqs,
-        map(queue_id.__getitem__, tasks.queues),
-        map(tenant_id.__getitem__, tasks.tenants),
-        tasks.names,
-        tasks.payloads,
-        tasks.costs,
-        tasks.max_attempts,
-        repeat(tasks.backoff_base),
-        repeat(tasks.backoff_max),
-        statuses,
-        tasks.etas,
-        repeat(tasks.enqueued_at),
-        tasks.tenants,
-    ]
-    count = len(tasks.ids)
-    if any(tasks.priorities):
-        # repeat() is endless; an import's tasks name no key.
-        rows = zip(*columns, tasks.priorities, repeat(None), strict=False)
-        return count, Copy(query("copy_tasks_options"), rows, _COLUMN_COPY_TYPES_OPTIONS)
-    return count, Copy(query("copy_tasks"), zip(*columns, strict=False), _COLUMN_COPY_TYPES)

@@ -10,7 +10,7 @@ from datetime import datetime
 from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first
-from rota.core.load import load
+from rota.core.load import columns_of, load
 from rota.core.rows import Rows
 from rota.model.envelope import TaskEnvelope
 from rota.sql import query
@@ -43,7 +43,8 @@ def add_workflow(
     """Loads a workflow's new tasks (its joins scheduled at `waiting_at`)
     and stores its joins and members; returns the tasks stored. Run it in a
     transaction of its own (db.transact): a refused graph rolls back whole."""
-    stored = yield from load(envelopes, last=False, joins={m.id: m.join for m in members})
+    joined = columns_of(envelopes, {m.id: m.join for m in members})
+    stored = yield from load(joined, last=False)
     yield Execute(
         query("add_workflow"),
         {

@@ -23,8 +23,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from rota.core.load import TaskColumns
-from rota.loader.rows import ETA_MICROS, json_value, validate_row
-from rota.loader.rows import envelope_of as envelope_of
+from rota.loader.rows import ETA_MICROS, import_columns, json_value, validate_row
 from rota.model.envelope import TaskEnvelope, dump_payload, task_id_for_key
 from rota.model.rules import (
     EARLIEST,
@@ -106,7 +105,7 @@ def _row_by_row(
             rows.append(i)
         except Exception as exc:  # a bad row is refused with its reason
             rejected.append((i, reason(exc)))
-    tasks = TaskColumns(
+    tasks = import_columns(
         [t.id.bytes for t in good],
         [t.queue for t in good],
         [t.tenant for t in good],
@@ -200,7 +199,7 @@ def _check_columns(
     if len(keep) < n:
         rows = keep.tolist()
         pick = _picker(rows)
-        tasks = TaskColumns(
+        tasks = import_columns(
             pick(ids),
             pick(queues),
             pick(tenants),
@@ -214,7 +213,7 @@ def _check_columns(
         )
     else:
         rows = list(range(n))
-        tasks = TaskColumns(
+        tasks = import_columns(
             ids, queues, tenants, names, payloads, costs, attempts, etas, priorities, now
         )
     return CheckedBatch(tasks, rows, rejected)

@@ -28,6 +28,7 @@ import redis
 
 from rota import core
 from rota.buffer import redis_client
+from rota.buffer.entries import TaskBatch
 from rota.buffer.streams import (
     RESET_BACKLOG_IF_EMPTY,
     Rejected,
@@ -42,7 +43,6 @@ from rota.loader.acks import Acknowledger
 from rota.loader.reading import BufferReader, Entry
 from rota.loader.settle import BufferSettle
 from rota.loader.store import load_entries
-from rota.model.envelope import TaskEnvelope
 from rota.readmodel.metrics import LoaderMetrics
 from rota.runtime.outage import Kept, Outage, Polled, one_line, run_rounds, run_until_done
 from rota.settings import Settings
@@ -245,15 +245,15 @@ class Loader:
             )
             for entry in exhausted
         ]
-        decoded: list[tuple[Entry, list[TaskEnvelope]]] = []
+        decoded: list[tuple[Entry, TaskBatch]] = []
         for entry in entries:
             batch, bad = decode_entry(
                 entry[2], self.settings.max_payload_bytes, self.settings.allowed_queues
             )
-            decoded.append((entry, batch.envelopes()))
+            decoded.append((entry, batch))
             dead.extend((entry, rejected) for rejected in bad)
 
-        tasks = sum(len(envelopes) for _, envelopes in decoded)
+        tasks = sum(len(batch) for _, batch in decoded)
         if entries:
             self.reader.tasks_per_entry = max(1.0, tasks / len(entries))
         began = time.monotonic()
@@ -280,7 +280,7 @@ class Loader:
         self,
         entries: list[Entry],
         dead: list[tuple[Entry, Rejected]],
-        decoded: list[tuple[Entry, list[TaskEnvelope]]],
+        decoded: list[tuple[Entry, TaskBatch]],
     ) -> None:
         """Dead letters first, checked; only then are entries acknowledged and
         deleted. An entry whose dead letter Redis refused stays pending (it is
@@ -295,8 +295,8 @@ class Loader:
                 done.setdefault(stream, []).append(entry_id)
         self.settle.finish(
             [
-                (stream, envelopes)
-                for (stream, entry_id, _), envelopes in decoded
+                (stream, zip(batch.tenants, batch.costs, strict=True))
+                for (stream, entry_id, _), batch in decoded
                 if (stream, entry_id) not in unrecorded
             ],
             acknowledge=done,

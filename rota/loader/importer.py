@@ -19,16 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
 
 from rota.core import connections
-from rota.core.load import TaskColumns, load_columns
+from rota.core.load import TaskColumns
 from rota.loader.origin import ORIGIN, by_tenant_order, unkeyed_ids, with_origin
 from rota.loader.rows import reason_of
 from rota.loader.rows import validate_row as validate_row
 from rota.loader.spark_progress import reporting
 from rota.loader.spark_session import SparkOptions
-from rota.loader.store import load_ranges
+from rota.loader.store import load_in_chunks
 from rota.settings import Settings
 
 FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
@@ -75,7 +74,7 @@ def _import_batches(
     import numpy as np
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    from rota.loader.columns import check_batch, envelope_of, records
+    from rota.loader.columns import check_batch, records
 
     defaults = job["defaults"]
     seen = 0
@@ -100,15 +99,14 @@ def _import_batches(
     def load(tasks: TaskColumns) -> list[str]:
         nonlocal conn
         conn = conn or connections.connect(job["settings"], "load")
-        stored, refused = _load_columns_in_chunks(conn, tasks, job["chunk"])
+        stored, refused = load_in_chunks(conn, tasks, job["chunk"])
         if counters is not None:
             counters.loaded.add(stored)
             counters.rejected.add(len(refused))
         counts[0] += stored
-        counts[1] += len(tasks.ids) - stored - len(refused)
+        counts[1] += len(tasks) - stored - len(refused)
         return [
-            _rejection(reason, orjson.loads(envelope_of(tasks, i).to_json()))
-            for i, reason in refused
+            _rejection(reason, orjson.loads(tasks.envelope(i).to_json())) for i, reason in refused
         ]
 
     try:
@@ -129,13 +127,13 @@ def _import_batches(
                     for (_, reason), record in zip(checked.rejected, found, strict=True)
                 ]
             pending.append(checked.tasks)
-            if sum(len(p.ids) for p in pending) >= job["chunk"]:
-                lines += load(_joined(pending))
+            if sum(map(len, pending)) >= job["chunk"]:
+                lines += load(TaskColumns.joined(pending))
                 pending = []
             if lines:
                 yield outcome(["rejected"] * len(lines), lines, [0] * len(lines))
         if pending:
-            lines = load(_joined(pending))
+            lines = load(TaskColumns.joined(pending))
             if lines:
                 yield outcome(["rejected"] * len(lines), lines, [0] * len(lines))
     finally:
@@ -144,31 +142,6 @@ def _import_batches(
     final = outcome(["counts"], [None], [seen])
     yield final.set_column(3, "loaded", pa.array([counts[0]], pa.int64())).set_column(
         4, "duplicates", pa.array([counts[1]], pa.int64())
-    )
-
-
-def _joined(parts: list[TaskColumns]) -> TaskColumns:
-    """The tasks of several checked batches, in order, as one."""
-    if len(parts) == 1:
-        return parts[0]
-    first = parts[0]
-    fields: dict[str, Any] = {
-        f: [v for part in parts for v in getattr(part, f)]
-        for f in ("ids", "queues", "tenants", "names", "payloads", "costs", "max_attempts")
-    }
-    fields["etas"] = [v for part in parts for v in part.etas]
-    fields["priorities"] = [v for part in parts for v in part.priorities]
-    return first._replace(**fields)
-
-
-def _load_columns_in_chunks(
-    conn: psycopg.Connection[Any], tasks: TaskColumns, size: int
-) -> tuple[int, list[tuple[int, str]]]:
-    """`load_in_chunks` for tasks given column by column, in the file's
-    order. Returns (tasks stored, refused tasks' places in `tasks` with the
-    reason)."""
-    return load_ranges(
-        conn, len(tasks.ids), size, lambda start, stop: load_columns(tasks.part(slice(start, stop)))
     )
 
 

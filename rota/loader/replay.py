@@ -18,6 +18,7 @@ from rota.buffer.entries import parse_batch
 from rota.buffer.redis_client import Client
 from rota.buffer.streams import check_entry_id, dead_letter_stream
 from rota.core import db
+from rota.core.load import columns_of
 from rota.errors import ValidationError
 from rota.loader.store import load_in_chunks
 from rota.model.envelope import TaskEnvelope, parse_envelope
@@ -75,7 +76,7 @@ def replay(
         except ValidationError as exc:
             result.refused[letter_id] = str(exc)
             continue
-        stored, refused = load_in_chunks(conn, envelopes, settings.loader_batch_size)
+        stored, refused = load_in_chunks(conn, columns_of(envelopes), settings.loader_batch_size)
         if refused:
             result.refused[letter_id] = refused[0][1]
             continue

@@ -10,6 +10,7 @@ from uuid import UUID
 
 import orjson
 
+from rota.core.db import UUIDBytesArray
 from rota.core.load import TaskColumns
 from rota.errors import ValidationError
 from rota.model.envelope import TaskEnvelope, make_envelope, task_id_for_key
@@ -71,19 +72,33 @@ def reason_of(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def envelope_of(tasks: TaskColumns, i: int) -> TaskEnvelope:
-    """Task `i` of the columns as an envelope (one PostgreSQL refused, say)."""
-    return TaskEnvelope(
-        UUID(bytes=tasks.ids[i]),
-        tasks.queues[i],
-        tasks.tenants[i],
-        tasks.names[i],
-        tasks.payloads[i],
-        tasks.enqueued_at,
-        tasks.costs[i],
-        tasks.max_attempts[i],
-        tasks.backoff_base,
-        tasks.backoff_max,
-        tasks.etas[i],
-        tasks.priorities[i],
+def import_columns(
+    ids: list[bytes],
+    queues: list[str],
+    tenants: list[str],
+    names: list[str],
+    payloads: list[str],
+    costs: list[float],
+    max_attempts: list[int],
+    etas: list[datetime | None],
+    priorities: list[int],
+    enqueued_at: datetime,
+) -> TaskColumns:
+    """Imported tasks as a load's columns: they share their enqueue time and
+    the default retry policy (a TaskEnvelope's), and name no limit key."""
+    n = len(ids)
+    return TaskColumns(
+        UUIDBytesArray(ids),
+        queues,
+        tenants,
+        names,
+        payloads,
+        costs,
+        max_attempts,
+        [1.0] * n,
+        [3600.0] * n,
+        etas,
+        [enqueued_at] * n,
+        priorities,
+        [None] * n,
     )

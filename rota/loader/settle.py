@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import redis
 
@@ -69,15 +68,15 @@ class BufferSettle:
 
     def finish(
         self,
-        loaded: Iterable[tuple[str, Sequence[Any]]],
+        loaded: Iterable[tuple[str, Iterable[tuple[str, float]]]],
         *,
         acknowledge: dict[str, list[str]] | None = None,
         trim_through: dict[str, str] | None = None,
     ) -> None:
         """Takes settled entries off the shards: `acknowledge` (stream: entry
         ids, for a consumer group's loader) or `trim_through` (stream: last
-        entry id, for an offset-keeping one). `loaded` (stream, tasks with
-        .tenant and .cost) is subtracted from the backlog counts."""
+        entry id, for an offset-keeping one). `loaded` (stream, each task's
+        tenant and cost) is subtracted from the backlog counts."""
         client = self._client()
         loaded = list(loaded)
         pipe = client.pipeline(transaction=False)

@@ -32,7 +32,6 @@ from rota.buffer.streams import Rejected
 from rota.core import connections, db
 from rota.loader.settle import BufferSettle, Dead, DeadLettersRefused
 from rota.loader.store import load_entries
-from rota.model.envelope import TaskEnvelope
 from rota.runtime.outage import Kept
 from rota.runtime.process import tune_gc
 from rota.settings import Settings
@@ -221,22 +220,21 @@ class ShardLoader:
             parts[0].dead.extend((stream, entry_id, rejected) for rejected in bad)
             if not batch.tenants:
                 continue
-            envelopes = batch.envelopes()
             if groups == 1:
-                parts[0].add(stream, entry_id, envelopes, size)
+                parts[0].add(stream, entry_id, batch, size)
                 continue
             for tenant in set(batch.tenants).difference(known):
                 known[tenant] = self.group_of(tenant, groups)
             of = list(map(known.__getitem__, batch.tenants))
             if of.count(of[0]) == len(of):
-                parts[of[0]].add(stream, entry_id, envelopes, size)
+                parts[of[0]].add(stream, entry_id, batch, size)
                 continue
-            split: list[list[TaskEnvelope]] = [[] for _ in parts]
-            for group, envelope in zip(of, envelopes, strict=True):
-                split[group].append(envelope)
-            for group, picked in enumerate(split):
-                if picked:
-                    parts[group].add(stream, entry_id, picked, size)
+            split: list[list[int]] = [[] for _ in parts]
+            for place, group in enumerate(of):
+                split[group].append(place)
+            for group, places in enumerate(split):
+                if places:
+                    parts[group].add(stream, entry_id, batch.select(places), size)
         return first
 
 
@@ -262,7 +260,7 @@ class _Group:
         self.dead: list[Dead] = []  # invalid parts of entries (group 0), then refused tasks
         self.costs: dict[str, float] = {}
         self.tasks = 0
-        self._chunk: list[tuple[tuple[str, str], list[TaskEnvelope]]] = []
+        self._chunk: list[tuple[tuple[str, str], TaskBatch]] = []
         self._waiting = 0
         self._inbox: queue.Queue[object] = queue.Queue()
         self._aborted = threading.Event()
@@ -282,17 +280,17 @@ class _Group:
             self.fresh = False
         return self.fresh
 
-    def add(self, stream: str, entry_id: str, envelopes: list[TaskEnvelope], size: int) -> None:
+    def add(self, stream: str, entry_id: str, batch: TaskBatch, size: int) -> None:
         """One entry's tasks of this group's tenants, in enqueue order."""
         assert self._done is not None
         if not self.fresh or self._done.done():
             return  # loaded by an earlier attempt, or its load met an outage
         costs = self.costs
-        for envelope in envelopes:
-            costs[envelope.tenant] = costs.get(envelope.tenant, 0.0) + envelope.cost
-        self._chunk.append(((stream, entry_id), envelopes))
-        self.tasks += len(envelopes)
-        self._waiting += len(envelopes)
+        for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
+            costs[tenant] = costs.get(tenant, 0.0) + cost
+        self._chunk.append(((stream, entry_id), batch))
+        self.tasks += len(batch)
+        self._waiting += len(batch)
         if self._waiting < size:
             return
         if self._waiting >= 4 * size:
@@ -342,7 +340,7 @@ class _Group:
                     raise _Aborted
                 if message is _END:
                     break
-                chunk = cast(list[tuple[tuple[str, str], list[TaskEnvelope]]], message)
+                chunk = cast(list[tuple[tuple[str, str], TaskBatch]], message)
                 loaded, refused = load_entries(conn, chunk, job.settings.spark_load_size)
                 stored += loaded
                 self.dead.extend((s, entry_id, rejected) for (s, entry_id), rejected in refused)

@@ -16,7 +16,9 @@ import pytest
 
 from rota import Settings, core
 from rota.core import db
-from rota.core.load import TaskColumns, load_columns
+from rota.core.load import TaskColumns, columns_of
+from rota.loader.rows import import_columns
+from rota.loader.store import load_in_chunks
 from rota.model.envelope import TaskEnvelope
 
 NOW = datetime.now(UTC)
@@ -42,18 +44,10 @@ def _tasks(queue: str, count: int) -> list[TaskEnvelope]:
 
 
 def _columns(tasks: list[TaskEnvelope]) -> TaskColumns:
-    return TaskColumns(
-        [t.id.bytes for t in tasks],
-        [t.queue for t in tasks],
-        [t.tenant for t in tasks],
-        [t.name for t in tasks],
-        [t.payload for t in tasks],
-        [t.cost for t in tasks],
-        [t.max_attempts for t in tasks],
-        [t.eta for t in tasks],
-        [t.priority for t in tasks],
-        NOW,
-    )
+    """The tasks as an import's columns: ids as bytes."""
+    c = columns_of(tasks)
+    rest = (c.queues, c.tenants, c.names, c.payloads, c.costs, c.max_attempts, c.etas)
+    return import_columns([u.bytes for u in c.ids], *rest, c.priorities, NOW)
 
 
 def _stored(conn: psycopg.Connection[Any], queue: str) -> list[tuple[Any, ...]]:
@@ -74,32 +68,30 @@ def _stored(conn: psycopg.Connection[Any], queue: str) -> list[tuple[Any, ...]]:
 def test_columns_load_as_envelopes_do(conn: psycopg.Connection[Any], count: int) -> None:
     by_envelopes, by_columns = _tasks("envelopes", count), _tasks("columns", count)
     assert db.transact(conn, core.load(by_envelopes)) == count
-    assert db.transact(conn, load_columns(_columns(by_columns))) == count
+    assert db.transact(conn, core.load(_columns(by_columns))) == count
     assert _stored(conn, "columns") == _stored(conn, "envelopes")
     assert any(row[5] == "scheduled" for row in _stored(conn, "columns"))
     # Loaded again, whole or in part: nothing twice.
-    assert db.transact(conn, load_columns(_columns(by_columns))) == 0
+    assert db.transact(conn, core.load(_columns(by_columns))) == 0
     more = _tasks("columns", 100)
-    assert db.transact(conn, load_columns(_columns(by_columns[:80] + more))) == 100
+    assert db.transact(conn, core.load(_columns(by_columns[:80] + more))) == 100
     assert len(_stored(conn, "columns")) == count + 100
 
 
 def test_an_id_twice_in_the_columns_loads_its_first(conn: psycopg.Connection[Any]) -> None:
     tasks = _tasks("twice", 100)
     twin = TaskEnvelope(tasks[5].id, "twice", "t9", "app.other", '{"args":[],"kwargs":{}}', NOW)
-    assert db.transact(conn, load_columns(_columns([*tasks, twin]))) == 100
+    assert db.transact(conn, core.load(_columns([*tasks, twin]))) == 100
     assert conn.execute("SELECT count(*) FROM rota.tasks WHERE tenant = 't9'").fetchone() == (0,)
 
 
 def test_rows_postgresql_refuses_are_found_and_the_rest_loaded(
     conn: psycopg.Connection[Any], database_url: str
 ) -> None:
-    from rota.loader.importer import _load_columns_in_chunks
-
     tasks = _columns(_tasks("refusals", 100))
     tasks.costs[70] = -1.0  # past the checks, as a bug would let through: CHECK refuses it
     with db.connect(database_url) as loader:
-        stored, refused = _load_columns_in_chunks(loader, tasks, 40)
+        stored, refused = load_in_chunks(loader, tasks, 40)
     assert stored == 99
     [(place, reason)] = refused
     assert place == 70 and reason.startswith("refused by PostgreSQL") and "cost" in reason

@@ -18,6 +18,7 @@ from rota import App, Settings, core
 from rota.buffer.entries import TaskBatch
 from rota.buffer.streams import ENTRY_VERSION, dead_letter_stream, shard_for, stream_name
 from rota.core import db
+from rota.core.load import columns_of
 from rota.loader import Loader, lambda_handler
 from rota.loader.acks import Acknowledger
 from rota.loader.reading import Entry
@@ -75,7 +76,8 @@ def test_an_entry_loaded_twice_creates_its_tasks_once(
     # Loaded and committed, but the loader "dies" before acknowledging.
     entries = first.reader.read_new(None)
     envelopes = [e for entry in entries for e in _decode(entry, settings)]
-    assert load_in_chunks(first.conn, envelopes, settings.loader_batch_size) == (10, [])
+    stored = load_in_chunks(first.conn, columns_of(envelopes), settings.loader_batch_size)
+    assert stored == (10, [])
     first.close()
     wait_for(lambda: pending_idle_past_reclaim(settings), what="the entry to be idle")
     second = Loader(settings, consumer="second")

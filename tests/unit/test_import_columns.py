@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 pa = pytest.importorskip("pyarrow")
 
-from rota.loader.columns import check_batch, envelope_of, records  # noqa: E402
+from rota.loader.columns import check_batch, records  # noqa: E402
 from rota.loader.rows import ETA_MICROS, reason_of, validate_row  # noqa: E402
 from rota.model.rules import EARLIEST, LATEST  # noqa: E402
 
@@ -222,7 +222,7 @@ def _agree(batch: pa.RecordBatch, defaults: dict[str, Any]) -> None:
             continue
         assert i in accepted, (i, record, rejected.get(i))
         j = accepted[i]
-        got = envelope_of(tasks, j)
+        got = tasks.envelope(j)
         assert (got.id, got.queue, got.tenant, got.name, got.payload) == (
             expected.id,
             expected.queue,
@@ -311,7 +311,7 @@ def test_absent_columns_take_the_defaults() -> None:
     batch = pa.RecordBatch.from_pydict({"name": ["app.parse"], "tenant": ["alice"]})
     checked = check_batch(batch, DEFAULTS, [b"\x01" * 16], NOW, reason_of)
     assert checked.rejected == [] and checked.rows == [0]
-    task = envelope_of(checked.tasks, 0)
+    task = checked.tasks.envelope(0)
     assert (task.queue, task.payload, task.cost, task.max_attempts, task.priority, task.eta) == (
         "default",
         '{"args":[],"kwargs":{}}',
