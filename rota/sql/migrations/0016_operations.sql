@@ -12,6 +12,8 @@ ALTER TABLE rota.tasks
     ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false;
 
 DROP FUNCTION IF EXISTS rota.fail(uuid[], integer[], text[], timestamptz[], boolean[]);
+-- fail as 0001 first made it (databases made before 0002 existed).
+DROP FUNCTION IF EXISTS rota.fail(uuid[], integer[], text[], timestamptz[]);
 
 CREATE TABLE rota.audit (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -1,3 +1,7 @@
+-- load_tasks of 0019 as first written (0019_definer_loads).
+DROP FUNCTION IF EXISTS rota.load_tasks(uuid[], text[], text[], text[], text[], double precision[],
+                                        integer[], double precision[], double precision[],
+                                        timestamptz[], timestamptz[]);
 ALTER TABLE rota.workers ADD COLUMN secret_hash bytea, ADD COLUMN heartbeat_seconds double precision;
 
 CREATE TABLE rota.limits (

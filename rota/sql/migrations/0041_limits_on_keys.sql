@@ -1,3 +1,11 @@
+-- A database made while 0039 was being written has no released flag, and
+-- another index on it (released holds exactly when nothing waits).
+ALTER TABLE rota.joins ADD COLUMN IF NOT EXISTS released boolean NOT NULL DEFAULT false;
+UPDATE rota.joins SET released = true WHERE waiting = 0 AND NOT released;
+ALTER TABLE rota.joins SET (fillfactor = 50);
+DROP INDEX rota.joins_waiting;
+CREATE INDEX joins_waiting ON rota.joins (task_id) WHERE NOT released;
+
 ALTER TABLE rota.tasks ADD COLUMN limit_key text,
     ADD CONSTRAINT limit_key_rule
         CHECK (limit_key ~ '^[a-z][a-z0-9_.-]{0,62}(/[^[:cntrl:]]{1,200})?$') NOT VALID;
