@@ -2,7 +2,14 @@
 
 Tables, types and indexes are versioned: a fresh database gets the current
 schema (rota/sql/schema.sql) in one go; an existing one gets each migration
-it lacks (rota/sql/migrations/), in order, each in its own transaction.
+it lacks (rota/sql/migrations/), in order, each in its own transaction. A
+migration holds table, type, index and data statements only, and the drops
+of functions and views a changed definition needs; it neither makes nor
+calls a function. Migrations 0001-0047, written when migrations made
+functions too, are cut to such statements: a database made by any earlier
+commit takes those it lacks and ends as a fresh one does
+(tests/fixtures/migrations/ holds databases made at 0030 and 0047 by the
+last code that had them whole).
 
 Functions, and the triggers and views that call them, are defined once each,
 in the files of rota/sql/functions/, and applied after the migrations: a file
@@ -19,8 +26,9 @@ arguments or result type change is dropped by a migration, and made by its
 file (CREATE OR REPLACE cannot change them); so is a view whose columns
 change. Files are applied in the order of rota.sql.FUNCTION_FILES.
 
-Concurrent runs take turns on an advisory lock. A test proves that both paths
-end in the same schema.
+Concurrent runs take turns on an advisory lock. Tests prove that a fresh
+database, one made migration by migration, and those of earlier versions
+upgraded end in the same schema.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""Migrations: a fresh schema equals every migration applied step by step, and
-the function files are applied again exactly when their text changes."""
+"""Migrations: a database made by an earlier version (tests/fixtures/migrations,
+made by rota_tools.migration_fixtures) upgrades to the fresh schema with its
+rows, every migration applied step by step makes it too, and the function
+files are applied again exactly when their text changes."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,24 +16,15 @@ import pytest
 from rota.core import migrate as migrate_module
 from rota.core.migrate import Migrated, applied_versions, migrate
 from rota.sql import function_files, migrations
-from rota_tools.devservers import postgres_bindir
+from rota_tools.migration_fixtures import VERSIONS, WORKFLOWS, dump, restore
 
 ALL_FILES = [file.name for file in function_files()]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "migrations"
+NEWEST = migrations()[-1].version
 
 
 def _schema_dump(url: str) -> str:
-    result = subprocess.run(
-        [str(postgres_bindir() / "pg_dump"), "--schema-only", "--schema=rota", "--no-owner", url],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return "\n".join(
-        line
-        for line in result.stdout.splitlines()
-        # Version banners and the per-dump random \restrict key differ by design.
-        if not line.startswith(("-- Dumped", "\\restrict", "\\unrestrict"))
-    )
+    return dump(url, schema_only=True)
 
 
 def _recorded(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, Any]]:
@@ -39,9 +32,106 @@ def _recorded(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, Any]]:
     return {name: (checksum, at) for name, checksum, at in rows}
 
 
+def _rows(conn: psycopg.Connection[Any], columns: dict[str, list[str]]) -> dict[str, list[Any]]:
+    """Each table's rows, as {column: value}, in a stable order."""
+    rows = {}
+    for table, names in columns.items():
+        select = psycopg.sql.SQL("SELECT {} FROM {}").format(
+            psycopg.sql.SQL(", ").join(map(psycopg.sql.Identifier, names)),
+            psycopg.sql.Identifier("rota", table),
+        )
+        found = [dict(zip(names, row, strict=True)) for row in conn.execute(select)]
+        rows[table] = sorted(found, key=repr)
+    return rows
+
+
+def _columns(conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
+    """The columns of rota's tables, but for the migrations' own bookkeeping."""
+    found: dict[str, list[str]] = {}
+    for table, column in conn.execute(
+        "SELECT c.table_name, c.column_name FROM information_schema.columns c"
+        " JOIN information_schema.tables t USING (table_schema, table_name)"
+        " WHERE c.table_schema = 'rota' AND t.table_type = 'BASE TABLE'"
+        " AND c.table_name NOT IN ('migrations', 'repeatables')"
+        " ORDER BY 1, c.ordinal_position"
+    ):
+        found.setdefault(table, []).append(column)
+    return found
+
+
+WORKER = ("fixture-worker", b"fixture-secret")  # registered by rota_tools/sql/fixtures.sql
+
+
+def _claim(conn: psycopg.Connection[Any], queue: str) -> list[tuple[Any, int]]:
+    return conn.execute(
+        "SELECT id, attempt FROM rota.worker_claim(%s, %s, %s, 10, 60)", (*WORKER, [queue])
+    ).fetchall()
+
+
+def _complete(conn: psycopg.Connection[Any], claimed: list[tuple[Any, int]]) -> list[Any]:
+    ids, attempts = [list(c) for c in zip(*claimed, strict=True)]
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT * FROM rota.worker_complete(%s, %s, %s, %s)", (*WORKER, ids, attempts)
+        )
+    ]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_database_of_an_earlier_version_upgrades_to_the_fresh_schema_with_its_rows(
+    version: int, empty_database_url: str, database_url: str
+) -> None:
+    restore(empty_database_url, FIXTURES / f"{version:04d}.sql.gz")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert applied_versions(conn) == list(range(1, version + 1))
+        columns = _columns(conn)
+        before = _rows(conn, columns)
+        assert len(before["tasks"]) >= 5 and before["running"] and before["finished"]
+        waiting = {
+            row[0]
+            for row in conn.execute(
+                "SELECT r.task_id FROM rota.ready r JOIN rota.queues q ON q.id = r.queue_id"
+                " WHERE q.name = 'default'"
+            )
+        }
+        running = conn.execute("SELECT task_id, attempt FROM rota.running").fetchall()
+        assert migrate(conn).versions == list(range(version + 1, NEWEST + 1))
+        assert applied_versions(conn) == list(range(1, NEWEST + 1))
+        # Every row is kept as it was, in the columns this version still has.
+        now = _columns(conn)
+        kept = {t: [c for c in names if c in now[t]] for t, names in columns.items()}
+        assert _rows(conn, kept) == {
+            table: sorted(({c: row[c] for c in kept[table]} for row in rows), key=repr)
+            for table, rows in before.items()
+        }
+    assert _schema_dump(empty_database_url) == _schema_dump(database_url)
+
+    # The rows work with this version's functions: what waited is claimed, what
+    # ran completes with its attempt token, and so does a join's member.
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert {task_id for task_id, _ in _claim(conn, "default")} == waiting
+        assert _complete(conn, running) == [task_id for task_id, _ in running]
+        if version < WORKFLOWS:
+            return
+        result = conn.execute(
+            "SELECT r.value FROM rota.results k, rota.task_result(k.task_id) r"
+        ).fetchall()
+        assert result == [({"total": 3},)]
+        member = _claim(conn, "flows")
+        assert len(member) == 1 and _complete(conn, member) == [member[0][0]]
+        released = conn.execute(
+            "SELECT j.released, s.run_at <= now() FROM rota.joins j"
+            " JOIN rota.scheduled s ON s.task_id = j.task_id"
+        ).fetchall()
+        assert released == [(True, True)]
+
+
 def test_fresh_schema_equals_all_migrations_applied(
     empty_database_url: str, database_url: str
 ) -> None:
+    """Every migration from the first, then the files, makes the fresh schema:
+    the steps before the 0030 fixture are checked here."""
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         applied = migrate(conn, step_by_step=True)
         steps_recorded = {name: checksum for name, (checksum, _) in _recorded(conn).items()}

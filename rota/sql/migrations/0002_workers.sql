@@ -1,5 +1,3 @@
--- rota 0002: the worker registry (heartbeats, for the reaper).
-
 CREATE TABLE rota.workers (
     id text PRIMARY KEY,
     host text NOT NULL,

@@ -1,5 +1,3 @@
--- rota 0003: the Spark loader's ledger of loaded micro-batches (exactly once).
-
 CREATE TABLE rota.loader_batches (
     query text NOT NULL,  -- the streaming query's checkpoint: batch ids restart with it
     batch_id bigint NOT NULL,

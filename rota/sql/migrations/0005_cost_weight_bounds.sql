@@ -1,7 +1,3 @@
--- rota 0005: task cost and tenant weight bounded, as the producer and
--- configure_tenant check them: fair tags are sums of cost / weight in double
--- precision, and must neither overflow nor lose their increments.
-
 ALTER TABLE rota.tasks DROP CONSTRAINT cost_positive;
 ALTER TABLE rota.tasks ADD CONSTRAINT cost_bounded CHECK (cost > 0 AND cost <= 1e6);
 ALTER TABLE rota.tenants DROP CONSTRAINT weight_positive;
