@@ -182,7 +182,7 @@ class Side:
     extra_path: Path | None = None
 
     def env(self) -> dict[str, str]:
-        # Since 2026-11-25 the tools are their own distribution under tools/.
+        # The tools' own distribution, under tools/ (an older commit's tree has none).
         tools = [str(self.tree / "tools")] if (self.tree / "tools").is_dir() else []
         paths = [str(self.tree), *tools] + ([str(self.extra_path)] if self.extra_path else [])
         return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
@@ -287,7 +287,7 @@ def checkout(
             shutil.rmtree(place, ignore_errors=True)
 
 
-def _fresh_servers(admin_url: str, database: str, redis_url: str | None) -> str:
+def fresh_servers(admin_url: str, database: str, redis_url: str | None) -> str:
     """Drops and recreates the benchmark database, flushes Redis; returns the
     database's URL."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -389,7 +389,7 @@ def stage_table(
     def cell(s: dict[str, Any] | None) -> str:
         if s is None:
             return "-"
-        return f"{_fmt(s['median'])} ({_fmt(s['min'])}-{_fmt(s['max'])})"
+        return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})"
 
     lines = [
         f"### {stage}",
@@ -410,7 +410,7 @@ def stage_table(
     return "\n".join(lines)
 
 
-def _fmt(value: float) -> str:
+def fmt(value: float) -> str:
     if abs(value) >= 1000:
         return f"{value / 1000:.1f}k"
     if abs(value) >= 100:
@@ -478,7 +478,7 @@ def compare(
             spec = STAGES[stage]
             for side in order:
                 args = args_of[stage][side.name]
-                url = _fresh_servers(admin_url, "rota_ab", redis_url if spec.redis else None)
+                url = fresh_servers(admin_url, "rota_ab", redis_url if spec.redis else None)
                 started = time.monotonic()
                 result = results[(stage, side.name)]
                 try:

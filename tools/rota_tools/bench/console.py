@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +22,8 @@ from rota.core import db
 from rota.core.connections import application_name
 from rota.errors import RotaError
 from rota.settings import Settings
-from rota_tools.bench.core import QUEUE, Filler, claim_run, reset
+from rota_tools.bench.cpu import process_seconds
+from rota_tools.bench.harness import QUEUE, Filler, claim_run, reset, wait_for
 from rota_tools.devservers import free_port
 from rota_tools.sql import query
 from rota_tools.stats import percentile
@@ -69,16 +69,13 @@ class Console:
         self.http = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.http.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the console did not start")
-            time.sleep(0.1)
+        wait_for(
+            lambda: self.http.get("/healthz").status_code == 200,
+            60,
+            what="the console to start",
+            poll=0.1,
+            errors=(httpx.TransportError,),
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -106,15 +103,6 @@ def _read_times(console: Console, paths: list[str], rounds: int) -> dict[str, di
     }
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds a process has used (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _console_cpu(console: Console, url: str) -> dict[int, float]:
     """CPU seconds used so far by the console's process and by the server
     processes of its database connections, by pid."""
@@ -125,7 +113,7 @@ def _console_cpu(console: Console, url: str) -> dict[int, float]:
                 query("bench_backends_of"), {"application": application_name("console")}
             )
         ]
-    return {pid: _cpu_seconds(pid) for pid in [console.process.pid, *pids]}
+    return {pid: process_seconds(pid) or 0.0 for pid in [console.process.pid, *pids]}
 
 
 def bench_console(
@@ -254,7 +242,7 @@ def _side_by_side(
             toggler = pool.submit(_toggle, console, plan, window, go)
             try:
                 # The windows start once every claiming process is up.
-                claim_run("rota", url, connections, 100, seconds + window, go.set)
+                claim_run(Filler, url, connections, 100, seconds + window, go.set)
             finally:
                 go.set()
             start = toggler.result()  # a failed refresh fails the benchmark

@@ -9,7 +9,6 @@ the executors' Python does more than theirs."""
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rota import Settings
 from rota_tools.bench.cpu import machine_seconds
+from rota_tools.bench.harness import warm_pool
 
 if TYPE_CHECKING:  # pyspark is imported only by the Spark bench
     from rota.loader.spark_load import ShardResult
@@ -38,8 +38,7 @@ def executor_processes(shards: int) -> Iterator[Pool]:
     code before any clock: Spark's workers are up and kept between
     micro-batches too."""
     processes = min(os.cpu_count() or 1, shards)
-    with multiprocessing.get_context("spawn").Pool(processes, initializer=_import) as pool:
-        pool.map(time.sleep, [0.0] * processes)
+    with warm_pool(processes, initializer=_import) as pool:
         yield pool
 
 

@@ -23,9 +23,8 @@ import psycopg
 from rota import Limit, Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.harness import NOOP_APP, QUEUE, load, reset, stopping, wait_for
+from rota_tools.processes import spawn_workers
 from rota_tools.sql import query
 from rota_tools.stats import in_turns
 
@@ -52,9 +51,7 @@ def _load(conn: psycopg.Connection[Any], tasks: int, waiting: int, seconds: floa
         make_envelope(name="noop", queue=QUEUE, tenant=PLAIN_TENANTS[i % 100], args=[i])
         for i in range(tasks)
     ]
-    everything = keyed + plain
-    for i in range(0, len(everything), 10_000):
-        db.transact(conn, core.load(everything[i : i + 10_000]))
+    load(conn, keyed + plain)
 
 
 def _finished_of(conn: psycopg.Connection[Any], tenants: list[str]) -> int:
@@ -79,20 +76,18 @@ def _throughput(
             got = db.transact(conn, core.claim([QUEUE], limit - held, "holder", 3600.0))
             held += sum(t.name == "keyed" for t in got)
             db.transact(conn, core.release(t.token for t in got if t.name != "keyed"))
-    workers = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
-    try:
-        _wait(conn, PLAIN_TENANTS, 500, workers)
+    spawned = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
+    with stopping(spawned) as workers:
+        _until_finished(conn, PLAIN_TENANTS, 500, workers)
         first, whole = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
         # The steady state is timed once the waiting tasks are parked (the
         # claims that meet them set each aside once, early in the run).
         while _parked(conn) < waiting - limit:
-            _wait(conn, PLAIN_TENANTS, _finished_of(conn, PLAIN_TENANTS) + 1, workers)
+            _until_finished(conn, PLAIN_TENANTS, _finished_of(conn, PLAIN_TENANTS) + 1, workers)
         begin, started = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
-        _wait(conn, PLAIN_TENANTS, tasks, workers)
+        _until_finished(conn, PLAIN_TENANTS, tasks, workers)
         done, ended = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
         return (done - begin) / (ended - started), (done - first) / (ended - whole)
-    finally:
-        stop_workers(workers)
 
 
 def _parked(conn: psycopg.Connection[Any]) -> int:
@@ -101,11 +96,12 @@ def _parked(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def _wait(conn: psycopg.Connection[Any], tenants: list[str], count: int, workers: Any) -> None:
-    while _finished_of(conn, tenants) < count:
-        if any(w.poll() is not None for w in workers):
-            raise RuntimeError("benchmark: a worker exited before its tasks finished")
-        time.sleep(0.01)
+def _until_finished(
+    conn: psycopg.Connection[Any], tenants: list[str], count: int, workers: Any
+) -> None:
+    """Until `count` tasks of `tenants` finished."""
+    condition = lambda: _finished_of(conn, tenants) >= count  # noqa: E731
+    wait_for(condition, 3600, what=f"{count} tasks to finish", poll=0.01, processes=workers)
 
 
 def _held_limit(
@@ -127,14 +123,14 @@ def _held_limit(
                 peak, samples = max(peak, int(row[0]) if row else 0), samples + 1
 
     sampler = threading.Thread(target=sample)
-    workers = spawn_workers(NOOP_APP, [QUEUE], 2, settings, concurrency=CONCURRENCY, batch_size=20)
+    spawned = spawn_workers(NOOP_APP, [QUEUE], 2, settings, concurrency=CONCURRENCY, batch_size=20)
     sampler.start()
-    try:
-        _wait(conn, KEYED_TENANTS, keyed, workers)
-    finally:
-        done.set()
-        sampler.join()
-        stop_workers(workers)
+    with stopping(spawned) as workers:
+        try:
+            _until_finished(conn, KEYED_TENANTS, keyed, workers)
+        finally:
+            done.set()
+            sampler.join()
     return {"peak_running": peak, "samples": samples}
 
 

@@ -47,17 +47,19 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.core.migrate import migrate
-from rota_tools.bench.chaos import (
+from rota_tools.bench.faults import (
+    APP,
     LIMIT,
     LIMITED_TENANT,
+    SERVER_DOWN,
     Fault,
-    Harness,
-    _completions_per_second,
-    _drained,
-    _left,
-    _report,
-    _wait,
+    Fleet,
+    completions_per_second,
+    history_report,
+    left,
+    nothing_left,
 )
+from rota_tools.bench.harness import wait_for
 from rota_tools.delay_proxy import DelayProxy
 from rota_tools.devservers import free_port, local_postgres, local_redis
 from rota_tools.netns import Host, TestNetwork
@@ -71,8 +73,8 @@ ADDED_LATENCY_SECONDS = 0.1
 _UNAVAILABLE = re.compile(r"^(\S+ \S+) \S+ .*unavailable, reconnecting")
 
 
-class NetworkHarness(Harness):
-    """The chaos harness with each process in a namespace of its own."""
+class NetworkFleet(Fleet):
+    """The chaos fleet with each process in a namespace of its own."""
 
     def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, net: TestNetwork):
         super().__init__(workdir, pg, rd, settings)
@@ -147,18 +149,18 @@ def run_network_chaos(
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             migrate(conn)
             db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
-        harness = NetworkHarness(workdir, pg, rd, settings, net)
-        harness.own_env[DELAYED] = {
+        fleet = NetworkFleet(workdir, pg, rd, settings, net)
+        fleet.own_env[DELAYED] = {
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }
         try:
             return _run(
-                harness, proxy, rate, seconds_per_task, baseline_seconds, settle_seconds,
+                fleet, proxy, rate, seconds_per_task, baseline_seconds, settle_seconds,
                 short_seconds, long_seconds,
             )  # fmt: skip
         finally:
-            for name in list(harness.processes):
-                harness.stop(name, timeout=20)
+            for name in list(fleet.processes):
+                fleet.stop(name, timeout=20)
             if keep_logs is not None:
                 keep_logs.mkdir(parents=True, exist_ok=True)
                 for log in workdir.glob("*.log"):
@@ -166,7 +168,7 @@ def run_network_chaos(
 
 
 def _run(
-    harness: NetworkHarness,
+    fleet: NetworkFleet,
     proxy: DelayProxy,
     rate: float,
     seconds_per_task: float,
@@ -175,23 +177,23 @@ def _run(
     short_seconds: float,
     long_seconds: float,
 ) -> dict[str, Any]:
-    from rota_tools.bench.chaos import APP
-
-    net = harness.net
+    net = fleet.net
     worker_args = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-    harness.add("loader", "loader", "run", "--engine", "python")
-    harness.add("worker1", *worker_args, "--no-maintenance")
-    harness.add("worker2", *worker_args, "--no-maintenance")
-    harness.add("reaper", "reaper")
-    harness.add("reaper2", "reaper")  # takes over while the first is cut off
-    harness.add_producer(rate, seconds_per_task)
-    console = Console(harness)
-    assert _wait(lambda: len(harness.runs()) > 20, 90), "the pipeline did not start"
-    assert _wait(console.answers, 60), "the console did not start"
+    fleet.add("loader", "loader", "run", "--engine", "python")
+    fleet.add("worker1", *worker_args, "--no-maintenance")
+    fleet.add("worker2", *worker_args, "--no-maintenance")
+    fleet.add("reaper", "reaper")
+    fleet.add("reaper2", "reaper")  # takes over while the first is cut off
+    fleet.add_producer(rate, seconds_per_task)
+    console = Console(fleet)
+    assert wait_for(lambda: len(fleet.runs()) > 20, 90, poll=0.5, errors=SERVER_DOWN), (
+        "the pipeline did not start"
+    )
+    assert wait_for(console.answers, 60, poll=0.5, errors=SERVER_DOWN), "the console did not start"
     baseline_start = time.time()
     time.sleep(baseline_seconds)
     baseline_end = time.time()
-    per_second = _completions_per_second(harness.runs(), baseline_start, baseline_end)
+    per_second = completions_per_second(fleet.runs(), baseline_start, baseline_end)
     baseline = sorted(per_second)[len(per_second) // 2] if per_second else 0.0
     faults: list[Fault] = []
     detection: dict[str, float | None] = {}
@@ -199,24 +201,24 @@ def _run(
     down: set[str] = set()
 
     def note_down() -> bool:
-        gone = {name for name, up in harness.alive().items() if not up}
+        gone = {name for name, up in fleet.alive().items() if not up}
         down.update(gone)
         return not gone
 
     def recovered(since: float) -> bool:
-        per_second = _completions_per_second(harness.runs(), since, time.time())
-        return all(harness.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
+        per_second = completions_per_second(fleet.runs(), since, time.time())
+        return all(fleet.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
 
     def over(name: str, started: float, ended: float) -> None:
         """A fault has ended: recorded; then the pipeline's recovery awaited
         and every process checked still up."""
         nonlocal always_up
         faults.append(Fault(name, started, ended, "network"))
-        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        wait_for(lambda: recovered(ended), settle_seconds, poll=0.2, errors=SERVER_DOWN)
         always_up = note_down() and always_up
 
     def partition(name: str, process: str, servers: list[str], seconds: float, watch: bool) -> None:
-        host = harness.hosts[process]
+        host = fleet.hosts[process]
         started = time.time()
         for server in servers:
             net.partition(host, _way(process, server))
@@ -226,14 +228,14 @@ def _run(
         ended = time.time()
         over(name, started, ended)
         if watch:
-            detection[name] = harness.detected_after(process, started)
+            detection[name] = fleet.detected_after(process, started)
 
     def half_open(process: str) -> None:
-        host = harness.hosts[process]
+        host = fleet.hosts[process]
         started = time.time()
         net.partition(host, "postgres")
         address = host.links["postgres"].host_end  # its sessions come from the link's far end
-        with db.connect(harness.settings.database_url) as conn:
+        with db.connect(fleet.settings.database_url) as conn:
             far = conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE host(client_addr) LIKE %s",
@@ -244,11 +246,11 @@ def _run(
         ended = time.time()
         over(f"half-open: {process}'s {len(far)} sessions", started, ended)
         # Noticed at its next use of the connection, once the link is back.
-        detection[faults[-1].name] = harness.detected_after(process, started)
+        detection[faults[-1].name] = fleet.detected_after(process, started)
 
     def slow(processes: list[str], seconds: float) -> None:
         started = time.time()
-        links = [harness.hosts[p].links[_way(p, "postgres")].host_end for p in processes]
+        links = [fleet.hosts[p].links[_way(p, "postgres")].host_end for p in processes]
         for link in links:
             _tc("qdisc", "add", "dev", link, "root", "tbf", "rate", "256kbit",
                 "burst", "16kbit", "latency", "200ms")  # fmt: skip
@@ -275,9 +277,9 @@ def _run(
             # started a second or more into it (there is no backlog at this
             # rate: what ran then was loaded then).
             "runs_started_meanwhile": sum(
-                1 for run in harness.runs() if started + 1 <= run.start and run.end < ended
+                1 for run in fleet.runs() if started + 1 <= run.start and run.end < ended
             ),
-            "taken_for_dead_after_s": harness.detected_after(DELAYED, started),
+            "taken_for_dead_after_s": fleet.detected_after(DELAYED, started),
         }  # fmt: skip
 
     for process, servers in [
@@ -305,12 +307,11 @@ def _run(
     latency_fault = latency(short_seconds * 2)
     fault_phase_end = time.time()
 
-    harness.stop("producer")
-    drained = _wait(lambda: _drained(harness.settings), 180)
-    left = _left(harness.settings)
-    report = _report(
-        harness, harness.runs(), faults, baseline, baseline_start, baseline_end,
-        fault_phase_end, drained, left, 0, always_up, rate,
+    fleet.stop("producer")
+    emptied = wait_for(lambda: nothing_left(fleet.settings), 180, poll=0.5, errors=SERVER_DOWN)
+    report = history_report(
+        fleet, fleet.runs(), faults, baseline, baseline_start, baseline_end,
+        fault_phase_end, emptied, left(fleet.settings), 0, always_up, rate,
     )  # fmt: skip
     report["dead_link_seconds"] = DEAD_LINK_SECONDS
     report["detected_after_s"] = detection
@@ -327,13 +328,13 @@ class Console:
     """`rota dashboard` in a host of its own, asked from this machine over
     the link's far address, with a token (it is not on loopback)."""
 
-    def __init__(self, harness: NetworkHarness) -> None:
-        self.harness = harness
+    def __init__(self, fleet: NetworkFleet) -> None:
+        self.fleet = fleet
         self.port = 8377
-        harness.env = {**harness.env, "ROTA_DASHBOARD_TOKEN": CONSOLE_TOKEN}
-        host = harness.hosts["console"] = harness.net.host("console")
-        self.address = _far_prefix(harness.net, host.links["operator"].host_end)
-        harness.add(
+        fleet.env = {**fleet.env, "ROTA_DASHBOARD_TOKEN": CONSOLE_TOKEN}
+        host = fleet.hosts["console"] = fleet.net.host("console")
+        self.address = _far_prefix(fleet.net, host.links["operator"].host_end)
+        fleet.add(
             "console", "dashboard", "--host", "0.0.0.0", "--port", str(self.port),
             "--allowed-host", self.address,
         )  # fmt: skip
@@ -362,7 +363,7 @@ class Console:
         """Partitions the console from both servers: how long a page that
         reads PostgreSQL takes meanwhile and what it answers (503: a server
         is unavailable), and how soon it is whole again."""
-        net, host = self.harness.net, self.harness.hosts["console"]
+        net, host = self.fleet.net, self.fleet.hosts["console"]
         for server in ("postgres", "redis"):
             net.partition(host, server)
         time.sleep(1)
@@ -371,7 +372,7 @@ class Console:
         for server in ("postgres", "redis"):
             net.heal(host, server)
         healed = time.monotonic()
-        whole = _wait(self.answers, 30, poll=0.2)
+        whole = wait_for(self.answers, 30, poll=0.2, errors=SERVER_DOWN)
         return {
             "partition_seconds": seconds,
             "page_during_partition_s": round(took, 1),

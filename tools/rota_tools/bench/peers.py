@@ -10,25 +10,15 @@ concurrency.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
 from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
+
+from rota_tools.bench.harness import fresh_database, warm_pool
 
 DATABASE = "rota_peer_pgqueuer"
-
-
-def fresh_database(url: str, name: str) -> str:
-    """A new empty database `name` on `url`'s server (dropped first if it
-    exists); returns its URL."""
-    admin = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return url.rsplit("/", 1)[0] + "/" + name
 
 
 async def _prepare(url: str, tasks: int) -> None:
@@ -70,9 +60,7 @@ def _worker(args: tuple[str, int]) -> int:
 def pgqueuer_throughput(url: str, tasks: int, processes: int, batch_size: int) -> float:
     peer = fresh_database(url, DATABASE)
     asyncio.run(_prepare(peer, tasks))
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(processes) as pool:
-        pool.map(time.sleep, [0.0] * processes)  # processes up before the clock starts
+    with warm_pool(processes, initializer=None) as pool:  # up before the clock starts
         started = time.perf_counter()
         done = sum(pool.map(_worker, [(peer, batch_size)] * processes))
         elapsed = time.perf_counter() - started
@@ -122,9 +110,7 @@ def _procrastinate_worker(args: tuple[str, int]) -> None:
 def procrastinate_throughput(url: str, tasks: int, processes: int, concurrency: int) -> float:
     peer = fresh_database(url, PROCRASTINATE_DATABASE)
     asyncio.run(_procrastinate_prepare(peer, tasks))
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(processes) as pool:
-        pool.map(time.sleep, [0.0] * processes)
+    with warm_pool(processes, initializer=None) as pool:
         started = time.perf_counter()
         pool.map(_procrastinate_worker, [(peer, concurrency)] * processes)
         elapsed = time.perf_counter() - started

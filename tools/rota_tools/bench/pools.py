@@ -11,12 +11,19 @@ from typing import Any
 
 import psycopg
 
-from rota import Settings, core
+from rota import Settings
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE, _finished, _wait_for_finished
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.harness import (
+    NOOP_APP,
+    QUEUE,
+    finished,
+    load,
+    reset,
+    stopping,
+    wait_for_finished,
+)
+from rota_tools.processes import spawn_workers
 
 POOLS = ("threads", "processes")
 # About 20 ms of pure-Python arithmetic per task on this project's machines.
@@ -35,12 +42,14 @@ def _rate(
     """Tasks/s of one worker process with `pool`, once it is up (its first
     `concurrency` tasks, which start the children, are not timed)."""
     reset(conn)
-    envelopes = [
-        make_envelope(name=name, queue=QUEUE, tenant=f"t{i % 10}", args=args) for i in range(tasks)
-    ]
-    for i in range(0, tasks, 10_000):
-        db.transact(conn, core.load(envelopes[i : i + 10_000]))
-    workers = spawn_workers(
+    load(
+        conn,
+        [
+            make_envelope(name=name, queue=QUEUE, tenant=f"t{i % 10}", args=args)
+            for i in range(tasks)
+        ],
+    )
+    spawned = spawn_workers(
         NOOP_APP,
         [QUEUE],
         1,
@@ -49,14 +58,11 @@ def _rate(
         batch_size=min(100, 4 * concurrency),
         pool=pool,
     )
-    try:
-        warm = min(tasks // 10, 2 * concurrency)
-        _wait_for_finished(conn, warm, workers)
-        begin, started = _finished(conn), time.perf_counter()
-        _wait_for_finished(conn, tasks, workers, drained=True)
+    with stopping(spawned) as workers:
+        wait_for_finished(conn, min(tasks // 10, 2 * concurrency), workers)
+        begin, started = finished(conn), time.perf_counter()
+        wait_for_finished(conn, tasks, workers, drained=True)
         return (tasks - begin) / (time.perf_counter() - started)
-    finally:
-        stop_workers(workers)
 
 
 def bench_pools(settings: Settings, cpu_tasks: int, noop_tasks: int, runs: int) -> dict[str, Any]:

@@ -36,8 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from rota import App, Settings
 from rota.core import db
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE, _wait_for_finished
+from rota_tools.bench.harness import NOOP_APP, QUEUE, reset, wait_for_finished
 from rota_tools.delay_proxy import Chunk, DelayProxy
 from rota_tools.devservers import free_port
 from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
@@ -182,12 +181,12 @@ def start_round_trips(settings: Settings, tasks: int = 40) -> dict[str, Any]:
         try:
             for warm in range(3):  # connections made, statements prepared
                 noop.using(tenant="warm-up").enqueue(-1, "warm-up")
-                _wait_for_finished(conn, warm + 1, processes)
+                wait_for_finished(conn, warm + 1, processes)
             for i in range(tasks):
                 enqueued = time.time()
                 task_id = noop.using(tenant=f"t{i % 10}").enqueue(i, "pad")
                 sent.append((task_id, enqueued, time.time()))
-                _wait_for_finished(conn, 4 + i, processes)
+                wait_for_finished(conn, 4 + i, processes)
         finally:
             stop_workers(processes)
             app.close()

@@ -18,9 +18,8 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.harness import NOOP_APP, QUEUE, reset, stopping
+from rota_tools.processes import spawn_workers
 from rota_tools.sql import query
 
 LONG, SHORT = "long", "short"
@@ -58,15 +57,16 @@ def _shares(
     stop = threading.Event()
     feeder = threading.Thread(target=_feed, args=(settings, stop), daemon=True)
     feeder.start()
-    workers = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=SLOTS, batch_size=SLOTS)
     try:
-        time.sleep(WARM_UP_SECONDS)
-        since = datetime.now(UTC)
-        time.sleep(WINDOW_SECONDS)
-        until = datetime.now(UTC)
+        with stopping(
+            spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=SLOTS, batch_size=SLOTS)
+        ):
+            time.sleep(WARM_UP_SECONDS)  # the windows' clock, not a wait on a condition
+            since = datetime.now(UTC)
+            time.sleep(WINDOW_SECONDS)
+            until = datetime.now(UTC)
     finally:
         stop.set()
-        stop_workers(workers)
         feeder.join()
     # Worker time: the runs that ended in the window, each its task's length
     # (a run's recorded start is its claim, which prefetching puts earlier).

@@ -9,7 +9,6 @@ loader's enqueue -> committed latency can be on this machine.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from typing import Any
@@ -18,8 +17,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit
 
 from rota.loader.spark import CHECKPOINT_MANAGER, LOCAL_CHECKPOINT_MANAGER
-from rota_tools.bench.pipeline import phase_medians
-from rota_tools.stats import percentile
+from rota_tools.bench.harness import p50_p99, phase_medians
 
 SOURCE = "rota_bench_floor"
 # Micro-batches left out at the start: the first covers everything since the
@@ -104,10 +102,7 @@ def micro_batch_floor(
     if not waits or not phases:
         raise RuntimeError(f"the floor query ran {len(progress)} micro-batch(es) in {seconds} s")
     return {
-        "enqueue_to_read_ms": {
-            "p50": round(statistics.median(waits), 1),
-            "p99": round(percentile(waits, 0.99), 1),
-        },
+        "enqueue_to_read_ms": p50_p99(waits, 1),
         "micro_batch_ms": phase_medians(phases),
         "batches": len(phases),
     }

@@ -28,7 +28,6 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import statistics
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -38,37 +37,15 @@ import psycopg
 
 from rota import Settings
 from rota.buffer import redis_client
-from rota_tools.bench.core import in_schema
 from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe
-from rota_tools.bench.peers import fresh_database
+from rota_tools.bench.harness import fresh_database, in_schema, offer, start_figures, wait_for
 from rota_tools.sql import query
-from rota_tools.stats import percentile
 
 POP_KEY = "rota-bench-pop"  # the Redis pop baseline's list
 PGQUEUE_SCHEMA = "rota_bench_pgqueue"
 PGQUEUER_DATABASE = "rota_peer_pgqueuer_starts"
 BATCH = 100  # each consumer's claim, as rota's workers' in end-to-end
 IDLE_SECONDS = 5.0  # a consumer that waited this long for work gives up
-
-
-def offer(tasks: int, rate: float, send: Callable[[int, int], object]) -> float:
-    """Sends `tasks` at `rate` tasks/s, a tick's worth every 20 ms: `send(first,
-    n)` sends tasks first .. first + n - 1. Returns when sending started
-    (time.perf_counter)."""
-    started = time.perf_counter()
-    sent = 0
-    per_tick = max(1, int(rate / 50))
-    while sent < tasks:
-        n = min(per_tick, tasks - sent)
-        send(sent, n)
-        sent += n
-        time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
-    return started
-
-
-def start_figures(starts: list[float]) -> dict[str, float]:
-    """Enqueue -> start latencies' p50 and p99, in milliseconds."""
-    return {"p50": round(statistics.median(starts), 1), "p99": round(percentile(starts, 0.99), 1)}
 
 
 def start_baselines(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
@@ -208,8 +185,11 @@ def _paced(
             cpu.start()
         began = offer(tasks, rate, send)
         if consumers > 1:
-            while started_count.value < tasks and all(p.is_alive() for p in processes):
-                time.sleep(0.002)
+            wait_for(
+                lambda: started_count.value >= tasks or not all(p.is_alive() for p in processes),
+                3600,
+                poll=0.002,
+            )
             elapsed = time.perf_counter() - began
             figures["tasks_per_s"] = round(tasks / elapsed)
             if cpu:
@@ -228,12 +208,14 @@ def _paced(
 
 
 def _receive(receiving: Any, process: Any, timeout: float, failure: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not receiving.poll(0.5):
+    def arrived() -> bool:
+        if receiving.poll(0.5):
+            return True
         if not process.is_alive() and not receiving.poll(0):
             raise RuntimeError(f"benchmark: {failure} (exit code {process.exitcode})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"benchmark: {failure} within {timeout:g} s")
+        return False
+
+    wait_for(arrived, timeout, what=failure, poll=0)
     return receiving.recv()
 
 

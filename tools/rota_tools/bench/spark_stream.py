@@ -1,0 +1,187 @@
+"""The Spark loader's streaming queries as `rota bench load --engine spark`
+runs them: a query on a checkpoint of its own while a block runs, a backlog
+that appears in the buffer at once, the JVM's warm-up, and each
+micro-batch's phases."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rota import App, Settings
+from rota.buffer import redis_client
+from rota.buffer.streams import all_streams
+from rota_tools.bench.cpu import machine_seconds
+from rota_tools.bench.harness import (
+    Conn,
+    TenantOf,
+    bench_app,
+    fill_buffer,
+    phase_medians,
+    skewed_tenant,
+    wait_for,
+    warm_up,
+)
+from rota_tools.sql import query
+
+# The tasks of each micro-batch a Spark bench runs first, untimed
+# (`--spark-warm-up-batches`): the JVM compiles the micro-batch's own paths
+# (planning, scheduling, checkpointing) over its first tens of batches,
+# whatever their size, and a long-running loader is past that.
+WARM_UP_BATCH_TASKS = 2_000
+
+
+def loader_thread(
+    settings: Settings, spark: Any, checkpoint: str, stop: threading.Event
+) -> threading.Thread:
+    """The streaming loader in a thread (not started), until `stop` is set,
+    with `rota loader run`'s trigger."""
+    from rota.loader.spark import run_streaming
+
+    return threading.Thread(
+        target=run_streaming,
+        kwargs={
+            "settings": settings,
+            "checkpoint": checkpoint,
+            "should_stop": stop.is_set,
+            "session": spark,
+        },
+    )
+
+
+def micro_batch_phases() -> Any:
+    """A streaming query listener that keeps the phases (latestOffset,
+    walCommit, addBatch, commitOffsets, ...) of each micro-batch that read
+    something; `medians()` gives each phase's median in ms."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class Phases(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.batches: list[dict[str, int]] = []
+
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            if event.progress.numInputRows > 0:
+                self.batches.append(dict(event.progress.durationMs))
+
+        def medians(self) -> dict[str, float]:
+            return phase_medians(self.batches) | {"batches": len(self.batches)}
+
+    return Phases()
+
+
+@contextlib.contextmanager
+def streaming(settings: Settings, spark: Any, checkpoint: str) -> Iterator[str]:
+    """A loader query running on `checkpoint` while the block runs; yields
+    the checkpoint as resolved once, the key of its ledger rows."""
+    from rota.loader.spark import checkpoint_location
+
+    stop = threading.Event()
+    checkpoint = checkpoint_location(checkpoint)
+    running = loader_thread(settings, spark, checkpoint, stop)
+    running.start()
+    try:
+        yield checkpoint
+    finally:
+        stop.set()
+        running.join()
+
+
+def micro_batch_tasks(conn: Conn, checkpoint: str) -> list[int]:
+    """The tasks each micro-batch of the query stored, in order (its loader ledger)."""
+    rows = conn.execute(query("bench_loader_batches"), {"query": checkpoint}).fetchall()
+    return [row[0] for row in rows]
+
+
+def _until_loaded(conn: Conn, checkpoint: str, tasks: int, poll: float, timeout: float) -> None:
+    """Until the query's ledger counts `tasks` (it commits with the tasks):
+    0.2 ms a poll, where counting ready tasks took 30 ms while a batch's
+    uncommitted rows were in the index (PostgreSQL's time, on two cores)."""
+    wait_for(
+        lambda: sum(micro_batch_tasks(conn, checkpoint)) >= tasks,
+        timeout,
+        what=f"the loader to load {tasks} tasks",
+        poll=poll,
+    )
+
+
+def sustained(
+    settings: Settings,
+    app: App,
+    spark: Any,
+    conn: Conn,
+    tasks: int,
+    tenants: int,
+    checkpoint: str,
+    tenant_of: TenantOf = skewed_tenant,
+) -> tuple[float, list[int], float]:
+    """The streaming query runs first (its start-up is not the steady rate), then
+    the backlog appears in the buffer at once, as it does for the Python engine
+    (which starts on a filled buffer): it is enqueued into streams the query
+    does not read and renamed onto its shards in one MULTI. The clock runs
+    until every task is claimable. Returns the seconds, the micro-batch
+    sizes and the machine's CPU seconds meanwhile."""
+    filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
+    fill_app = bench_app(filling)
+    client = redis_client.connect(settings)
+    try:
+        with streaming(settings, spark, checkpoint) as checkpoint:
+            warm_up(app, conn)
+            fill_buffer(fill_app, tasks, tenants, tenant_of)
+            # One MULTI on a single Redis; a cluster cannot span slots in one.
+            pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
+            for staged, live in zip(
+                all_streams(filling.stream_prefix, filling.shards),
+                all_streams(settings.stream_prefix, settings.shards),
+                strict=True,
+            ):
+                if client.exists(staged):  # a shard no tenant of the backlog maps to has none
+                    # (The command, not the method: a cluster pipeline refuses `rename`,
+                    # whose two keys here share their shard's slot.)
+                    pipe.execute_command("RENAME", staged, live)
+            cpu = machine_seconds()
+            started = time.perf_counter()
+            pipe.execute()
+            _until_loaded(conn, checkpoint, tasks + 1, poll=0.02, timeout=600)
+            elapsed = time.perf_counter() - started
+            cpu = machine_seconds() - cpu
+    finally:
+        fill_app.close()
+        client.close()
+    return elapsed, [n for n in micro_batch_tasks(conn, checkpoint) if n > 0], cpu
+
+
+def warm_jvm(
+    settings: Settings, app: App, spark: Any, conn: Conn, checkpoint: str, batches: int
+) -> dict[str, Any]:
+    """Runs a loader query over `batches` micro-batches, each waiting for the
+    one before to be loaded; their count and seconds."""
+    noop = app.tasks["noop"]
+    started = time.perf_counter()
+    with streaming(settings, spark, checkpoint) as checkpoint:
+        for batch in range(batches):
+            first = batch * WARM_UP_BATCH_TASKS
+            app.enqueue_many(
+                [
+                    noop.using(tenant=skewed_tenant(k, 1000)).prepare(k, "pad")
+                    for k in range(first, first + WARM_UP_BATCH_TASKS)
+                ]
+            )
+            _until_loaded(conn, checkpoint, first + WARM_UP_BATCH_TASKS, poll=0.005, timeout=120)
+    loaded = micro_batch_tasks(conn, checkpoint)
+    return {
+        "micro_batches": len([n for n in loaded if n > 0]),
+        "tasks": sum(loaded),
+        "seconds": round(time.perf_counter() - started, 1),
+    }

@@ -1,0 +1,210 @@
+"""`rota bench work`: no-op tasks through worker processes, with 1 and 2
+processes and with reports waiting for the WAL flush; with results kept
+against without; the start of a task an idle worker is woken for; and
+pgqueuer's and procrastinate's workers on the same server
+(rota_tools.bench.peers)."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import statistics
+import time
+from typing import Any
+
+from rota import Settings, core
+from rota.core import db
+from rota.model.envelope import make_envelope
+from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe
+from rota_tools.bench.harness import (
+    NOOP_APP,
+    QUEUE,
+    Conn,
+    finished,
+    load,
+    reset,
+    skewed_tenant,
+    start_figures,
+    stopping,
+    wait_for,
+    wait_for_finished,
+)
+from rota_tools.processes import spawn_workers
+from rota_tools.sql import query
+
+RESULT_PAIRS = 3  # alternating runs with results kept and without
+
+
+def _runs(settings: Settings) -> list[tuple[str, int, Settings, str]]:
+    """(key, processes, settings, task) of each throughput run: the default
+    (reports need no WAL flush), then reports waiting for it, as the peers'
+    do (ROTA_WORKER_SYNCHRONOUS_COMMIT=true); then one process with each
+    run's result kept (`result_ttl`) and without, alternating, RESULT_PAIRS
+    times: their ratio is this scenario's smallest effect, and the machine's
+    noise between two runs is larger."""
+    synchronous = settings.model_copy(update={"worker_synchronous_commit": True})
+    runs = [(str(n), n, settings, "noop") for n in (1, 2)]
+    runs += [(f"{n}_synchronous_commit", n, synchronous, "noop") for n in (1, 2)]
+    for _ in range(RESULT_PAIRS):
+        runs += [("1_results", 1, settings, "noop_result"), ("1", 1, settings, "noop")]
+    return runs
+
+
+def _throughput(
+    conn: Conn,
+    settings: Settings,
+    name: str,
+    processes: int,
+    tasks: int,
+    tenants: int,
+    concurrency: int,
+) -> tuple[float, dict[str, Any]]:
+    """Tasks/s of `processes` workers over a loaded queue, once they are up
+    and running, and their CPU and PostgreSQL's meanwhile."""
+    reset(conn)
+    load(
+        conn,
+        (
+            make_envelope(name=name, queue=QUEUE, tenant=skewed_tenant(j, tenants), args=[j])
+            for j in range(tasks)
+        ),
+    )
+    spawned = spawn_workers(
+        NOOP_APP, [QUEUE], processes, settings, concurrency=concurrency, batch_size=100
+    )
+    with stopping(spawned) as workers:
+        wait_for_finished(conn, 100, workers)  # workers up and running
+        meter = CpuMeter(
+            {
+                **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(workers, 1)},
+                "postgresql": postgres_probe(conn),
+            }
+        )
+        meter.start()
+        begin, started = finished(conn), time.perf_counter()
+        wait_for_finished(conn, tasks, workers, drained=True)
+        elapsed = time.perf_counter() - started
+        return (tasks - begin) / elapsed, meter.report(elapsed, tasks - begin)
+
+
+def _start_latencies(
+    conn: Conn, settings: Settings, concurrency: int
+) -> tuple[list[float], list[float]]:
+    """Idle workers, one task at a time, woken by NOTIFY: enqueue -> start of
+    each; then result.get()'s latencies (_result_latencies)."""
+    reset(conn)
+    spawned = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=concurrency, batch_size=100)
+    with stopping(spawned) as workers:
+        wait_for(
+            lambda: conn.execute(query("bench_listening")).fetchone() == (1,),
+            60,
+            what="the worker to LISTEN",
+            processes=workers,
+        )
+        for i in range(60):
+            db.transact(
+                conn, core.load([make_envelope(name="noop", queue=QUEUE, tenant="t", args=[i])])
+            )
+            time.sleep(0.05)
+        wait_for_finished(conn, 60, workers)
+        starts = [float(r[0]) for r in conn.execute(query("bench_start_latencies"))]
+        return starts, _result_latencies(conn, settings)
+
+
+def _result_latencies(conn: Conn, settings: Settings, runs: int = 40) -> list[float]:
+    """Loads one task that keeps its result at a time and waits for it from
+    here (an idle worker runs it); ms from its completion's transaction to
+    get() returning."""
+    from rota.result import Result
+
+    latencies = []
+    for i in range(runs):
+        envelope = make_envelope(name="noop_result", queue=QUEUE, tenant="t", args=[i])
+        db.transact(conn, core.load([envelope]))
+        assert Result(settings, envelope.id).get(timeout=30) == 1
+        returned = time.time()
+        row = conn.execute(query("bench_finished_at"), {"id": envelope.id}).fetchone()
+        assert row is not None, "a task get() returned is not in rota.finished"
+        latencies.append((returned - row[0].timestamp()) * 1000)
+    return latencies
+
+
+def _peers(
+    settings: Settings, rate: dict[str, float], tasks: int, concurrency: int
+) -> dict[str, Any]:
+    """pgqueuer's and procrastinate's workers on the same server, and rota's
+    ratios to them (`pip install 'rota[bench]'`)."""
+    figures: dict[str, Any] = {}
+    if importlib.util.find_spec("pgqueuer") is not None:
+        from rota_tools.bench.peers import pgqueuer_throughput
+
+        peer = {
+            f"{n}_process": pgqueuer_throughput(settings.database_url, tasks, n, 100)
+            for n in (1, 2)
+        }
+        figures["pgqueuer_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
+        figures["ratio_to_pgqueuer"] = {
+            k: round(rate[k.split("_")[0]] / v, 2) for k, v in peer.items()
+        }
+        figures["synchronous_commit_ratio_to_pgqueuer"] = {
+            k: round(rate[k.split("_")[0] + "_synchronous_commit"] / v, 2) for k, v in peer.items()
+        }
+    else:
+        figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
+    if importlib.util.find_spec("procrastinate") is not None:
+        from rota_tools.bench.peers import procrastinate_throughput
+
+        # Far slower per job: a smaller run keeps the benchmark short.
+        peer_tasks = min(tasks, 5_000)
+        peer = {
+            f"{n}_process": procrastinate_throughput(
+                settings.database_url, peer_tasks, n, concurrency
+            )
+            for n in (1, 2)
+        }
+        figures["procrastinate_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
+        figures["procrastinate_tasks"] = peer_tasks
+        figures["ratio_to_procrastinate"] = {
+            k: round(rate[k.split("_")[0]] / v, 2) for k, v in peer.items()
+        }
+    return figures
+
+
+def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -> dict[str, Any]:
+    throughput: dict[str, list[float]] = collections.defaultdict(list)
+    cpu: dict[str, Any] = {}
+    with db.connect(settings.database_url) as conn:
+        for key, processes, run_settings, name in _runs(settings):
+            rate_, cpu[key] = _throughput(
+                conn, run_settings, name, processes, tasks, tenants, concurrency
+            )
+            throughput[key].append(rate_)
+        starts, gets = _start_latencies(conn, settings, concurrency)
+    rate = {key: statistics.median(rates) for key, rates in throughput.items()}
+    return {
+        "params": {
+            "tasks": tasks,
+            "tenants": tenants,
+            "concurrency": concurrency,
+            "claim_batch": 100,
+        },
+        "tasks_per_s": {f"{n}_process": round(rate[str(n)]) for n in (1, 2)},
+        "synchronous_commit_tasks_per_s": {
+            f"{n}_process": round(rate[f"{n}_synchronous_commit"]) for n in (1, 2)
+        },
+        "enqueue_to_start_ms": start_figures(starts),
+        "results": {
+            "tasks_per_s_1_process": round(rate["1_results"]),
+            # Medians of the alternating runs; None when a run too small to
+            # time left nothing to divide by.
+            "ratio_to_without": (round(rate["1_results"] / rate["1"], 3) if rate["1"] else None),
+            "pairs": RESULT_PAIRS,
+            # From the completion's transaction to get() returning, in a
+            # process waiting on it meanwhile (woken by NOTIFY).
+            "get_after_end_ms": start_figures(gets),
+        },
+        # The two worker processes' CPU and PostgreSQL's, per task.
+        "cpu": cpu["2"],
+        "goal": {"start_p50_ms_at_most": 50, "ratio_to_pgqueuer_at_least": 2.0},
+        **_peers(settings, rate, tasks, concurrency),
+    }
