@@ -180,6 +180,8 @@ def cpu_tables(by_stage: dict[str, list[dict[str, Any]]]) -> list[str]:
     ]
     for cost in CPU_STAGES:
         reports = by_stage.get(cost.stage, [])
+        if not reports:
+            continue
         rows = [
             (name, [v for r in reports if (v := summed(r, path)) is not None])
             for name, path in cost.processes
