@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +37,12 @@ from rota_tools.bench.faults import (
     LEASE_SECONDS,
     LIMIT,
     LIMITED_TENANT,
-    SERVER_DOWN,
     TENANTS,
     Fault,
     Fleet,
-    completions_per_second,
     history_report,
     leadership_overlaps,
-    left,
-    nothing_left,
 )
-from rota_tools.bench.harness import wait_for
 from rota_tools.devservers import local_postgres, local_redis
 
 
@@ -69,66 +64,33 @@ def run_chaos(
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             migrate(conn)
             db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
-        fleet = Fleet(workdir, pg, rd, settings)
-        try:
-            return _run(
-                fleet,
-                rate,
-                seconds_per_task,
-                baseline_seconds,
-                settle_seconds,
-                pg_pause_seconds,
-                spark,
-                faults_enabled,
-            )
-        finally:
-            for name in list(fleet.processes):
-                fleet.stop(name, timeout=20)
+        fleet = stack.enter_context(Fleet(workdir, pg, rd, settings))
+        worker = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+        fleet.add("loader", "loader", "run", "--engine", "python")
+        fleet.add("worker1", *worker)
+        fleet.add("worker2", *worker)
+        fleet.add_producer(rate, seconds_per_task)
+        fleet.started(60)
+        fleet.measure_baseline(baseline_seconds)
+        always_up = _faults(fleet, settle_seconds, pg_pause_seconds, spark, faults_enabled)
+        return history_report(fleet, time.time(), leadership_overlaps(fleet), always_up, rate)
 
 
-def _run(
-    fleet: Fleet,
-    rate: float,
-    seconds_per_task: float,
-    baseline_seconds: float,
-    settle_seconds: float,
-    pg_pause_seconds: float,
-    spark: bool,
-    faults_enabled: bool,
-) -> dict[str, Any]:
-    worker_args = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-    fleet.add("loader", "loader", "run", "--engine", "python")
-    fleet.add("worker1", *worker_args)
-    fleet.add("worker2", *worker_args)
-    fleet.add_producer(rate, seconds_per_task)
-    assert wait_for(lambda: len(fleet.runs()) > 20, 60, poll=0.5, errors=SERVER_DOWN), (
-        "the pipeline did not start"
-    )
-    baseline_start = time.time()
-    time.sleep(baseline_seconds)
-    baseline_end = time.time()
-    per_second = completions_per_second(fleet.runs(), baseline_start, baseline_end)
-    baseline = statistics.median(per_second) if per_second else 0.0
-
-    faults: list[Fault] = []
+def _faults(
+    fleet: Fleet, settle_seconds: float, pg_pause_seconds: float, spark: bool, enabled: bool
+) -> bool:
+    """The faults, one after another under load; whether every process
+    stayed up."""
     always_up = True
 
-    def recovered(since: float) -> bool:
-        """Every process is up and some whole second since `since` completed
-        at least 90% of the baseline's tasks per second."""
-        per_second = completions_per_second(fleet.runs(), since, time.time())
-        return all(fleet.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
-
-    def fault(name: str, cause: str, act: Any) -> None:
+    def fault(name: str, cause: str, act: Callable[[], None]) -> None:
         nonlocal always_up
         started = time.time()
-        if faults_enabled:
+        if enabled:
             act()  # else the same schedule without the fault, as a reference
-        ended = time.time()
-        faults.append(Fault(name, started, ended, cause))
-        # Under load until the pipeline is back, `settle_seconds` at most.
-        wait_for(lambda: recovered(ended), settle_seconds, poll=0.2, errors=SERVER_DOWN)
-        always_up = always_up and all(fleet.alive().values())
+        always_up = (
+            fleet.fault(Fault(name, started, time.time(), cause), settle_seconds) and always_up
+        )
 
     def pg_outage(pause: float) -> None:
         fleet.pg_stops.append(time.time())
@@ -141,20 +103,13 @@ def _run(
         time.sleep(2)
         fleet.rd.start_again()
 
-    def kill_leader() -> None:
-        leader = fleet.leader()
-        fleet.kill(leader or "worker1")
-
     fault("kill -9 loader (python)", "loader", lambda: fleet.kill("loader"))
     fault("kill -9 worker mid-task", "worker", lambda: fleet.kill("worker2"))
     fault("kill -9 producer mid-burst", "producer", lambda: fleet.kill("producer"))
-    fault("kill -9 maintenance leader", "worker", kill_leader)
+    fault("kill -9 maintenance leader", "worker", lambda: fleet.kill(fleet.leader() or "worker1"))
     fault("redis kill -9, restart from AOF", "redis", redis_crash)
-    fault(
-        f"postgres -m immediate, back after {pg_pause_seconds:g} s",
-        "postgres",
-        lambda: pg_outage(pg_pause_seconds),
-    )
+    pause = pg_pause_seconds
+    fault(f"postgres -m immediate, back after {pause:g} s", "postgres", lambda: pg_outage(pause))
     fault("postgres unreachable past a lease", "postgres", lambda: pg_outage(LEASE_SECONDS + 3))
     if spark:
         fleet.stop("loader")
@@ -162,32 +117,8 @@ def _run(
         time.sleep(settle_seconds * 2)  # the JVM's start
         fault("kill -9 loader (spark)", "loader", lambda: fleet.kill("loader"))
         time.sleep(settle_seconds)  # the restarted JVM's start
-        fault(
-            "postgres -m immediate under the Spark loader",
-            "postgres",
-            lambda: pg_outage(pg_pause_seconds),
-        )
-    fault_phase_end = time.time()
-
-    fleet.stop("producer")
-    emptied = wait_for(lambda: nothing_left(fleet.settings), 180, poll=0.5, errors=SERVER_DOWN)
-    remaining = left(fleet.settings)
-    runs = fleet.runs()
-    overlaps = leadership_overlaps(fleet)
-    return history_report(
-        fleet,
-        runs,
-        faults,
-        baseline,
-        baseline_start,
-        baseline_end,
-        fault_phase_end,
-        emptied,
-        remaining,
-        overlaps,
-        always_up,
-        rate,
-    )
+        fault("postgres -m immediate under the Spark loader", "postgres", lambda: pg_outage(pause))
+    return always_up
 
 
 def produce(ids_dir: Path, rate: float, seconds_per_task: float) -> None:

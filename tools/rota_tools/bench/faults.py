@@ -12,14 +12,16 @@ import itertools
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import psycopg
 
@@ -28,6 +30,7 @@ from rota.buffer import redis_client
 from rota.buffer.streams import all_streams, dead_letter_stream
 from rota.core import db
 from rota_tools.bench.chaosapp import KEY_LIMIT
+from rota_tools.bench.harness import wait_for
 from rota_tools.devservers import Server
 from rota_tools.sql import query
 
@@ -39,8 +42,6 @@ WORKER_DEAD_AFTER = 3.0
 MAINTENANCE_SECONDS = 0.2
 APP = "rota_tools.bench.chaosapp:app"
 PRODUCER = "rota_tools.bench.chaos"  # the module a producer process runs (chaos.produce)
-# Checks made while faults come and go: one that meets a server down is not yet true.
-SERVER_DOWN = (Exception,)
 
 
 @dataclass
@@ -103,6 +104,44 @@ class Fleet:
         }
         self.processes: dict[str, Process] = {}
         self.pg_stops: list[float] = []
+        self.faults: list[Fault] = []
+        # Completions a second in the fault-free window (its median), and the window.
+        self.baseline, self.baseline_start, self.baseline_end = 0.0, 0.0, 0.0
+
+    def wait(self, condition: Callable[[], bool], timeout: float, poll: float = 0.5) -> bool:
+        """Whether `condition` came true within `timeout` (a check that meets
+        a server down is not yet true)."""
+        return wait_for(condition, timeout, poll=poll, errors=(Exception,))
+
+    def started(self, timeout: float) -> None:
+        assert self.wait(lambda: len(self.runs()) > 20, timeout), "the pipeline did not start"
+
+    def measure_baseline(self, seconds: float) -> None:
+        self.baseline_start = time.time()
+        time.sleep(seconds)  # the window is a length of time, not a condition
+        self.baseline_end = time.time()
+        per_second = completions_per_second(self.runs(), self.baseline_start, self.baseline_end)
+        self.baseline = statistics.median(per_second) if per_second else 0.0
+
+    def recovered(self, since: float) -> bool:
+        """Every process is up and some whole second since `since` completed
+        at least 90% of the baseline's tasks per second."""
+        per_second = completions_per_second(self.runs(), since, time.time())
+        return all(self.alive().values()) and any(n >= 0.9 * self.baseline for n in per_second)
+
+    def fault(self, fault: Fault, settle_seconds: float) -> bool:
+        """Records a fault that has ended, then keeps the load on until the
+        pipeline is back, `settle_seconds` at most; whether every process is up."""
+        self.faults.append(fault)
+        self.wait(lambda: self.recovered(fault.ended), settle_seconds, poll=0.2)
+        return all(self.alive().values())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for name in list(self.processes):
+            self.stop(name, timeout=20)
 
     def add(self, name: str, *args: str) -> None:
         command = [sys.executable, "-m", "rota", *args]
@@ -291,19 +330,15 @@ def leadership_overlaps(fleet: Fleet) -> int:
 
 
 def history_report(
-    fleet: Fleet,
-    runs: list[Run],
-    faults: list[Fault],
-    baseline: float,
-    baseline_start: float,
-    baseline_end: float,
-    fault_phase_end: float,
-    drained: bool,
-    remaining: dict[str, int],
-    leader_overlaps: int,
-    always_up: bool,
-    rate: float,
+    fleet: Fleet, fault_phase_end: float, leader_overlaps: int, always_up: bool, rate: float
 ) -> dict[str, Any]:
+    """Once the producer is stopped and everything drained (three minutes at
+    most), the check of the history the runs left (the module's docstring)."""
+    fleet.stop("producer")
+    drained = fleet.wait(lambda: nothing_left(fleet.settings), 180)
+    remaining = left(fleet.settings)
+    runs, faults, baseline = fleet.runs(), fleet.faults, fleet.baseline
+    baseline_start, baseline_end = fleet.baseline_start, fleet.baseline_end
     acknowledged = set(fleet.acknowledged())
     by_task: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
     for task_id, _, _, _, start, end in runs:

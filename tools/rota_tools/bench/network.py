@@ -47,19 +47,7 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.core.migrate import migrate
-from rota_tools.bench.faults import (
-    APP,
-    LIMIT,
-    LIMITED_TENANT,
-    SERVER_DOWN,
-    Fault,
-    Fleet,
-    completions_per_second,
-    history_report,
-    left,
-    nothing_left,
-)
-from rota_tools.bench.harness import wait_for
+from rota_tools.bench.faults import APP, LIMIT, LIMITED_TENANT, Fault, Fleet, history_report
 from rota_tools.delay_proxy import DelayProxy
 from rota_tools.devservers import free_port, local_postgres, local_redis
 from rota_tools.netns import Host, TestNetwork
@@ -154,13 +142,22 @@ def run_network_chaos(
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }
         try:
-            return _run(
-                fleet, proxy, rate, seconds_per_task, baseline_seconds, settle_seconds,
-                short_seconds, long_seconds,
-            )  # fmt: skip
+            with fleet:
+                fleet.add("loader", "loader", "run", "--engine", "python")
+                worker = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+                fleet.add("worker1", *worker, "--no-maintenance")
+                fleet.add("worker2", *worker, "--no-maintenance")
+                fleet.add("reaper", "reaper")
+                fleet.add("reaper2", "reaper")  # takes over while the first is cut off
+                fleet.add_producer(rate, seconds_per_task)
+                console = Console(fleet)
+                fleet.started(90)
+                assert fleet.wait(console.answers, 60), "the console did not start"
+                fleet.measure_baseline(baseline_seconds)
+                return _run(
+                    fleet, console, proxy, rate, settle_seconds, short_seconds, long_seconds
+                )
         finally:
-            for name in list(fleet.processes):
-                fleet.stop(name, timeout=20)
             if keep_logs is not None:
                 keep_logs.mkdir(parents=True, exist_ok=True)
                 for log in workdir.glob("*.log"):
@@ -169,33 +166,15 @@ def run_network_chaos(
 
 def _run(
     fleet: NetworkFleet,
+    console: Console,
     proxy: DelayProxy,
     rate: float,
-    seconds_per_task: float,
-    baseline_seconds: float,
     settle_seconds: float,
     short_seconds: float,
     long_seconds: float,
 ) -> dict[str, Any]:
+    """The faults, one after another under load, and the report."""
     net = fleet.net
-    worker_args = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-    fleet.add("loader", "loader", "run", "--engine", "python")
-    fleet.add("worker1", *worker_args, "--no-maintenance")
-    fleet.add("worker2", *worker_args, "--no-maintenance")
-    fleet.add("reaper", "reaper")
-    fleet.add("reaper2", "reaper")  # takes over while the first is cut off
-    fleet.add_producer(rate, seconds_per_task)
-    console = Console(fleet)
-    assert wait_for(lambda: len(fleet.runs()) > 20, 90, poll=0.5, errors=SERVER_DOWN), (
-        "the pipeline did not start"
-    )
-    assert wait_for(console.answers, 60, poll=0.5, errors=SERVER_DOWN), "the console did not start"
-    baseline_start = time.time()
-    time.sleep(baseline_seconds)
-    baseline_end = time.time()
-    per_second = completions_per_second(fleet.runs(), baseline_start, baseline_end)
-    baseline = sorted(per_second)[len(per_second) // 2] if per_second else 0.0
-    faults: list[Fault] = []
     detection: dict[str, float | None] = {}
     always_up = True
     down: set[str] = set()
@@ -205,16 +184,11 @@ def _run(
         down.update(gone)
         return not gone
 
-    def recovered(since: float) -> bool:
-        per_second = completions_per_second(fleet.runs(), since, time.time())
-        return all(fleet.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
-
     def over(name: str, started: float, ended: float) -> None:
         """A fault has ended: recorded; then the pipeline's recovery awaited
         and every process checked still up."""
         nonlocal always_up
-        faults.append(Fault(name, started, ended, "network"))
-        wait_for(lambda: recovered(ended), settle_seconds, poll=0.2, errors=SERVER_DOWN)
+        fleet.fault(Fault(name, started, ended, "network"), settle_seconds)
         always_up = note_down() and always_up
 
     def partition(name: str, process: str, servers: list[str], seconds: float, watch: bool) -> None:
@@ -246,7 +220,7 @@ def _run(
         ended = time.time()
         over(f"half-open: {process}'s {len(far)} sessions", started, ended)
         # Noticed at its next use of the connection, once the link is back.
-        detection[faults[-1].name] = fleet.detected_after(process, started)
+        detection[fleet.faults[-1].name] = fleet.detected_after(process, started)
 
     def slow(processes: list[str], seconds: float) -> None:
         started = time.time()
@@ -305,14 +279,7 @@ def _run(
     half_open("worker2")
     slow(["loader", "worker2"], short_seconds * 2)
     latency_fault = latency(short_seconds * 2)
-    fault_phase_end = time.time()
-
-    fleet.stop("producer")
-    emptied = wait_for(lambda: nothing_left(fleet.settings), 180, poll=0.5, errors=SERVER_DOWN)
-    report = history_report(
-        fleet, fleet.runs(), faults, baseline, baseline_start, baseline_end,
-        fault_phase_end, emptied, left(fleet.settings), 0, always_up, rate,
-    )  # fmt: skip
+    report = history_report(fleet, time.time(), 0, always_up, rate)
     report["dead_link_seconds"] = DEAD_LINK_SECONDS
     report["detected_after_s"] = detection
     report["processes_down"] = sorted(down)
@@ -372,7 +339,7 @@ class Console:
         for server in ("postgres", "redis"):
             net.heal(host, server)
         healed = time.monotonic()
-        whole = wait_for(self.answers, 30, poll=0.2, errors=SERVER_DOWN)
+        whole = self.fleet.wait(self.answers, 30, poll=0.2)
         return {
             "partition_seconds": seconds,
             "page_during_partition_s": round(took, 1),

@@ -28,34 +28,18 @@ from rota_tools.bench.faults import (
     LIMIT,
     LIMITED_TENANT,
     PRODUCER,
-    SERVER_DOWN,
     Fleet,
     Process,
     history_report,
-    left,
-    nothing_left,
 )
-from rota_tools.bench.harness import wait_for
 from rota_tools.devservers import local_postgres, local_redis
 
 
 def version_before_newest_migration(repo: Path) -> str:
     """The parent of the commit that added the newest migration."""
+    log = ["git", "-C", str(repo), "log", "-1", "--diff-filter=A", "--format=%H"]
     newest = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(repo),
-            "log",
-            "-1",
-            "--diff-filter=A",
-            "--format=%H",
-            "--",
-            "rota/sql/migrations",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        [*log, "--", "rota/sql/migrations"], capture_output=True, text=True, check=True
     ).stdout.strip()
     return f"{newest}^"
 
@@ -88,16 +72,10 @@ class UpgradeFleet(Fleet):
 
     def run_as(self, version: str, name: str, *args: str) -> None:
         self.version[name] = version
-        if name == "producer":
-            self.processes.pop(name, None)
-            command = [sys.executable, "-m", PRODUCER, str(self.ids_dir), *args]
-            self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
-            self.start(name)
-        else:
-            self.processes.pop(name, None)
-            command = [sys.executable, "-m", "rota", *args]
-            self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
-            self.start(name)
+        runs = [PRODUCER, str(self.ids_dir)] if name == "producer" else ["rota"]
+        command = [sys.executable, "-m", *runs, *args]
+        self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
+        self.start(name)
 
     def migrate(self, version: str) -> str:
         env = {**self.env, **(self._old_env() if version == "old" else {})}
@@ -123,12 +101,8 @@ def run_rolling_upgrade(
         rd = stack.enter_context(local_redis())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-upgrade-")))
         settings = Settings(database_url=pg.url, redis_url=rd.url)
-        fleet = UpgradeFleet(workdir, pg, rd, settings, old)
-        try:
+        with UpgradeFleet(workdir, pg, rd, settings, old) as fleet:
             return _run(fleet, revision, rate, seconds)
-        finally:
-            for name in list(fleet.processes):
-                fleet.stop(name, timeout=20)
 
 
 def _run(fleet: UpgradeFleet, revision: str, rate: float, seconds: float) -> dict[str, Any]:
@@ -141,11 +115,9 @@ def _run(fleet: UpgradeFleet, revision: str, rate: float, seconds: float) -> dic
     fleet.run_as("old", "worker1", *workers)
     fleet.run_as("old", "worker2", *workers)
     fleet.run_as("old", "producer", str(rate), per_task)
-    assert wait_for(lambda: len(fleet.runs()) > 20, 90, poll=0.5, errors=SERVER_DOWN), (
-        "the old pipeline did not start"
-    )
+    fleet.started(90)
     time.sleep(seconds)
-    started = time.time()
+    started = fleet.baseline_start = fleet.baseline_end = time.time()
     new_migrated = fleet.migrate("new")
     time.sleep(seconds)  # the old processes on the new schema
     survived_migration = all(fleet.alive().values())
@@ -160,25 +132,8 @@ def _run(fleet: UpgradeFleet, revision: str, rate: float, seconds: float) -> dic
         fleet.run_as("new", name, *args)
         steps.append((name, round(time.time() - started, 1)))
         time.sleep(seconds)
-    alive = all(fleet.alive().values())
-    fault_phase_end = time.time()
-    fleet.stop("producer")
-    emptied = wait_for(lambda: nothing_left(fleet.settings), 180, poll=0.5, errors=SERVER_DOWN)
+    report = history_report(fleet, time.time(), 0, all(fleet.alive().values()), rate)
     runs = fleet.runs()
-    report = history_report(
-        fleet,
-        runs,
-        [],
-        0.0,
-        started,
-        started,
-        fault_phase_end,
-        emptied,
-        left(fleet.settings),
-        0,
-        alive,
-        rate,
-    )
     report.update(
         {
             "old_revision": revision,
