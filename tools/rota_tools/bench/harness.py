@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing.pool import Pool
 from typing import Any, Protocol
@@ -49,9 +50,6 @@ BENCH_POSTGRES = {"track_commit_timestamp": "on"}
 Conn = psycopg.Connection[Any]
 # Which tenant the i-th task of a bench's backlog belongs to, of `tenants`.
 TenantOf = Callable[[int, int], str]
-
-
-# -- Servers and the report ---------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -87,26 +85,17 @@ def fresh_database(url: str, name: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + name
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
 def stamped(scenario: str, figures: dict[str, Any]) -> dict[str, Any]:
     """A scenario's JSON report: its figures with when and where they were
     measured (`rota bench compare` and `rota bench report` read both)."""
+    machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    at = datetime.now(UTC).isoformat()
     return {
         "scenario": scenario,
-        "at": datetime.now(UTC).isoformat(),
-        "machine": machine(),
+        "at": at,
+        "machine": machine | {"platform": platform.platform()},
         **figures,
     }
-
-
-# -- Tasks, queues and the buffer ---------------------------------------------
 
 
 def skewed_tenant(i: int, tenants: int) -> str:
@@ -186,6 +175,26 @@ def fill_buffer(app: App, tasks: int, tenants: int, tenant_of: TenantOf = skewed
         )
 
 
+@dataclass
+class Backlog:
+    """The tasks each run of a load bench finds in the buffer: `tasks` of
+    `tenants`, spread by `tenant_of`, sent by `app`."""
+
+    settings: Settings
+    app: App
+    tasks: int
+    tenants: int
+    tenant_of: TenantOf = skewed_tenant
+
+    def fill(self, conn: Conn) -> None:
+        """An empty queue and the backlog in the buffer."""
+        empty(conn, self.settings)
+        fill_buffer(self.app, self.tasks, self.tenants, self.tenant_of)
+
+    def check_loaded(self, conn: Conn, warm_up_tasks: int = 0) -> None:
+        assert ready(conn) == self.tasks + warm_up_tasks, "a run did not load every task"
+
+
 def ready(conn: Conn, queue: str = QUEUE) -> int:
     """Tasks of `queue` waiting in line."""
     return int(db.run(conn, core.queue_counts()).get(queue, {}).get("ready", 0))
@@ -220,7 +229,6 @@ def in_schema(conn: Conn, block: str, schema: str) -> bytes:
 
 class Claimer(Protocol):
     def claim(self, limit: int) -> Sequence[Any]: ...
-
     def finish(self, claimed: Sequence[Any]) -> int: ...
 
 
@@ -313,9 +321,6 @@ def claim_run(
     return done / elapsed, sum(cpu for _, cpu in results) * 1e6 / max(1, done)
 
 
-# -- Processes and waiting ----------------------------------------------------
-
-
 @contextlib.contextmanager
 def warm_pool(processes: int, initializer: Callable[[], None] | None = tune_gc) -> Iterator[Pool]:
     """A pool of `processes` spawned processes, every one up before it is
@@ -392,9 +397,6 @@ def wait_for_finished(
         return row is not None and row[0] is not None and row[0] >= count
 
     wait_for(done, timeout, what=f"{count} tasks to finish", processes=processes)
-
-
-# -- Figures ------------------------------------------------------------------
 
 
 def p50_p99(values: Sequence[float], digits: int = 1, suffix: str = "") -> dict[str, float]:

@@ -14,24 +14,22 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from multiprocessing.pool import Pool
 from typing import Any
 
-from rota import App, Settings
+from rota import Settings
 from rota.buffer import redis_client
 from rota.core import db
 from rota.loader import Loader
 from rota_tools.bench.cpu import CpuMeter, machine_seconds, median_run, postgres_probe, redis_probe
 from rota_tools.bench.harness import (
     WARM_UP,
+    Backlog,
     Conn,
-    TenantOf,
     bench_app,
     empty,
     even_tenant,
-    fill_buffer,
     p50_p99,
     ratio,
     ready,
@@ -46,25 +44,6 @@ TRICKLE = 20  # tasks an `enqueue_many` of the latency phase, every 20 ms
 
 
 @dataclass
-class Backlog:
-    """The tasks each run loads: `tasks` of `tenants`, spread by `tenant_of`."""
-
-    settings: Settings
-    app: App
-    tasks: int
-    tenants: int
-    tenant_of: TenantOf
-
-    def fill(self, conn: Conn) -> None:
-        """An empty queue and the backlog in the buffer."""
-        empty(conn, self.settings)
-        fill_buffer(self.app, self.tasks, self.tenants, self.tenant_of)
-
-    def check_loaded(self, conn: Conn, warm_up_tasks: int = 0) -> None:
-        assert ready(conn) == self.tasks + warm_up_tasks, "a run did not load every task"
-
-
-@dataclass
 class Engines:
     """Each engine's rates over the runs, and the machine's CPU (every
     process: PostgreSQL, Redis, the loaders or Spark) per task, run by run:
@@ -73,6 +52,11 @@ class Engines:
     tasks: int
     rates: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     cpu_us: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # The Spark engine's own: each run's micro-batch sizes, the untimed
+    # run's rate, and the JVM's warm-up.
+    micro_batches: list[list[int]] = field(default_factory=list)
+    warm_up_rate: float = 0.0
+    jvm_warm_up: dict[str, Any] | None = None
 
     def add(self, engine: str, seconds: float, machine_cpu: float) -> float:
         self.rates[engine].append(self.tasks / seconds)
@@ -128,15 +112,6 @@ def _python_runs(
     return cpu
 
 
-@dataclass
-class SparkRuns:
-    """What the Spark engine's runs measured beside its rates."""
-
-    micro_batches: list[list[int]] = field(default_factory=list)
-    warm_up_rate: float = 0.0
-    jvm_warm_up: dict[str, Any] | None = None
-
-
 def _spark_runs(
     backlog: Backlog,
     conn: Conn,
@@ -145,59 +120,49 @@ def _spark_runs(
     checkpoints: str,
     runs: int,
     warm_up_batches: int,
-) -> SparkRuns:
+) -> None:
     """Run by run: one and two Python loaders, the executors' code without
     Spark, then the Spark loader; with one untimed run of the whole backlog
     first (run -1: its executors' Python workers start, import and connect
     in their first), after `warm_up_batches` small micro-batches that warm
     the JVM."""
-    from rota_tools.bench.executor_code import executor_processes, load_as_one_batch
-    from rota_tools.bench.spark_stream import sustained, warm_jvm
+    from rota_tools.bench.spark_stream import (
+        executor_processes,
+        load_as_one_batch,
+        sustained,
+        warm_jvm,
+    )
 
-    settings, measured = backlog.settings, SparkRuns()
-
-    def executor_code(pool: Pool, run: int) -> None:
-        backlog.fill(conn)
-        # A key a run, as each Spark run is a query of its own.
-        elapsed, cpu, stored = load_as_one_batch(
-            settings, pool, f"{checkpoints}/executor-code-{run}", 0
-        )
-        assert stored == backlog.tasks, f"the executor code stored {stored} of {backlog.tasks}"
-        if run >= 0:
-            engines.add("spark_executor_code", elapsed, cpu)
-
+    settings = backlog.settings
     with executor_processes(settings.shards) as pool:
         if warm_up_batches > 0:
             empty(conn, settings)
-            measured.jvm_warm_up = warm_jvm(
-                settings, backlog.app, spark, conn, f"{checkpoints}/warm-up", warm_up_batches
+            engines.jvm_warm_up = warm_jvm(
+                backlog, spark, conn, f"{checkpoints}/warm-up", warm_up_batches
             )
         for run in range(-1, runs):
-            if run >= 0:
-                for processes in (1, 2):
-                    backlog.fill(conn)
-                    elapsed, cpu, _ = drain(settings, conn, processes)
-                    engines.add(f"python_{processes}_process", elapsed, cpu)
-                    backlog.check_loaded(conn)
-            executor_code(pool, run)  # also in run -1: its processes import and connect
-            empty(conn, settings)
-            elapsed, sizes, cpu = sustained(
-                settings,
-                backlog.app,
-                spark,
-                conn,
-                backlog.tasks,
-                backlog.tenants,
-                f"{checkpoints}/{run}",
-                backlog.tenant_of,
+            for processes in (1, 2) if run >= 0 else ():
+                backlog.fill(conn)
+                elapsed, cpu, _ = drain(settings, conn, processes)
+                engines.add(f"python_{processes}_process", elapsed, cpu)
+                backlog.check_loaded(conn)
+            # The executors' code, also in run -1: its processes import and
+            # connect; a query key a run, as each Spark run is a query of its own.
+            backlog.fill(conn)
+            elapsed, cpu, stored = load_as_one_batch(
+                settings, pool, f"{checkpoints}/executor-code-{run}", 0
             )
+            assert stored == backlog.tasks, f"the executor code stored {stored} of {backlog.tasks}"
+            if run >= 0:
+                engines.add("spark_executor_code", elapsed, cpu)
+            empty(conn, settings)
+            elapsed, sizes, cpu = sustained(backlog, spark, conn, f"{checkpoints}/{run}")
             if run < 0:
-                measured.warm_up_rate = backlog.tasks / elapsed
+                engines.warm_up_rate = backlog.tasks / elapsed
             else:
                 engines.add("spark", elapsed, cpu)
-                measured.micro_batches.append(sizes)
+                engines.micro_batches.append(sizes)
             backlog.check_loaded(conn, warm_up_tasks=1)
-    return measured
 
 
 @contextlib.contextmanager
@@ -282,7 +247,7 @@ def bench_pipeline_load(
     app = bench_app(settings)
     backlog = Backlog(settings, app, tasks, tenants, even_tenant if even_tenants else skewed_tenant)
     engines = Engines(tasks)
-    spark_runs, cpu = None, []
+    cpu: list[dict[str, Any]] = []
     with (
         db.connect(settings.database_url) as conn,
         # The Spark queries' checkpoints, one a run (the ledger is keyed by each).
@@ -291,9 +256,7 @@ def bench_pipeline_load(
         if spark is None:
             cpu = _python_runs(backlog, conn, engines, runs, loaders)
         else:
-            spark_runs = _spark_runs(
-                backlog, conn, engines, spark, checkpoints, runs, spark_warm_up_batches
-            )
+            _spark_runs(backlog, conn, engines, spark, checkpoints, runs, spark_warm_up_batches)
         # The engine's last backlog, as loaded: its largest tenant's share.
         largest_share = conn.execute(query("bench_largest_tenant_share")).fetchone()
         started, committed, phases = _trickle(
@@ -329,7 +292,7 @@ def bench_pipeline_load(
         },
         # The Python loaders' CPU by process (the median run's).
         **({"cpu": median_run(cpu)} if cpu else {}),
-        **(_spark_figures(engines, spark_runs, phases, floor) if spark_runs is not None else {}),
+        **(_spark_figures(engines, phases, floor) if spark is not None else {}),
         # To the load transaction's start (the tasks' loaded_at): the tasks
         # are claimable at its commit, below where the server keeps commit
         # timestamps.
@@ -347,14 +310,17 @@ def bench_pipeline_load(
 
 
 def _spark_figures(
-    engines: Engines, runs: SparkRuns, phases: dict[str, float] | None, floor: dict[str, Any] | None
+    engines: Engines, phases: dict[str, float] | None, floor: dict[str, Any] | None
 ) -> dict[str, Any]:
     spark, code = engines.median("spark"), engines.median("spark_executor_code")
-    python: Callable[[int], float] = lambda n: engines.median(f"python_{n}_process")  # noqa: E731
+
+    def python(n: int) -> float:
+        return engines.median(f"python_{n}_process")
+
     return {
-        "micro_batch_tasks": runs.micro_batches,
-        "jvm_warm_up": runs.jvm_warm_up,
-        "warm_up_run_tasks_per_s": round(runs.warm_up_rate),
+        "micro_batch_tasks": engines.micro_batches,
+        "jvm_warm_up": engines.jvm_warm_up,
+        "warm_up_run_tasks_per_s": round(engines.warm_up_rate),
         "python_loader_tasks_per_s": {f"{n}_process": round(python(n)) for n in (1, 2)},
         "python_loader_runs": {f"{n}_process": engines.runs(f"python_{n}_process") for n in (1, 2)},
         "spark_to_two_python_loaders": ratio(spark, python(2)),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,91 +24,59 @@ END = "<!-- bench report: end -->"
 DATABASE = "rota_bench_report"
 
 
-@dataclass(frozen=True)
-class CpuStage:
-    """A stage's CPU per task by process: each process's figures in the
-    stage's report (µs per task; a `*` in a path adds up every key it
-    matches, a worker's each), and what a task of the stage is."""
-
-    stage: str
-    task: str
-    processes: tuple[tuple[str, str], ...]
-
-
-def _per_process(name: str) -> str:
-    return f"cpu.per_process.{name}.us_per_task"
-
-
-# In the order of a task's way: producer, Redis, loader, PostgreSQL, workers.
-CPU_STAGES = (
-    CpuStage(
-        "enqueue",
-        "a task sent by `enqueue_many`, 10,000 a call",
-        (("producer", _per_process("producer")), ("Redis", _per_process("redis"))),
-    ),
-    CpuStage(
-        "load",
+# Where a task's CPU goes, stage by stage: what a task of the stage is, and
+# each process's figure in the stage's report (µs per task; a `*` adds up
+# every key it matches, a worker's each), in the order of a task's way.
+CPU_STAGES: dict[str, tuple[str, dict[str, str]]] = {
+    "enqueue": ("a task sent by `enqueue_many`, 10,000 a call", {"producer": "", "Redis": ""}),
+    "load": (
         "a task loaded from the buffer by two Python loader processes",
-        (
-            ("Redis", _per_process("redis")),
-            ("loader", _per_process("loader")),
-            ("PostgreSQL", _per_process("postgresql")),
-        ),
+        {"Redis": "", "loader": "", "PostgreSQL": ""},
     ),
-    CpuStage(
-        "load-core",
+    "load-core": (
         "a task loaded straight into PostgreSQL by one process, 10,000 a load",
-        (("loader", _per_process("loader")), ("PostgreSQL", "postgresql_per_task.cpu_us")),
+        {"loader": "", "PostgreSQL": "postgresql_per_task.cpu_us"},
     ),
-    CpuStage(
-        "claim",
+    "claim": (
         "a task claimed and completed by 4 processes, 100 a claim",
-        (
-            ("PostgreSQL", "postgresql_per_task.cpu_us"),
-            ("workers", "per_task_by_queue.rota.client_cpu_us"),
-        ),
+        {
+            "PostgreSQL": "postgresql_per_task.cpu_us",
+            "workers": "per_task_by_queue.rota.client_cpu_us",
+        },
     ),
-    CpuStage(
-        "work",
-        "a no-op task run by 2 worker processes",
-        (("PostgreSQL", _per_process("postgresql")), ("workers", _per_process("worker_*"))),
-    ),
-    CpuStage(
-        "end-to-end",
+    "work": ("a no-op task run by 2 worker processes", {"PostgreSQL": "", "workers": ""}),
+    "end-to-end": (
         "a task through the whole pipeline, 20,000 tasks/s offered",
-        (
-            ("producer", _per_process("producer")),
-            ("Redis", _per_process("redis")),
-            ("loader", _per_process("loader")),
-            ("PostgreSQL", _per_process("postgresql")),
-            ("workers", _per_process("worker_*")),
-        ),
+        dict.fromkeys(("producer", "Redis", "loader", "PostgreSQL", "workers"), ""),
     ),
-)
+}
+# A process's figure where its path is left empty: the CpuMeter report's.
+METERED = {name: f"cpu.per_process.{key}.us_per_task" for name, key in [
+    ("producer", "producer"), ("Redis", "redis"), ("loader", "loader"),
+    ("PostgreSQL", "postgresql"), ("workers", "worker_*"),
+]}  # fmt: skip
 
 
 def summed(report: dict[str, Any], path: str) -> float | None:
     """The figure at a dotted path; with a `*` ending a key's name, the sum
     of every key it matches (None when nothing matches)."""
-    head, star, tail = path.partition("*")
-    if not star:
+    parent, _, last = path.partition("*")[0].rpartition(".")
+    if "*" not in path:
         return figure(report, path.split("."))
-    parent, _, prefix = head.rpartition(".")
-    found: Any = figure_parent(report, parent.split("."))
-    rest = tail.lstrip(".").split(".")
-    values = [
-        value
-        for key, child in found.items()
-        if key.startswith(prefix) and (value := figure(child, rest)) is not None
+    found = [
+        figure(report, [*parent.split("."), key, *path.split("*.")[1].split(".")])
+        for key in (figure_dict(report, parent.split(".")) or {})
+        if key.startswith(last)
     ]
+    values = [v for v in found if v is not None]
     return sum(values) if values else None
 
 
-def figure_parent(report: dict[str, Any], path: Sequence[str]) -> dict[str, Any]:
+def figure_dict(report: dict[str, Any], path: Sequence[str]) -> dict[str, Any] | None:
     value: Any = report
     for key in path:
-        value = value.get(key, {}) if isinstance(value, dict) else {}
-    return value if isinstance(value, dict) else {}
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def run_stages(
@@ -178,29 +145,21 @@ def cpu_tables(by_stage: dict[str, list[dict[str, Any]]]) -> list[str]:
         '(the method, below, "Where the microseconds come from").',
         "",
     ]
-    for cost in CPU_STAGES:
-        reports = by_stage.get(cost.stage, [])
-        if not reports:
+    for stage, (task, processes) in CPU_STAGES.items():
+        if not (reports := by_stage.get(stage)):
             continue
-        rows = [
-            (name, [v for r in reports if (v := summed(r, path)) is not None])
-            for name, path in cost.processes
+        paths = {name: path or METERED[name] for name, path in processes.items()}
+        per_run = [
+            {n: v for n, p in paths.items() if (v := summed(r, p)) is not None} for r in reports
         ]
-        measured = [(name, values) for name, values in rows if values]
-        lines += [f"### {cost.stage}: {cost.task}", ""]
+        measured = [name for name in paths if any(name in run for run in per_run)]
+        lines += [f"### {stage}: {task}", ""]
         if not measured:
             lines += ["Not measured in these runs.", ""]
             continue
         lines += ["| process | µs per task | runs |", "|---|---|---|"]
-        lines += [_row(name, values) for name, values in measured]
-        every = [
-            sum(values)
-            for r in reports
-            if len(
-                values := [v for _, path in cost.processes if (v := summed(r, path)) is not None]
-            )
-            == len(measured)
-        ]
+        lines += [_row(name, [run[name] for run in per_run if name in run]) for name in measured]
+        every = [sum(run.values()) for run in per_run if len(run) == len(measured)]
         if len(measured) > 1 and every:
             lines.append(_row("all of these", every))
         lines.append("")

@@ -1,31 +1,41 @@
-"""The Spark loader's streaming queries as `rota bench load --engine spark`
-runs them: a query on a checkpoint of its own while a block runs, a backlog
-that appears in the buffer at once, the JVM's warm-up, and each
-micro-batch's phases."""
+"""The Spark loader as `rota bench load --engine spark` runs it: a streaming
+query on a checkpoint of its own while a block runs, a backlog that appears
+in the buffer at once, the JVM's warm-up, each micro-batch's phases; and
+the loader's executor code without Spark, run beside it (the source's own
+planning, its partitions loaded by `BufferStreamReader.load` in plain
+processes, as many at once as `local[*]` runs its tasks, the batch settled
+as the sink does): the gap between the two is what Spark itself costs."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from multiprocessing.pool import Pool
+from typing import TYPE_CHECKING, Any
 
-from rota import App, Settings
+from rota import Settings
 from rota.buffer import redis_client
 from rota.buffer.streams import all_streams
 from rota_tools.bench.cpu import machine_seconds
 from rota_tools.bench.harness import (
+    Backlog,
     Conn,
-    TenantOf,
     bench_app,
     fill_buffer,
     phase_medians,
     skewed_tenant,
     wait_for,
+    warm_pool,
     warm_up,
 )
 from rota_tools.sql import query
+
+if TYPE_CHECKING:  # pyspark is imported only by the Spark bench
+    from rota.loader.spark_load import ShardResult
+    from rota.loader.spark_source import BufferStreamReader
 
 # The tasks of each micro-batch a Spark bench runs first, untimed
 # (`--spark-warm-up-batches`): the JVM compiles the micro-batch's own paths
@@ -41,15 +51,8 @@ def loader_thread(
     with `rota loader run`'s trigger."""
     from rota.loader.spark import run_streaming
 
-    return threading.Thread(
-        target=run_streaming,
-        kwargs={
-            "settings": settings,
-            "checkpoint": checkpoint,
-            "should_stop": stop.is_set,
-            "session": spark,
-        },
-    )
+    kwargs = {"checkpoint": checkpoint, "should_stop": stop.is_set, "session": spark}
+    return threading.Thread(target=run_streaming, kwargs={"settings": settings, **kwargs})
 
 
 def micro_batch_phases() -> Any:
@@ -108,23 +111,12 @@ def _until_loaded(conn: Conn, checkpoint: str, tasks: int, poll: float, timeout:
     """Until the query's ledger counts `tasks` (it commits with the tasks):
     0.2 ms a poll, where counting ready tasks took 30 ms while a batch's
     uncommitted rows were in the index (PostgreSQL's time, on two cores)."""
-    wait_for(
-        lambda: sum(micro_batch_tasks(conn, checkpoint)) >= tasks,
-        timeout,
-        what=f"the loader to load {tasks} tasks",
-        poll=poll,
-    )
+    loaded = lambda: sum(micro_batch_tasks(conn, checkpoint)) >= tasks  # noqa: E731
+    wait_for(loaded, timeout, what=f"the loader to load {tasks} tasks", poll=poll)
 
 
 def sustained(
-    settings: Settings,
-    app: App,
-    spark: Any,
-    conn: Conn,
-    tasks: int,
-    tenants: int,
-    checkpoint: str,
-    tenant_of: TenantOf = skewed_tenant,
+    backlog: Backlog, spark: Any, conn: Conn, checkpoint: str
 ) -> tuple[float, list[int], float]:
     """The streaming query runs first (its start-up is not the steady rate), then
     the backlog appears in the buffer at once, as it does for the Python engine
@@ -132,13 +124,14 @@ def sustained(
     does not read and renamed onto its shards in one MULTI. The clock runs
     until every task is claimable. Returns the seconds, the micro-batch
     sizes and the machine's CPU seconds meanwhile."""
+    settings = backlog.settings
     filling = settings.model_copy(update={"stream_prefix": f"{settings.stream_prefix}-fill"})
     fill_app = bench_app(filling)
     client = redis_client.connect(settings)
     try:
         with streaming(settings, spark, checkpoint) as checkpoint:
-            warm_up(app, conn)
-            fill_buffer(fill_app, tasks, tenants, tenant_of)
+            warm_up(backlog.app, conn)
+            fill_buffer(fill_app, backlog.tasks, backlog.tenants, backlog.tenant_of)
             # One MULTI on a single Redis; a cluster cannot span slots in one.
             pipe = client.pipeline(transaction=not redis_client.is_cluster_client(client))
             for staged, live in zip(
@@ -153,7 +146,7 @@ def sustained(
             cpu = machine_seconds()
             started = time.perf_counter()
             pipe.execute()
-            _until_loaded(conn, checkpoint, tasks + 1, poll=0.02, timeout=600)
+            _until_loaded(conn, checkpoint, backlog.tasks + 1, poll=0.02, timeout=600)
             elapsed = time.perf_counter() - started
             cpu = machine_seconds() - cpu
     finally:
@@ -163,16 +156,16 @@ def sustained(
 
 
 def warm_jvm(
-    settings: Settings, app: App, spark: Any, conn: Conn, checkpoint: str, batches: int
+    backlog: Backlog, spark: Any, conn: Conn, checkpoint: str, batches: int
 ) -> dict[str, Any]:
     """Runs a loader query over `batches` micro-batches, each waiting for the
     one before to be loaded; their count and seconds."""
-    noop = app.tasks["noop"]
+    noop = backlog.app.tasks["noop"]
     started = time.perf_counter()
-    with streaming(settings, spark, checkpoint) as checkpoint:
+    with streaming(backlog.settings, spark, checkpoint) as checkpoint:
         for batch in range(batches):
             first = batch * WARM_UP_BATCH_TASKS
-            app.enqueue_many(
+            backlog.app.enqueue_many(
                 [
                     noop.using(tenant=skewed_tenant(k, 1000)).prepare(k, "pad")
                     for k in range(first, first + WARM_UP_BATCH_TASKS)
@@ -185,3 +178,54 @@ def warm_jvm(
         "tasks": sum(loaded),
         "seconds": round(time.perf_counter() - started, 1),
     }
+
+
+def _load_part(
+    args: tuple[BufferStreamReader, tuple[str, str, str, int], int],
+) -> list[ShardResult]:
+    reader, part, batch_id = args
+    return reader.load(part, batch_id)
+
+
+def _import() -> None:
+    import rota.loader.spark_source  # noqa: F401
+
+
+@contextlib.contextmanager
+def executor_processes(shards: int) -> Iterator[Pool]:
+    """As many processes as `local[*]` runs a micro-batch's tasks at once
+    (a core each, one task a shard), started and importing the executor's
+    code before any clock: Spark's workers are up and kept between
+    micro-batches too."""
+    with warm_pool(min(os.cpu_count() or 1, shards), initializer=_import) as pool:
+        yield pool
+
+
+def load_as_one_batch(
+    settings: Settings, pool: Pool, query_key: str, batch_id: int
+) -> tuple[float, float, int]:
+    """Loads everything in the buffer as one micro-batch of `query_key`, the
+    executor code's way; returns the seconds until its loads committed (as
+    a Spark run is timed to its ledger), the machine's CPU seconds
+    meanwhile and the tasks stored. The batch is then settled (trimmed) as
+    the sink does."""
+    from rota.loader.spark import BatchSink, source_options
+    from rota.loader.spark_load import LoadJob
+    from rota.loader.spark_source import BufferStreamReader
+
+    reader = BufferStreamReader(source_options(settings), LoadJob(settings, query_key))
+    sink = BatchSink(settings, query_key)
+    try:
+        cpu = machine_seconds()
+        started = time.perf_counter()
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        parts = [(reader, part.value, batch_id) for part in reader.partitions(start, end)]
+        results = [r for rs in pool.map(_load_part, parts, chunksize=1) for r in rs]
+        elapsed, cpu = time.perf_counter() - started, machine_seconds() - cpu
+        sink.settle_batch(results, batch_id)
+        reader.commit(end)
+        return elapsed, cpu, sink.loaded
+    finally:
+        sink.close()
+        reader.stop()
