@@ -211,35 +211,28 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
     log = directory / "postgres.log"
     if uid is not None and gid is not None:
         os.chown(directory, uid, gid)
-    subprocess.run(
-        [
-            *prefix,
-            str(bindir / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            "rota",
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--locale=C.UTF-8",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust"]
+    initdb += ["--encoding=UTF8", "--locale=C.UTF-8"]
+    subprocess.run([*prefix, *initdb], check=True, capture_output=True)
+    return _run_postgres(prefix, data, port, log, "postgres", settings or {})
+
+
+def _run_postgres(
+    prefix: list[str], data: Path, port: int, log: Path, what: str, settings: dict[str, str]
+) -> Server:
+    """PostgreSQL started on `data`, accepting queries."""
     options: list[str] = []
-    for key, value in {**POSTGRES_SETTINGS, **(settings or {})}.items():
+    for key, value in {**POSTGRES_SETTINGS, **settings}.items():
         options += ["-c", f"{key}={value}"]
     log_file = open(log, "wb")  # noqa: SIM115 - handed to the child for its lifetime
-    command = [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options]
+    command = [*prefix, str(postgres_bindir() / "postgres"), "-D", str(data), "-p", str(port)]
     process = subprocess.Popen(
-        command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        [*command, *options], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
     )
-    _wait_for_port(port, process, "postgres", log)
+    _wait_for_port(port, process, what, log)
     url = f"postgresql://rota@127.0.0.1:{port}/postgres"
     _wait_for_postgres(url)
-    return Server(
-        url=url, port=port, directory=directory, process=process, command=command, log=log
-    )
+    return Server(url, port, data.parent, process, command=[*command, *options], log=log)
 
 
 def start_postgres_standby(
@@ -265,17 +258,7 @@ def start_postgres_standby(
         check=True,
         capture_output=True,
     )
-    options: list[str] = []
-    for key, value in POSTGRES_SETTINGS.items():
-        options += ["-c", f"{key}={value}"]
-    log_file = open(log, "wb")  # noqa: SIM115 - handed to the child for its lifetime
-    command = [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options]
-    process = subprocess.Popen(
-        command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    _wait_for_port(port, process, "postgres standby", log)
-    url = f"postgresql://rota@127.0.0.1:{port}/postgres"
-    _wait_for_postgres(url)
+    server = _run_postgres(prefix, data, port, log, "postgres standby", {})
     import psycopg
     from psycopg import sql
 
@@ -298,9 +281,7 @@ def start_postgres_standby(
             if time.monotonic() > deadline:
                 raise ServerError(f"the standby was not streaming ({wanted}) within 30 s")
             time.sleep(0.05)
-    return Server(
-        url=url, port=port, directory=directory, process=process, command=command, log=log
-    )
+    return server
 
 
 def start_redis(
@@ -322,32 +303,14 @@ def start_redis(
     port = port or free_port()
     directory = Path(tempfile.mkdtemp(prefix="rota-redis-"))
     log = directory / "redis.log"
-    args = [
-        binary,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        *also_on,
-        # The test network's hosts are "outside" to Redis: let them in.
-        *(["--protected-mode", "no"] if also_on else []),
-        "--dir",
-        str(directory),
-        "--save",
-        "",
-        "--daemonize",
-        "no",
-        "--logfile",
-        str(log),
-        # The buffer's durability is Redis's. With "everysec" (Redis's default)
-        # a write that waits behind a slow fsync is acknowledged from memory,
-        # and a kill -9 then loses it; with "always" the write and its fsync
-        # precede the reply.
-        "--appendonly",
-        "yes" if appendonly else "no",
-        "--appendfsync",
-        appendfsync,
-    ]
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", *also_on]
+    # The test network's hosts are "outside" to Redis: let them in.
+    args += ["--protected-mode", "no"] if also_on else []
+    args += ["--dir", str(directory), "--save", "", "--daemonize", "no", "--logfile", str(log)]
+    # The buffer's durability is Redis's. With "everysec" (Redis's default) a
+    # write that waits behind a slow fsync is acknowledged from memory, and a
+    # kill -9 then loses it; with "always" the write and its fsync precede the reply.
+    args += ["--appendonly", "yes" if appendonly else "no", "--appendfsync", appendfsync]
     if cluster:
         # The bus port is named: the default (port + 10000) may be taken or
         # past 65535. A short node timeout makes failovers quick in tests.
@@ -440,50 +403,13 @@ def make_tls_files() -> TLSFiles:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=rota test CA",
-        "-keyout",
-        str(ca_key),
-        "-out",
-        str(ca),
-    )
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-    )
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca),
-        "-CAkey",
-        str(ca_key),
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        str(extensions),
-        "-out",
-        str(cert),
-    )
+    new_key = ["-newkey", "rsa:2048", "-nodes"]
+    openssl("req", "-x509", *new_key, "-days", "2", "-subj", "/CN=rota test CA",
+            "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
+    openssl("req", *new_key, "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(csr))
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-days", "2", "-extfile", str(extensions),
+            "-out", str(cert))  # fmt: skip
     key.chmod(0o600)
     _, uid, gid = _as_postgres_user()
     if uid is not None and gid is not None:  # PostgreSQL reads its key as `postgres`

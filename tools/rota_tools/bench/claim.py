@@ -13,7 +13,6 @@ import contextlib
 import functools
 import itertools
 import statistics
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from rota_tools.bench.harness import (
     Conn,
     Filler,
     claim_run,
+    in_background,
     in_schema,
     median_costs,
     p50_p99,
@@ -450,22 +450,13 @@ def lock_pressure(
             )
         Filler(conn, tenants).fill(max(20_000, int(40_000 * seconds)))
     samples: list[tuple[int, int, int]] = []
-    stop = threading.Event()
 
-    def sample() -> None:
-        with psycopg.connect(url, autocommit=True) as watcher:
-            while not stop.is_set():
-                row = watcher.execute(query("bench_lock_sample")).fetchone()
-                if row:
-                    samples.append((int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)))
+    def sample(watcher: Conn) -> None:
+        if row := watcher.execute(query("bench_lock_sample")).fetchone():
+            samples.append((int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)))
 
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
+    with in_background(lambda: psycopg.connect(url, autocommit=True), sample):
         rate = claim_run(Filler, url, connections, limit, seconds)[0]
-    finally:
-        stop.set()
-        sampler.join()
     return {
         "params": {
             "tenants": tenants,

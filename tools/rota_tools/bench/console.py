@@ -23,7 +23,7 @@ from rota.core.connections import application_name
 from rota.errors import RotaError
 from rota.settings import Settings
 from rota_tools.bench.cpu import process_seconds
-from rota_tools.bench.harness import QUEUE, Filler, claim_run, reset, wait_for
+from rota_tools.bench.harness import QUEUE, Filler, claim_run, in_background, reset, wait_for
 from rota_tools.devservers import free_port
 from rota_tools.sql import query
 from rota_tools.stats import percentile
@@ -160,20 +160,12 @@ def bench_console(
             ]
             _read_times(console, paths[:3], 1)  # warm up: plans, templates
             reads = _read_times(console, paths, 5)
-            stats_stop = threading.Event()
             # Maintenance recounts the console's figures whether a console is open
             # or not: both arms pay for it.
-            stats = threading.Thread(
-                target=_stats_duty, args=(url, settings.stats_seconds, stats_stop), daemon=True
-            )
-            stats.start()
-            try:
+            with in_background(lambda: db.connect(url), _stats_duty, settings.stats_seconds):
                 pairs, console_cpu, console_seconds = _side_by_side(
                     console, filler, url, tasks, connections, seconds, runs, window
                 )
-            finally:
-                stats_stop.set()
-                stats.join()
         finally:
             console.close()
         slowest = max(r["p50_ms"] for r in reads.values())
@@ -294,12 +286,10 @@ def _prepare(filler: Filler, url: str, tasks: int) -> None:
         admin.execute(query("bench_vacuum_queue"))
 
 
-def _stats_duty(url: str, every: float, stop: threading.Event) -> None:
-    with db.connect(url) as conn:
-        while not stop.is_set():
-            try:
-                db.run(conn, core.count_service())
-                db.run(conn, core.refresh_stats())
-            except psycopg.Error:
-                return
-            stop.wait(every)
+def _stats_duty(conn: psycopg.Connection[Any]) -> bool:
+    try:
+        db.run(conn, core.count_service())
+        db.run(conn, core.refresh_stats())
+    except psycopg.Error:
+        return False
+    return True

@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -339,6 +340,29 @@ def stopping(
         yield list(processes)
     finally:
         stop_workers(processes)
+
+
+@contextlib.contextmanager
+def in_background(
+    connect: Callable[[], Conn], step: Callable[[Conn], object], every: float = 0.0
+) -> Iterator[None]:
+    """`step(conn)` in a thread of its own, on a connection of its own, every
+    `every` seconds (back to back with 0) while the block runs: a sampler,
+    a feeder, a maintenance duty. A step that returns False ends it."""
+    stop = threading.Event()
+
+    def run() -> None:
+        with connect() as conn:
+            while not stop.is_set() and step(conn) is not False:
+                stop.wait(every)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def wait_for(

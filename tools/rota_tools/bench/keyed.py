@@ -14,7 +14,6 @@ few milliseconds: it must never pass the limit."""
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -23,7 +22,7 @@ import psycopg
 from rota import Limit, Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.harness import NOOP_APP, QUEUE, load, reset, stopping, wait_for
+from rota_tools.bench.harness import NOOP_APP, QUEUE, in_background, load, reset, stopping, wait_for
 from rota_tools.processes import spawn_workers
 from rota_tools.sql import query
 from rota_tools.stats import in_turns
@@ -112,26 +111,17 @@ def _held_limit(
     reset(conn)
     db.transact(conn, core.set_limit(Limit(KEY, concurrency=limit), "bench"))
     _load(conn, keyed, keyed, 0.005)
-    peak, samples = 0, 0
-    done = threading.Event()
+    running: list[int] = []
 
-    def sample() -> None:
-        nonlocal peak, samples
-        with psycopg.connect(settings.database_url, autocommit=True) as watcher:
-            while not done.is_set():
-                row = watcher.execute(query("bench_key_running"), {"key": KEY}).fetchone()
-                peak, samples = max(peak, int(row[0]) if row else 0), samples + 1
+    def sample(watcher: psycopg.Connection[Any]) -> None:
+        row = watcher.execute(query("bench_key_running"), {"key": KEY}).fetchone()
+        running.append(int(row[0]) if row else 0)
 
-    sampler = threading.Thread(target=sample)
     spawned = spawn_workers(NOOP_APP, [QUEUE], 2, settings, concurrency=CONCURRENCY, batch_size=20)
-    sampler.start()
-    with stopping(spawned) as workers:
-        try:
-            _until_finished(conn, KEYED_TENANTS, keyed, workers)
-        finally:
-            done.set()
-            sampler.join()
-    return {"peak_running": peak, "samples": samples}
+    watch = lambda: psycopg.connect(settings.database_url, autocommit=True)  # noqa: E731
+    with stopping(spawned) as workers, in_background(watch, sample):
+        _until_finished(conn, KEYED_TENANTS, keyed, workers)
+    return {"peak_running": max(running, default=0), "samples": len(running)}
 
 
 def bench_keyed_limits(

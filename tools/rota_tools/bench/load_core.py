@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import statistics
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from rota_tools.bench.harness import (
     QUEUE,
     Conn,
     bench_task,
+    in_background,
     make_tasks,
     median_costs,
     ratio,
@@ -160,47 +160,29 @@ def _parallel_loader(
     results.put(time.time())
 
 
-class _WaitSampler:
-    """Samples what the loaders' backends wait on, every few milliseconds,
-    from a connection of its own (pg_stat_activity), until stopped."""
+class _Waits:
+    """What the loaders' backends wait on (pg_stat_activity), sampled by
+    `sample` every few milliseconds from a connection of its own."""
 
-    def __init__(self, url: str, every: float = 0.005) -> None:
-        self.url, self.every = url, every
+    def __init__(self) -> None:
         self.samples = 0  # backend samples taken while loading
         self.waits: defaultdict[str, int] = defaultdict(int)  # "type:event" -> samples
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> _WaitSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            while not self._stop.is_set():
-                rows = conn.execute(
-                    query("bench_load_waits"), {"application": LOAD_APPLICATION}
-                ).fetchall()
-                for _pid, kind, event in rows:
-                    if kind == "Client" and event == "ClientRead":
-                        continue  # idle between statements: the client's time
-                    self.samples += 1
-                    if kind:
-                        self.waits[f"{kind}:{event}"] += 1
-                self._stop.wait(self.every)
+    def sample(self, conn: Conn) -> None:
+        rows = conn.execute(query("bench_load_waits"), {"application": LOAD_APPLICATION})
+        for _pid, kind, event in rows:
+            if kind == "Client" and event == "ClientRead":
+                continue  # idle between statements: the client's time
+            self.samples += 1
+            if kind:
+                self.waits[f"{kind}:{event}"] += 1
 
     @property
     def lock_waits(self) -> int:
         return sum(n for key, n in self.waits.items() if key.startswith("Lock:"))
 
 
-def _timed_parallel_load(
-    url: str, tasks: int, tenants: int, parts: int
-) -> tuple[float, _WaitSampler]:
+def _timed_parallel_load(url: str, tasks: int, tenants: int, parts: int) -> tuple[float, _Waits]:
     """Loads `tasks` from `parts` processes at once, each its own tenants;
     the seconds from their common start to the last one's end, and what
     their backends waited on meanwhile."""
@@ -214,7 +196,8 @@ def _timed_parallel_load(
     ]
     for worker in workers:
         worker.start()
-    with _WaitSampler(url) as sampler:
+    sampler = _Waits()
+    with in_background(lambda: psycopg.connect(url, autocommit=True), sampler.sample, 0.005):
         ready.wait()
         started = time.time()
         ends = [results.get(timeout=3600) for _ in workers]
