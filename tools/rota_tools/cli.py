@@ -282,7 +282,7 @@ def bench_work(
     """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
     and enqueue -> start latency with NOTIFY. With --pool processes: the
     process pool's tasks/s beside the thread pool's, CPU-bound and no-op."""
-    from rota_tools.bench.pools import bench_pools
+    from rota_tools.bench.work import bench_pools
     from rota_tools.bench.work import bench_work as run
 
     if pool not in ("threads", "processes"):
