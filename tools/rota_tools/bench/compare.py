@@ -267,19 +267,8 @@ def checkout(
             missing += missing_requirements(tree / "tools" / "pyproject.toml")
         if missing:
             extra = place / "site"
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--target",
-                    str(extra),
-                    *missing,
-                ],
-                check=True,
-            )
+            pip = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(extra)]
+            subprocess.run([*pip, *missing], check=True)
         yield Side(name, label or commit, tree, extra)
     finally:
         if not keep:

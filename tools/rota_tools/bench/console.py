@@ -51,17 +51,9 @@ class Console:
             "ROTA_REDIS_URL": settings.redis_url,
             "ROTA_DASHBOARD_TOKEN": TOKEN,
         }
+        dashboard = ["dashboard", "--port", str(self.port), "--log-level", "warning"]
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rota",
-                "dashboard",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
+            [sys.executable, "-m", "rota", *dashboard],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -112,17 +112,8 @@ def redis_probe(client: redis_client.Client) -> Probe:
 
     def seconds() -> float | None:
         info: Any = client.info("cpu")
-        return float(
-            sum(
-                info.get(key, 0.0)
-                for key in (
-                    "used_cpu_sys",
-                    "used_cpu_user",
-                    "used_cpu_sys_children",
-                    "used_cpu_user_children",
-                )
-            )
-        )
+        keys = ("used_cpu_sys", "used_cpu_user", "used_cpu_sys_children", "used_cpu_user_children")
+        return float(sum(info.get(key, 0.0) for key in keys))
 
     return seconds
 

@@ -149,14 +149,8 @@ class Fleet:
         self.start(name)
 
     def add_producer(self, rate: float, seconds_per_task: float) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            PRODUCER,
-            str(self.ids_dir),
-            str(rate),
-            str(seconds_per_task),
-        ]
+        command = [sys.executable, "-m", PRODUCER, str(self.ids_dir)]
+        command += [str(rate), str(seconds_per_task)]
         self.processes["producer"] = Process("producer", command, self.workdir / "producer.log")
         self.start("producer")
 
