@@ -4,7 +4,7 @@ committed) under a steady trickle with the loader running. Spark's runs
 alternate with the Python loader's, with one and two processes, and with
 the Spark loader's own executor code run without Spark, on the same tasks
 and servers; its latency is read beside an empty micro-batch's (the floor,
-rota_tools.bench.spark_floor)."""
+rota_tools.bench.spark_stream)."""
 
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def bench_pipeline_load(
     floor = None
     if spark is not None:
         from rota.loader.spark import TRIGGER_SECONDS
-        from rota_tools.bench.spark_floor import micro_batch_floor
+        from rota_tools.bench.spark_stream import micro_batch_floor
 
         floor = micro_batch_floor(
             spark, settings.shards, TRIGGER_SECONDS, max(10.0, trickle_seconds)

@@ -1,20 +1,26 @@
 """`rota bench work`: no-op tasks through worker processes, with 1 and 2
 processes and with reports waiting for the WAL flush; with results kept
 against without; the start of a task an idle worker is woken for; and
-pgqueuer's and procrastinate's workers on the same server
-(rota_tools.bench.peers). `--pool processes`: the process pool beside the
+pgqueuer's and procrastinate's workers draining no-op jobs in 1 and 2
+processes, each in a database of its own on the same server (pgqueuer with
+the same claim batch, procrastinate with the same concurrency; `pip install
+'rota[bench]'`). `--pool processes`: the process pool beside the
 thread pool, on CPU-bound tasks (where processes use every core) and on
 no-op tasks (what a task's trip to a child costs); runs alternate, medians
 reported."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import importlib.util
 import os
 import statistics
 import time
+from datetime import timedelta
 from typing import Any
+
+import psycopg
 
 from rota import Settings, core
 from rota.core import db
@@ -25,6 +31,7 @@ from rota_tools.bench.harness import (
     QUEUE,
     Conn,
     finished,
+    fresh_database,
     load,
     reset,
     skewed_tenant,
@@ -32,6 +39,7 @@ from rota_tools.bench.harness import (
     stopping,
     wait_for,
     wait_for_finished,
+    warm_pool,
 )
 from rota_tools.processes import spawn_workers
 from rota_tools.sql import query
@@ -140,8 +148,6 @@ def _peers(
     ratios to them (`pip install 'rota[bench]'`)."""
     figures: dict[str, Any] = {}
     if importlib.util.find_spec("pgqueuer") is not None:
-        from rota_tools.bench.peers import pgqueuer_throughput
-
         peer = {
             f"{n}_process": pgqueuer_throughput(settings.database_url, tasks, n, 100)
             for n in (1, 2)
@@ -156,8 +162,6 @@ def _peers(
     else:
         figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
     if importlib.util.find_spec("procrastinate") is not None:
-        from rota_tools.bench.peers import procrastinate_throughput
-
         # Far slower per job: a smaller run keeps the benchmark short.
         peer_tasks = min(tasks, 5_000)
         peer = {
@@ -288,3 +292,102 @@ def bench_pools(settings: Settings, cpu_tasks: int, noop_tasks: int, runs: int) 
         "noop": figures(noop),
         "goal": {"cpu_bound_processes_to_threads_at_least": 1.8},
     }
+
+
+DATABASE = "rota_peer_pgqueuer"
+
+
+async def _prepare(url: str, tasks: int) -> None:
+    from pgqueuer import PsycopgDriver, Queries
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        queries = Queries(PsycopgDriver(conn))
+        await queries.install()
+        for i in range(0, tasks, 10_000):
+            n = min(10_000, tasks - i)
+            await queries.enqueue(["noop"] * n, [b"1"] * n, [0] * n)
+
+
+async def _drain(url: str, batch_size: int) -> int:
+    from pgqueuer import PgQueuer
+    from pgqueuer.domain.types import QueueExecutionMode
+
+    done = 0
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        pgq = PgQueuer.from_psycopg_connection(conn)
+
+        @pgq.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            nonlocal done
+            done += 1
+
+        await pgq.run(
+            batch_size=batch_size,
+            mode=QueueExecutionMode.drain,
+            dequeue_timeout=timedelta(seconds=1),
+        )
+    return done
+
+
+def _worker(args: tuple[str, int]) -> int:
+    return asyncio.run(_drain(*args))
+
+
+def pgqueuer_throughput(url: str, tasks: int, processes: int, batch_size: int) -> float:
+    peer = fresh_database(url, DATABASE)
+    asyncio.run(_prepare(peer, tasks))
+    with warm_pool(processes, initializer=None) as pool:  # up before the clock starts
+        started = time.perf_counter()
+        done = sum(pool.map(_worker, [(peer, batch_size)] * processes))
+        elapsed = time.perf_counter() - started
+    return done / elapsed
+
+
+PROCRASTINATE_DATABASE = "rota_peer_procrastinate"
+
+
+def _procrastinate_app(url: str) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="noop", queue="bench")
+    async def noop(i: int) -> None:
+        return None
+
+    return app
+
+
+async def _procrastinate_prepare(url: str, tasks: int) -> None:
+    app = _procrastinate_app(url)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        noop = app.tasks["noop"]
+        for i in range(0, tasks, 5_000):
+            await noop.batch_defer_async(*({"i": j} for j in range(i, min(tasks, i + 5_000))))
+
+
+async def _procrastinate_drain(url: str, concurrency: int) -> None:
+    app = _procrastinate_app(url)
+    async with app.open_async():
+        await app.run_worker_async(
+            queues=["bench"],
+            concurrency=concurrency,
+            wait=False,
+            install_signal_handlers=False,
+            delete_jobs="always",
+        )
+
+
+def _procrastinate_worker(args: tuple[str, int]) -> None:
+    asyncio.run(_procrastinate_drain(*args))
+
+
+def procrastinate_throughput(url: str, tasks: int, processes: int, concurrency: int) -> float:
+    peer = fresh_database(url, PROCRASTINATE_DATABASE)
+    asyncio.run(_procrastinate_prepare(peer, tasks))
+    with warm_pool(processes, initializer=None) as pool:
+        started = time.perf_counter()
+        pool.map(_procrastinate_worker, [(peer, concurrency)] * processes)
+        elapsed = time.perf_counter() - started
+    return tasks / elapsed
