@@ -187,21 +187,22 @@ def _interleaved_claim_latencies(
 def _claim_latencies_beside(
     fillers: Mapping[str, Filler],
     sizes: Mapping[str, int],
-    baselines: Mapping[str, FifoFiller],
-    baseline_sizes: Mapping[str, int],
+    baselines: Mapping[str, tuple[FifoFiller, int]],
     samples: int,
     limit: int,
 ) -> dict[str, list[float]]:
-    """Claim latencies of rota's queues and of these baselines, in the same
-    turns; the baselines are filled first and dropped after."""
+    """Claim latencies of rota's queues and of these baselines (each with
+    its size), in the same turns; the baselines are filled first and
+    dropped after."""
     try:
-        for key, baseline in baselines.items():
-            baseline.fill(baseline_sizes[key])
-        return _interleaved_claim_latencies(
-            {**fillers, **baselines}, {**sizes, **baseline_sizes}, samples, limit
-        )
+        for baseline, size in baselines.values():
+            baseline.fill(size)
+        queues: dict[str, Filler | FifoFiller] = dict(fillers)
+        queues |= {key: baseline for key, (baseline, _) in baselines.items()}
+        every = {**sizes, **{key: size for key, (_, size) in baselines.items()}}
+        return _interleaved_claim_latencies(queues, every, samples, limit)
     finally:
-        for baseline in baselines.values():
+        for baseline, _ in baselines.values():
             baseline.drop()
 
 
@@ -247,30 +248,20 @@ def backlog_scaling(
     with db.connect(url, synchronous_commit=False) as conn:  # as workers claim
         reset(conn)
         fillers = {
-            key: Filler(conn, tenants, _queue_for(size), priorities)
-            for key, size in size_of.items()
+            key: Filler(conn, tenants, _queue_for(n), priorities) for key, n in size_of.items()
         }
         for key, filler in fillers.items():
             filler.fill(size_of[key])
         # The baselines in two sets of turns, each with one large baseline
         # queue beside rota's: the working set each claim competes with is
         # the same in both.
-        before = _claim_latencies_beside(
-            fillers,
-            size_of,
-            {FIFO: FifoFiller(conn, FIFO, priorities), small: FifoFiller(conn, small, priorities)},
-            {FIFO: sizes[-1], small: sizes[0]},
-            samples,
-            limit,
-        )
-        beside_leased = _claim_latencies_beside(
-            fillers,
-            size_of,
-            {LEASED_FIFO: FifoFiller(conn, LEASED_FIFO, leased=True)},
-            {LEASED_FIFO: sizes[-1]},
-            samples,
-            limit,
-        )
+        fifo = {
+            FIFO: (FifoFiller(conn, FIFO, priorities), sizes[-1]),
+            small: (FifoFiller(conn, small, priorities), sizes[0]),
+        }
+        before = _claim_latencies_beside(fillers, size_of, fifo, samples, limit)
+        leased = {LEASED_FIFO: (FifoFiller(conn, LEASED_FIFO, leased=True), sizes[-1])}
+        beside_leased = _claim_latencies_beside(fillers, size_of, leased, samples, limit)
         fillers[largest].fill(2 * sizes[-1])
         churn_rate = churn(url, _queue_for(sizes[-1]), sizes[-1], connections, limit)
         after = _interleaved_claim_latencies(
@@ -279,6 +270,11 @@ def backlog_scaling(
     latency = {key: _latency(before[key]) for key in size_of}
     latency[f"{largest}_after_churn"] = _latency(after[largest])
     p50 = {key: statistics.median(times) for key, times in before.items()}
+    leased_p50 = {key: statistics.median(times) for key, times in beside_leased.items()}
+    # Against the smallest queue measured in the same turns after the churn
+    # (with one size only, against its own p50 before the churn).
+    churned = statistics.median(after[largest])
+    small_after = statistics.median(after[smallest] if smallest != largest else before[smallest])
     return {
         "churn_tasks_per_s": round(churn_rate),
         "claim_latency": latency,
@@ -290,25 +286,15 @@ def backlog_scaling(
             largest: _latency(before[FIFO]),
             smallest: _latency(before[small]),
         },
-        "p50_ratio_to_fifo_baseline": round(p50[largest] / p50[FIFO], 3),
-        "fifo_baseline_p50_ratio_largest_to_smallest": round(p50[FIFO] / p50[small], 3),
+        "p50_ratio_to_fifo_baseline": ratio(p50[largest], p50[FIFO]),
+        "fifo_baseline_p50_ratio_largest_to_smallest": ratio(p50[FIFO], p50[small]),
         # The plain FIFO that records leases, timed in turns of its own with
         # rota's queues: the least any queue that gives a crashed worker's
         # tasks back must do.
         "leased_fifo_baseline_claim_latency": {largest: _latency(beside_leased[LEASED_FIFO])},
-        "p50_ratio_to_leased_fifo_baseline": round(
-            statistics.median(beside_leased[largest])
-            / statistics.median(beside_leased[LEASED_FIFO]),
-            3,
-        ),
-        "p50_ratio_largest_to_smallest": round(p50[largest] / p50[smallest], 3),
-        # Against the smallest queue measured in the same turns after the churn
-        # (with one size only, against its own p50 before the churn).
-        "p50_ratio_after_churn_to_smallest": round(
-            statistics.median(after[largest])
-            / statistics.median(after[smallest] if smallest != largest else before[smallest]),
-            3,
-        ),
+        "p50_ratio_to_leased_fifo_baseline": ratio(leased_p50[largest], leased_p50[LEASED_FIFO]),
+        "p50_ratio_largest_to_smallest": ratio(p50[largest], p50[smallest]),
+        "p50_ratio_after_churn_to_smallest": ratio(churned, small_after),
     }
 
 

@@ -39,6 +39,7 @@ from rota_tools.bench.harness import (
     empty,
     finished,
     offer,
+    ratio,
     skewed_tenant,
     start_figures,
     stopping,
@@ -154,21 +155,16 @@ def bench_end_to_end(
     figures = pipeline_run(settings, tasks, tenants, rate, concurrency)
     figures["round_trips"] = start_round_trips(settings)
     figures |= start_baselines(settings, min(tasks, 5000), rate)
-    flood = figures["postgres_queue_flood"] = postgres_queue_baseline(
-        settings, tasks, rate, consumers=2
+    flood = postgres_queue_baseline(settings, tasks, rate, consumers=2)
+    figures["postgres_queue_flood"] = flood
+    figures["tasks_per_s_to_postgres_queue_flood"] = ratio(
+        figures["tasks_per_s"], flood["tasks_per_s"]
     )
-    figures["tasks_per_s_to_postgres_queue_flood"] = round(
-        figures["tasks_per_s"] / flood["tasks_per_s"], 3
-    )
-    figures["cpu_per_task_to_postgres_queue_flood"] = round(
-        figures["cpu"]["all_us_per_task"] / flood["cpu"]["all_us_per_task"], 3
-    )
+    us = (figures["cpu"]["all_us_per_task"], flood["cpu"]["all_us_per_task"])
+    figures["cpu_per_task_to_postgres_queue_flood"] = ratio(*us)
     p50 = figures["enqueue_to_start_ms"]["p50"]
-    for key, baseline in (
-        ("redis_pop", "redis_pop_baseline"),
-        ("postgres_queue", "postgres_queue_baseline"),
-    ):
-        floor = figures[baseline]["enqueue_to_start_ms"]["p50"]
+    for key in ("redis_pop", "postgres_queue"):
+        floor = figures[f"{key}_baseline"]["enqueue_to_start_ms"]["p50"]
         figures[f"p50_over_{key}_ms"] = round(p50 - floor, 1)
     if pgbouncer:
         figures |= _behind_pgbouncer(

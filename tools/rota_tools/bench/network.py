@@ -1,32 +1,15 @@
-"""`rota bench chaos --network`: network faults under load, and the same
-history check as the chaos suite's.
+"""`rota bench chaos --network`: network faults under load, and the chaos
+suite's history check (rota_tools.bench.faults).
 
-The chaos suite's faults end connections at once (a kill, a restart: the
-peer resets). Here every process (producer, loader, two workers, `rota
-reaper`, twice) runs in a network namespace of its own and reaches PostgreSQL and
-Redis through links of its own (rota_tools.netns); the faults are on those
-links, one after another under load:
-
-- a silent partition (packets dropped both ways, no reset) of a worker from
-  PostgreSQL, shorter than a lease and then longer than one;
-- the loader from PostgreSQL, and from Redis; the producer from Redis (it
-  falls back to PostgreSQL) and from both (its enqueues fail: only what it
-  was told is stored counts as acknowledged); the reaper from PostgreSQL;
-- a half-open connection: a worker's PostgreSQL sessions are ended behind a
-  partition (the server forgets them, the worker is not told), then the link
-  heals;
-- a slow link: the loader's and a worker's links to PostgreSQL capped at a
-  low bandwidth (tc tbf); and added latency, 100 ms each way, on the
-  loader's way to PostgreSQL: the loader reaches PostgreSQL through a proxy
-  of the suite's own (rota_tools.delay_proxy: this kernel has no netem),
-  which adds nothing until then.
-
-Per fault: how long the process took to notice (its log's "unavailable"
-line after the fault began), and how long after the link came back the
-pipeline was at 90% of its baseline throughput. Then everything drains, and
-the runs are checked: every acknowledged task ran, none ran twice at once,
-the tenant limit and the limit on keys held, and no completion was kept
-from an attempt whose lease had passed.
+Where the chaos suite's faults end connections at once (the peer resets),
+here every process runs in a network namespace of its own and reaches the
+servers through links of its own (rota_tools.netns), and the faults are on
+those links: silent partitions (no reset) shorter and longer than a lease,
+a half-open connection (the worker's sessions ended behind a partition), a
+slow link (tc tbf) and added latency through a proxy of the suite's own
+(rota_tools.delay_proxy: this kernel has no netem). Per fault: when the
+process noticed (its log's "unavailable" line), and how soon after the
+link came back the pipeline was at 90% of its baseline throughput.
 """
 
 from __future__ import annotations

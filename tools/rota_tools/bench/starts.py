@@ -1,24 +1,12 @@
 """Enqueue -> start at the pace `rota bench end-to-end` offers, through
 designs simpler than rota's, on the same servers: the floors its starts are
-read against.
-
-- **Redis alone** (a Celery-like design): no durable store, no lease.
-- **A durable PostgreSQL queue written to directly**: one table; a tick's
-  tasks and the NOTIFY in one statement (one commit, which waits for the WAL
-  flush, as a load of rota's does); a consumer on LISTEN that claims 100
-  with a lease and deletes them when done. The least a queue that keeps
-  what it acknowledged and gives a crashed worker's tasks back can do.
-- **pgqueuer** (`pip install 'rota[bench]'`), a peer that writes straight
-  into PostgreSQL, with rota's claim batch.
-
-Each consumer is a process of its own, as rota's workers are; a task starts
-when its consumer holds it (rota's: when its claim returns).
-
-The PostgreSQL queue is also flooded as rota's pipeline is (end-to-end's
-`postgres_queue_flood`): every task of the run, at the same rate, to two
-consumers (rota's two workers), with the CPU of every process: the
-throughput and CPU floor that rota's buffer, loader, fair places and
-leases are read against.
+read against (docs/explanation/benchmarks.md, "Scenarios"). Redis alone (a
+pop, no durable store, no lease); a durable PostgreSQL queue written to
+directly (a tick's tasks and the NOTIFY in one statement, a consumer on
+LISTEN that claims 100 with a lease), also flooded as rota's pipeline is
+(every task, the same rate, two consumers) with the CPU of every process;
+and pgqueuer. Each consumer is a process of its own; a task starts when its
+consumer holds it (rota's: when its claim returns).
 """
 
 from __future__ import annotations
