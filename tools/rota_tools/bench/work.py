@@ -17,6 +17,7 @@ import importlib.util
 import os
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -146,35 +147,26 @@ def _peers(
 ) -> dict[str, Any]:
     """pgqueuer's and procrastinate's workers on the same server, and rota's
     ratios to them (`pip install 'rota[bench]'`)."""
-    figures: dict[str, Any] = {}
-    if importlib.util.find_spec("pgqueuer") is not None:
-        peer = {
-            f"{n}_process": pgqueuer_throughput(settings.database_url, tasks, n, 100)
-            for n in (1, 2)
-        }
-        figures["pgqueuer_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
-        figures["ratio_to_pgqueuer"] = {
-            k: round(rate[k.split("_")[0]] / v, 2) for k, v in peer.items()
-        }
-        figures["synchronous_commit_ratio_to_pgqueuer"] = {
-            k: round(rate[k.split("_")[0] + "_synchronous_commit"] / v, 2) for k, v in peer.items()
-        }
-    else:
-        figures["pgqueuer_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
-    if importlib.util.find_spec("procrastinate") is not None:
-        # Far slower per job: a smaller run keeps the benchmark short.
-        peer_tasks = min(tasks, 5_000)
-        peer = {
-            f"{n}_process": procrastinate_throughput(
-                settings.database_url, peer_tasks, n, concurrency
-            )
-            for n in (1, 2)
-        }
-        figures["procrastinate_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
-        figures["procrastinate_tasks"] = peer_tasks
-        figures["ratio_to_procrastinate"] = {
-            k: round(rate[k.split("_")[0]] / v, 2) for k, v in peer.items()
-        }
+    url, figures = settings.database_url, dict[str, Any]()
+    # Procrastinate is far slower per job: a smaller run keeps the benchmark short.
+    peer_tasks = min(tasks, 5_000)
+    peers: dict[str, Callable[[int], float]] = {
+        "pgqueuer": lambda n: pgqueuer_throughput(url, tasks, n, 100),
+        "procrastinate": lambda n: procrastinate_throughput(url, peer_tasks, n, concurrency),
+    }
+    for name, measure in peers.items():
+        if importlib.util.find_spec(name) is None:
+            figures[f"{name}_tasks_per_s"] = "not installed (pip install 'rota[bench]')"
+            continue
+        peer = {f"{n}_process": measure(n) for n in (1, 2)}
+        figures[f"{name}_tasks_per_s"] = {k: round(v) for k, v in peer.items()}
+        figures[f"ratio_to_{name}"] = {k: round(rate[k[0]] / v, 2) for k, v in peer.items()}
+        if name == "pgqueuer":
+            figures["synchronous_commit_ratio_to_pgqueuer"] = {
+                k: round(rate[f"{k[0]}_synchronous_commit"] / v, 2) for k, v in peer.items()
+            }
+        else:
+            figures["procrastinate_tasks"] = peer_tasks
     return figures
 
 
