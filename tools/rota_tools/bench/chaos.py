@@ -1,19 +1,12 @@
 """`rota bench chaos`: faults under load, and the total-queue rule checked.
 
-Real processes on throwaway servers: a producer enqueueing across 50 tenants
-(recording each id `enqueue` returned), a Python loader, two workers; one
-tenant has a concurrency limit. After a fault-free baseline, faults follow one
-another under load: kill -9 of the loader, of a worker mid-task, of the
-producer mid-burst and of the maintenance leader (each restarted at once, as
-a supervisor would); Redis killed and restarted from its append-only file
-(`appendfsync always`: with `everysec` a kill -9 can lose writes Redis
-acknowledged while a slow fsync ran);
-PostgreSQL stopped with `-m immediate` and started again after a pause, and
-then unreachable for longer than a lease; optionally kill -9 of the Spark
-loader. Then everything drains, and the runs each task left (chaosapp) are
-checked (rota_tools.bench.faults): every acknowledged id ran, no task ran
-twice at once, the limit held, duplicates only near a fault that explains
-them, nothing left waiting, nothing dead, never two maintenance leaders.
+Real processes on throwaway servers (a producer recording each id `enqueue`
+returned, across 50 tenants, one of them limited; a Python loader; two
+workers) and, after a fault-free baseline, faults one after another under
+load (`_faults`): kill -9 of each process, Redis killed and restarted from
+its append-only file, PostgreSQL stopped and started again, and unreachable
+past a lease. Then everything drains and the history the tasks left is
+checked (rota_tools.bench.faults).
 """
 
 from __future__ import annotations

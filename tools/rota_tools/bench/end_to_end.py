@@ -1,13 +1,9 @@
 """`rota bench end-to-end`: the whole pipeline as deployed, each part its own
 process: a producer at a steady rate (this process) -> Redis -> a Python
-loader -> 2 worker processes. Enqueue -> start latency, throughput and the
-CPU each process used; beside, on the same servers at the same pace, the
-simpler designs its starts are read against (rota_tools.bench.starts) and
-the round trips on a start's way (rota_tools.bench.roundtrips).
-
-`--pgbouncer` runs it again behind PgBouncer; `--tracing` with OpenTelemetry
-tracing off and on, runs alternating, each in a fresh process tree, so that
-the traced runs' tracer provider (set once per process) touches only them.
+loader -> 2 worker processes; beside it the floors its starts are read
+against (rota_tools.bench.starts) and the round trips on a start's way
+(rota_tools.bench.roundtrips). `--tracing` runs each mode in a fresh process
+tree: a tracer provider is set once per process.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What every `rota bench` scenario shares: the throwaway servers and the
 JSON report, the bench's tasks and queues, the processes it starts, the one
-wait for a condition (a drained queue, a process up), and medians.
-
-The CPU meters are in rota_tools.bench.cpu. Scenarios import from here and
-from the parts they own, never from one another (pyproject.toml's
-import-linter contracts).
+wait for a condition (a drained queue, a process up), and medians; the CPU
+meters are in rota_tools.bench.cpu. Scenarios import from here and from the
+parts they own, never from one another (pyproject.toml's import-linter
+contract).
 """
 
 from __future__ import annotations
