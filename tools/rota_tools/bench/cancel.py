@@ -16,8 +16,7 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.harness import NOOP_APP, QUEUE, reset, start_figures, stopping, wait_for
-from rota_tools.processes import spawn_workers
+from rota_tools.bench.harness import QUEUE, reset, start_figures, wait_for, workers
 from rota_tools.sql import query
 
 
@@ -58,11 +57,7 @@ def bench_cancel(settings: Settings, runs: int) -> dict[str, Any]:
             ("processes", (("process_pool_killed", "spin"),)),
         ):
             reset(conn)
-            with stopping(
-                spawn_workers(
-                    NOOP_APP, [QUEUE], 1, settings, concurrency=4, batch_size=10, pool=pool
-                )
-            ):
+            with workers(settings, 1, concurrency=4, batch_size=10, pool=pool):
                 for key, name in kinds:
                     figures[key] = {
                         "cancel_to_cancelled_ms": start_figures(_latencies(conn, name, runs))

@@ -33,7 +33,7 @@ from rota.core import db
 from rota.core.migrate import migrate
 from rota.model.envelope import TaskEnvelope, make_envelope
 from rota.runtime.process import tune_gc
-from rota_tools.processes import stop_workers
+from rota_tools.processes import spawn_workers, stop_workers
 from rota_tools.sql import query
 from rota_tools.stats import percentile
 
@@ -48,6 +48,7 @@ WARM_UP = "warm-up"  # the tenant of an untimed task that shows a pipeline is up
 BENCH_POSTGRES = {"track_commit_timestamp": "on"}
 
 Conn = psycopg.Connection[Any]
+Process = subprocess.Popen[bytes]
 # Which tenant the i-th task of a bench's backlog belongs to, of `tenants`.
 TenantOf = Callable[[int, int], str]
 
@@ -362,6 +363,16 @@ def in_background(
     finally:
         stop.set()
         thread.join()
+
+
+@contextlib.contextmanager
+def workers(
+    settings: Settings, count: int, **options: Any
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` `rota worker` processes of the no-op app (NOOP_APP) on QUEUE,
+    with spawn_workers' `options`, stopped when the block ends."""
+    with stopping(spawn_workers(NOOP_APP, [QUEUE], count, settings, **options)) as started:
+        yield started
 
 
 def wait_for(

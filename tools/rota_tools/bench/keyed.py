@@ -22,8 +22,7 @@ import psycopg
 from rota import Limit, Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.harness import NOOP_APP, QUEUE, in_background, load, reset, stopping, wait_for
-from rota_tools.processes import spawn_workers
+from rota_tools.bench.harness import QUEUE, in_background, load, reset, wait_for, workers
 from rota_tools.sql import query
 from rota_tools.stats import in_turns
 
@@ -75,16 +74,15 @@ def _throughput(
             got = db.transact(conn, core.claim([QUEUE], limit - held, "holder", 3600.0))
             held += sum(t.name == "keyed" for t in got)
             db.transact(conn, core.release(t.token for t in got if t.name != "keyed"))
-    spawned = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
-    with stopping(spawned) as workers:
-        _until_finished(conn, PLAIN_TENANTS, 500, workers)
+    with workers(settings, 1, concurrency=CONCURRENCY, batch_size=100) as running:
+        _until_finished(conn, PLAIN_TENANTS, 500, running)
         first, whole = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
         # The steady state is timed once the waiting tasks are parked (the
         # claims that meet them set each aside once, early in the run).
         while _parked(conn) < waiting - limit:
-            _until_finished(conn, PLAIN_TENANTS, _finished_of(conn, PLAIN_TENANTS) + 1, workers)
+            _until_finished(conn, PLAIN_TENANTS, _finished_of(conn, PLAIN_TENANTS) + 1, running)
         begin, started = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
-        _until_finished(conn, PLAIN_TENANTS, tasks, workers)
+        _until_finished(conn, PLAIN_TENANTS, tasks, running)
         done, ended = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
         return (done - begin) / (ended - started), (done - first) / (ended - whole)
 
@@ -117,10 +115,10 @@ def _held_limit(
         row = watcher.execute(query("bench_key_running"), {"key": KEY}).fetchone()
         running.append(int(row[0]) if row else 0)
 
-    spawned = spawn_workers(NOOP_APP, [QUEUE], 2, settings, concurrency=CONCURRENCY, batch_size=20)
     watch = lambda: psycopg.connect(settings.database_url, autocommit=True)  # noqa: E731
-    with stopping(spawned) as workers, in_background(watch, sample):
-        _until_finished(conn, KEYED_TENANTS, keyed, workers)
+    two = workers(settings, 2, concurrency=CONCURRENCY, batch_size=20)
+    with two as started, in_background(watch, sample):
+        _until_finished(conn, KEYED_TENANTS, keyed, started)
     return {"peak_running": max(running, default=0), "samples": len(running)}
 
 

@@ -17,8 +17,7 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.harness import NOOP_APP, QUEUE, in_background, reset, stopping
-from rota_tools.processes import spawn_workers
+from rota_tools.bench.harness import QUEUE, in_background, reset, workers
 from rota_tools.sql import query
 
 LONG, SHORT = "long", "short"
@@ -49,8 +48,8 @@ def _shares(
     db.transact(conn, core.load([make_envelope(name="noop", queue=QUEUE, tenant="setup")]))
     db.run(conn, core.charge_queue(QUEUE, charge_time, "bench"))
     db.transact(conn, core.configure_tenant(LONG, weight=long_weight))
-    spawned = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=SLOTS, batch_size=SLOTS)
-    with in_background(lambda: db.connect(settings.database_url), _feed, 0.05), stopping(spawned):
+    feed = in_background(lambda: db.connect(settings.database_url), _feed, 0.05)
+    with feed, workers(settings, 1, concurrency=SLOTS, batch_size=SLOTS):
         time.sleep(WARM_UP_SECONDS)  # the windows' clock, not a wait on a condition
         since = datetime.now(UTC)
         time.sleep(WINDOW_SECONDS)

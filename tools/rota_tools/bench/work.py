@@ -28,7 +28,6 @@ from rota.core import db
 from rota.model.envelope import make_envelope
 from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe
 from rota_tools.bench.harness import (
-    NOOP_APP,
     QUEUE,
     Conn,
     finished,
@@ -37,12 +36,11 @@ from rota_tools.bench.harness import (
     reset,
     skewed_tenant,
     start_figures,
-    stopping,
     wait_for,
     wait_for_finished,
     warm_pool,
+    workers,
 )
-from rota_tools.processes import spawn_workers
 from rota_tools.sql import query
 
 RESULT_PAIRS = 3  # alternating runs with results kept and without
@@ -82,20 +80,17 @@ def _throughput(
             for j in range(tasks)
         ),
     )
-    spawned = spawn_workers(
-        NOOP_APP, [QUEUE], processes, settings, concurrency=concurrency, batch_size=100
-    )
-    with stopping(spawned) as workers:
-        wait_for_finished(conn, 100, workers)  # workers up and running
+    with workers(settings, processes, concurrency=concurrency, batch_size=100) as running:
+        wait_for_finished(conn, 100, running)  # workers up and running
         meter = CpuMeter(
             {
-                **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(workers, 1)},
+                **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(running, 1)},
                 "postgresql": postgres_probe(conn),
             }
         )
         meter.start()
         begin, started = finished(conn), time.perf_counter()
-        wait_for_finished(conn, tasks, workers, drained=True)
+        wait_for_finished(conn, tasks, running, drained=True)
         elapsed = time.perf_counter() - started
         return (tasks - begin) / elapsed, meter.report(elapsed, tasks - begin)
 
@@ -106,20 +101,15 @@ def _start_latencies(
     """Idle workers, one task at a time, woken by NOTIFY: enqueue -> start of
     each; then result.get()'s latencies (_result_latencies)."""
     reset(conn)
-    spawned = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=concurrency, batch_size=100)
-    with stopping(spawned) as workers:
-        wait_for(
-            lambda: conn.execute(query("bench_listening")).fetchone() == (1,),
-            60,
-            what="the worker to LISTEN",
-            processes=workers,
-        )
+    with workers(settings, 1, concurrency=concurrency, batch_size=100) as running:
+        listening = lambda: conn.execute(query("bench_listening")).fetchone() == (1,)  # noqa: E731
+        wait_for(listening, 60, what="the worker to LISTEN", processes=running)
         for i in range(60):
             db.transact(
                 conn, core.load([make_envelope(name="noop", queue=QUEUE, tenant="t", args=[i])])
             )
             time.sleep(0.05)
-        wait_for_finished(conn, 60, workers)
+        wait_for_finished(conn, 60, running)
         starts = [float(r[0]) for r in conn.execute(query("bench_start_latencies"))]
         return starts, _result_latencies(conn, settings)
 
@@ -234,19 +224,11 @@ def _pool_rate(
             for i in range(tasks)
         ],
     )
-    spawned = spawn_workers(
-        NOOP_APP,
-        [QUEUE],
-        1,
-        settings,
-        concurrency=concurrency,
-        batch_size=min(100, 4 * concurrency),
-        pool=pool,
-    )
-    with stopping(spawned) as workers:
-        wait_for_finished(conn, min(tasks // 10, 2 * concurrency), workers)
+    batch_size = min(100, 4 * concurrency)
+    with workers(settings, 1, concurrency=concurrency, batch_size=batch_size, pool=pool) as running:
+        wait_for_finished(conn, min(tasks // 10, 2 * concurrency), running)
         begin, started = finished(conn), time.perf_counter()
-        wait_for_finished(conn, tasks, workers, drained=True)
+        wait_for_finished(conn, tasks, running, drained=True)
         return (tasks - begin) / (time.perf_counter() - started)
 
 

@@ -19,16 +19,14 @@ from rota import App, Settings
 from rota.core import db
 from rota.model.envelope import make_envelope
 from rota_tools.bench.harness import (
-    NOOP_APP,
     QUEUE,
     finished,
     load,
     reset,
-    stopping,
     wait_for,
     wait_for_finished,
+    workers,
 )
-from rota_tools.processes import spawn_workers
 from rota_tools.sql import query
 from rota_tools.stats import in_turns
 
@@ -75,13 +73,10 @@ def _run(
         row = conn.execute(query("bench_joins_done"), {"ids": joins, "since": since}).fetchone()
         return (int(row[0]), int(row[1]), row[2]) if row else (0, 0, [])
 
-    spawned = spawn_workers(
-        NOOP_APP, [QUEUE], WORKERS, settings, concurrency=CONCURRENCY, batch_size=100
-    )
-    with stopping(spawned) as workers:
+    with workers(settings, WORKERS, concurrency=CONCURRENCY, batch_size=100) as running:
         # Every join run, or half an hour: the report counts those that ran.
-        wait_for(lambda: joins_done()[0] == len(joins), 1800, poll=0.1, processes=workers)
-        wait_for_finished(conn, total, workers)
+        wait_for(lambda: joins_done()[0] == len(joins), 1800, poll=0.1, processes=running)
+        wait_for_finished(conn, total, running)
     done_, twice, seconds = joins_done()
     return {
         "joins": len(joins),
@@ -115,12 +110,10 @@ def _rate(conn: psycopg.Connection[Any], settings: Settings, tasks: int, workflo
                 for i in range(tasks)
             ],
         )
-    with stopping(
-        spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
-    ) as workers:
-        wait_for_finished(conn, 200, workers)
+    with workers(settings, 1, concurrency=CONCURRENCY, batch_size=100) as running:
+        wait_for_finished(conn, 200, running)
         begin, started = finished(conn), time.perf_counter()
-        wait_for_finished(conn, tasks, workers)  # the members (joins come after)
+        wait_for_finished(conn, tasks, running)  # the members (joins come after)
         return (finished(conn) - begin) / (time.perf_counter() - started)
 
 
