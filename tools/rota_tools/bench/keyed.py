@@ -1,15 +1,9 @@
-"""`rota bench keyed-limits`: limits on keys other than the tenant.
-
-Throughput: one worker process claims and completes no-op tasks of 100
-tenants, alone, and beside 10,000 tasks of 100 other tenants waiting in line
-on a saturated key (its slots held by claims that do not end): the unlimited
-tasks should lose nothing (the waiting ones are parked by the first claims
-that meet them and never stepped over again). Runs alternate, each
-pair in the other order from the one before.
-
-Limit: two worker processes run keyed tasks (5 ms each) of many tenants
-beside unlimited ones while a sampler reads the key's running count every
-few milliseconds: it must never pass the limit."""
+"""`rota bench keyed-limits`: limits on keys other than the tenant. One
+worker's no-op tasks alone and beside 10,000 tasks in line on a saturated
+key (its slots held by claims that do not end): the waiting tasks are parked
+by the first claims that meet them and never stepped over again, so the
+others should lose nothing. Then two workers run keyed tasks while the key's
+running count is sampled: it must never pass the limit."""
 
 from __future__ import annotations
 

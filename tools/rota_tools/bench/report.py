@@ -1,13 +1,10 @@
 """`rota bench report`: the benchmarks page's figures, from one set of runs.
 
 `--run` runs every stage of `rota bench compare` (the same scenarios and
-arguments) from the working tree, `--rounds` times, each on a fresh database
-and a flushed Redis, and keeps each run's JSON report in the runs folder.
-The page's generated part is then written from that folder alone: each
-figure's median and range over the runs, ratios to the baselines each
-scenario measures in the same run, the machine and dates once, and where a
-task's CPU goes in each stage, process by process (CPU_STAGES).
-"""
+arguments) from the working tree, `--rounds` times, each on fresh servers,
+and keeps each run's JSON report in the runs folder. The page's generated
+part is written from that folder alone: each figure's median and range,
+the machine and dates once, and each stage's CPU per task by process."""
 
 from __future__ import annotations
 

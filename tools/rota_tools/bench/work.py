@@ -1,13 +1,9 @@
-"""`rota bench work`: no-op tasks through worker processes, with 1 and 2
-processes and with reports waiting for the WAL flush; with results kept
-against without; the start of a task an idle worker is woken for; and
-pgqueuer's and procrastinate's workers draining no-op jobs in 1 and 2
-processes, each in a database of its own on the same server (pgqueuer with
-the same claim batch, procrastinate with the same concurrency; `pip install
-'rota[bench]'`). `--pool processes`: the process pool beside the
-thread pool, on CPU-bound tasks (where processes use every core) and on
-no-op tasks (what a task's trip to a child costs); runs alternate, medians
-reported."""
+"""`rota bench work`: no-op tasks through worker processes (1 and 2, with
+reports waiting for the WAL flush or not, with results kept or not), the
+start of a task an idle worker is woken for, and pgqueuer's and
+procrastinate's workers in databases of their own on the same server (`pip
+install 'rota[bench]'`). `--pool processes`: the process pool beside the
+thread pool, on CPU-bound and on no-op tasks."""
 
 from __future__ import annotations
 
