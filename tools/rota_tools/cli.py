@@ -136,21 +136,9 @@ def bench_load(
                     settings.database_url, tasks, tenants, connections, runs
                 )
         elif engine in ("python", "spark"):
-            figures = _beside_cluster(
-                settings,
-                lambda s: bench_pipeline_load(
-                    s,
-                    engine,
-                    tasks,
-                    tenants,
-                    runs,
-                    loaders,
-                    trickle_seconds,
-                    spark_warm_up_batches,
-                    even_tenants,
-                ),
-                redis_cluster,
-            )
+            options = (loaders, trickle_seconds, spark_warm_up_batches, even_tenants)
+            measure = lambda s: bench_pipeline_load(s, engine, tasks, tenants, runs, *options)  # noqa: E731
+            figures = _beside_cluster(settings, measure, redis_cluster)
         else:
             raise typer.BadParameter(f"unknown engine {engine!r}")
         _report("load", figures, as_json)

@@ -29,8 +29,6 @@ from rota_tools.bench.cpu import (
     redis_probe,
 )
 from rota_tools.bench.harness import (
-    NOOP_APP,
-    QUEUE,
     bench_app,
     empty,
     finished,
@@ -41,8 +39,9 @@ from rota_tools.bench.harness import (
     stopping,
     wait_for,
     wait_for_finished,
+    workers,
 )
-from rota_tools.processes import spawn_loader, spawn_workers
+from rota_tools.processes import spawn_loader
 from rota_tools.sql import query
 
 WORKERS = 2
@@ -69,20 +68,14 @@ def pipeline_run(
     client = redis_client.connect(settings)
     with db.connect(settings.database_url) as conn:
         empty(conn, settings)
-        loader = spawn_loader(fleet)
-        workers = spawn_workers(
-            NOOP_APP, [QUEUE], WORKERS, fleet, concurrency=concurrency, batch_size=100
-        )
-        with stopping([loader, *workers]) as processes:
+        started_workers = workers(fleet, WORKERS, concurrency=concurrency, batch_size=100)
+        with stopping([spawn_loader(fleet)]) as (loader,), started_workers as running:
+            processes = [loader, *running]
             # One task through the whole pipeline: every process is up. It is
             # then forgotten, as the first task of a cold pipeline says nothing
             # of the steady state.
-            live = query("bench_live_workers")
-            wait_for(
-                lambda: conn.execute(live).fetchone() == (WORKERS,),
-                60,
-                what="the workers to register",
-            )
+            live = lambda: conn.execute(query("bench_live_workers")).fetchone() == (WORKERS,)  # noqa: E731
+            wait_for(live, 60, what="the workers to register", processes=processes)
             first = noop.using(tenant="bench-warm-up").enqueue(-1, "warm-up")
             wait_for(
                 lambda: finished(conn) == 1, 60, what="a first task to run", processes=processes
@@ -92,23 +85,21 @@ def pipeline_run(
                 {
                     "producer": pid_probe(os.getpid()),
                     "loader": pid_probe(loader.pid),
-                    **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(workers, 1)},
+                    **{f"worker_{n}": pid_probe(w.pid) for n, w in enumerate(running, 1)},
                     "postgresql": postgres_probe(conn),
                     "redis": redis_probe(client),
                     **(probes or {}),
                 }
             )
             meter.start()
-            started = offer(
-                tasks,
-                rate,
-                lambda first, n: app.enqueue_many(
-                    [
-                        noop.using(tenant=skewed_tenant(i, tenants)).prepare(i, "pad")
-                        for i in range(first, first + n)
-                    ]
-                ),
-            )
+
+            def send(first: int, n: int) -> None:
+                at = range(first, first + n)
+                app.enqueue_many(
+                    [noop.using(tenant=skewed_tenant(i, tenants)).prepare(i, "pad") for i in at]
+                )
+
+            started = offer(tasks, rate, send)
             wait_for_finished(conn, tasks, processes, drained=True)
             elapsed = time.perf_counter() - started
             cpu = meter.report(elapsed, tasks)
@@ -163,12 +154,11 @@ def bench_end_to_end(
         floor = figures[f"{key}_baseline"]["enqueue_to_start_ms"]["p50"]
         figures[f"p50_over_{key}_ms"] = round(p50 - floor, 1)
     if pgbouncer:
-        figures |= _behind_pgbouncer(
-            settings,
-            lambda fleet, probes: pipeline_run(
-                settings, tasks, tenants, rate, concurrency, fleet, probes
-            ),
-        )
+
+        def again(fleet: Settings, probes: dict[str, Probe]) -> dict[str, Any]:
+            return pipeline_run(settings, tasks, tenants, rate, concurrency, fleet, probes)
+
+        figures |= _behind_pgbouncer(settings, again)
     return figures
 
 
