@@ -90,11 +90,11 @@ def stamped(scenario: str, figures: dict[str, Any]) -> dict[str, Any]:
     """A scenario's JSON report: its figures with when and where they were
     measured (`rota bench compare` and `rota bench report` read both)."""
     machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
-    at = datetime.now(UTC).isoformat()
+    machine["platform"] = platform.platform()
     return {
         "scenario": scenario,
-        "at": at,
-        "machine": machine | {"platform": platform.platform()},
+        "at": datetime.now(UTC).isoformat(),
+        "machine": machine,
         **figures,
     }
 
@@ -444,10 +444,6 @@ def p50_p99(values: Sequence[float], digits: int = 1, suffix: str = "") -> dict[
 def start_figures(starts: Sequence[float]) -> dict[str, float]:
     """Enqueue -> start latencies' p50 and p99, in milliseconds."""
     return p50_p99(starts, 1)
-
-
-def median_rate(rates: Sequence[float]) -> int:
-    return round(statistics.median(rates))
 
 
 def ratio(a: float, b: float, digits: int = 3) -> float:
