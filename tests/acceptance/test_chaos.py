@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from rota_tools.bench.chaos import LIMIT, run_chaos
+from rota_tools.bench.chaos import run_chaos
 from rota_tools.bench.chaosapp import KEY_LIMIT
+from rota_tools.bench.faults import LIMIT
 
 
 @pytest.mark.slow(reason="seven faults one after another under load, each until it recovers")

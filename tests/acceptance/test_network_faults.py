@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from rota_tools import netns
-from rota_tools.bench.chaos import LIMIT
 from rota_tools.bench.chaosapp import KEY_LIMIT
+from rota_tools.bench.faults import LIMIT
 from rota_tools.bench.network import DEAD_LINK_SECONDS, run_network_chaos
 
 pytestmark = pytest.mark.skipif(

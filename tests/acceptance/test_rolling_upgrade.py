@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from rota_tools.bench.chaos import LIMIT
+from rota_tools.bench.faults import LIMIT
 from rota_tools.bench.upgrade import run_rolling_upgrade
 
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from rota import Settings
-from rota_tools.bench.pipeline import WARM_UP
+from rota_tools.bench.harness import WARM_UP
 from rota_tools.devservers import Server
 
 pytestmark = pytest.mark.slow(

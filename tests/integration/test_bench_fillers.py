@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from rota_tools.bench.core import FifoFiller, Filler
+from rota_tools.bench.claim import FifoFiller
+from rota_tools.bench.harness import Filler
 
 Conn = psycopg.Connection[Any]
 

@@ -49,3 +49,42 @@ def test_the_page_keeps_what_is_around_the_generated_part(tmp_path: Path) -> Non
     assert text.startswith("# Benchmarks\n\n" + report.START)
     assert text.count(report.START) == 1 and text.endswith("What they are.\n\n## Method\n\nHow.\n")
     assert "**150.0k**" in text
+
+
+def _end_to_end(folder: Path, name: str, workers: tuple[float, float], postgres: float) -> None:
+    per_process = {
+        "producer": {"us_per_task": 8.0},
+        "worker_1": {"us_per_task": workers[0]},
+        "worker_2": {"us_per_task": workers[1]},
+        "postgresql": {"us_per_task": postgres},
+    }
+    kept = {
+        "stage": "end-to-end",
+        "report": {"machine": MACHINE, "cpu": {"per_process": per_process}},
+    }
+    (folder / name).write_text(json.dumps(kept))
+
+
+def test_each_stage_has_a_table_of_its_processes_cpu_per_task(tmp_path: Path) -> None:
+    _end_to_end(tmp_path, "end-to-end-1.json", (9.0, 10.0), 40.0)
+    _end_to_end(tmp_path, "end-to-end-2.json", (11.0, 12.0), 50.0)
+    _run(tmp_path, "enqueue-1.json", "2026-11-26T10:00:00+00:00", 200_000, 0.9)
+    text = report.render(report.load_runs(tmp_path))
+    part = text.split("## Where each microsecond of a task goes", 1)[1]
+    # A stage whose runs lack the figures says so; one without runs has no table.
+    enqueue = part.split("### enqueue:", 1)[1].split("###", 1)[0]
+    assert "Not measured in these runs." in enqueue
+    assert "### claim:" not in part
+    end_to_end = part.split("### end-to-end:", 1)[1]
+    # The workers' figures add up, process by process, run by run.
+    assert "| workers | **21** (19 to 23) | 19, 23 |" in end_to_end
+    assert "| PostgreSQL | **45** (40 to 50) | 40, 50 |" in end_to_end
+    assert "| all of these | **74** (67 to 81) | 67, 81 |" in end_to_end
+    assert "| loader |" not in end_to_end  # not in these runs' reports
+
+
+def test_the_benchmarks_page_shows_what_the_committed_runs_render() -> None:
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "explanation" / "benchmarks.md").read_text()
+    generated = report.render(report.load_runs(root / "bench-runs"))
+    assert generated in page, "run `rota bench report` to write the page from bench-runs/"

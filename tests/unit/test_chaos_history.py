@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rota_tools.bench.chaos import Run, completion_history
+from rota_tools.bench.faults import Run, completion_history
 
 
 def test_the_last_attempt_kept_is_clean_and_the_earlier_run_is_counted_superseded() -> None:

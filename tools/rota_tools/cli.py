@@ -5,45 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import platform
 import sys
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
 import typer
 
-from rota.cli.app import DatabaseUrl, RedisUrl, settings_from
+from rota.cli.app import DatabaseUrl, RedisUrl
 from rota.runtime.process import tune_gc
 from rota.settings import Settings
 from rota_tools.bench.compare import DEFAULT_STAGES, STAGES
+from rota_tools.bench.harness import BENCH_POSTGRES, bench_settings, stamped
 
 bench_app = typer.Typer(help="Benchmarks; JSON figures with their baselines.", no_args_is_help=True)
 
 
-def _machine() -> dict[str, Any]:
-    return {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-
-
-def _stamped(scenario: str, figures: dict[str, Any]) -> dict[str, Any]:
-    """A scenario's figures with when and where they were measured."""
-    return {
-        "scenario": scenario,
-        "at": datetime.now(UTC).isoformat(),
-        "machine": _machine(),
-        **figures,
-    }
-
-
 def _report(scenario: str, figures: dict[str, Any], as_json: bool) -> None:
-    report = _stamped(scenario, figures)
+    report = stamped(scenario, figures)
     if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -99,34 +79,6 @@ Statements = Annotated[
 ]
 
 
-# A throwaway benchmark server keeps commit timestamps: `rota bench load`
-# times enqueue -> commit (claimable) from them.
-BENCH_POSTGRES = {"track_commit_timestamp": "on"}
-
-
-@contextlib.contextmanager
-def bench_settings(
-    database_url: str | None, redis_url: str | None, local: bool | None, statements: bool = False
-) -> Iterator[Settings]:
-    """Settings for a benchmark, schema migrated: the given servers, or
-    throwaway local ones (with pg_stat_statements, if asked)."""
-    from rota.core.migrate import migrate as run_migrations
-    from rota_tools.devservers import local_postgres, local_redis
-
-    configured = database_url or "ROTA_DATABASE_URL" in os.environ
-    with contextlib.ExitStack() as stack:
-        if local if local is not None else not configured:
-            extra = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
-            pg = stack.enter_context(local_postgres({**BENCH_POSTGRES, **extra}))
-            rd = stack.enter_context(local_redis())
-            settings = settings_from(pg.url, rd.url)
-        else:
-            settings = settings_from(database_url, redis_url)
-        with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            run_migrations(conn)
-        yield settings
-
-
 @bench_app.command("load")
 def bench_load(
     engine: Annotated[str, typer.Option(help="core (bulk SQL vs raw COPY), python or spark")] = (
@@ -169,9 +121,9 @@ def bench_load(
 ) -> None:
     """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
     buffer -> PostgreSQL pipeline's tasks/s and enqueue -> claimable latency."""
-    from rota_tools.bench.core import bench_load as run_core
-    from rota_tools.bench.core import bench_parallel_load
-    from rota_tools.bench.pipeline import bench_pipeline_load
+    from rota_tools.bench.load import bench_pipeline_load
+    from rota_tools.bench.load_core import bench_load as run_core
+    from rota_tools.bench.load_core import bench_parallel_load
 
     if connections < 1 or (connections > 1 and engine != "core"):
         raise typer.BadParameter("--connections takes 1 or more, with --engine core")
@@ -184,21 +136,9 @@ def bench_load(
                     settings.database_url, tasks, tenants, connections, runs
                 )
         elif engine in ("python", "spark"):
-            figures = _beside_cluster(
-                settings,
-                lambda s: bench_pipeline_load(
-                    s,
-                    engine,
-                    tasks,
-                    tenants,
-                    runs,
-                    loaders,
-                    trickle_seconds,
-                    spark_warm_up_batches,
-                    even_tenants,
-                ),
-                redis_cluster,
-            )
+            options = (loaders, trickle_seconds, spark_warm_up_batches, even_tenants)
+            measure = lambda s: bench_pipeline_load(s, engine, tasks, tenants, runs, *options)  # noqa: E731
+            figures = _beside_cluster(settings, measure, redis_cluster)
         else:
             raise typer.BadParameter(f"unknown engine {engine!r}")
         _report("load", figures, as_json)
@@ -216,7 +156,7 @@ def bench_enqueue(
     as_json: AsJson = False,
 ) -> None:
     """Producer: enqueue_many and single enqueue into the buffer, and the fallback."""
-    from rota_tools.bench.pipeline import bench_enqueue as run
+    from rota_tools.bench.enqueue import bench_enqueue as run
 
     with bench_settings(database_url, redis_url, local) as settings:
         figures = _beside_cluster(settings, lambda s: run(s, tasks, tenants, runs), redis_cluster)
@@ -330,8 +270,8 @@ def bench_work(
     """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
     and enqueue -> start latency with NOTIFY. With --pool processes: the
     process pool's tasks/s beside the thread pool's, CPU-bound and no-op."""
-    from rota_tools.bench.pipeline import bench_work as run
-    from rota_tools.bench.pools import bench_pools
+    from rota_tools.bench.work import bench_pools
+    from rota_tools.bench.work import bench_work as run
 
     if pool not in ("threads", "processes"):
         raise typer.BadParameter(f"--pool is threads or processes, not {pool!r}")
@@ -392,78 +332,15 @@ def bench_end_to_end(
     as_json: AsJson = False,
 ) -> None:
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
-    from rota_tools.bench.pipeline import bench_end_to_end as run
-    from rota_tools.bench.roundtrips import start_round_trips
-    from rota_tools.bench.starts import postgres_queue_baseline, start_baselines
+    from rota_tools.bench.end_to_end import bench_end_to_end as run
+    from rota_tools.bench.end_to_end import bench_tracing
 
     with bench_settings(database_url, redis_url, local) as settings:
         if tracing:
-            from rota_tools.bench.tracing import bench_tracing
-
             figures = bench_tracing(settings, tasks, tenants, rate, concurrency, rounds)
-            return _report("end-to-end", figures, as_json)
-        figures = run(settings, tasks, tenants, rate, concurrency)
-        figures["round_trips"] = start_round_trips(settings)
-        # Simpler designs at the same pace, on the same servers: what rota's
-        # hops (buffer -> loader -> commit -> NOTIFY -> claim) add to a Redis
-        # pop, and to a durable queue written straight into PostgreSQL.
-        figures |= start_baselines(settings, min(tasks, 5000), rate)
-        # The PostgreSQL queue flooded as rota was: every task, the same rate,
-        # two consumers; rota's throughput and CPU are read against it.
-        flood = figures["postgres_queue_flood"] = postgres_queue_baseline(
-            settings, tasks, rate, consumers=2
-        )
-        figures["tasks_per_s_to_postgres_queue_flood"] = round(
-            figures["tasks_per_s"] / flood["tasks_per_s"], 3
-        )
-        figures["cpu_per_task_to_postgres_queue_flood"] = round(
-            figures["cpu"]["all_us_per_task"] / flood["cpu"]["all_us_per_task"], 3
-        )
-        p50 = figures["enqueue_to_start_ms"]["p50"]
-        for key, baseline in (
-            ("redis_pop", "redis_pop_baseline"),
-            ("postgres_queue", "postgres_queue_baseline"),
-        ):
-            floor = figures[baseline]["enqueue_to_start_ms"]["p50"]
-            figures[f"p50_over_{key}_ms"] = round(p50 - floor, 1)
-        if pgbouncer:
-            figures |= _behind_pgbouncer(
-                settings,
-                lambda fleet, probes: run(
-                    settings, tasks, tenants, rate, concurrency, fleet, probes
-                ),
-            )
+        else:
+            figures = run(settings, tasks, tenants, rate, concurrency, pgbouncer)
         _report("end-to-end", figures, as_json)
-
-
-def _behind_pgbouncer(
-    settings: Settings, measure: Callable[[Settings, dict[str, Any]], dict[str, Any]]
-) -> dict[str, Any]:
-    """`measure` again with the fleet behind PgBouncer in transaction mode
-    (PostgreSQL must be on this machine): LISTEN on the direct URL, then
-    polling every ROTA_POLL_SECONDS."""
-    from psycopg.conninfo import make_conninfo
-
-    from rota_tools.bench.cpu import process_tree_seconds
-    from rota_tools.devservers import start_pgbouncer
-
-    bouncer = start_pgbouncer(settings.database_url, pool_mode="transaction")
-    try:
-        assert bouncer.process is not None
-        pid = bouncer.process.pid
-        probes = {"pgbouncer": lambda: process_tree_seconds(pid)}
-        # The same database, through the pooler.
-        url = make_conninfo(settings.database_url, host="127.0.0.1", port=str(bouncer.port))
-        pooled = settings.model_copy(
-            update={"database_url": url, "database_pooling": "transaction"}
-        )
-        listen = pooled.model_copy(update={"direct_database_url": settings.database_url})
-        return {
-            "pgbouncer_listen": measure(listen, probes),
-            "pgbouncer_poll": measure(pooled, probes),
-        }
-    finally:
-        bouncer.stop()
 
 
 @bench_app.command("shards")
@@ -502,7 +379,7 @@ def bench_lock_pressure(
     as_json: AsJson = False,
 ) -> None:
     """Racing claimers (some tenants limited) while pg_locks is sampled."""
-    from rota_tools.bench.core import lock_pressure
+    from rota_tools.bench.claim import lock_pressure
 
     with bench_settings(database_url, None, local) as settings:
         _report(
@@ -524,7 +401,7 @@ def bench_backlog_scaling(
     as_json: AsJson = False,
 ) -> None:
     """Claim latency at 10k, 100k and 1M waiting, and after as many were churned."""
-    from rota_tools.bench.core import backlog_scaling
+    from rota_tools.bench.claim import backlog_scaling
 
     sizes = [int(b) for b in backlogs.split(",")]
     with bench_settings(database_url, None, local) as settings:
@@ -553,7 +430,7 @@ def bench_claim(
 ) -> None:
     """Claim + complete throughput (vs a plain FIFO baseline), and claim latency
     by backlog and after churn."""
-    from rota_tools.bench.core import bench_claim as run
+    from rota_tools.bench.claim import bench_claim as run
 
     tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
     sizes = [int(b) for b in backlogs.split(",")]
@@ -716,7 +593,7 @@ def bench_compare(
     }
     if out:
         with open(out, "w", encoding="utf-8") as handle:
-            json.dump(_stamped("compare", figures), handle, indent=2)
+            json.dump(stamped("compare", figures), handle, indent=2)
     if as_json:
         _report("compare", figures, as_json)
         return

@@ -251,15 +251,8 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
     table = Table(
         title=f"per tenant group: rota vs plain FIFO ({throughput:,.0f} tasks/s, {elapsed:.0f} s)"
     )
-    for column in (
-        "group",
-        "tasks",
-        "share",
-        "wait p50 ms",
-        "wait p99 ms",
-        "FIFO p50 ms",
-        "FIFO p99 ms",
-    ):
+    columns = ["group", "tasks", "share", "wait p50 ms", "wait p99 ms", "FIFO p50 ms"]
+    for column in (*columns, "FIFO p99 ms"):
         table.add_column(column, justify="right")
     for group, s in summary.items():
         table.add_row(

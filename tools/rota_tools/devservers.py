@@ -92,10 +92,18 @@ def _dead(pid: int) -> bool:
     return text[text.rindex(")") + 2] == "Z"
 
 
-def _wait_until(done: Callable[[], bool], timeout: float = 10.0) -> None:
+def _until(
+    done: Callable[[], bool], timeout: float, failure: Callable[[], str] | None, poll: float = 0.05
+) -> None:
+    """Polls `done` until it holds. Past `timeout`, raises ServerError with
+    `failure()`, or returns when there is no `failure` (the caller carries on)."""
     deadline = time.monotonic() + timeout
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.005)
+    while not done():
+        if time.monotonic() > deadline:
+            if failure is None:
+                return
+            raise ServerError(failure())
+        time.sleep(poll)
 
 
 @dataclass
@@ -132,7 +140,7 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
         self._signal(signal.SIGKILL)
         self.process.wait()
-        _wait_until(lambda: all(_dead(pid) for pid in below))
+        _until(lambda: all(_dead(pid) for pid in below), 10, None, poll=0.005)
         self.killed = below
 
     def stop_immediately(self) -> None:
@@ -146,7 +154,8 @@ class Server:
         assert self.command and self.log is not None
         # Until it is reaped, a killed postmaster's pid answers PostgreSQL's
         # check of its lock file, and the new server would refuse to start.
-        _wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in self.killed))
+        reaped = lambda: not any(Path(f"/proc/{pid}").exists() for pid in self.killed)  # noqa: E731
+        _until(reaped, 10, None, poll=0.005)
         log_file = open(self.log, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         self.process = subprocess.Popen(
             self.command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
@@ -165,14 +174,14 @@ class Server:
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if process.poll() is not None:
             raise ServerError(f"{what} exited with {process.returncode}: {log.read_text()[-2000:]}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise ServerError(f"{what} did not listen on port {port} within 60 s")
+            return True
+        return False
+
+    _until(listening, 60, lambda: f"{what} did not listen on port {port} within 60 s")
 
 
 POSTGRES_SETTINGS = {
@@ -188,18 +197,14 @@ POSTGRES_SETTINGS = {
 
 def _wait_for_postgres(url: str) -> None:
     """Listening is not yet accepting (recovery, start-up): waits until a query works."""
-    deadline = time.monotonic() + 60
-    while True:
-        result = subprocess.run(
-            [str(postgres_bindir() / "psql"), url, "-Atc", "select 1"],
-            capture_output=True,
-            check=False,
-        )
-        if result.returncode == 0:
-            return
-        if time.monotonic() > deadline:
-            raise ServerError(f"postgres not ready: {result.stderr.decode()}")
-        time.sleep(0.1)
+    psql = [str(postgres_bindir() / "psql"), url, "-Atc", "select 1"]
+    tried: list[subprocess.CompletedProcess[bytes]] = []
+
+    def answers() -> bool:
+        tried.append(subprocess.run(psql, capture_output=True, check=False))
+        return tried[-1].returncode == 0
+
+    _until(answers, 60, lambda: f"postgres not ready: {tried[-1].stderr.decode()}", poll=0.1)
 
 
 def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
@@ -211,35 +216,28 @@ def start_postgres(port: int | None = None, settings: dict[str, str] | None = No
     log = directory / "postgres.log"
     if uid is not None and gid is not None:
         os.chown(directory, uid, gid)
-    subprocess.run(
-        [
-            *prefix,
-            str(bindir / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            "rota",
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--locale=C.UTF-8",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust"]
+    initdb += ["--encoding=UTF8", "--locale=C.UTF-8"]
+    subprocess.run([*prefix, *initdb], check=True, capture_output=True)
+    return _run_postgres(prefix, data, port, log, "postgres", settings or {})
+
+
+def _run_postgres(
+    prefix: list[str], data: Path, port: int, log: Path, what: str, settings: dict[str, str]
+) -> Server:
+    """PostgreSQL started on `data`, accepting queries."""
     options: list[str] = []
-    for key, value in {**POSTGRES_SETTINGS, **(settings or {})}.items():
+    for key, value in {**POSTGRES_SETTINGS, **settings}.items():
         options += ["-c", f"{key}={value}"]
     log_file = open(log, "wb")  # noqa: SIM115 - handed to the child for its lifetime
-    command = [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options]
+    command = [*prefix, str(postgres_bindir() / "postgres"), "-D", str(data), "-p", str(port)]
     process = subprocess.Popen(
-        command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        [*command, *options], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
     )
-    _wait_for_port(port, process, "postgres", log)
+    _wait_for_port(port, process, what, log)
     url = f"postgresql://rota@127.0.0.1:{port}/postgres"
     _wait_for_postgres(url)
-    return Server(
-        url=url, port=port, directory=directory, process=process, command=command, log=log
-    )
+    return Server(url, port, data.parent, process, command=[*command, *options], log=log)
 
 
 def start_postgres_standby(
@@ -265,17 +263,7 @@ def start_postgres_standby(
         check=True,
         capture_output=True,
     )
-    options: list[str] = []
-    for key, value in POSTGRES_SETTINGS.items():
-        options += ["-c", f"{key}={value}"]
-    log_file = open(log, "wb")  # noqa: SIM115 - handed to the child for its lifetime
-    command = [*prefix, str(bindir / "postgres"), "-D", str(data), "-p", str(port), *options]
-    process = subprocess.Popen(
-        command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    _wait_for_port(port, process, "postgres standby", log)
-    url = f"postgresql://rota@127.0.0.1:{port}/postgres"
-    _wait_for_postgres(url)
+    server = _run_postgres(prefix, data, port, log, "postgres standby", {})
     import psycopg
     from psycopg import sql
 
@@ -286,21 +274,16 @@ def start_postgres_standby(
             )
             conn.execute("SELECT pg_reload_conf()")
         wanted = "sync" if synchronous else "async"
-        deadline = time.monotonic() + 30
-        while (
-            conn.execute(
-                "SELECT 1 FROM pg_stat_replication WHERE application_name = %s"
-                " AND state = 'streaming' AND sync_state = %s",
-                [name, wanted],
-            ).fetchone()
-            is None
-        ):
-            if time.monotonic() > deadline:
-                raise ServerError(f"the standby was not streaming ({wanted}) within 30 s")
-            time.sleep(0.05)
-    return Server(
-        url=url, port=port, directory=directory, process=process, command=command, log=log
-    )
+        streaming = (
+            "SELECT 1 FROM pg_stat_replication WHERE application_name = %s"
+            " AND state = 'streaming' AND sync_state = %s"
+        )
+        _until(
+            lambda: conn.execute(streaming, [name, wanted]).fetchone() is not None,
+            30,
+            lambda: f"the standby was not streaming ({wanted}) within 30 s",
+        )
+    return server
 
 
 def start_redis(
@@ -322,32 +305,14 @@ def start_redis(
     port = port or free_port()
     directory = Path(tempfile.mkdtemp(prefix="rota-redis-"))
     log = directory / "redis.log"
-    args = [
-        binary,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        *also_on,
-        # The test network's hosts are "outside" to Redis: let them in.
-        *(["--protected-mode", "no"] if also_on else []),
-        "--dir",
-        str(directory),
-        "--save",
-        "",
-        "--daemonize",
-        "no",
-        "--logfile",
-        str(log),
-        # The buffer's durability is Redis's. With "everysec" (Redis's default)
-        # a write that waits behind a slow fsync is acknowledged from memory,
-        # and a kill -9 then loses it; with "always" the write and its fsync
-        # precede the reply.
-        "--appendonly",
-        "yes" if appendonly else "no",
-        "--appendfsync",
-        appendfsync,
-    ]
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", *also_on]
+    # The test network's hosts are "outside" to Redis: let them in.
+    args += ["--protected-mode", "no"] if also_on else []
+    args += ["--dir", str(directory), "--save", "", "--daemonize", "no", "--logfile", str(log)]
+    # The buffer's durability is Redis's. With "everysec" (Redis's default) a
+    # write that waits behind a slow fsync is acknowledged from memory, and a
+    # kill -9 then loses it; with "always" the write and its fsync precede the reply.
+    args += ["--appendonly", "yes" if appendonly else "no", "--appendfsync", appendfsync]
     if cluster:
         # The bus port is named: the default (port + 10000) may be taken or
         # past 65535. A short node timeout makes failovers quick in tests.
@@ -440,50 +405,13 @@ def make_tls_files() -> TLSFiles:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=rota test CA",
-        "-keyout",
-        str(ca_key),
-        "-out",
-        str(ca),
-    )
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-    )
-    openssl(
-        "x509",
-        "-req",
-        "-in",
-        str(csr),
-        "-CA",
-        str(ca),
-        "-CAkey",
-        str(ca_key),
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        str(extensions),
-        "-out",
-        str(cert),
-    )
+    new_key = ["-newkey", "rsa:2048", "-nodes"]
+    openssl("req", "-x509", *new_key, "-days", "2", "-subj", "/CN=rota test CA",
+            "-keyout", str(ca_key), "-out", str(ca))  # fmt: skip
+    openssl("req", *new_key, "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(csr))
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-days", "2", "-extfile", str(extensions),
+            "-out", str(cert))  # fmt: skip
     key.chmod(0o600)
     _, uid, gid = _as_postgres_user()
     if uid is not None and gid is not None:  # PostgreSQL reads its key as `postgres`
@@ -571,9 +499,9 @@ def wait_for_cluster(cluster: RedisCluster, timeout: float = 60) -> None:
     and knows every other node, and every replica has synced with its master
     (a replica that never synced cannot take over)."""
     cli = shutil.which("redis-cli") or "redis-cli"
-    deadline = time.monotonic() + timeout
     live = [node for node in cluster.nodes if node.process.poll() is None]
-    while True:
+
+    def every_node_whole() -> bool:
         states = []
         for node in live:
             info = subprocess.run(
@@ -588,11 +516,14 @@ def wait_for_cluster(cluster: RedisCluster, timeout: float = 60) -> None:
             )
             whole = _field(info, "cluster_state") == "ok" and known == len(cluster.nodes)
             states.append(whole and synced)
-        if all(states):
-            return
-        if time.monotonic() > deadline:
-            raise ServerError(f"the Redis Cluster was not whole within {timeout:.0f} s")
-        time.sleep(0.1)
+        return all(states)
+
+    _until(
+        every_node_whole,
+        timeout,
+        lambda: f"the Redis Cluster was not whole within {timeout:.0f} s",
+        0.1,
+    )
 
 
 def _field(info: str, name: str) -> str | None:
@@ -695,11 +626,10 @@ def start_spark_cluster(workers: int = 2, cores: int = 1, memory: str = "1g") ->
                 directory,
             )
             cluster.workers.append(worker)
-        deadline = time.monotonic() + 60
-        while cluster.alive_workers() < workers:
-            if time.monotonic() > deadline:
-                raise ServerError(f"Spark workers did not register in 60 s: {log_of(master)}")
-            time.sleep(0.2)
+        registered = lambda: cluster.alive_workers() >= workers  # noqa: E731
+        _until(
+            registered, 60, lambda: f"Spark workers did not register in 60 s: {log_of(master)}", 0.2
+        )
         return cluster
     except BaseException:
         cluster.stop()

@@ -47,19 +47,8 @@ def spawn_workers(
     pool: str = "threads",
 ) -> list[subprocess.Popen[bytes]]:
     """Starts `count` `rota worker` processes against `settings`' servers."""
-    arguments = [
-        "worker",
-        "--app",
-        app_spec,
-        "--queues",
-        ",".join(queues),
-        "--concurrency",
-        str(concurrency),
-        "--batch-size",
-        str(batch_size),
-        "--pool",
-        pool,
-    ]
+    arguments = ["worker", "--app", app_spec, "--queues", ",".join(queues), "--pool", pool]
+    arguments += ["--concurrency", str(concurrency), "--batch-size", str(batch_size)]
     env = _env(settings, poll_seconds)
     return [_start(arguments, env) for _ in range(count)]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -17,21 +16,8 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.starts import start_figures
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.harness import QUEUE, reset, start_figures, wait_for, workers
 from rota_tools.sql import query
-
-APP = "rota_tools.bench.noop:app"
-QUEUE = "bench"
-
-
-def _wait(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.001)
 
 
 def _running(conn: psycopg.Connection[Any], task_id: UUID) -> bool:
@@ -47,11 +33,18 @@ def _latencies(conn: psycopg.Connection[Any], name: str, runs: int) -> list[floa
     for _ in range(runs):
         envelope = make_envelope(name=name, queue=QUEUE, tenant="t", args=[60])
         db.transact(conn, core.load([envelope]))
-        _wait(functools.partial(_running, conn, envelope.id), f"{name} to start")
+        wait_for(
+            functools.partial(_running, conn, envelope.id), 30, what=f"{name} to start", poll=0.001
+        )
         time.sleep(0.05)  # well into its run
         asked = time.perf_counter()
         db.transact(conn, core.cancel([envelope.id], "bench"))
-        _wait(functools.partial(_cancelled, conn, envelope.id), f"{name}'s cancel")
+        wait_for(
+            functools.partial(_cancelled, conn, envelope.id),
+            30,
+            what=f"{name}'s cancel",
+            poll=0.001,
+        )
         latencies.append((time.perf_counter() - asked) * 1000)
     return latencies
 
@@ -64,15 +57,10 @@ def bench_cancel(settings: Settings, runs: int) -> dict[str, Any]:
             ("processes", (("process_pool_killed", "spin"),)),
         ):
             reset(conn)
-            workers = spawn_workers(
-                APP, [QUEUE], 1, settings, concurrency=4, batch_size=10, pool=pool
-            )
-            try:
+            with workers(settings, 1, concurrency=4, batch_size=10, pool=pool):
                 for key, name in kinds:
                     figures[key] = {
                         "cancel_to_cancelled_ms": start_figures(_latencies(conn, name, runs))
                     }
-            finally:
-                stop_workers(workers)
     figures["goal"] = {"p50_ms_at_most": 1000}
     return figures

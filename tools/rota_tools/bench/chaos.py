@@ -1,312 +1,42 @@
 """`rota bench chaos`: faults under load, and the total-queue rule checked.
 
-Real processes on throwaway servers: a producer enqueueing across 50 tenants
-(recording each id `enqueue` returned), a Python loader, two workers; one
-tenant has a concurrency limit. After a fault-free baseline, faults follow one
-another under load: kill -9 of the loader, of a worker mid-task, of the
-producer mid-burst and of the maintenance leader (each restarted at once, as
-a supervisor would); Redis killed and restarted from its append-only file
-(`appendfsync always`);
-PostgreSQL stopped with `-m immediate` and started again after a pause, and
-then unreachable for longer than a lease; optionally kill -9 of the Spark
-loader. Then everything drains, and the runs each task left (chaosapp) are
-checked: every acknowledged id ran, no task ran twice at once, the limit
-held, duplicates only near a fault that explains them, nothing left waiting,
-nothing dead, never two maintenance leaders.
+Real processes on throwaway servers (a producer recording each id `enqueue`
+returned, across 50 tenants, one of them limited; a Python loader; two
+workers) and, after a fault-free baseline, faults one after another under
+load (`_faults`): kill -9 of each process, Redis killed and restarted from
+its append-only file, PostgreSQL stopped and started again, and unreachable
+past a lease. Then everything drains and the history the tasks left is
+checked (rota_tools.bench.faults).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
-import re
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 
 from rota import Settings, core
-from rota.buffer import redis_client
-from rota.buffer.streams import all_streams, dead_letter_stream
 from rota.core import db
 from rota.core.migrate import migrate
-from rota_tools.bench.chaosapp import KEY_LIMIT
-from rota_tools.devservers import Server, local_postgres, local_redis
-from rota_tools.sql import query
-
-TENANTS = 50
-LIMITED_TENANT = "t0"
-LIMIT = 2
-LEASE_SECONDS = 5.0
-WORKER_DEAD_AFTER = 3.0
-MAINTENANCE_SECONDS = 0.2
-APP = "rota_tools.bench.chaosapp:app"
-
-
-@dataclass
-class Fault:
-    name: str
-    started: float  # time.time() the fault began
-    ended: float  # the server is back, or the process was killed and restarted
-    cause: str  # what duplicates near it are put down to
-    recovered_after: float | None = None
-
-
-@dataclass
-class Process:
-    name: str
-    command: list[str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-    kills: list[float] = field(default_factory=list)
-
-
-class Run(NamedTuple):
-    """One run of a chaos task, as the task recorded it (rota_tools.bench.chaosapp)."""
-
-    task: str
-    tenant: str
-    attempt: int
-    pid: int  # the worker process that ran it
-    start: float
-    end: float
-
-
-class Harness:
-    """The processes under test and the servers they use."""
-
-    def __init__(self, workdir: Path, pg: Server, rd: Server, settings: Settings) -> None:
-        self.workdir = workdir
-        self.pg = pg
-        self.rd = rd
-        self.settings = settings
-        self.runs_dir = workdir / "runs"
-        self.runs_dir.mkdir()
-        self.ids_dir = workdir / "ids"
-        self.ids_dir.mkdir()
-        self.env = {
-            **os.environ,
-            "ROTA_DATABASE_URL": settings.database_url,
-            "ROTA_REDIS_URL": settings.redis_url,
-            "ROTA_CHAOS_RUNS": str(self.runs_dir),
-            "ROTA_LEASE_SECONDS": str(LEASE_SECONDS),
-            "ROTA_HEARTBEAT_SECONDS": "0.5",
-            "ROTA_WORKER_DEAD_AFTER_SECONDS": str(WORKER_DEAD_AFTER),
-            "ROTA_MAINTENANCE_SECONDS": str(MAINTENANCE_SECONDS),
-            "ROTA_POLL_SECONDS": "0.2",
-            "ROTA_SHUTDOWN_GRACE_SECONDS": "5",
-            "ROTA_LOADER_IDLE_RECLAIM_SECONDS": "2",
-            "ROTA_DATABASE_TIMEOUT_SECONDS": "2",
-            "ROTA_REDIS_TIMEOUT": "0.5",
-            "ROTA_BREAKER_RESET_SECONDS": "1",
-        }
-        self.processes: dict[str, Process] = {}
-        self.pg_stops: list[float] = []
-
-    def add(self, name: str, *args: str) -> None:
-        command = [sys.executable, "-m", "rota", *args]
-        self.processes[name] = Process(name, command, self.workdir / f"{name}.log")
-        self.start(name)
-
-    def add_producer(self, rate: float, seconds_per_task: float) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "rota_tools.bench.chaos",
-            str(self.ids_dir),
-            str(rate),
-            str(seconds_per_task),
-        ]
-        self.processes["producer"] = Process("producer", command, self.workdir / "producer.log")
-        self.start("producer")
-
-    def start(self, name: str) -> None:
-        process = self.processes[name]
-        with process.log.open("ab") as log:
-            process.popen = subprocess.Popen(
-                process.command, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
-
-    def kill(self, name: str) -> None:
-        """kill -9, then started again at once."""
-        process = self.processes[name]
-        assert process.popen is not None
-        process.kills.append(time.time())
-        process.popen.kill()
-        process.popen.wait()
-        self.start(name)
-
-    def stop(self, name: str, timeout: float = 60) -> None:
-        process = self.processes.pop(name)
-        if process.popen is not None and process.popen.poll() is None:
-            process.popen.send_signal(signal.SIGTERM)
-            try:
-                process.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                process.popen.kill()
-                process.popen.wait()
-
-    def alive(self) -> dict[str, bool]:
-        return {
-            n: p.popen is not None and p.popen.poll() is None for n, p in self.processes.items()
-        }
-
-    def leader(self) -> str | None:
-        """The worker that holds the maintenance lock (its heartbeat
-        connection is named after it)."""
-        with contextlib.suppress(psycopg.Error), db.connect(self.settings.database_url) as conn:
-            row = conn.execute(
-                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                "WHERE l.locktype = 'advisory' AND l.granted "
-                "AND a.application_name LIKE 'rota-worker:%%'"
-            ).fetchone()
-            if row:
-                pid = int(row[0].rsplit(":", 2)[-2])
-                for name, process in self.processes.items():
-                    if process.popen is not None and process.popen.pid == pid:
-                        return name
-        return None
-
-    def runs(self, kind: str = "runs") -> list[Run]:
-        """Every run recorded (`kind` "keyed": those under the limit on keys)."""
-        found = []
-        for path in self.runs_dir.glob(f"{kind}-*.log"):
-            for line in path.read_text().splitlines():
-                parts = line.split()
-                if len(parts) == 6:
-                    task_id, tenant, attempt, pid, start, end = parts
-                    found.append(
-                        Run(task_id, tenant, int(attempt), int(pid), float(start), float(end))
-                    )
-        return found
-
-    def acknowledged(self) -> list[str]:
-        return [
-            line for path in self.ids_dir.glob("*.ids") for line in path.read_text().split() if line
-        ]
-
-
-def _completions_per_second(runs: list[Run], since: float, until: float) -> list[int]:
-    buckets = Counter(int(run.end - since) for run in runs if since <= run.end < until)
-    return [buckets.get(i, 0) for i in range(int(until - since))]
-
-
-def _wait(check: Any, timeout: float, poll: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return True
-        time.sleep(poll)
-    return False
-
-
-def _accepted_attempts(settings: Settings) -> dict[str, int]:
-    with db.connect(settings.database_url) as conn:
-        rows = conn.execute(query("bench_accepted_attempts")).fetchall()
-    return {task_id: int(attempts) for task_id, attempts in rows}
-
-
-def completion_history(
-    accepted: dict[str, int], runs: list[Run]
-) -> tuple[list[dict[str, Any]], int]:
-    """Finished tasks whose kept end came from an attempt older than the last
-    one that started (a completion accepted after its lease had passed: the
-    task had been claimed again), each with the runs that show it; and how
-    many runs were superseded by a later attempt's. Each run is recorded by
-    the task itself (attempt, worker pid, start, end), the kept attempt by
-    rota.finished (`accepted`: task id -> attempt)."""
-    attempts: defaultdict[str, list[tuple[int, int, float, float]]] = defaultdict(list)
-    for task_id, _, attempt, pid, start, end in runs:
-        attempts[task_id].append((attempt, pid, start, end))
-    stale = [
-        {"task": task_id, "accepted_attempt": accepted[task_id], "runs": sorted(found)}
-        for task_id, found in attempts.items()
-        if task_id in accepted and accepted[task_id] < max(a for a, *_ in found)
-    ]
-    superseded = sum(
-        1
-        for task_id, found in attempts.items()
-        if task_id in accepted
-        for attempt, *_ in found
-        if attempt < accepted[task_id]
-    )
-    return stale, superseded
-
-
-def _left(settings: Settings) -> dict[str, int]:
-    """What is still waiting, dead, or dead-lettered (nothing was meant to be)."""
-    client = redis_client.connect(settings)
-    try:
-        streams = all_streams(settings.stream_prefix, settings.shards)
-        buffered = sum(int(client.xlen(stream)) for stream in streams)
-        dead_letters = int(client.xlen(dead_letter_stream(settings.stream_prefix)))
-    finally:
-        client.close()
-    with db.connect(settings.database_url) as conn:
-        counts = db.run(conn, core.queue_counts()).get("chaos", {})
-        (dead,) = conn.execute(
-            "SELECT count(*) FROM rota.tasks WHERE status = 'dead'"
-        ).fetchone() or (0,)
-    return {"buffer": buffered, **counts, "dead": int(dead), "dead_letters": dead_letters}
-
-
-def _drained(settings: Settings) -> bool:
-    """Nothing waits anywhere: in the buffer, in line, running, scheduled,
-    or parked for its key's room."""
-    left = _left(settings)
-    return not any(left[k] for k in ("buffer", "ready", "running", "scheduled", "parked"))
-
-
-def _max_concurrent(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    running = peak = 0
-    for _, change in events:
-        running += change
-        peak = max(peak, running)
-    return peak
-
-
-_LEADER = re.compile(r"^(\S+ \S+) rota\.maintenance worker (\S+) (runs the maintenance|lost the)")
-
-
-def _leadership_overlaps(harness: Harness) -> int:
-    """Intervals in which a worker led, from its log (won ... lost), ended
-    also by its kill or by any PostgreSQL stop; overlaps between workers."""
-    intervals: list[tuple[float, float, str]] = []
-    ends = sorted(harness.pg_stops)
-    for process in harness.processes.values():
-        if not process.name.startswith("worker"):
-            continue
-        won: dict[str, float] = {}
-        for line in process.log.read_text(errors="replace").splitlines():
-            match = _LEADER.match(line)
-            if not match:
-                continue
-            at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            if match[3].startswith("runs"):
-                won[match[2]] = at
-            elif match[2] in won:
-                intervals.append((won.pop(match[2]), at, match[2]))
-        for worker, since in won.items():
-            cut = [t for t in [*process.kills, *ends] if t > since]
-            intervals.append((since, min(cut) if cut else time.time(), worker))
-    intervals.sort()
-    overlaps = 0
-    for (_, end, who), (start, _, other) in itertools.pairwise(intervals):
-        if other != who and start < end - 0.05:  # log timestamps are to the millisecond
-            overlaps += 1
-    return overlaps
+from rota_tools.bench.faults import (
+    APP,
+    LEASE_SECONDS,
+    LIMIT,
+    LIMITED_TENANT,
+    TENANTS,
+    Fault,
+    Fleet,
+    history_report,
+    leadership_overlaps,
+)
+from rota_tools.devservers import local_postgres, local_redis
 
 
 def run_chaos(
@@ -327,213 +57,61 @@ def run_chaos(
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             migrate(conn)
             db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
-        harness = Harness(workdir, pg, rd, settings)
-        try:
-            return _run(
-                harness,
-                rate,
-                seconds_per_task,
-                baseline_seconds,
-                settle_seconds,
-                pg_pause_seconds,
-                spark,
-                faults_enabled,
-            )
-        finally:
-            for name in list(harness.processes):
-                harness.stop(name, timeout=20)
+        fleet = stack.enter_context(Fleet(workdir, pg, rd, settings))
+        worker = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+        fleet.add("loader", "loader", "run", "--engine", "python")
+        fleet.add("worker1", *worker)
+        fleet.add("worker2", *worker)
+        fleet.add_producer(rate, seconds_per_task)
+        fleet.started(60)
+        fleet.measure_baseline(baseline_seconds)
+        always_up = _faults(fleet, settle_seconds, pg_pause_seconds, spark, faults_enabled)
+        return history_report(fleet, time.time(), leadership_overlaps(fleet), always_up, rate)
 
 
-def _run(
-    harness: Harness,
-    rate: float,
-    seconds_per_task: float,
-    baseline_seconds: float,
-    settle_seconds: float,
-    pg_pause_seconds: float,
-    spark: bool,
-    faults_enabled: bool,
-) -> dict[str, Any]:
-    worker_args = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-    harness.add("loader", "loader", "run", "--engine", "python")
-    harness.add("worker1", *worker_args)
-    harness.add("worker2", *worker_args)
-    harness.add_producer(rate, seconds_per_task)
-    assert _wait(lambda: len(harness.runs()) > 20, 60), "the pipeline did not start"
-    baseline_start = time.time()
-    time.sleep(baseline_seconds)
-    baseline_end = time.time()
-    per_second = _completions_per_second(harness.runs(), baseline_start, baseline_end)
-    baseline = statistics.median(per_second) if per_second else 0.0
-
-    faults: list[Fault] = []
+def _faults(
+    fleet: Fleet, settle_seconds: float, pg_pause_seconds: float, spark: bool, enabled: bool
+) -> bool:
+    """The faults, one after another under load; whether every process
+    stayed up."""
     always_up = True
 
-    def recovered(since: float) -> bool:
-        """Every process is up and some whole second since `since` completed
-        at least 90% of the baseline's tasks per second."""
-        per_second = _completions_per_second(harness.runs(), since, time.time())
-        return all(harness.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
-
-    def fault(name: str, cause: str, act: Any) -> None:
+    def fault(name: str, cause: str, act: Callable[[], None]) -> None:
         nonlocal always_up
         started = time.time()
-        if faults_enabled:
+        if enabled:
             act()  # else the same schedule without the fault, as a reference
-        ended = time.time()
-        faults.append(Fault(name, started, ended, cause))
-        # Under load until the pipeline is back, `settle_seconds` at most.
-        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
-        always_up = always_up and all(harness.alive().values())
+        always_up = (
+            fleet.fault(Fault(name, started, time.time(), cause), settle_seconds) and always_up
+        )
 
     def pg_outage(pause: float) -> None:
-        harness.pg_stops.append(time.time())
-        harness.pg.stop_immediately()
+        fleet.pg_stops.append(time.time())
+        fleet.pg.stop_immediately()
         time.sleep(pause)
-        harness.pg.start_again()
+        fleet.pg.start_again()
 
     def redis_crash() -> None:
-        harness.rd.kill()
+        fleet.rd.kill()
         time.sleep(2)
-        harness.rd.start_again()
+        fleet.rd.start_again()
 
-    def kill_leader() -> None:
-        leader = harness.leader()
-        harness.kill(leader or "worker1")
-
-    fault("kill -9 loader (python)", "loader", lambda: harness.kill("loader"))
-    fault("kill -9 worker mid-task", "worker", lambda: harness.kill("worker2"))
-    fault("kill -9 producer mid-burst", "producer", lambda: harness.kill("producer"))
-    fault("kill -9 maintenance leader", "worker", kill_leader)
+    fault("kill -9 loader (python)", "loader", lambda: fleet.kill("loader"))
+    fault("kill -9 worker mid-task", "worker", lambda: fleet.kill("worker2"))
+    fault("kill -9 producer mid-burst", "producer", lambda: fleet.kill("producer"))
+    fault("kill -9 maintenance leader", "worker", lambda: fleet.kill(fleet.leader() or "worker1"))
     fault("redis kill -9, restart from AOF", "redis", redis_crash)
-    fault(
-        f"postgres -m immediate, back after {pg_pause_seconds:g} s",
-        "postgres",
-        lambda: pg_outage(pg_pause_seconds),
-    )
+    pause = pg_pause_seconds
+    fault(f"postgres -m immediate, back after {pause:g} s", "postgres", lambda: pg_outage(pause))
     fault("postgres unreachable past a lease", "postgres", lambda: pg_outage(LEASE_SECONDS + 3))
     if spark:
-        harness.stop("loader")
-        harness.add("loader", "loader", "run", "--checkpoint", str(harness.workdir / "ckpt"))
+        fleet.stop("loader")
+        fleet.add("loader", "loader", "run", "--checkpoint", str(fleet.workdir / "ckpt"))
         time.sleep(settle_seconds * 2)  # the JVM's start
-        fault("kill -9 loader (spark)", "loader", lambda: harness.kill("loader"))
+        fault("kill -9 loader (spark)", "loader", lambda: fleet.kill("loader"))
         time.sleep(settle_seconds)  # the restarted JVM's start
-        fault(
-            "postgres -m immediate under the Spark loader",
-            "postgres",
-            lambda: pg_outage(pg_pause_seconds),
-        )
-    fault_phase_end = time.time()
-
-    harness.stop("producer")
-    drained = _wait(lambda: _drained(harness.settings), 180)
-    left = _left(harness.settings)
-    runs = harness.runs()
-    overlaps = _leadership_overlaps(harness)
-    return _report(
-        harness,
-        runs,
-        faults,
-        baseline,
-        baseline_start,
-        baseline_end,
-        fault_phase_end,
-        drained,
-        left,
-        overlaps,
-        always_up,
-        rate,
-    )
-
-
-def _report(
-    harness: Harness,
-    runs: list[Run],
-    faults: list[Fault],
-    baseline: float,
-    baseline_start: float,
-    baseline_end: float,
-    fault_phase_end: float,
-    drained: bool,
-    left: dict[str, int],
-    leader_overlaps: int,
-    always_up: bool,
-    rate: float,
-) -> dict[str, Any]:
-    acknowledged = set(harness.acknowledged())
-    by_task: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
-    for task_id, _, _, _, start, end in runs:
-        by_task[task_id].append((start, end))
-    stale, superseded = completion_history(_accepted_attempts(harness.settings), runs)
-    lost = sorted(acknowledged - set(by_task))
-    concurrent_twice = sum(1 for spans in by_task.values() if _max_concurrent(spans) > 1)
-    limited = [(s, e) for _, tenant, _, _, s, e in runs if tenant == LIMITED_TENANT]
-    keyed = [(s, e) for _, _, _, _, s, e in harness.runs("keyed")]
-    duplicates: Counter[str] = Counter()
-    window = LEASE_SECONDS + WORKER_DEAD_AFTER + 2
-    for spans in by_task.values():
-        first_end = min(end for _, end in spans)
-        for _ in spans[1:]:
-            # Put down to the latest fault before the first run ended, if it
-            # was recent enough to explain a rerun.
-            near = [f for f in faults if f.started - 2 <= first_end <= f.ended + window]
-            cause = max(near, key=lambda f: f.started).cause if near else "unexplained"
-            duplicates[cause] += 1
-    completions = _completions_per_second(runs, baseline_start, fault_phase_end + 1)
-    for f in faults:
-        offset = int(f.ended - baseline_start)
-        for second in range(max(0, offset), len(completions)):
-            if completions[second] >= 0.9 * baseline:
-                f.recovered_after = round(max(0.0, second + 1 - (f.ended - baseline_start)), 1)
-                break
-    fault_seconds = max(1.0, fault_phase_end - baseline_end)
-    fault_completions = sum(1 for r in runs if baseline_end <= r.end < fault_phase_end)
-    return {
-        "params": {
-            "rate": rate,
-            "tenants": TENANTS,
-            "limit": LIMIT,
-            "lease_seconds": LEASE_SECONDS,
-            "worker_dead_after_seconds": WORKER_DEAD_AFTER,
-            "maintenance_seconds": MAINTENANCE_SECONDS,
-        },
-        "acknowledged": len(acknowledged),
-        "ran": len(by_task),
-        "lost": len(lost),
-        "lost_examples": lost[:5],
-        "runs": len(runs),
-        "duplicates_by_cause": dict(duplicates),
-        "ran_twice_at_once": concurrent_twice,
-        # A completion accepted from an attempt that a later one superseded
-        # (its lease passed and the task was claimed again): there must be none.
-        "stale_completions_accepted": len(stale),
-        "stale_completion_examples": stale[:5],
-        # Runs that ended but whose completion was not the one kept: their
-        # report came past the lease (refused) or never came (a kill).
-        "runs_superseded": superseded,
-        "limit_violations": max(0, _max_concurrent(limited) - LIMIT)
-        + max(0, _max_concurrent(keyed) - KEY_LIMIT),
-        "peak_running_of_limited_tenant": _max_concurrent(limited),
-        "keyed_runs": len(keyed),
-        "peak_running_of_limited_key": _max_concurrent(keyed),
-        "key_limit": KEY_LIMIT,
-        "maintenance_leader_overlaps": leader_overlaps,
-        "processes_stayed_up": always_up,
-        "drained": drained,
-        "left_at_end": left,
-        "baseline_tasks_per_s": baseline,
-        "throughput_held": round(fault_completions / fault_seconds / baseline, 3)
-        if baseline
-        else None,
-        "faults": [
-            {
-                "fault": f.name,
-                "seconds": round(f.ended - f.started, 1),
-                "recovered_to_90pct_after_s": f.recovered_after,
-            }
-            for f in faults
-        ],
-    }
+        fault("postgres -m immediate under the Spark loader", "postgres", lambda: pg_outage(pause))
+    return always_up
 
 
 def produce(ids_dir: Path, rate: float, seconds_per_task: float) -> None:

@@ -75,6 +75,7 @@ def _pipeline_load(engine: str, tasks: int, rate_label: str) -> Stage:
     )
 
 
+SYNC, BASELINE_P50 = "synchronous_commit", "baseline.enqueue_to_start_ms.p50"
 # Sized to take a minute or two a run: rounds, not run length, buy precision.
 STAGES: dict[str, Stage] = {
     "enqueue": Stage(
@@ -123,13 +124,8 @@ STAGES: dict[str, Stage] = {
             _m("2 processes tasks/s", "tasks_per_s.2_process"),
             _m("1 process ÷ pgqueuer", "ratio_to_pgqueuer.1_process"),
             _m("2 processes ÷ pgqueuer", "ratio_to_pgqueuer.2_process"),
-            _m(
-                "1 process, synchronous commit, tasks/s", "synchronous_commit_tasks_per_s.1_process"
-            ),
-            _m(
-                "… ÷ pgqueuer (synchronous commit)",
-                "synchronous_commit_ratio_to_pgqueuer.1_process",
-            ),
+            _m("1 process, synchronous commit, tasks/s", f"{SYNC}_tasks_per_s.1_process"),
+            _m("… ÷ pgqueuer (synchronous commit)", f"{SYNC}_ratio_to_pgqueuer.1_process"),
             _m("enqueue → start p50 ms (NOTIFY)", "enqueue_to_start_ms.p50", higher=False),
             _m("1 process keeping results ÷ without", "results.ratio_to_without"),
             _m("result.get() after the end p50 ms", "results.get_after_end_ms.p50", higher=False),
@@ -153,11 +149,7 @@ STAGES: dict[str, Stage] = {
             _m("enqueue → start p99 ms", "enqueue_to_start_ms.p99", higher=False),
             _m("Redis pop p50 ms", "redis_pop_baseline.enqueue_to_start_ms.p50", higher=False),
             _m("p50 over the Redis pop, ms", "p50_over_redis_pop_ms", higher=False),
-            _m(
-                "PostgreSQL queue p50 ms",
-                "postgres_queue_baseline.enqueue_to_start_ms.p50",
-                higher=False,
-            ),
+            _m("PostgreSQL queue p50 ms", f"postgres_queue_{BASELINE_P50}", higher=False),
             _m("p50 over the PostgreSQL queue, ms", "p50_over_postgres_queue_ms", higher=False),
             _m("pgqueuer p50 ms", "pgqueuer_baseline.enqueue_to_start_ms.p50", higher=False),
             _m("pgqueuer p99 ms", "pgqueuer_baseline.enqueue_to_start_ms.p99", higher=False),
@@ -182,7 +174,7 @@ class Side:
     extra_path: Path | None = None
 
     def env(self) -> dict[str, str]:
-        # Since 2026-11-25 the tools are their own distribution under tools/.
+        # The tools' own distribution, under tools/ (an older commit's tree has none).
         tools = [str(self.tree / "tools")] if (self.tree / "tools").is_dir() else []
         paths = [str(self.tree), *tools] + ([str(self.extra_path)] if self.extra_path else [])
         return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
@@ -195,13 +187,9 @@ class Result:
 
 
 def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, **env} if env else None,
-    )
+    environment = {**os.environ, **env} if env else None
+    git = ["git", "-C", str(repo), *args]
+    done = subprocess.run(git, capture_output=True, text=True, check=False, env=environment)
     if done.returncode != 0:
         raise CompareError(f"git {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -267,19 +255,8 @@ def checkout(
             missing += missing_requirements(tree / "tools" / "pyproject.toml")
         if missing:
             extra = place / "site"
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--target",
-                    str(extra),
-                    *missing,
-                ],
-                check=True,
-            )
+            pip = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(extra)]
+            subprocess.run([*pip, *missing], check=True)
         yield Side(name, label or commit, tree, extra)
     finally:
         if not keep:
@@ -287,7 +264,7 @@ def checkout(
             shutil.rmtree(place, ignore_errors=True)
 
 
-def _fresh_servers(admin_url: str, database: str, redis_url: str | None) -> str:
+def fresh_servers(admin_url: str, database: str, redis_url: str | None) -> str:
     """Drops and recreates the benchmark database, flushes Redis; returns the
     database's URL."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -312,13 +289,7 @@ def run_scenario(
     if redis_url is not None:
         command += ["--redis-url", redis_url]
     done = subprocess.run(
-        command,
-        cwd=side.tree,
-        env=side.env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+        command, cwd=side.tree, env=side.env(), capture_output=True, text=True, timeout=timeout
     )
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -389,7 +360,7 @@ def stage_table(
     def cell(s: dict[str, Any] | None) -> str:
         if s is None:
             return "-"
-        return f"{_fmt(s['median'])} ({_fmt(s['min'])}-{_fmt(s['max'])})"
+        return f"{fmt(s['median'])} ({fmt(s['min'])}-{fmt(s['max'])})"
 
     lines = [
         f"### {stage}",
@@ -410,7 +381,7 @@ def stage_table(
     return "\n".join(lines)
 
 
-def _fmt(value: float) -> str:
+def fmt(value: float) -> str:
     if abs(value) >= 1000:
         return f"{value / 1000:.1f}k"
     if abs(value) >= 100:
@@ -426,14 +397,10 @@ MEASURED_AS_BEFORE = {"load-spark": ("--spark-warm-up-batches", "0")}
 
 def _accepts(side: Side, args: Sequence[str], option: str) -> bool:
     """Whether the side's `rota bench SCENARIO` takes `option`."""
+    command = [sys.executable, "-m", "rota", "bench", args[0], "--help"]
+    env = {**side.env(), "COLUMNS": "200"}
     done = subprocess.run(
-        [sys.executable, "-m", "rota", "bench", args[0], "--help"],
-        cwd=side.tree,
-        env={**side.env(), "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        command, cwd=side.tree, env=env, capture_output=True, text=True, timeout=120
     )
     return option in done.stdout
 
@@ -478,7 +445,7 @@ def compare(
             spec = STAGES[stage]
             for side in order:
                 args = args_of[stage][side.name]
-                url = _fresh_servers(admin_url, "rota_ab", redis_url if spec.redis else None)
+                url = fresh_servers(admin_url, "rota_ab", redis_url if spec.redis else None)
                 started = time.monotonic()
                 result = results[(stage, side.name)]
                 try:

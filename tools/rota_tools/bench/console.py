@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +22,8 @@ from rota.core import db
 from rota.core.connections import application_name
 from rota.errors import RotaError
 from rota.settings import Settings
-from rota_tools.bench.core import QUEUE, Filler, claim_run, reset
+from rota_tools.bench.cpu import process_seconds
+from rota_tools.bench.harness import QUEUE, Filler, claim_run, in_background, reset, wait_for
 from rota_tools.devservers import free_port
 from rota_tools.sql import query
 from rota_tools.stats import percentile
@@ -51,17 +51,9 @@ class Console:
             "ROTA_REDIS_URL": settings.redis_url,
             "ROTA_DASHBOARD_TOKEN": TOKEN,
         }
+        dashboard = ["dashboard", "--port", str(self.port), "--log-level", "warning"]
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rota",
-                "dashboard",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
+            [sys.executable, "-m", "rota", *dashboard],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -69,16 +61,13 @@ class Console:
         self.http = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.http.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the console did not start")
-            time.sleep(0.1)
+        wait_for(
+            lambda: self.http.get("/healthz").status_code == 200,
+            60,
+            what="the console to start",
+            poll=0.1,
+            errors=(httpx.TransportError,),
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -106,15 +95,6 @@ def _read_times(console: Console, paths: list[str], rounds: int) -> dict[str, di
     }
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds a process has used (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _console_cpu(console: Console, url: str) -> dict[int, float]:
     """CPU seconds used so far by the console's process and by the server
     processes of its database connections, by pid."""
@@ -125,7 +105,7 @@ def _console_cpu(console: Console, url: str) -> dict[int, float]:
                 query("bench_backends_of"), {"application": application_name("console")}
             )
         ]
-    return {pid: _cpu_seconds(pid) for pid in [console.process.pid, *pids]}
+    return {pid: process_seconds(pid) or 0.0 for pid in [console.process.pid, *pids]}
 
 
 def bench_console(
@@ -172,20 +152,12 @@ def bench_console(
             ]
             _read_times(console, paths[:3], 1)  # warm up: plans, templates
             reads = _read_times(console, paths, 5)
-            stats_stop = threading.Event()
             # Maintenance recounts the console's figures whether a console is open
             # or not: both arms pay for it.
-            stats = threading.Thread(
-                target=_stats_duty, args=(url, settings.stats_seconds, stats_stop), daemon=True
-            )
-            stats.start()
-            try:
+            with in_background(lambda: db.connect(url), _stats_duty, settings.stats_seconds):
                 pairs, console_cpu, console_seconds = _side_by_side(
                     console, filler, url, tasks, connections, seconds, runs, window
                 )
-            finally:
-                stats_stop.set()
-                stats.join()
         finally:
             console.close()
         slowest = max(r["p50_ms"] for r in reads.values())
@@ -254,7 +226,7 @@ def _side_by_side(
             toggler = pool.submit(_toggle, console, plan, window, go)
             try:
                 # The windows start once every claiming process is up.
-                claim_run("rota", url, connections, 100, seconds + window, go.set)
+                claim_run(Filler, url, connections, 100, seconds + window, go.set)
             finally:
                 go.set()
             start = toggler.result()  # a failed refresh fails the benchmark
@@ -306,12 +278,10 @@ def _prepare(filler: Filler, url: str, tasks: int) -> None:
         admin.execute(query("bench_vacuum_queue"))
 
 
-def _stats_duty(url: str, every: float, stop: threading.Event) -> None:
-    with db.connect(url) as conn:
-        while not stop.is_set():
-            try:
-                db.run(conn, core.count_service())
-                db.run(conn, core.refresh_stats())
-            except psycopg.Error:
-                return
-            stop.wait(every)
+def _stats_duty(conn: psycopg.Connection[Any]) -> bool:
+    try:
+        db.run(conn, core.count_service())
+        db.run(conn, core.refresh_stats())
+    except psycopg.Error:
+        return False
+    return True

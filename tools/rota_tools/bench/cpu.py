@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,17 +112,8 @@ def redis_probe(client: redis_client.Client) -> Probe:
 
     def seconds() -> float | None:
         info: Any = client.info("cpu")
-        return float(
-            sum(
-                info.get(key, 0.0)
-                for key in (
-                    "used_cpu_sys",
-                    "used_cpu_user",
-                    "used_cpu_sys_children",
-                    "used_cpu_user_children",
-                )
-            )
-        )
+        keys = ("used_cpu_sys", "used_cpu_user", "used_cpu_sys_children", "used_cpu_user_children")
+        return float(sum(info.get(key, 0.0) for key in keys))
 
     return seconds
 
@@ -142,18 +133,21 @@ class CpuMeter:
     def start(self) -> None:
         self.before = {name: probe() for name, probe in self.probes.items()}
 
-    def report(self, elapsed: float, tasks: int | None = None) -> dict[str, Any]:
+    def report(
+        self, elapsed: float, tasks: int | None = None, also: Mapping[str, float] | None = None
+    ) -> dict[str, Any]:
         """Per process: CPU seconds in the window, and cores (seconds per
         second of the window); with the window's `tasks`, microseconds of CPU
         per task too, which compare across rates. The machine's cores beside
-        them."""
+        them. `also`: the seconds of processes that timed themselves (a
+        pool's, by time.process_time)."""
+        spent = {name: self._spent(name, probe) for name, probe in self.probes.items()}
+        spent.update(also or {})
         used: dict[str, dict[str, float]] = {}
         total = 0.0  # of the unrounded seconds, which the per-task figures use too
-        for name, probe in self.probes.items():
-            start, end = self.before.get(name), probe()
-            if start is None or end is None:
+        for name, seconds in spent.items():
+            if seconds is None:
                 continue
-            seconds = end - start
             total += seconds
             # To the tenth of a millisecond: a proxy's share of a short run is
             # a few milliseconds.
@@ -169,6 +163,16 @@ class CpuMeter:
             "busiest": max(used, key=lambda name: used[name]["seconds"], default=None),
             "not_measured": self.absent,
         }
+
+    def _spent(self, name: str, probe: Probe) -> float | None:
+        start, end = self.before.get(name), probe()
+        return None if start is None or end is None else end - start
+
+
+def median_run(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Of CpuMeter reports of several runs, the median run's by all the
+    processes' CPU per task."""
+    return sorted(reports, key=lambda r: float(r["all_us_per_task"]))[len(reports) // 2]
 
 
 class PostgresCost:

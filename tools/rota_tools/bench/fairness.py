@@ -30,7 +30,7 @@ import psycopg
 from rota import core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
+from rota_tools.bench.harness import load, reset
 from rota_tools.sql import query
 
 QUEUE = "fair"
@@ -84,8 +84,7 @@ def _rota_order(conn: psycopg.Connection[Any], work: Workload) -> tuple[list[str
     envelopes = [
         make_envelope(name="bench.noop", queue=QUEUE, tenant=t, cost=c) for t, c in work.arrivals
     ]
-    for i in range(0, len(envelopes), 10_000):
-        db.transact(conn, core.load(envelopes[i : i + 10_000]))
+    load(conn, envelopes)
     order: list[str] = []
     latencies: list[float] = []
     while True:

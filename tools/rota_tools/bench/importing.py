@@ -26,8 +26,8 @@ from rota.core.load import TASK_COPY_TYPES, task_rows
 from rota.loader.importer import import_tasks
 from rota.loader.spark_session import SparkOptions, spark_session
 from rota.model.envelope import TaskEnvelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe, tree_probe
+from rota_tools.bench.cpu import CpuMeter, median_run, pid_probe, postgres_probe, tree_probe
+from rota_tools.bench.harness import reset
 from rota_tools.devservers import descendants
 from rota_tools.sql import query
 
@@ -205,7 +205,7 @@ def bench_import(
     driver_peak = _peak_rss_mb(driver_pid)
     spark.stop()
     median = round(statistics.median(imported))
-    cpu = sorted(import_cpu, key=lambda c: c["all_us_per_task"])[len(import_cpu) // 2]
+    cpu = median_run(import_cpu)
     per_row = {name: figures["us_per_task"] for name, figures in cpu["per_process"].items()}
     figures: dict[str, Any] = {
         "params": {

@@ -1,20 +1,13 @@
-"""`rota bench keyed-limits`: limits on keys other than the tenant.
-
-Throughput: one worker process claims and completes no-op tasks of 100
-tenants, alone, and beside 10,000 tasks of 100 other tenants waiting in line
-on a saturated key (its slots held by claims that do not end): the unlimited
-tasks should lose nothing (the waiting ones are parked by the first claims
-that meet them and never stepped over again). Runs alternate, each
-pair in the other order from the one before.
-
-Limit: two worker processes run keyed tasks (5 ms each) of many tenants
-beside unlimited ones while a sampler reads the key's running count every
-few milliseconds: it must never pass the limit."""
+"""`rota bench keyed-limits`: limits on keys other than the tenant. One
+worker's no-op tasks alone and beside 10,000 tasks in line on a saturated
+key (its slots held by claims that do not end): the waiting tasks are parked
+by the first claims that meet them and never stepped over again, so the
+others should lose nothing. Then two workers run keyed tasks while the key's
+running count is sampled: it must never pass the limit."""
 
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -23,9 +16,7 @@ import psycopg
 from rota import Limit, Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.harness import QUEUE, in_background, load, reset, wait_for, workers
 from rota_tools.sql import query
 from rota_tools.stats import in_turns
 
@@ -52,9 +43,7 @@ def _load(conn: psycopg.Connection[Any], tasks: int, waiting: int, seconds: floa
         make_envelope(name="noop", queue=QUEUE, tenant=PLAIN_TENANTS[i % 100], args=[i])
         for i in range(tasks)
     ]
-    everything = keyed + plain
-    for i in range(0, len(everything), 10_000):
-        db.transact(conn, core.load(everything[i : i + 10_000]))
+    load(conn, keyed + plain)
 
 
 def _finished_of(conn: psycopg.Connection[Any], tenants: list[str]) -> int:
@@ -79,20 +68,17 @@ def _throughput(
             got = db.transact(conn, core.claim([QUEUE], limit - held, "holder", 3600.0))
             held += sum(t.name == "keyed" for t in got)
             db.transact(conn, core.release(t.token for t in got if t.name != "keyed"))
-    workers = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
-    try:
-        _wait(conn, PLAIN_TENANTS, 500, workers)
+    with workers(settings, 1, concurrency=CONCURRENCY, batch_size=100) as running:
+        _until_finished(conn, PLAIN_TENANTS, 500, running)
         first, whole = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
         # The steady state is timed once the waiting tasks are parked (the
         # claims that meet them set each aside once, early in the run).
         while _parked(conn) < waiting - limit:
-            _wait(conn, PLAIN_TENANTS, _finished_of(conn, PLAIN_TENANTS) + 1, workers)
+            _until_finished(conn, PLAIN_TENANTS, _finished_of(conn, PLAIN_TENANTS) + 1, running)
         begin, started = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
-        _wait(conn, PLAIN_TENANTS, tasks, workers)
+        _until_finished(conn, PLAIN_TENANTS, tasks, running)
         done, ended = _finished_of(conn, PLAIN_TENANTS), time.perf_counter()
         return (done - begin) / (ended - started), (done - first) / (ended - whole)
-    finally:
-        stop_workers(workers)
 
 
 def _parked(conn: psycopg.Connection[Any]) -> int:
@@ -101,11 +87,12 @@ def _parked(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def _wait(conn: psycopg.Connection[Any], tenants: list[str], count: int, workers: Any) -> None:
-    while _finished_of(conn, tenants) < count:
-        if any(w.poll() is not None for w in workers):
-            raise RuntimeError("benchmark: a worker exited before its tasks finished")
-        time.sleep(0.01)
+def _until_finished(
+    conn: psycopg.Connection[Any], tenants: list[str], count: int, workers: Any
+) -> None:
+    """Until `count` tasks of `tenants` finished."""
+    condition = lambda: _finished_of(conn, tenants) >= count  # noqa: E731
+    wait_for(condition, 3600, what=f"{count} tasks to finish", poll=0.01, processes=workers)
 
 
 def _held_limit(
@@ -116,26 +103,17 @@ def _held_limit(
     reset(conn)
     db.transact(conn, core.set_limit(Limit(KEY, concurrency=limit), "bench"))
     _load(conn, keyed, keyed, 0.005)
-    peak, samples = 0, 0
-    done = threading.Event()
+    running: list[int] = []
 
-    def sample() -> None:
-        nonlocal peak, samples
-        with psycopg.connect(settings.database_url, autocommit=True) as watcher:
-            while not done.is_set():
-                row = watcher.execute(query("bench_key_running"), {"key": KEY}).fetchone()
-                peak, samples = max(peak, int(row[0]) if row else 0), samples + 1
+    def sample(watcher: psycopg.Connection[Any]) -> None:
+        row = watcher.execute(query("bench_key_running"), {"key": KEY}).fetchone()
+        running.append(int(row[0]) if row else 0)
 
-    sampler = threading.Thread(target=sample)
-    workers = spawn_workers(NOOP_APP, [QUEUE], 2, settings, concurrency=CONCURRENCY, batch_size=20)
-    sampler.start()
-    try:
-        _wait(conn, KEYED_TENANTS, keyed, workers)
-    finally:
-        done.set()
-        sampler.join()
-        stop_workers(workers)
-    return {"peak_running": peak, "samples": samples}
+    watch = lambda: psycopg.connect(settings.database_url, autocommit=True)  # noqa: E731
+    two = workers(settings, 2, concurrency=CONCURRENCY, batch_size=20)
+    with two as started, in_background(watch, sample):
+        _until_finished(conn, KEYED_TENANTS, keyed, started)
+    return {"peak_running": max(running, default=0), "samples": len(running)}
 
 
 def bench_keyed_limits(

@@ -1,32 +1,15 @@
-"""`rota bench chaos --network`: network faults under load, and the same
-history check as the chaos suite's.
+"""`rota bench chaos --network`: network faults under load, and the chaos
+suite's history check (rota_tools.bench.faults).
 
-The chaos suite's faults end connections at once (a kill, a restart: the
-peer resets). Here every process (producer, loader, two workers, `rota
-reaper`, twice) runs in a network namespace of its own and reaches PostgreSQL and
-Redis through links of its own (rota_tools.netns); the faults are on those
-links, one after another under load:
-
-- a silent partition (packets dropped both ways, no reset) of a worker from
-  PostgreSQL, shorter than a lease and then longer than one;
-- the loader from PostgreSQL, and from Redis; the producer from Redis (it
-  falls back to PostgreSQL) and from both (its enqueues fail: only what it
-  was told is stored counts as acknowledged); the reaper from PostgreSQL;
-- a half-open connection: a worker's PostgreSQL sessions are ended behind a
-  partition (the server forgets them, the worker is not told), then the link
-  heals;
-- a slow link: the loader's and a worker's links to PostgreSQL capped at a
-  low bandwidth (tc tbf); and added latency, 100 ms each way, on the
-  loader's way to PostgreSQL: the loader reaches PostgreSQL through a proxy
-  of the suite's own (rota_tools.delay_proxy: this kernel has no netem),
-  which adds nothing until then.
-
-Per fault: how long the process took to notice (its log's "unavailable"
-line after the fault began), and how long after the link came back the
-pipeline was at 90% of its baseline throughput. Then everything drains, and
-the runs are checked: every acknowledged task ran, none ran twice at once,
-the tenant limit and the limit on keys held, and no completion was kept
-from an attempt whose lease had passed.
+Where the chaos suite's faults end connections at once (the peer resets),
+here every process runs in a network namespace of its own and reaches the
+servers through links of its own (rota_tools.netns), and the faults are on
+those links: silent partitions (no reset) shorter and longer than a lease,
+a half-open connection (the worker's sessions ended behind a partition), a
+slow link (tc tbf) and added latency through a proxy of the suite's own
+(rota_tools.delay_proxy: this kernel has no netem). Per fault: when the
+process noticed (its log's "unavailable" line), and how soon after the
+link came back the pipeline was at 90% of its baseline throughput.
 """
 
 from __future__ import annotations
@@ -47,17 +30,7 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.core.migrate import migrate
-from rota_tools.bench.chaos import (
-    LIMIT,
-    LIMITED_TENANT,
-    Fault,
-    Harness,
-    _completions_per_second,
-    _drained,
-    _left,
-    _report,
-    _wait,
-)
+from rota_tools.bench.faults import APP, LIMIT, LIMITED_TENANT, Fault, Fleet, history_report
 from rota_tools.delay_proxy import DelayProxy
 from rota_tools.devservers import free_port, local_postgres, local_redis
 from rota_tools.netns import Host, TestNetwork
@@ -71,8 +44,8 @@ ADDED_LATENCY_SECONDS = 0.1
 _UNAVAILABLE = re.compile(r"^(\S+ \S+) \S+ .*unavailable, reconnecting")
 
 
-class NetworkHarness(Harness):
-    """The chaos harness with each process in a namespace of its own."""
+class NetworkFleet(Fleet):
+    """The chaos fleet with each process in a namespace of its own."""
 
     def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, net: TestNetwork):
         super().__init__(workdir, pg, rd, settings)
@@ -147,18 +120,27 @@ def run_network_chaos(
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
             migrate(conn)
             db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
-        harness = NetworkHarness(workdir, pg, rd, settings, net)
-        harness.own_env[DELAYED] = {
+        fleet = NetworkFleet(workdir, pg, rd, settings, net)
+        fleet.own_env[DELAYED] = {
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }
         try:
-            return _run(
-                harness, proxy, rate, seconds_per_task, baseline_seconds, settle_seconds,
-                short_seconds, long_seconds,
-            )  # fmt: skip
+            with fleet:
+                fleet.add("loader", "loader", "run", "--engine", "python")
+                worker = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+                fleet.add("worker1", *worker, "--no-maintenance")
+                fleet.add("worker2", *worker, "--no-maintenance")
+                fleet.add("maintenance", "maintenance")
+                fleet.add("maintenance2", "maintenance")  # takes over while the first is cut off
+                fleet.add_producer(rate, seconds_per_task)
+                console = Console(fleet)
+                fleet.started(90)
+                assert fleet.wait(console.answers, 60), "the console did not start"
+                fleet.measure_baseline(baseline_seconds)
+                return _run(
+                    fleet, console, proxy, rate, settle_seconds, short_seconds, long_seconds
+                )
         finally:
-            for name in list(harness.processes):
-                harness.stop(name, timeout=20)
             if keep_logs is not None:
                 keep_logs.mkdir(parents=True, exist_ok=True)
                 for log in workdir.glob("*.log"):
@@ -166,57 +148,34 @@ def run_network_chaos(
 
 
 def _run(
-    harness: NetworkHarness,
+    fleet: NetworkFleet,
+    console: Console,
     proxy: DelayProxy,
     rate: float,
-    seconds_per_task: float,
-    baseline_seconds: float,
     settle_seconds: float,
     short_seconds: float,
     long_seconds: float,
 ) -> dict[str, Any]:
-    from rota_tools.bench.chaos import APP
-
-    net = harness.net
-    worker_args = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-    harness.add("loader", "loader", "run", "--engine", "python")
-    harness.add("worker1", *worker_args, "--no-maintenance")
-    harness.add("worker2", *worker_args, "--no-maintenance")
-    harness.add("reaper", "reaper")
-    harness.add("reaper2", "reaper")  # takes over while the first is cut off
-    harness.add_producer(rate, seconds_per_task)
-    console = Console(harness)
-    assert _wait(lambda: len(harness.runs()) > 20, 90), "the pipeline did not start"
-    assert _wait(console.answers, 60), "the console did not start"
-    baseline_start = time.time()
-    time.sleep(baseline_seconds)
-    baseline_end = time.time()
-    per_second = _completions_per_second(harness.runs(), baseline_start, baseline_end)
-    baseline = sorted(per_second)[len(per_second) // 2] if per_second else 0.0
-    faults: list[Fault] = []
+    """The faults, one after another under load, and the report."""
+    net = fleet.net
     detection: dict[str, float | None] = {}
     always_up = True
     down: set[str] = set()
 
     def note_down() -> bool:
-        gone = {name for name, up in harness.alive().items() if not up}
+        gone = {name for name, up in fleet.alive().items() if not up}
         down.update(gone)
         return not gone
-
-    def recovered(since: float) -> bool:
-        per_second = _completions_per_second(harness.runs(), since, time.time())
-        return all(harness.alive().values()) and any(n >= 0.9 * baseline for n in per_second)
 
     def over(name: str, started: float, ended: float) -> None:
         """A fault has ended: recorded; then the pipeline's recovery awaited
         and every process checked still up."""
         nonlocal always_up
-        faults.append(Fault(name, started, ended, "network"))
-        _wait(lambda: recovered(ended), settle_seconds, poll=0.2)
+        fleet.fault(Fault(name, started, ended, "network"), settle_seconds)
         always_up = note_down() and always_up
 
     def partition(name: str, process: str, servers: list[str], seconds: float, watch: bool) -> None:
-        host = harness.hosts[process]
+        host = fleet.hosts[process]
         started = time.time()
         for server in servers:
             net.partition(host, _way(process, server))
@@ -226,14 +185,14 @@ def _run(
         ended = time.time()
         over(name, started, ended)
         if watch:
-            detection[name] = harness.detected_after(process, started)
+            detection[name] = fleet.detected_after(process, started)
 
     def half_open(process: str) -> None:
-        host = harness.hosts[process]
+        host = fleet.hosts[process]
         started = time.time()
         net.partition(host, "postgres")
         address = host.links["postgres"].host_end  # its sessions come from the link's far end
-        with db.connect(harness.settings.database_url) as conn:
+        with db.connect(fleet.settings.database_url) as conn:
             far = conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE host(client_addr) LIKE %s",
@@ -244,11 +203,11 @@ def _run(
         ended = time.time()
         over(f"half-open: {process}'s {len(far)} sessions", started, ended)
         # Noticed at its next use of the connection, once the link is back.
-        detection[faults[-1].name] = harness.detected_after(process, started)
+        detection[fleet.faults[-1].name] = fleet.detected_after(process, started)
 
     def slow(processes: list[str], seconds: float) -> None:
         started = time.time()
-        links = [harness.hosts[p].links[_way(p, "postgres")].host_end for p in processes]
+        links = [fleet.hosts[p].links[_way(p, "postgres")].host_end for p in processes]
         for link in links:
             _tc("qdisc", "add", "dev", link, "root", "tbf", "rate", "256kbit",
                 "burst", "16kbit", "latency", "200ms")  # fmt: skip
@@ -275,9 +234,9 @@ def _run(
             # started a second or more into it (there is no backlog at this
             # rate: what ran then was loaded then).
             "runs_started_meanwhile": sum(
-                1 for run in harness.runs() if started + 1 <= run.start and run.end < ended
+                1 for run in fleet.runs() if started + 1 <= run.start and run.end < ended
             ),
-            "taken_for_dead_after_s": harness.detected_after(DELAYED, started),
+            "taken_for_dead_after_s": fleet.detected_after(DELAYED, started),
         }  # fmt: skip
 
     for process, servers in [
@@ -297,21 +256,13 @@ def _run(
               watch=False)  # fmt: skip
     partition(f"producer ⟂ both {short_seconds:g} s", "producer", ["redis", "postgres"],
               short_seconds, watch=False)  # fmt: skip
-    partition(f"reaper ⟂ postgres {long_seconds:g} s", "reaper", ["postgres"], long_seconds,
-              watch=True)  # fmt: skip
+    partition(f"maintenance ⟂ postgres {long_seconds:g} s", "maintenance", ["postgres"],
+              long_seconds, watch=True)  # fmt: skip
     console_fault = console.cut_off(long_seconds)
     half_open("worker2")
     slow(["loader", "worker2"], short_seconds * 2)
     latency_fault = latency(short_seconds * 2)
-    fault_phase_end = time.time()
-
-    harness.stop("producer")
-    drained = _wait(lambda: _drained(harness.settings), 180)
-    left = _left(harness.settings)
-    report = _report(
-        harness, harness.runs(), faults, baseline, baseline_start, baseline_end,
-        fault_phase_end, drained, left, 0, always_up, rate,
-    )  # fmt: skip
+    report = history_report(fleet, time.time(), 0, always_up, rate)
     report["dead_link_seconds"] = DEAD_LINK_SECONDS
     report["detected_after_s"] = detection
     report["processes_down"] = sorted(down)
@@ -327,13 +278,13 @@ class Console:
     """`rota dashboard` in a host of its own, asked from this machine over
     the link's far address, with a token (it is not on loopback)."""
 
-    def __init__(self, harness: NetworkHarness) -> None:
-        self.harness = harness
+    def __init__(self, fleet: NetworkFleet) -> None:
+        self.fleet = fleet
         self.port = 8377
-        harness.env = {**harness.env, "ROTA_DASHBOARD_TOKEN": CONSOLE_TOKEN}
-        host = harness.hosts["console"] = harness.net.host("console")
-        self.address = _far_prefix(harness.net, host.links["operator"].host_end)
-        harness.add(
+        fleet.env = {**fleet.env, "ROTA_DASHBOARD_TOKEN": CONSOLE_TOKEN}
+        host = fleet.hosts["console"] = fleet.net.host("console")
+        self.address = _far_prefix(fleet.net, host.links["operator"].host_end)
+        fleet.add(
             "console", "dashboard", "--host", "0.0.0.0", "--port", str(self.port),
             "--allowed-host", self.address,
         )  # fmt: skip
@@ -362,7 +313,7 @@ class Console:
         """Partitions the console from both servers: how long a page that
         reads PostgreSQL takes meanwhile and what it answers (503: a server
         is unavailable), and how soon it is whole again."""
-        net, host = self.harness.net, self.harness.hosts["console"]
+        net, host = self.fleet.net, self.fleet.hosts["console"]
         for server in ("postgres", "redis"):
             net.partition(host, server)
         time.sleep(1)
@@ -371,7 +322,7 @@ class Console:
         for server in ("postgres", "redis"):
             net.heal(host, server)
         healed = time.monotonic()
-        whole = _wait(self.answers, 30, poll=0.2)
+        whole = self.fleet.wait(self.answers, 30, poll=0.2)
         return {
             "partition_seconds": seconds,
             "page_during_partition_s": round(took, 1),

@@ -34,10 +34,9 @@ from typing import Any, NamedTuple
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from rota import App, Settings
+from rota import Settings
 from rota.core import db
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE, _wait_for_finished
+from rota_tools.bench.harness import NOOP_APP, QUEUE, bench_app, reset, wait_for_finished
 from rota_tools.delay_proxy import Chunk, DelayProxy
 from rota_tools.devservers import free_port
 from rota_tools.processes import spawn_loader, spawn_workers, stop_workers
@@ -155,39 +154,30 @@ def start_round_trips(settings: Settings, tasks: int = 40) -> dict[str, Any]:
     with _proxies(settings) as proxy, db.connect(settings.database_url) as conn:
         reset(conn)
         port = {name: p.listen[1] for name, p in proxy.items()}
-        loader_settings = settings.model_copy(
-            update={
-                "direct_database_url": None,
-                "database_url": _via(settings.database_url, port["loader_postgres"]),
-                "redis_url": _redis_via(settings.redis_url, port["loader_redis"]),
-            }
-        )
-        worker_settings = settings.model_copy(
-            update={
-                "database_url": _via(settings.database_url, port["worker_postgres"]),
-                "redis_url": _redis_via(settings.redis_url, port["worker_redis"]),
-                "direct_database_url": None,
-            }
-        )
-        app = App(
-            settings.model_copy(
-                update={"redis_url": _redis_via(settings.redis_url, port["producer"])}
-            )
-        )
-        noop = app.task(name="noop", queue=QUEUE)(lambda i, pad: None)
-        loader = spawn_loader(loader_settings)
-        workers = spawn_workers(NOOP_APP, [QUEUE], 1, worker_settings, batch_size=100)
+
+        def through(process: str) -> Settings:
+            """The settings of `process` ("loader" or "worker"): its own proxies."""
+            database = _via(settings.database_url, port[f"{process}_postgres"])
+            redis = _redis_via(settings.redis_url, port[f"{process}_redis"])
+            update = {"database_url": database, "redis_url": redis, "direct_database_url": None}
+            return settings.model_copy(update=update)
+
+        producer = _redis_via(settings.redis_url, port["producer"])
+        app = bench_app(settings.model_copy(update={"redis_url": producer}))
+        noop = app.tasks["noop"]
+        loader = spawn_loader(through("loader"))
+        workers = spawn_workers(NOOP_APP, [QUEUE], 1, through("worker"), batch_size=100)
         processes = [loader, *workers]
         sent: list[tuple[Any, float, float]] = []
         try:
             for warm in range(3):  # connections made, statements prepared
                 noop.using(tenant="warm-up").enqueue(-1, "warm-up")
-                _wait_for_finished(conn, warm + 1, processes)
+                wait_for_finished(conn, warm + 1, processes)
             for i in range(tasks):
                 enqueued = time.time()
                 task_id = noop.using(tenant=f"t{i % 10}").enqueue(i, "pad")
                 sent.append((task_id, enqueued, time.time()))
-                _wait_for_finished(conn, 4 + i, processes)
+                wait_for_finished(conn, 4 + i, processes)
         finally:
             stop_workers(processes)
             app.close()

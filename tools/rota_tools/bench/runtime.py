@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -18,9 +17,7 @@ import psycopg
 from rota import Settings, core
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.harness import QUEUE, in_background, reset, workers
 from rota_tools.sql import query
 
 LONG, SHORT = "long", "short"
@@ -31,20 +28,16 @@ SLOTS = 4
 WARM_UP_SECONDS, WINDOW_SECONDS = 5.0, 15.0
 
 
-def _feed(settings: Settings, stop: threading.Event) -> None:
-    with db.connect(settings.database_url) as conn:
-        while not stop.is_set():
-            waiting = dict(conn.execute(query("bench_waiting_of")).fetchall())
-            batch = [
-                make_envelope(
-                    name="sleep_ms", queue=QUEUE, tenant=tenant, args=[MILLISECONDS[tenant]]
-                )
-                for tenant, target in TOPPED_UP.items()
-                for _ in range(max(0, target - int(waiting.get(tenant, 0))))
-            ]
-            if batch:
-                db.transact(conn, core.load(batch))
-            stop.wait(0.05)
+def _feed(conn: psycopg.Connection[Any]) -> None:
+    """Tops each tenant's line up to TOPPED_UP."""
+    waiting = dict(conn.execute(query("bench_waiting_of")).fetchall())
+    batch = [
+        make_envelope(name="sleep_ms", queue=QUEUE, tenant=tenant, args=[MILLISECONDS[tenant]])
+        for tenant, target in TOPPED_UP.items()
+        for _ in range(max(0, target - int(waiting.get(tenant, 0))))
+    ]
+    if batch:
+        db.transact(conn, core.load(batch))
 
 
 def _shares(
@@ -55,19 +48,12 @@ def _shares(
     db.transact(conn, core.load([make_envelope(name="noop", queue=QUEUE, tenant="setup")]))
     db.run(conn, core.charge_queue(QUEUE, charge_time, "bench"))
     db.transact(conn, core.configure_tenant(LONG, weight=long_weight))
-    stop = threading.Event()
-    feeder = threading.Thread(target=_feed, args=(settings, stop), daemon=True)
-    feeder.start()
-    workers = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=SLOTS, batch_size=SLOTS)
-    try:
-        time.sleep(WARM_UP_SECONDS)
+    feed = in_background(lambda: db.connect(settings.database_url), _feed, 0.05)
+    with feed, workers(settings, 1, concurrency=SLOTS, batch_size=SLOTS):
+        time.sleep(WARM_UP_SECONDS)  # the windows' clock, not a wait on a condition
         since = datetime.now(UTC)
         time.sleep(WINDOW_SECONDS)
         until = datetime.now(UTC)
-    finally:
-        stop.set()
-        stop_workers(workers)
-        feeder.join()
     # Worker time: the runs that ended in the window, each its task's length
     # (a run's recorded start is its claim, which prefetching puts earlier).
     ran = dict(conn.execute(query("bench_runs_of"), {"since": since, "until": until}))

@@ -23,7 +23,6 @@ by head, claim and complete a preloaded backlog.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import random
 import statistics
 import time
@@ -37,8 +36,7 @@ import psycopg
 from rota import core
 from rota.core import db
 from rota.model.envelope import TaskEnvelope, make_envelope
-from rota.runtime.process import tune_gc
-from rota_tools.bench.core import reset
+from rota_tools.bench.harness import reset, warm_pool
 from rota_tools.sql import query
 from rota_tools.stats import percentile
 
@@ -214,9 +212,7 @@ def _throughput(urls: list[str], tasks: int, tenants: int, claimers: int) -> flo
     finally:
         for conn in with_conns:
             conn.close()
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(claimers, initializer=tune_gc) as pool:
-        pool.map(time.sleep, [0.0] * claimers)
+    with warm_pool(claimers) as pool:
         started = time.perf_counter()
         done = sum(pool.map(_claimer, [(urls, seed) for seed in range(claimers)]))
         elapsed = time.perf_counter() - started

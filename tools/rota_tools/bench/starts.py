@@ -1,24 +1,12 @@
 """Enqueue -> start at the pace `rota bench end-to-end` offers, through
 designs simpler than rota's, on the same servers: the floors its starts are
-read against.
-
-- **Redis alone** (a Celery-like design): no durable store, no lease.
-- **A durable PostgreSQL queue written to directly**: one table; a tick's
-  tasks and the NOTIFY in one statement (one commit, which waits for the WAL
-  flush, as a load of rota's does); a consumer on LISTEN that claims 100
-  with a lease and deletes them when done. The least a queue that keeps
-  what it acknowledged and gives a crashed worker's tasks back can do.
-- **pgqueuer** (`pip install 'rota[bench]'`), a peer that writes straight
-  into PostgreSQL, with rota's claim batch.
-
-Each consumer is a process of its own, as rota's workers are; a task starts
-when its consumer holds it (rota's: when its claim returns).
-
-The PostgreSQL queue is also flooded as rota's pipeline is (end-to-end's
-`postgres_queue_flood`): every task of the run, at the same rate, to two
-consumers (rota's two workers), with the CPU of every process: the
-throughput and CPU floor that rota's buffer, loader, fair places and
-leases are read against.
+read against (docs/explanation/benchmarks.md, "Scenarios"). Redis alone (a
+pop, no durable store, no lease); a durable PostgreSQL queue written to
+directly (a tick's tasks and the NOTIFY in one statement, a consumer on
+LISTEN that claims 100 with a lease), also flooded as rota's pipeline is
+(every task, the same rate, two consumers) with the CPU of every process;
+and pgqueuer. Each consumer is a process of its own; a task starts when its
+consumer holds it (rota's: when its claim returns).
 """
 
 from __future__ import annotations
@@ -28,7 +16,6 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import statistics
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -38,37 +25,15 @@ import psycopg
 
 from rota import Settings
 from rota.buffer import redis_client
-from rota_tools.bench.core import in_schema
 from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe
-from rota_tools.bench.peers import fresh_database
+from rota_tools.bench.harness import fresh_database, in_schema, offer, start_figures, wait_for
 from rota_tools.sql import query
-from rota_tools.stats import percentile
 
 POP_KEY = "rota-bench-pop"  # the Redis pop baseline's list
 PGQUEUE_SCHEMA = "rota_bench_pgqueue"
 PGQUEUER_DATABASE = "rota_peer_pgqueuer_starts"
 BATCH = 100  # each consumer's claim, as rota's workers' in end-to-end
 IDLE_SECONDS = 5.0  # a consumer that waited this long for work gives up
-
-
-def offer(tasks: int, rate: float, send: Callable[[int, int], object]) -> float:
-    """Sends `tasks` at `rate` tasks/s, a tick's worth every 20 ms: `send(first,
-    n)` sends tasks first .. first + n - 1. Returns when sending started
-    (time.perf_counter)."""
-    started = time.perf_counter()
-    sent = 0
-    per_tick = max(1, int(rate / 50))
-    while sent < tasks:
-        n = min(per_tick, tasks - sent)
-        send(sent, n)
-        sent += n
-        time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
-    return started
-
-
-def start_figures(starts: list[float]) -> dict[str, float]:
-    """Enqueue -> start latencies' p50 and p99, in milliseconds."""
-    return {"p50": round(statistics.median(starts), 1), "p99": round(percentile(starts, 0.99), 1)}
 
 
 def start_baselines(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
@@ -208,8 +173,11 @@ def _paced(
             cpu.start()
         began = offer(tasks, rate, send)
         if consumers > 1:
-            while started_count.value < tasks and all(p.is_alive() for p in processes):
-                time.sleep(0.002)
+            wait_for(
+                lambda: started_count.value >= tasks or not all(p.is_alive() for p in processes),
+                3600,
+                poll=0.002,
+            )
             elapsed = time.perf_counter() - began
             figures["tasks_per_s"] = round(tasks / elapsed)
             if cpu:
@@ -228,12 +196,14 @@ def _paced(
 
 
 def _receive(receiving: Any, process: Any, timeout: float, failure: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not receiving.poll(0.5):
+    def arrived() -> bool:
+        if receiving.poll(0.5):
+            return True
         if not process.is_alive() and not receiving.poll(0):
             raise RuntimeError(f"benchmark: {failure} (exit code {process.exitcode})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"benchmark: {failure} within {timeout:g} s")
+        return False
+
+    wait_for(arrived, timeout, what=failure, poll=0)
     return receiving.recv()
 
 

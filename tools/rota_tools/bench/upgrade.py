@@ -22,44 +22,30 @@ import psycopg
 
 from rota import Settings, core
 from rota.core import db
-from rota_tools.bench.chaos import (
+from rota_tools.bench.compare import Side, checkout, repository_root
+from rota_tools.bench.faults import (
     APP,
     LIMIT,
     LIMITED_TENANT,
-    Harness,
+    PRODUCER,
+    Fleet,
     Process,
-    _drained,
-    _left,
-    _report,
-    _wait,
+    history_report,
 )
-from rota_tools.bench.compare import Side, checkout, repository_root
 from rota_tools.devservers import local_postgres, local_redis
 
 
 def version_before_newest_migration(repo: Path) -> str:
     """The parent of the commit that added the newest migration."""
+    log = ["git", "-C", str(repo), "log", "-1", "--diff-filter=A", "--format=%H"]
     newest = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(repo),
-            "log",
-            "-1",
-            "--diff-filter=A",
-            "--format=%H",
-            "--",
-            "rota/sql/migrations",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        [*log, "--", "rota/sql/migrations"], capture_output=True, text=True, check=True
     ).stdout.strip()
     return f"{newest}^"
 
 
-class UpgradeHarness(Harness):
-    """The chaos harness, each process run by the version it was started with."""
+class UpgradeFleet(Fleet):
+    """The chaos fleet, each process run by the version it was started with."""
 
     def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, old: Side) -> None:
         super().__init__(workdir, pg, rd, settings)
@@ -86,16 +72,10 @@ class UpgradeHarness(Harness):
 
     def run_as(self, version: str, name: str, *args: str) -> None:
         self.version[name] = version
-        if name == "producer":
-            self.processes.pop(name, None)
-            command = [sys.executable, "-m", "rota_tools.bench.chaos", str(self.ids_dir), *args]
-            self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
-            self.start(name)
-        else:
-            self.processes.pop(name, None)
-            command = [sys.executable, "-m", "rota", *args]
-            self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
-            self.start(name)
+        runs = [PRODUCER, str(self.ids_dir)] if name == "producer" else ["rota"]
+        command = [sys.executable, "-m", *runs, *args]
+        self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
+        self.start(name)
 
     def migrate(self, version: str) -> str:
         env = {**self.env, **(self._old_env() if version == "old" else {})}
@@ -121,30 +101,26 @@ def run_rolling_upgrade(
         rd = stack.enter_context(local_redis())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-upgrade-")))
         settings = Settings(database_url=pg.url, redis_url=rd.url)
-        harness = UpgradeHarness(workdir, pg, rd, settings, old)
-        try:
-            return _run(harness, revision, rate, seconds)
-        finally:
-            for name in list(harness.processes):
-                harness.stop(name, timeout=20)
+        with UpgradeFleet(workdir, pg, rd, settings, old) as fleet:
+            return _run(fleet, revision, rate, seconds)
 
 
-def _run(harness: UpgradeHarness, revision: str, rate: float, seconds: float) -> dict[str, Any]:
-    old_migrated = harness.migrate("old")
-    with psycopg.connect(harness.settings.database_url, autocommit=True) as conn:
+def _run(fleet: UpgradeFleet, revision: str, rate: float, seconds: float) -> dict[str, Any]:
+    old_migrated = fleet.migrate("old")
+    with psycopg.connect(fleet.settings.database_url, autocommit=True) as conn:
         db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
     workers = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
     per_task = "0.02"
-    harness.run_as("old", "loader", "loader", "run", "--engine", "python")
-    harness.run_as("old", "worker1", *workers)
-    harness.run_as("old", "worker2", *workers)
-    harness.run_as("old", "producer", str(rate), per_task)
-    assert _wait(lambda: len(harness.runs()) > 20, 90), "the old pipeline did not start"
+    fleet.run_as("old", "loader", "loader", "run", "--engine", "python")
+    fleet.run_as("old", "worker1", *workers)
+    fleet.run_as("old", "worker2", *workers)
+    fleet.run_as("old", "producer", str(rate), per_task)
+    fleet.started(90)
     time.sleep(seconds)
-    started = time.time()
-    new_migrated = harness.migrate("new")
+    started = fleet.baseline_start = fleet.baseline_end = time.time()
+    new_migrated = fleet.migrate("new")
     time.sleep(seconds)  # the old processes on the new schema
-    survived_migration = all(harness.alive().values())
+    survived_migration = all(fleet.alive().values())
     steps = []
     for name, args in [
         ("loader", ("loader", "run", "--engine", "python")),
@@ -152,19 +128,12 @@ def _run(harness: UpgradeHarness, revision: str, rate: float, seconds: float) ->
         ("producer", (str(rate), per_task)),
         ("worker2", workers),
     ]:
-        harness.stop(name)
-        harness.run_as("new", name, *args)
+        fleet.stop(name)
+        fleet.run_as("new", name, *args)
         steps.append((name, round(time.time() - started, 1)))
         time.sleep(seconds)
-    alive = all(harness.alive().values())
-    fault_phase_end = time.time()
-    harness.stop("producer")
-    drained = _wait(lambda: _drained(harness.settings), 180)
-    left = _left(harness.settings)
-    runs = harness.runs()
-    report = _report(
-        harness, runs, [], 0.0, started, started, fault_phase_end, drained, left, 0, alive, rate
-    )
+    report = history_report(fleet, time.time(), 0, all(fleet.alive().values()), rate)
+    runs = fleet.runs()
     report.update(
         {
             "old_revision": revision,
@@ -173,7 +142,7 @@ def _run(harness: UpgradeHarness, revision: str, rate: float, seconds: float) ->
             "old_processes_survived_the_migration": survived_migration,
             "replaced": steps,
             "runs_by_version": {
-                version: sum(1 for run in runs if harness.pid_version.get(run.pid) == version)
+                version: sum(1 for run in runs if fleet.pid_version.get(run.pid) == version)
                 for version in ("old", "new")
             },
         }

@@ -18,9 +18,15 @@ import rota
 from rota import App, Settings
 from rota.core import db
 from rota.model.envelope import make_envelope
-from rota_tools.bench.core import reset
-from rota_tools.bench.pipeline import NOOP_APP, QUEUE, _finished, _wait_for_finished
-from rota_tools.processes import spawn_workers, stop_workers
+from rota_tools.bench.harness import (
+    QUEUE,
+    finished,
+    load,
+    reset,
+    wait_for,
+    wait_for_finished,
+    workers,
+)
 from rota_tools.sql import query
 from rota_tools.stats import in_turns
 
@@ -62,25 +68,16 @@ def _run(
     finally:
         app.close()
     since = datetime.now(UTC)
-    workers = spawn_workers(
-        NOOP_APP, [QUEUE], WORKERS, settings, concurrency=CONCURRENCY, batch_size=100
-    )
-    try:
-        deadline = time.monotonic() + 1800
-        while True:
-            done = conn.execute(
-                query("bench_joins_done"), {"ids": joins, "since": since}
-            ).fetchone()
-            assert done is not None
-            if done[0] == len(joins) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        _wait_for_finished(conn, total, workers)
-    finally:
-        stop_workers(workers)
-    done_, twice, seconds = conn.execute(
-        query("bench_joins_done"), {"ids": joins, "since": since}
-    ).fetchone() or (0, 0, [])
+
+    def joins_done() -> tuple[int, int, list[Any]]:
+        row = conn.execute(query("bench_joins_done"), {"ids": joins, "since": since}).fetchone()
+        return (int(row[0]), int(row[1]), row[2]) if row else (0, 0, [])
+
+    with workers(settings, WORKERS, concurrency=CONCURRENCY, batch_size=100) as running:
+        # Every join run, or half an hour: the report counts those that ran.
+        wait_for(lambda: joins_done()[0] == len(joins), 1800, poll=0.1, processes=running)
+        wait_for_finished(conn, total, running)
+    done_, twice, seconds = joins_done()
     return {
         "joins": len(joins),
         "joins_run": int(done_),
@@ -106,22 +103,18 @@ def _rate(conn: psycopg.Connection[Any], settings: Settings, tasks: int, workflo
         finally:
             app.close()
     else:
-        envelopes = [
-            make_envelope(name="noop", queue=QUEUE, tenant=f"t{i % 100}", args=[i])
-            for i in range(tasks)
-        ]
-        from rota import core
-
-        for i in range(0, tasks, 10_000):
-            db.transact(conn, core.load(envelopes[i : i + 10_000]))
-    workers = spawn_workers(NOOP_APP, [QUEUE], 1, settings, concurrency=CONCURRENCY, batch_size=100)
-    try:
-        _wait_for_finished(conn, 200, workers)
-        begin, started = _finished(conn), time.perf_counter()
-        _wait_for_finished(conn, tasks, workers)  # the members (joins come after)
-        return (_finished(conn) - begin) / (time.perf_counter() - started)
-    finally:
-        stop_workers(workers)
+        load(
+            conn,
+            [
+                make_envelope(name="noop", queue=QUEUE, tenant=f"t{i % 100}", args=[i])
+                for i in range(tasks)
+            ],
+        )
+    with workers(settings, 1, concurrency=CONCURRENCY, batch_size=100) as running:
+        wait_for_finished(conn, 200, running)
+        begin, started = finished(conn), time.perf_counter()
+        wait_for_finished(conn, tasks, running)  # the members (joins come after)
+        return (finished(conn) - begin) / (time.perf_counter() - started)
 
 
 def bench_workflow(
