@@ -15,6 +15,7 @@ from rota.cli.app import (
     run_admin,
     settings_from,
 )
+from rota.cli.errors import unavailable
 from rota.cli.output import Actor, AsJson, Progress, actor_or_default, cell, emit, table
 from rota.core.db import Op
 
@@ -152,7 +153,7 @@ def stats(
 def render_text(f: Any) -> str:
     parts = [f"rota at {cell(f.at)}"]
     for server, why in f.unavailable.items():
-        parts.append(f"{server} unavailable: {why}")
+        parts.append(unavailable(server, why))
     if "postgresql" not in f.unavailable:
         parts.append(_queue_table(f.queues))
         parts.append(f"top tenants by waiting ({f.tenant_count:,} in all)")
