@@ -20,7 +20,7 @@ from rota.cli.output import Actor, AsJson, Progress, actor_or_default, cell, emi
 from rota.core.db import Op
 
 queue_app = typer.Typer(
-    rich_markup_mode="markdown", help="Queues: list, pause, resume, charge by time or cost."
+    rich_markup_mode=None, help="Queues: list, pause, resume, charge by time or cost."
 )
 app.add_typer(queue_app, name="queue", no_args_is_help=True)
 
