@@ -184,7 +184,9 @@ def _wait_ready(servers: Servers, timeout: float = 60) -> None:
         if failed:
             raise EmbeddedError(failed)
         if time.monotonic() > deadline:
-            raise EmbeddedError(f"the servers did not start within {timeout:.0f} s (logs in {servers.directory})")
+            raise EmbeddedError(
+                f"the servers did not start within {timeout:.0f} s (logs in {servers.directory})"
+            )
         if not postgres_up:
             with contextlib.suppress(psycopg.OperationalError):
                 with psycopg.connect(servers.database_url, connect_timeout=2) as conn:

@@ -51,7 +51,10 @@ def dev() -> None:
             done = migrate(conn)
         if done.versions or done.functions:
             typer.echo("rota dev: schema created or upgraded (rota migrate)")
-        write_env(ENV_FILE, {"ROTA_DATABASE_URL": servers.database_url, "ROTA_REDIS_URL": servers.redis_url})
+        write_env(
+            ENV_FILE,
+            {"ROTA_DATABASE_URL": servers.database_url, "ROTA_REDIS_URL": servers.redis_url},
+        )
         typer.echo(f"PostgreSQL: {servers.database_url}")
         typer.echo(f"Redis:      {servers.redis_url}")
         typer.echo(

@@ -36,9 +36,7 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow(reason="builds rota's wheel and pip-installs it with its dependencies")
-def test_the_tutorial_runs_from_an_empty_directory_on_the_wheel(
-    tmp_path: Path, dist: Path
-) -> None:
+def test_the_tutorial_runs_from_an_empty_directory_on_the_wheel(tmp_path: Path, dist: Path) -> None:
     project = tmp_path / "hello-rota"
     project.mkdir()
     assert not project.is_relative_to(ROOT)

@@ -17,7 +17,9 @@ from rota.errors import Cancelled
 
 def _task() -> ClaimedTask:
     now = datetime.now(UTC)
-    return ClaimedTask(uuid4(), "reports.build", {"args": [], "kwargs": {}}, "q", "acme", 1, 3, now, now)
+    return ClaimedTask(
+        uuid4(), "reports.build", {"args": [], "kwargs": {}}, "q", "acme", 1, 3, now, now
+    )
 
 
 def _raised(error: BaseException) -> BaseException:
