@@ -120,6 +120,9 @@ def free_port(wanted: int | None = None) -> int:
     """`wanted` when it is free on loopback, else any free port."""
     for port in ([wanted] if wanted else []) + [0]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As the servers bind: a port whose closed connections linger
+            # (TIME_WAIT) is free; one a server listens on is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
