@@ -116,17 +116,20 @@ def blocks(page: Path) -> list[Block]:
 # a line of JSON back (ok, or the error). Top-level `await` works, as in
 # `python -m asyncio`.
 DRIVER = r"""
-import ast, asyncio, contextlib, json, sys, traceback
-replies = sys.stdout
+import ast, asyncio, json, os, sys, traceback
+# What a block prints (its subprocesses too) goes to stderr: the replies
+# have the original stdout to themselves.
+replies = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
 namespace = {"__name__": "__main__"}
 for line in sys.stdin:
     code = json.loads(line)
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # what a block prints is not a reply
-            compiled = compile(code, "<docs>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-            result = eval(compiled, namespace)
-            if asyncio.iscoroutine(result):
-                asyncio.run(result)
+        compiled = compile(code, "<docs>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        result = eval(compiled, namespace)
+        if asyncio.iscoroutine(result):
+            asyncio.run(result)
+        sys.stdout.flush()
         reply = {"ok": True}
     except BaseException:
         reply = {"ok": False, "error": traceback.format_exc()}

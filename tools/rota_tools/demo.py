@@ -68,6 +68,7 @@ class Run:
     workers: int
     concurrency: int
     trickle_per_second: float
+    loader: str = "auto"
 
 
 def _group(tenant: str) -> str:
@@ -156,13 +157,19 @@ class DemoLoader(NamedTuple):
     stop: Callable[[], None]
 
 
-def _start_loader(settings: rota.Settings, stop: threading.Event, console: Console) -> DemoLoader:
-    """The Spark loader (local mode) in a thread; the Python loader where
-    there is no Java for Spark."""
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+def _start_loader(
+    settings: rota.Settings, stop: threading.Event, console: Console, engine: str
+) -> DemoLoader:
+    """The loader in a thread: `engine` "spark" (local mode), "python", or
+    "auto": Spark where there is Java for it, else Python."""
+    if engine == "auto":
+        engine = "spark" if shutil.which("java") or os.environ.get("JAVA_HOME") else "python"
+    if engine not in ("spark", "python"):
+        raise ValueError(f"unknown loader {engine!r}: use auto, spark or python")
+    if engine == "python":
         from rota.loader import Loader
 
-        console.print("[bold]no Java for Spark: starting the Python loader ...")
+        console.print("[bold]starting the Python loader ...")
         loader = Loader(settings)
 
         def load() -> None:
@@ -216,7 +223,7 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
         )
 
         stop = threading.Event()
-        loader = _start_loader(settings, stop, console)
+        loader = _start_loader(settings, stop, console, run.loader)
         workers = spawn_workers(
             "rota_tools.demo:app",
             [QUEUE],
@@ -386,7 +393,9 @@ def _chart(
     return path
 
 
-def main(flood: int = 100_000, small_tenants: int = 50, out: str = "demo-out") -> dict[str, Any]:
+def main(
+    flood: int = 100_000, small_tenants: int = 50, out: str = "demo-out", loader: str = "auto"
+) -> dict[str, Any]:
     console = Console()
     if not console.is_terminal:
         # To a file or pipe: lines are not cut at 80 columns (a URL, a
@@ -399,6 +408,7 @@ def main(flood: int = 100_000, small_tenants: int = 50, out: str = "demo-out") -
             workers=2,
             concurrency=32,
             trickle_per_second=40,
+            loader=loader,
         ),
         Path(out),
         console,
