@@ -1,5 +1,5 @@
 """`rota dev`: PostgreSQL and Redis for development, in the foreground, with
-their data under `.rota/` and their URLs in `.env` (rota.embedded)."""
+their data under `.rota/` and their URLs in `.env` (rota.runtime.embedded)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def dev() -> None:
     for production."""
     from rota.core import connections
     from rota.core.migrate import migrate
-    from rota.embedded import start
+    from rota.runtime.embedded import start
     from rota.settings import Settings
 
     typer.echo(

@@ -1,11 +1,11 @@
 """`make demo` / `rota demo`: watch a noisy neighbour not starve anyone.
 
 PostgreSQL and Redis: those of ROTA_DATABASE_URL and ROTA_REDIS_URL when
-set, else the embedded ones (rota.embedded) in a temporary directory. One
-tenant floods 100,000 tasks; a steady tenant and 50 small tenants trickle
-work in meanwhile. The Spark loader (local mode; the Python loader where
-there is no Java) moves the buffer into PostgreSQL; two worker processes run
-tasks of a few milliseconds. At the end: each tenant group's
+set, else the embedded ones (rota.runtime.embedded) in a temporary
+directory. One tenant floods 100,000 tasks; a steady tenant and 50 small
+tenants trickle work in meanwhile. The Spark loader (local mode; the Python
+loader where there is no Java) moves the buffer into PostgreSQL; two worker
+processes run tasks of a few milliseconds. At the end: each tenant group's
 wait (p50/p99) beside the same arrivals served first-in-first-out at the same
 throughput, and a PNG chart of wait over time.
 """
@@ -135,7 +135,7 @@ def _start_console(settings: rota.Settings) -> DemoConsole:
 def _servers(console: Console) -> Iterator[rota.Settings]:
     """The settings' servers when a URL is set (environment or .env), else
     the embedded ones, in a directory removed at the end."""
-    from rota import embedded
+    from rota.runtime import embedded
 
     settings = rota.Settings()
     if settings.model_fields_set & {"database_url", "redis_url"}:

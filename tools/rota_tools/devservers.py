@@ -10,7 +10,7 @@ temporary directory that is removed on stop. No Docker, no system service.
 
 ``python -m rota_tools.devservers`` starts both and prints their URLs until
 Ctrl-C. (For developing an app, `rota dev` runs them from wheels instead:
-rota.embedded.)
+rota.runtime.embedded.)
 """
 
 from __future__ import annotations

@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
-
 from rota.errors import RotaError
 
 INSTALL = "pip install 'rota[embedded]'"
@@ -178,8 +176,9 @@ def _running_postmaster(data: Path) -> int | None:
     return pid if b"postgres" in cmdline and str(data).encode() in cmdline else None
 
 
-def _wait_ready(servers: Servers, timeout: float = 60) -> None:
-    """Until PostgreSQL answers a query and Redis accepts a connection."""
+def _wait_ready(servers: Servers, bindir: Path, timeout: float = 60) -> None:
+    """Until PostgreSQL accepts connections (pg_isready: started, and out of
+    any recovery) and Redis accepts a connection."""
     deadline = time.monotonic() + timeout
     postgres_up = redis_up = False
     while not (postgres_up and redis_up):
@@ -191,10 +190,8 @@ def _wait_ready(servers: Servers, timeout: float = 60) -> None:
                 f"the servers did not start within {timeout:.0f} s (logs in {servers.directory})"
             )
         if not postgres_up:
-            with contextlib.suppress(psycopg.OperationalError):
-                with psycopg.connect(servers.database_url, connect_timeout=2) as conn:
-                    conn.execute("select 1")
-                postgres_up = True
+            ready = [str(bindir / "pg_isready"), "-q", "-t", "2", "-d", servers.database_url]
+            postgres_up = subprocess.run(ready, check=False).returncode == 0
         if not redis_up:
             with contextlib.suppress(OSError):
                 socket.create_connection(("127.0.0.1", servers.redis_port), 0.5).close()
@@ -277,7 +274,7 @@ def start(directory: Path) -> Servers:
     )
     servers = Servers(directory, postgres, redis, postgres_port, redis_port)
     try:
-        _wait_ready(servers)
+        _wait_ready(servers, bindir)
     except BaseException:
         servers.stop()
         raise
