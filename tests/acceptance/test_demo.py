@@ -15,8 +15,6 @@ import pytest
 
 from tests.docs_examples import ROOT
 
-pytest.importorskip("pgserver", reason="the embedded extra: pip install 'rota[embedded]'")
-
 
 @pytest.mark.slow(reason="the demo's whole pipeline: servers, loader, two worker processes")
 def test_the_demo_runs_on_the_embedded_servers_without_a_url(tmp_path: Path) -> None:

@@ -19,8 +19,6 @@ import redis
 
 from tests.docs_examples import ROOT
 
-pytest.importorskip("pgserver", reason="the embedded extra: pip install 'rota[embedded]'")
-
 
 def _env() -> dict[str, str]:
     """No ROTA_* of the suite: only what `rota dev` writes to .env."""
