@@ -58,6 +58,8 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return first, EXPECTED
     if type(exc).__module__.split(".")[0] in ("py4j", "pyspark"):
         return _spark(exc)
+    if isinstance(exc, ModuleNotFoundError) and (extra := _extra_of(exc.name)):
+        return f"{first}: install rota's {extra} extra: pip install 'rota[{extra}]'", EXPECTED
     return (
         f"unexpected {type(exc).__name__}: {first} (run with --debug for the traceback)",
         UNEXPECTED,
@@ -102,3 +104,26 @@ def _given(name: str) -> bool:
     except (OSError, UnicodeDecodeError):
         return False
     return any(line.split("=", 1)[0].strip().removeprefix("export ") == name for line in lines)
+
+
+# The optional dependencies of rota's extras (pyproject.toml), by the module
+# a command imports.
+_EXTRAS = {
+    "pyspark": "spark",
+    "py4j": "spark",
+    "pandas": "spark",
+    "pyarrow": "spark",
+    "starlette": "dashboard",
+    "jinja2": "dashboard",
+    "uvicorn": "dashboard",
+    "multipart": "dashboard",
+    "python_multipart": "dashboard",
+    "opentelemetry": "otel",
+    "django": "django",
+    "sqlalchemy": "sqlalchemy",
+}
+
+
+def _extra_of(module: str | None) -> str | None:
+    """The extra that installs `module`, if it is one of an extra's."""
+    return _EXTRAS.get((module or "").split(".")[0])
