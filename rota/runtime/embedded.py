@@ -12,6 +12,7 @@ working directory; `rota demo` runs them in a directory of its own.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import json
 import os
@@ -19,8 +20,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ INSTALL = "pip install 'rota[embedded]'"
 # root: any uid but 0 (PostgreSQL checks only that it is not root).
 _NAMESPACE_UID = 1000
 _PORTS = "ports.json"
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class EmbeddedError(RotaError):
@@ -127,6 +130,23 @@ def free_port(wanted: int | None = None) -> int:
                 continue
             return int(sock.getsockname()[1])
     raise EmbeddedError("no free port on 127.0.0.1")
+
+
+def _die_with_parent(signum: int) -> Callable[[], None] | None:
+    """A child's pre-exec step on Linux: the kernel sends it `signum` when
+    the process that started it dies, so that a killed `rota dev` (kill -9)
+    leaves no server behind. It outlasts exec (unshare's too)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def arm() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signum)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os.kill(os.getpid(), signum)
+
+    return arm
 
 
 def _tail(log: Path) -> str:
@@ -249,6 +269,7 @@ def start(directory: Path) -> Servers:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent(signal.SIGINT),  # PostgreSQL's fast shutdown
         )
     redis = subprocess.Popen(
         [
@@ -271,6 +292,7 @@ def start(directory: Path) -> Servers:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=_die_with_parent(signal.SIGTERM),  # Redis's clean shutdown
     )
     servers = Servers(directory, postgres, redis, postgres_port, redis_port)
     try:

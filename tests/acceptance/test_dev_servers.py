@@ -1,7 +1,7 @@
 """`rota dev`: the embedded PostgreSQL and Redis in the foreground, their
 URLs in .env so that rota's commands work in the directory with nothing
-exported; SIGTERM stops both; a second run keeps the data; a second one
-beside a running one says what to do."""
+exported; SIGTERM stops both (kill -9 too); a second run keeps the data; a
+second one beside a running one says what to do."""
 
 from __future__ import annotations
 
@@ -80,6 +80,10 @@ def _urls(directory: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if line.startswith("ROTA_"))
 
 
+def _postmaster(directory: Path) -> int:
+    return int((directory / ".rota" / "postgres" / "postmaster.pid").read_text().split()[0])
+
+
 def _alive(pid: int) -> bool:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -96,7 +100,7 @@ def test_rota_dev_serves_the_directory_and_keeps_its_data(tmp_path: Path, starte
     # Commands in the directory find the servers through .env alone.
     assert _rota(tmp_path, "tenant", "set", "acme", "--weight", "3").returncode == 0
     redis.Redis.from_url(urls["ROTA_REDIS_URL"]).set("kept", "yes")
-    postgres_pid = int((tmp_path / ".rota" / "postgres" / "postmaster.pid").read_text().split()[0])
+    postgres_pid = _postmaster(tmp_path)
 
     assert started.stop() == 0
     assert "stopped both servers" in started.output()
@@ -110,9 +114,17 @@ def test_rota_dev_serves_the_directory_and_keeps_its_data(tmp_path: Path, starte
         shown = _rota(tmp_path, "tenant", "show", "acme", "--json")
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["weight"] == 3
-        assert redis.Redis.from_url(urls["ROTA_REDIS_URL"]).get("kept") == b"yes"
+        client = redis.Redis.from_url(urls["ROTA_REDIS_URL"])
+        assert client.get("kept") == b"yes"
+        servers = [_postmaster(tmp_path), int(client.info("server")["process_id"])]
+        # Killed, not stopped: its servers follow it all the same.
+        again.process.kill()
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in servers):
+            assert time.monotonic() < deadline, servers
+            time.sleep(0.05)
     finally:
-        assert again.stop() == 0
+        again.stop()
 
 
 def test_a_second_rota_dev_beside_a_running_one_says_so(tmp_path: Path, started: Dev) -> None:
