@@ -107,7 +107,10 @@ def _unprivileged() -> list[str]:
         f"--map-user={_NAMESPACE_UID}",
         f"--map-group={_NAMESPACE_UID}",
     ]
-    works = unshare is not None and subprocess.run([*prefix, "true"], check=False).returncode == 0
+    works = (
+        unshare is not None
+        and subprocess.run([*prefix, "true"], capture_output=True).returncode == 0
+    )
     if not works:
         raise EmbeddedError(
             "PostgreSQL does not run as root, and no user namespace is available here "
