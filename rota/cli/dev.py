@@ -58,9 +58,9 @@ def dev() -> None:
         typer.echo(f"PostgreSQL: {servers.database_url}")
         typer.echo(f"Redis:      {servers.redis_url}")
         typer.echo(
-            "ready: written to .env, which rota's commands and your code read in this "
-            "directory (rota worker, rota loader run, rota dashboard, rota.App.from_env()). "
-            "Ctrl-C stops both servers; the data stays in .rota/.",
+            "ready: written to .env, which rota's commands (rota worker, rota loader, "
+            "rota dashboard, ...) and your code (rota.App.from_env()) read in this "
+            "directory. Ctrl-C stops both servers; the data stays in .rota/.",
         )
         while (failed := servers.exited()) is None:
             time.sleep(0.5)
