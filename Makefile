@@ -5,14 +5,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install servers lint typecheck sql docs test test-fast test-bench demo clean
+.PHONY: install servers lint typecheck sql docs test test-fast test-bench demo dist clean
 
 $(STAMP): pyproject.toml tools/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark,dashboard,docs,otel]' -e './tools[demo,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,dashboard,docs,otel,embedded]' -e './tools[demo,bench]'
 	touch $(STAMP)
 
+# The venv, and the machine's server packages the tests start throwaway
+# servers from (PostgreSQL, Redis, PgBouncer, Chromium, Java: see the script).
 install: $(STAMP) servers
 
 servers:
@@ -58,8 +60,16 @@ test-bench: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
-demo: install
+# Needs no server package: without ROTA_DATABASE_URL / ROTA_REDIS_URL the demo
+# runs on the embedded servers (`rota dev`'s), without Java on the Python loader.
+demo: $(STAMP)
 	$(PY) -m rota demo
 
+# The wheels and sdists of both distributions, rota and rota-tools (tools/).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m build --outdir dist tools
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(DOCS_SITE)
+	rm -rf $(VENV) dist .mypy_cache .ruff_cache .pytest_cache $(DOCS_SITE)

@@ -12,6 +12,13 @@ line right above a block changes how it runs:
                                loader), stopped when the page ends
     <!-- run: until it passes --> run again until it succeeds, for up to a
                                minute (it waits on a background process)
+    <!-- run: install -->     the reader's installation (a virtual
+                               environment, pip install): run only by a
+                               newcomer's session, which installs the wheel
+                               built from the checkout in a fresh directory
+    <!-- run: servers -->     the reader's servers (`rota dev`), in the
+                               background: run only by a newcomer's session;
+                               others have the test's servers in ROTA_*
 
 Blocks of other languages (text, sql, yaml, toml, ...) are text to read.
 """
@@ -40,7 +47,7 @@ class Block:
     line: int  # of the opening fence, from 1
     language: str  # "python" or "sh", or the fence's own word for text
     code: str
-    mode: str  # "run", "background", "retry", "file", "skip" or "text"
+    mode: str  # "run", "background", "retry", "install", "servers", "file", "skip" or "text"
     reason: str = ""  # why it is skipped; for "file", the file's name
 
     @property
@@ -91,6 +98,8 @@ def blocks(page: Path) -> list[Block]:
                 mode = "background"
             elif value == "until it passes":
                 mode = "retry"
+            elif value in ("install", "servers"):
+                mode = value
             else:
                 raise ValueError(f"{page}:{start}: unknown mark 'run: {value}'")
         if language not in ("python", "sh"):
@@ -107,17 +116,20 @@ def blocks(page: Path) -> list[Block]:
 # a line of JSON back (ok, or the error). Top-level `await` works, as in
 # `python -m asyncio`.
 DRIVER = r"""
-import ast, asyncio, contextlib, json, sys, traceback
-replies = sys.stdout
+import ast, asyncio, json, os, sys, traceback
+# What a block prints (its subprocesses too) goes to stderr: the replies
+# have the original stdout to themselves.
+replies = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
 namespace = {"__name__": "__main__"}
 for line in sys.stdin:
     code = json.loads(line)
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # what a block prints is not a reply
-            compiled = compile(code, "<docs>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-            result = eval(compiled, namespace)
-            if asyncio.iscoroutine(result):
-                asyncio.run(result)
+        compiled = compile(code, "<docs>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        result = eval(compiled, namespace)
+        if asyncio.iscoroutine(result):
+            asyncio.run(result)
+        sys.stdout.flush()
         reply = {"ok": True}
     except BaseException:
         reply = {"ok": False, "error": traceback.format_exc()}
@@ -132,17 +144,38 @@ RETRY_SECONDS = 60.0
 
 class Session:
     """One page's run: a scratch directory, a Python interpreter for its
-    ```python blocks, and the background processes its blocks started."""
+    ```python blocks, and the background processes its blocks started.
 
-    def __init__(self, directory: Path, env: dict[str, str], python: str) -> None:
+    A newcomer's session (`newcomer`: what to put in place of the text of
+    the page's install blocks, such as the wheel's path) runs the install and
+    servers blocks too; any other skips them, its environment and servers
+    standing in."""
+
+    def __init__(
+        self,
+        directory: Path,
+        env: dict[str, str],
+        python: str,
+        newcomer: dict[str, str] | None = None,
+    ) -> None:
         self.directory = directory
         self.env = env
         self.executable = python
+        self.newcomer = newcomer
         self.python: subprocess.Popen[str] | None = None
         self.background: list[subprocess.Popen[bytes]] = []
 
     def run(self, block: Block) -> None:
-        if block.mode == "file":
+        if block.mode in ("install", "servers") and self.newcomer is None:
+            return
+        if block.mode == "install":
+            assert self.newcomer is not None
+            code = block.code
+            for text, replacement in self.newcomer.items():
+                assert text in code, f"{block.where}: no {text!r} to replace"
+                code = code.replace(text, replacement)
+            self._shell(Block(block.page, block.line, block.language, code, "run"))
+        elif block.mode == "file":
             path = self.directory / block.reason
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(block.code)
@@ -158,7 +191,7 @@ class Session:
                     time.sleep(0.5)
         elif block.language == "python":
             self._python(block)
-        elif block.mode == "background":
+        elif block.mode in ("background", "servers"):
             self.background.append(
                 subprocess.Popen(
                     ["bash", "-c", block.code],
@@ -205,7 +238,8 @@ class Session:
         if self.python is not None:
             self.python.kill()
             self.python.wait()
-        for process in self.background:
+        # The last started first: the worker before the servers it uses.
+        for process in reversed(self.background):
             try:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=30)

@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 
 import typer
 
-from rota.cli import admin, consumer, dashboard, limits, loader, schema, tasks, tenants
+from rota.cli import admin, consumer, dashboard, dev, limits, loader, schema, tasks, tenants
 from rota.cli.app import Options, app
 from rota.cli.errors import explain
 from rota.runtime.redact import printable
@@ -22,6 +22,7 @@ __all__ = [
     "app",
     "consumer",
     "dashboard",
+    "dev",
     "limits",
     "loader",
     "main",

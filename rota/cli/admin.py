@@ -15,11 +15,12 @@ from rota.cli.app import (
     run_admin,
     settings_from,
 )
+from rota.cli.errors import unavailable
 from rota.cli.output import Actor, AsJson, Progress, actor_or_default, cell, emit, table
 from rota.core.db import Op
 
 queue_app = typer.Typer(
-    rich_markup_mode="markdown", help="Queues: list, pause, resume, charge by time or cost."
+    rich_markup_mode=None, help="Queues: list, pause, resume, charge by time or cost."
 )
 app.add_typer(queue_app, name="queue", no_args_is_help=True)
 
@@ -152,7 +153,7 @@ def stats(
 def render_text(f: Any) -> str:
     parts = [f"rota at {cell(f.at)}"]
     for server, why in f.unavailable.items():
-        parts.append(f"{server} unavailable: {why}")
+        parts.append(unavailable(server, why))
     if "postgresql" not in f.unavailable:
         parts.append(_queue_table(f.queues))
         parts.append(f"top tenants by waiting ({f.tenant_count:,} in all)")

@@ -17,7 +17,7 @@ from rota.settings import Settings
 T = TypeVar("T")
 
 app = typer.Typer(
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
     help="rota: a fair, multi-tenant task queue.",
     no_args_is_help=True,
     # Locals may hold URLs with passwords: never shown.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import psycopg
 import pydantic
@@ -28,8 +29,9 @@ def explain(exc: BaseException) -> tuple[str, int]:
         if known is not None:
             return f"PostgreSQL refused the connection: {first}; {known}", EXPECTED
         hint = (
-            "set ROTA_DATABASE_URL (the default, postgresql://localhost/postgres, was used)"
-            if "ROTA_DATABASE_URL" not in os.environ
+            "set ROTA_DATABASE_URL, or run `rota dev` in this directory for development "
+            "servers (the default, postgresql://localhost/postgres, was used)"
+            if not _given("ROTA_DATABASE_URL")
             else "is PostgreSQL running, and is ROTA_DATABASE_URL right?"
         )
         return f"cannot reach PostgreSQL: {first}; {hint}", EXPECTED
@@ -37,8 +39,9 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return f"ROTA_DATABASE_URL is not a valid PostgreSQL URL: {first}", EXPECTED
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
         hint = (
-            "set ROTA_REDIS_URL (the default, redis://localhost:6379/0, was used)"
-            if "ROTA_REDIS_URL" not in os.environ
+            "set ROTA_REDIS_URL, or run `rota dev` in this directory for development "
+            "servers (the default, redis://localhost:6379/0, was used)"
+            if not _given("ROTA_REDIS_URL")
             else "is Redis running, and is ROTA_REDIS_URL right?"
         )
         return f"cannot reach Redis: {first}; {hint}", EXPECTED
@@ -55,6 +58,8 @@ def explain(exc: BaseException) -> tuple[str, int]:
         return first, EXPECTED
     if type(exc).__module__.split(".")[0] in ("py4j", "pyspark"):
         return _spark(exc)
+    if isinstance(exc, ModuleNotFoundError) and (extra := _extra_of(exc.name)):
+        return f"{first}: install rota's {extra} extra: pip install 'rota[{extra}]'", EXPECTED
     return (
         f"unexpected {type(exc).__name__}: {first} (run with --debug for the traceback)",
         UNEXPECTED,
@@ -80,3 +85,45 @@ def _spark(exc: BaseException) -> tuple[str, int]:
             EXPECTED,
         )
     return f"Spark failed: {cause[:300]}; {where}", EXPECTED
+
+
+def unavailable(server: str, said: str) -> str:
+    """The line of a command that reads around a server it cannot reach
+    (`rota stats`): what it said, and the fix when rota knows it."""
+    fix = connection_fix(said) if server == "postgresql" else None
+    return f"{server} unavailable: {said}" + (f"; {fix}" if fix else "")
+
+
+def _given(name: str) -> bool:
+    """Whether the setting is in the environment or in .env here (where
+    `rota dev` writes it), rather than left to its default."""
+    if name in os.environ:
+        return True
+    try:
+        lines = Path(".env").read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return any(line.split("=", 1)[0].strip().removeprefix("export ") == name for line in lines)
+
+
+# The optional dependencies of rota's extras (pyproject.toml), by the module
+# a command imports.
+_EXTRAS = {
+    "pyspark": "spark",
+    "py4j": "spark",
+    "pandas": "spark",
+    "pyarrow": "spark",
+    "starlette": "dashboard",
+    "jinja2": "dashboard",
+    "uvicorn": "dashboard",
+    "multipart": "dashboard",
+    "python_multipart": "dashboard",
+    "opentelemetry": "otel",
+    "django": "django",
+    "sqlalchemy": "sqlalchemy",
+}
+
+
+def _extra_of(module: str | None) -> str | None:
+    """The extra that installs `module`, if it is one of an extra's."""
+    return _EXTRAS.get((module or "").split(".")[0])

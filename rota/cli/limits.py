@@ -11,7 +11,7 @@ from rota.cli.app import DatabaseUrl, app, run_admin
 from rota.cli.output import Actor, AsJson, actor_or_default, emit, table
 
 limit_app = typer.Typer(
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
     help="Limits on keys (rota.Limit): list, set, reset to the app's declaration, drop.",
 )
 app.add_typer(limit_app, name="limit", no_args_is_help=True)

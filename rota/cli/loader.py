@@ -48,7 +48,7 @@ def spark_options(conf: list[str] | None, ui: bool, log_level: str | None) -> An
 
 
 loader_app = typer.Typer(
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
     help="Drain the Redis buffer into PostgreSQL.",
     no_args_is_help=True,
 )

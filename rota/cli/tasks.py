@@ -20,13 +20,13 @@ from rota.model.rules import parse_duration
 from rota.settings import Settings
 
 task_app = typer.Typer(
-    rich_markup_mode="markdown", help="One task: its story and why it waits; cancel; retry."
+    rich_markup_mode=None, help="One task: its story and why it waits; cancel; retry."
 )
 app.add_typer(task_app, name="task", no_args_is_help=True)
-dead_app = typer.Typer(rich_markup_mode="markdown", help="Dead tasks.")
+dead_app = typer.Typer(rich_markup_mode=None, help="Dead tasks.")
 app.add_typer(dead_app, name="dead", no_args_is_help=True)
 letters_app = typer.Typer(
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
     help="The buffer's dead-letter stream (what loaders could not load).",
 )
 app.add_typer(letters_app, name="dead-letters", no_args_is_help=True)

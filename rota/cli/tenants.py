@@ -49,7 +49,7 @@ class TenantGroup(TyperGroup):
 
 tenant_app = typer.Typer(
     cls=TenantGroup,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
     help="Tenants: `rota tenant NAME --weight 3` changes one (short for `set`); "
     "list, show, pause, resume.",
 )

@@ -302,6 +302,18 @@ def sort_outcome(
         failure = retry_failure(task, error)
         log.info("task %s (tenant %s) asked to be retried: %s", task.id, task.tenant, failure.error)
         unreported.failed.append(failure)
+    elif isinstance(error, Cancelled):
+        # Asked for, not a failure: no traceback. Reported as a failure, which
+        # the cancel asked of the task's row ends cancelled.
+        log.info(
+            "task %s (%s, tenant %s) cancelled on attempt %d: %s",
+            task.id,
+            task.name,
+            task.tenant,
+            task.attempt,
+            error,
+        )
+        unreported.failed.append(core.Failure(task.id, task.attempt, describe(error)))
     else:
         trace = full_traceback(error)
         log.warning(

@@ -23,8 +23,9 @@ _CONNECTION_FIXES = (
 )
 
 
-def connection_fix(error: BaseException) -> str | None:
-    """The fix for a refused PostgreSQL connection, if rota knows it."""
+def connection_fix(error: BaseException | str) -> str | None:
+    """The fix for a refused PostgreSQL connection (the error, or what it
+    said), if rota knows it."""
     text = str(error)
     for said, fix in _CONNECTION_FIXES:
         if said in text:

@@ -168,3 +168,33 @@ def test_stored_errors_are_redacted_and_printed_without_terminal_control(
     shown = rota("task", "show", str(task.id), ROTA_DATABASE_URL=database_url)
     assert shown.returncode == 0, shown.stderr
     assert "\x1b" not in shown.stdout and "red" in shown.stdout
+
+
+def _in(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`rota ARGS` run in `directory`, with no ROTA_* in the environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROTA_")}
+    return subprocess.run(
+        [sys.executable, "-m", "rota", *args],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_with_no_url_set_the_error_names_rota_dev(tmp_path: Path) -> None:
+    """Nothing set (no ROTA_*, no .env): the default was used, and the fix for
+    a newcomer is `rota dev`; with the URLs in .env, they are what to check."""
+    result = _in(tmp_path, "tenant", "alice")
+    _one_line(result, "cannot reach PostgreSQL")
+    assert "run `rota dev` in this directory" in result.stderr
+    assert "postgresql://localhost/postgres, was used" in result.stderr
+    (tmp_path / ".env").write_text(
+        f"ROTA_DATABASE_URL=postgresql://rota@127.0.0.1:{_free_port()}/rota\n"
+        f"ROTA_REDIS_URL=redis://127.0.0.1:{_free_port()}/0\n"
+    )
+    given = _in(tmp_path, "tenant", "alice")
+    _one_line(given, "is PostgreSQL running, and is ROTA_DATABASE_URL right?")
+    redis_down = _in(tmp_path, "dead-letters", "list")
+    _one_line(redis_down, "is Redis running, and is ROTA_REDIS_URL right?")

@@ -190,4 +190,15 @@ def test_behind_pgbouncer_without_the_setup_rota_names_the_fix(
     assert done.returncode == 1, summary
     (error,) = summary["errors"]
     assert "startup parameter" in error and "ROTA_DATABASE_POOLING=transaction" in error
+    # `rota stats` prints what it can, and the same fix for PostgreSQL.
+    stats = subprocess.run(
+        [sys.executable, "-m", "rota", "stats"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    [line] = [x for x in stats.stdout.splitlines() if x.startswith("postgresql unavailable")]
+    assert "startup parameter" in line and "ROTA_DATABASE_POOLING=transaction" in line
     assert "Behind PgBouncer" in error

@@ -672,12 +672,17 @@ def demo(
     flood: int = 100_000,
     small_tenants: int = 50,
     out: Annotated[str, typer.Option(help="where the chart goes")] = "demo-out",
+    loader: Annotated[
+        str, typer.Option(help="spark, python, or auto: Spark where there is Java")
+    ] = "auto",
     as_json: AsJson = False,
 ) -> None:
-    """The whole pipeline on local servers: a flood, quiet tenants, fair waits."""
+    """The whole pipeline: a flood, quiet tenants, fair waits. On the servers
+    of ROTA_DATABASE_URL / ROTA_REDIS_URL, or the embedded ones when no URL is
+    set."""
     tune_gc()
     from rota_tools.demo import main as run_demo
 
-    result = run_demo(flood=flood, small_tenants=small_tenants, out=out)
+    result = run_demo(flood=flood, small_tenants=small_tenants, out=out, loader=loader)
     if as_json:
         typer.echo(json.dumps(result, indent=2))

@@ -1,8 +1,10 @@
 """`make demo` / `rota demo`: watch a noisy neighbour not starve anyone.
 
-Local PostgreSQL and Redis are started for you. One tenant floods 100,000
-tasks; a steady tenant and 50 small tenants trickle work in meanwhile. The
-Spark loader (local mode) moves the buffer into PostgreSQL; two worker
+PostgreSQL and Redis: those of ROTA_DATABASE_URL and ROTA_REDIS_URL when
+set, else the embedded ones (rota.runtime.embedded) in a temporary
+directory. One tenant floods 100,000 tasks; a steady tenant and 50 small
+tenants trickle work in meanwhile. The Spark loader (local mode; the Python
+loader where there is no Java) moves the buffer into PostgreSQL; two worker
 processes run tasks of a few milliseconds. At the end: each tenant group's
 wait (p50/p99) beside the same arrivals served first-in-first-out at the same
 throughput, and a PNG chart of wait over time.
@@ -10,6 +12,7 @@ throughput, and a PNG chart of wait over time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
@@ -21,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -64,6 +68,7 @@ class Run:
     workers: int
     concurrency: int
     trickle_per_second: float
+    loader: str = "auto"
 
 
 def _group(tenant: str) -> str:
@@ -126,17 +131,90 @@ def _start_console(settings: rota.Settings) -> DemoConsole:
     return DemoConsole(process, f"http://127.0.0.1:{port}", token)
 
 
+@contextlib.contextmanager
+def _servers(console: Console) -> Iterator[rota.Settings]:
+    """The settings' servers when a URL is set (environment or .env), else
+    the embedded ones, in a directory removed at the end."""
+    from rota.runtime import embedded
+
+    settings = rota.Settings()
+    if settings.model_fields_set & {"database_url", "redis_url"}:
+        yield settings
+        return
+    directory = Path(tempfile.mkdtemp(prefix="rota-demo-"))
+    try:
+        console.print("[bold]no ROTA_DATABASE_URL / ROTA_REDIS_URL: starting the embedded servers")
+        with embedded.running(directory) as servers:
+            yield settings.model_copy(
+                update={"database_url": servers.database_url, "redis_url": servers.redis_url}
+            )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class DemoLoader(NamedTuple):
+    thread: threading.Thread
+    stop: Callable[[], None]
+
+
+def _start_loader(
+    settings: rota.Settings, stop: threading.Event, console: Console, engine: str
+) -> DemoLoader:
+    """The loader in a thread: `engine` "spark" (local mode), "python", or
+    "auto": Spark where there is Java for it, else Python."""
+    if engine == "auto":
+        engine = "spark" if shutil.which("java") or os.environ.get("JAVA_HOME") else "python"
+    if engine not in ("spark", "python"):
+        raise ValueError(f"unknown loader {engine!r}: use auto, spark or python")
+    if engine == "python":
+        from rota.loader import Loader
+
+        console.print("[bold]starting the Python loader ...")
+        loader = Loader(settings)
+
+        def load() -> None:
+            try:
+                loader.run_forever(stop.is_set)
+            finally:
+                loader.close()
+
+        thread = threading.Thread(target=load, daemon=True)
+        thread.start()
+        return DemoLoader(thread, lambda: None)
+
+    from rota.loader.spark import run_streaming, spark_session
+
+    console.print("[bold]starting the Spark loader (local mode) ...")
+    spark = spark_session("local[2]", "rota-demo")
+    checkpoint = tempfile.mkdtemp(prefix="rota-demo-ckpt-")
+    thread = threading.Thread(
+        target=run_streaming,
+        kwargs={
+            "settings": settings,
+            "checkpoint": checkpoint,
+            "trigger_seconds": 0.5,
+            "should_stop": stop.is_set,
+            "session": spark,
+        },
+        daemon=True,
+    )
+    thread.start()
+
+    def close() -> None:
+        spark.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+    return DemoLoader(thread, close)
+
+
 def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
     from rota.core.migrate import migrate
-    from rota.loader.spark import run_streaming, spark_session
-    from rota_tools.devservers import local_postgres, local_redis
     from rota_tools.processes import spawn_workers, stop_workers
 
-    with local_postgres() as pg, local_redis() as rd:
-        settings = rota.Settings(database_url=pg.url, redis_url=rd.url)
+    with _servers(console) as settings:
         producer = rota.App(settings)
         producer.tasks["work"] = work
-        conn = db.connect(pg.url)
+        conn = db.connect(settings.database_url)
         migrate(conn)
         dashboard = _start_console(settings)
         console.print(
@@ -144,22 +222,8 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
             "it stays up while the flood runs)"
         )
 
-        console.print("[bold]starting the Spark loader (local mode) ...")
-        spark = spark_session("local[2]", "rota-demo")
-        checkpoint = tempfile.mkdtemp(prefix="rota-demo-ckpt-")
         stop = threading.Event()
-        loader = threading.Thread(
-            target=run_streaming,
-            kwargs={
-                "settings": settings,
-                "checkpoint": checkpoint,
-                "trigger_seconds": 0.5,
-                "should_stop": stop.is_set,
-                "session": spark,
-            },
-            daemon=True,
-        )
-        loader.start()
+        loader = _start_loader(settings, stop, console, run.loader)
         workers = spawn_workers(
             "rota_tools.demo:app",
             [QUEUE],
@@ -180,9 +244,10 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
                 time.sleep(1 / run.trickle_per_second)
 
         try:
-            # Spark's start-up (session, first micro-batch) is not the steady
-            # state whose fairness the demo shows: one task goes through first.
-            console.print("[bold]warming up the pipeline (Spark's first micro-batch) ...")
+            # The loader's start-up (Spark's session, its first micro-batch) is
+            # not the steady state whose fairness the demo shows: one task goes
+            # through first.
+            console.print("[bold]warming up the pipeline (the loader's first batch) ...")
             producer.enqueue_many([work.using(tenant=WARM_UP).prepare(TASK_MS)])
             while _done_of(conn, WARM_UP) < 1:
                 time.sleep(0.2)
@@ -216,9 +281,8 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
             stop.set()
             dashboard.stop()
             stop_workers(workers)
-            loader.join(timeout=60)
-            spark.stop()
-            shutil.rmtree(checkpoint, ignore_errors=True)
+            loader.thread.join(timeout=60)
+            loader.stop()
 
         finished = conn.cursor(row_factory=class_row(Finished))
         rows = finished.execute(query("demo_finished"), {"warm_up": WARM_UP}).fetchall()
@@ -322,7 +386,9 @@ def _chart(
     return path
 
 
-def main(flood: int = 100_000, small_tenants: int = 50, out: str = "demo-out") -> dict[str, Any]:
+def main(
+    flood: int = 100_000, small_tenants: int = 50, out: str = "demo-out", loader: str = "auto"
+) -> dict[str, Any]:
     console = Console()
     if not console.is_terminal:
         # To a file or pipe: lines are not cut at 80 columns (a URL, a
@@ -335,6 +401,7 @@ def main(flood: int = 100_000, small_tenants: int = 50, out: str = "demo-out") -
             workers=2,
             concurrency=32,
             trickle_per_second=40,
+            loader=loader,
         ),
         Path(out),
         console,

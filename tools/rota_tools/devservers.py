@@ -8,8 +8,9 @@ temporary directory that is removed on stop. No Docker, no system service.
     with local_postgres() as pg, local_redis() as rd:
         print(pg.url, rd.url)
 
-``python -m rota_tools.devservers`` (or ``infra/servers``) starts both and prints
-their URLs until Ctrl-C.
+``python -m rota_tools.devservers`` starts both and prints their URLs until
+Ctrl-C. (For developing an app, `rota dev` runs them from wheels instead:
+rota.runtime.embedded.)
 """
 
 from __future__ import annotations
