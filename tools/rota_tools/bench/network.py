@@ -27,10 +27,9 @@ from typing import Any
 
 import psycopg
 
-from rota import Settings, core
+from rota import Settings
 from rota.core import db
-from rota.core.migrate import migrate
-from rota_tools.bench.faults import APP, LIMIT, LIMITED_TENANT, Fault, Fleet, history_report
+from rota_tools.bench.faults import LOADER, WORKER, Fault, Fleet, history_report, prepare_database
 from rota_tools.delay_proxy import DelayProxy
 from rota_tools.devservers import free_port, local_postgres, local_redis
 from rota_tools.netns import Host, TestNetwork
@@ -61,18 +60,11 @@ class NetworkFleet(Fleet):
             "ROTA_DATABASE_DEAD_LINK_SECONDS": str(DEAD_LINK_SECONDS),
         }
 
-    def start(self, name: str) -> None:
-        process = self.processes[name]
+    def launch(self, name: str) -> tuple[list[str], dict[str, str], Path | None]:
         if name not in self.hosts:
             self.hosts[name] = self.net.host(name)
-        command = self.hosts[name].command(process.command)
-        with process.log.open("ab") as log:
-            process.popen = subprocess.Popen(
-                command,
-                env={**self.env, **self.own_env.get(name, {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        command = self.hosts[name].command(self.processes[name].command)
+        return command, {**self.env, **self.own_env.get(name, {})}, None
 
     def detected_after(self, name: str, since: float) -> float | None:
         """Seconds from `since` to the process's first outage line after it."""
@@ -117,19 +109,16 @@ def run_network_chaos(
         _let_hosts_in(pg)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-net-")))
         settings = Settings(database_url=pg.url, redis_url=rd.url)
-        with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            migrate(conn)
-            db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
+        prepare_database(settings.database_url)
         fleet = NetworkFleet(workdir, pg, rd, settings, net)
         fleet.own_env[DELAYED] = {
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }
         try:
             with fleet:
-                fleet.add("loader", "loader", "run", "--engine", "python")
-                worker = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-                fleet.add("worker1", *worker, "--no-maintenance")
-                fleet.add("worker2", *worker, "--no-maintenance")
+                fleet.add("loader", *LOADER)
+                fleet.add("worker1", *WORKER, "--no-maintenance")
+                fleet.add("worker2", *WORKER, "--no-maintenance")
                 fleet.add("maintenance", "maintenance")
                 fleet.add("maintenance2", "maintenance")  # takes over while the first is cut off
                 fleet.add_producer(rate, seconds_per_task)
