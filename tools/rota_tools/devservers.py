@@ -25,8 +25,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 
 class ServerError(RuntimeError):
@@ -207,25 +209,30 @@ def _wait_for_postgres(url: str) -> None:
     _until(answers, 60, lambda: f"postgres not ready: {tried[-1].stderr.decode()}", poll=0.1)
 
 
-def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
-    bindir = postgres_bindir()
+def _postgres_directory(name: str) -> tuple[list[str], Path]:
+    """The command prefix that runs as the user PostgreSQL runs as, and a
+    fresh directory of that user's for the server's data."""
     prefix, uid, gid = _as_postgres_user()
-    port = port or free_port()
-    directory = Path(tempfile.mkdtemp(prefix="rota-pg-"))
-    data = directory / "data"
-    log = directory / "postgres.log"
+    directory = Path(tempfile.mkdtemp(prefix=name))
     if uid is not None and gid is not None:
         os.chown(directory, uid, gid)
-    initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust"]
+    return prefix, directory
+
+
+def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
+    prefix, directory = _postgres_directory("rota-pg-")
+    data = directory / "data"
+    initdb = [str(postgres_bindir() / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust"]
     initdb += ["--encoding=UTF8", "--locale=C.UTF-8"]
     subprocess.run([*prefix, *initdb], check=True, capture_output=True)
-    return _run_postgres(prefix, data, port, log, "postgres", settings or {})
+    return _run_postgres(prefix, data, port or free_port(), "postgres", settings or {})
 
 
 def _run_postgres(
-    prefix: list[str], data: Path, port: int, log: Path, what: str, settings: dict[str, str]
+    prefix: list[str], data: Path, port: int, what: str, settings: dict[str, str]
 ) -> Server:
-    """PostgreSQL started on `data`, accepting queries."""
+    """PostgreSQL started on `data`, accepting queries, its log beside `data`."""
+    log = data.parent / "postgres.log"
     options: list[str] = []
     for key, value in {**POSTGRES_SETTINGS, **settings}.items():
         options += ["-c", f"{key}={value}"]
@@ -246,24 +253,18 @@ def start_postgres_standby(
     """A streaming standby of `primary` (pg_basebackup, hot standby) on a free
     port; with `synchronous`, the primary's commits wait for it to flush
     (synchronous_standby_names). `SELECT pg_promote()` on it fails over."""
-    bindir = postgres_bindir()
-    prefix, uid, gid = _as_postgres_user()
-    port = free_port()
-    directory = Path(tempfile.mkdtemp(prefix="rota-pg-standby-"))
+    prefix, directory = _postgres_directory("rota-pg-standby-")
     data = directory / "data"
-    log = directory / "postgres.log"
-    if uid is not None and gid is not None:
-        os.chown(directory, uid, gid)
     source = f"host=127.0.0.1 port={primary.port} user=rota application_name={name}"
     subprocess.run(
         [
-            *(*prefix, str(bindir / "pg_basebackup"), "-d", source, "-D", str(data)),
+            *(*prefix, str(postgres_bindir() / "pg_basebackup"), "-d", source, "-D", str(data)),
             *("-X", "stream", "-R", "--checkpoint=fast"),
         ],
         check=True,
         capture_output=True,
     )
-    server = _run_postgres(prefix, data, port, log, "postgres standby", {})
+    server = _run_postgres(prefix, data, free_port(), "postgres standby", {})
     import psycopg
     from psycopg import sql
 
@@ -377,13 +378,6 @@ def start_pgbouncer(
     )
 
 
-def restart_redis(server: Server) -> Server:
-    """Start redis again on the same port and data directory (after a kill):
-    with its append-only file, it has every acknowledged write back."""
-    server.start_again()
-    return server
-
-
 @dataclass(frozen=True)
 class TLSFiles:
     """A server certificate (for localhost and 127.0.0.1) and the CA that signed it."""
@@ -429,27 +423,35 @@ def _remove(server: Server) -> None:
     shutil.rmtree(server.directory, ignore_errors=True)
 
 
+Started = TypeVar("Started", "Server", "RedisCluster", "SparkCluster")
+
+
 @contextlib.contextmanager
-def local_postgres(settings: dict[str, str] | None = None) -> Iterator[Server]:
-    server = start_postgres(settings=settings)
+def _removed(started: Started) -> Iterator[Started]:
+    """The started server (or cluster) until the block ends, then stopped
+    and its files removed."""
     try:
-        yield server
+        yield started
     finally:
-        _remove(server)
+        if isinstance(started, Server):
+            _remove(started)
+        else:
+            started.stop()
 
 
-@contextlib.contextmanager
+def local_postgres(settings: dict[str, str] | None = None) -> AbstractContextManager[Server]:
+    return _removed(start_postgres(settings=settings))
+
+
 def local_redis(
     appendonly: bool = True,
     tls: TLSFiles | None = None,
     also_on: Sequence[str] = (),
     appendfsync: str = "everysec",
-) -> Iterator[Server]:
-    server = start_redis(appendonly=appendonly, tls=tls, also_on=also_on, appendfsync=appendfsync)
-    try:
-        yield server
-    finally:
-        _remove(server)
+) -> AbstractContextManager[Server]:
+    return _removed(
+        start_redis(appendonly=appendonly, tls=tls, also_on=also_on, appendfsync=appendfsync)
+    )
 
 
 @dataclass
@@ -534,13 +536,10 @@ def _field(info: str, name: str) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def local_redis_cluster(masters: int = 3, replicas: int = 0) -> Iterator[RedisCluster]:
-    cluster = start_redis_cluster(masters, replicas)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def local_redis_cluster(
+    masters: int = 3, replicas: int = 0
+) -> AbstractContextManager[RedisCluster]:
+    return _removed(start_redis_cluster(masters, replicas))
 
 
 @dataclass
@@ -640,24 +639,14 @@ def log_of(server: Server) -> str:
     return server.log.read_text()[-2000:] if server.log and server.log.exists() else ""
 
 
-@contextlib.contextmanager
-def local_spark_cluster(workers: int = 2, cores: int = 1) -> Iterator[SparkCluster]:
-    cluster = start_spark_cluster(workers, cores)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def local_spark_cluster(workers: int = 2, cores: int = 1) -> AbstractContextManager[SparkCluster]:
+    return _removed(start_spark_cluster(workers, cores))
 
 
-@contextlib.contextmanager
 def local_pgbouncer(
     postgres: Server, pool_mode: str = "session", max_client_conn: int | None = None
-) -> Iterator[Server]:
-    server = start_pgbouncer(postgres, pool_mode, max_client_conn)
-    try:
-        yield server
-    finally:
-        _remove(server)
+) -> AbstractContextManager[Server]:
+    return _removed(start_pgbouncer(postgres, pool_mode, max_client_conn))
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -228,25 +228,21 @@ def _run(
             "taken_for_dead_after_s": fleet.detected_after(DELAYED, started),
         }  # fmt: skip
 
-    for process, servers in [
-        ("worker1", ["postgres"]),
-        ("loader", ["postgres"]),
-        ("loader", ["redis"]),
-        ("producer", ["redis"]),
+    short, long = short_seconds, long_seconds
+    for process, servers, seconds, watch, note in [
+        ("worker1", ["postgres"], short, False, ""),
+        ("loader", ["postgres"], short, False, ""),
+        ("loader", ["redis"], short, False, ""),
+        ("producer", ["redis"], short, False, ""),
+        ("worker1", ["postgres"], long, True, " (past a lease)"),
+        ("loader", ["postgres"], long, True, ""),
+        ("loader", ["redis"], long, True, ""),
+        ("producer", ["redis"], long, False, ""),
+        ("producer", ["redis", "postgres"], short, False, ""),
+        ("maintenance", ["postgres"], long, True, ""),
     ]:
-        partition(f"{process} ⟂ {servers[0]} {short_seconds:g} s", process, servers,
-                  short_seconds, watch=False)  # fmt: skip
-    partition(f"worker1 ⟂ postgres {long_seconds:g} s (past a lease)", "worker1", ["postgres"],
-              long_seconds, watch=True)  # fmt: skip
-    partition(f"loader ⟂ postgres {long_seconds:g} s", "loader", ["postgres"], long_seconds,
-              watch=True)  # fmt: skip
-    partition(f"loader ⟂ redis {long_seconds:g} s", "loader", ["redis"], long_seconds, watch=True)
-    partition(f"producer ⟂ redis {long_seconds:g} s", "producer", ["redis"], long_seconds,
-              watch=False)  # fmt: skip
-    partition(f"producer ⟂ both {short_seconds:g} s", "producer", ["redis", "postgres"],
-              short_seconds, watch=False)  # fmt: skip
-    partition(f"maintenance ⟂ postgres {long_seconds:g} s", "maintenance", ["postgres"],
-              long_seconds, watch=True)  # fmt: skip
+        to = "both" if len(servers) > 1 else servers[0]
+        partition(f"{process} ⟂ {to} {seconds:g} s{note}", process, servers, seconds, watch)
     console_fault = console.cut_off(long_seconds)
     half_open("worker2")
     slow(["loader", "worker2"], short_seconds * 2)
