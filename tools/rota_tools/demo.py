@@ -10,13 +10,11 @@ throughput, and a PNG chart of wait over time.
 
 from __future__ import annotations
 
-import os
 import random
 import secrets
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -109,21 +107,10 @@ class DemoConsole:
 def _start_console(settings: rota.Settings) -> DemoConsole:
     """`rota dashboard` beside the demo, with a token of the run's own."""
     from rota_tools.devservers import free_port
+    from rota_tools.processes import spawn_console
 
     port, token = free_port(), secrets.token_urlsafe(12)
-    env = {
-        **os.environ,
-        "ROTA_DATABASE_URL": settings.database_url,
-        "ROTA_REDIS_URL": settings.redis_url,
-        "ROTA_DASHBOARD_TOKEN": token,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rota", "dashboard", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return DemoConsole(process, f"http://127.0.0.1:{port}", token)
+    return DemoConsole(spawn_console(settings, port, token), f"http://127.0.0.1:{port}", token)
 
 
 def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
