@@ -320,28 +320,21 @@ def verdict(metric: Metric, base: Sequence[float], new: Sequence[float]) -> dict
     """Medians, spreads and the change of one figure. The change is outside
     the spread only when the two sides' ranges do not overlap. A figure one
     side does not report (one a later commit added) is shown alone."""
-    if not base or not new:
-        return {
-            "baseline": summarise(base) if base else None,
-            "candidate": summarise(new) if new else None,
-            "change": None,
-            "outside_spread": False,
-            "outcome": "baseline does not report it" if new else "candidate does not report it",
-            "higher_is_better": metric.higher_is_better,
-        }
-    a, b = summarise(base), summarise(new)
-    change = (b["median"] - a["median"]) / a["median"] if a["median"] else None
-    # One run each has no spread to judge a change by.
-    judged = len(base) > 1 and len(new) > 1
-    disjoint = judged and (a["max"] < b["min"] or b["max"] < a["min"])
-    if not judged:
-        outcome = "one run: no spread"
-    elif not disjoint or change is None:
-        outcome = "within noise"
-    elif (change > 0) == metric.higher_is_better:
-        outcome = "better"
+    a, b = (summarise(values) if values else None for values in (base, new))
+    change, disjoint = None, False
+    if a is None or b is None:
+        outcome = "baseline does not report it" if new else "candidate does not report it"
     else:
-        outcome = "worse"
+        change = (b["median"] - a["median"]) / a["median"] if a["median"] else None
+        # One run each has no spread to judge a change by.
+        judged = len(base) > 1 and len(new) > 1
+        disjoint = judged and (a["max"] < b["min"] or b["max"] < a["min"])
+        if not judged:
+            outcome = "one run: no spread"
+        elif not disjoint or change is None:
+            outcome = "within noise"
+        else:
+            outcome = "better" if (change > 0) == metric.higher_is_better else "worse"
     return {
         "baseline": a,
         "candidate": b,
