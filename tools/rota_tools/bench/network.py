@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -94,7 +92,6 @@ def run_network_chaos(
     settle_seconds: float = 12.0,
     short_seconds: float = 3.0,
     long_seconds: float = 12.0,
-    keep_logs: Path | None = None,
 ) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(TestNetwork())
@@ -114,26 +111,18 @@ def run_network_chaos(
         fleet.own_env[DELAYED] = {
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }
-        try:
-            with fleet:
-                fleet.add("loader", *LOADER)
-                fleet.add("worker1", *WORKER, "--no-maintenance")
-                fleet.add("worker2", *WORKER, "--no-maintenance")
-                fleet.add("maintenance", "maintenance")
-                fleet.add("maintenance2", "maintenance")  # takes over while the first is cut off
-                fleet.add_producer(rate, seconds_per_task)
-                console = Console(fleet)
-                fleet.started(90)
-                assert fleet.wait(console.answers, 60), "the console did not start"
-                fleet.measure_baseline(baseline_seconds)
-                return _run(
-                    fleet, console, proxy, rate, settle_seconds, short_seconds, long_seconds
-                )
-        finally:
-            if keep_logs is not None:
-                keep_logs.mkdir(parents=True, exist_ok=True)
-                for log in workdir.glob("*.log"):
-                    shutil.copy(log, keep_logs / log.name)
+        with fleet:
+            fleet.add("loader", *LOADER)
+            fleet.add("worker1", *WORKER, "--no-maintenance")
+            fleet.add("worker2", *WORKER, "--no-maintenance")
+            fleet.add("maintenance", "maintenance")
+            fleet.add("maintenance2", "maintenance")  # takes over while the first is cut off
+            fleet.add_producer(rate, seconds_per_task)
+            console = Console(fleet)
+            fleet.started(90)
+            assert fleet.wait(console.answers, 60), "the console did not start"
+            fleet.measure_baseline(baseline_seconds)
+            return _run(fleet, console, proxy, rate, settle_seconds, short_seconds, long_seconds)
 
 
 def _run(
@@ -330,9 +319,3 @@ def _far_prefix(net: TestNetwork, host_end: str) -> str:
 
 def _tc(*args: str) -> None:
     subprocess.run(["tc", *args], check=True, capture_output=True)
-
-
-if __name__ == "__main__":  # pragma: no cover - run by hand
-    import json
-
-    print(json.dumps(run_network_chaos(), indent=2, default=str), file=sys.stdout)
