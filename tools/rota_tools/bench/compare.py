@@ -1,18 +1,10 @@
-"""`rota bench compare`: one commit against another (or the working tree),
-run alternately on the same servers, stage by stage.
-
-Each side runs `python -m rota bench SCENARIO --json` from its own tree: the
-baseline from a throw-away git worktree (with any dependency it needs that
-this environment lacks installed into a throw-away directory beside it), the
-candidate from the working tree or a second worktree. Before every run the
-benchmark database is dropped and created afresh and Redis is flushed, so
-neither side inherits the other's bloat or schema. The sides alternate A B
-then B A (so neither always runs on the warmer or the busier half of a
-round), and rounds go round all the stages, so a noisy minute spreads over
-every stage instead of spoiling one.
-
-A stage's change counts as real only when the two sides' ranges do not
-overlap: on a shared 2-core machine a single run can be 25% off.
+"""`rota bench compare` (docs/howto/benchmarks.md): each side's `rota bench
+SCENARIO --json` run from its own tree, A B then B A (neither always on the
+warmer or busier half of a round), rounds going round every stage (a noisy
+minute spreads over them all), on a database made afresh and a flushed Redis
+each run (neither side inherits the other's bloat or schema). A change
+counts as real only when the two sides' ranges do not overlap: on a shared
+2-core machine a single run can be 25% off.
 """
 
 from __future__ import annotations
