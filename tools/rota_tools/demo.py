@@ -78,13 +78,8 @@ def _progress(conn: Any) -> Table:
     # Claimed counts what the workers hold, started or prefetched.
     for column in ("waiting", "claimed", "done flood", "done steady", "done small"):
         table.add_column(column, justify="right")
-    table.add_row(
-        str(counts.get("ready", 0)),
-        str(counts.get("running", 0)),
-        str(done["flood"]),
-        str(done["steady"]),
-        str(done["small"]),
-    )
+    waiting, claimed = counts.get("ready", 0), counts.get("running", 0)
+    table.add_row(*map(str, (waiting, claimed, done["flood"], done["steady"], done["small"])))
     return table
 
 
@@ -241,15 +236,10 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
     columns = ["group", "tasks", "share", "wait p50 ms", "wait p99 ms", "FIFO p50 ms"]
     for column in (*columns, "FIFO p99 ms"):
         table.add_column(column, justify="right")
+    wait_keys = ("wait_p50_ms", "wait_p99_ms", "fifo_wait_p50_ms", "fifo_wait_p99_ms")
     for group, s in summary.items():
         table.add_row(
-            group,
-            f"{s['tasks']:,}",
-            f"{s['share']:.1%}",
-            f"{s['wait_p50_ms']:,}",
-            f"{s['wait_p99_ms']:,}",
-            f"{s['fifo_wait_p50_ms']:,}",
-            f"{s['fifo_wait_p99_ms']:,}",
+            group, f"{s['tasks']:,}", f"{s['share']:.1%}", *(f"{s[w]:,}" for w in wait_keys)
         )
     console.print(table)
     chart = _chart(timeline, fifo_timeline, path=out_dir / "rota-demo-wait.png")
