@@ -65,18 +65,24 @@ def _as_postgres_user() -> tuple[list[str], int | None, int | None]:
     return ["runuser", "-u", "postgres", "--"], entry.pw_uid, entry.pw_gid
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third (state) on; None if gone. The
+    command name before them may hold spaces and parentheses: they start
+    past its last ")"."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
 def descendants(*roots: int) -> list[int]:
     """Every process below the given ones, from /proc."""
     children: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            text = Path(stat).read_text()
-        except OSError:
-            continue  # gone meanwhile
-        # The command name may hold spaces and parentheses: the fields
-        # after it start past its last ")"; the parent's pid is the second.
-        parent = int(text[text.rindex(")") + 2 :].split()[1])
-        children.setdefault(parent, []).append(int(Path(stat).parent.name))
+    for entry in glob.glob("/proc/[0-9]*"):
+        pid = int(Path(entry).name)
+        if (fields := proc_stat(pid)) is not None:  # else gone meanwhile
+            children.setdefault(int(fields[1]), []).append(pid)  # its parent's
     found, todo = [], list(roots)
     while todo:
         for child in children.get(todo.pop(), []):
@@ -87,11 +93,8 @@ def descendants(*roots: int) -> list[int]:
 
 def _dead(pid: int) -> bool:
     """Gone, or a zombie left to reap."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text[text.rindex(")") + 2] == "Z"
+    fields = proc_stat(pid)
+    return fields is None or fields[0] == "Z"
 
 
 def _until(
@@ -503,16 +506,17 @@ def wait_for_cluster(cluster: RedisCluster, timeout: float = 60) -> None:
     cli = shutil.which("redis-cli") or "redis-cli"
     live = [node for node in cluster.nodes if node.process.poll() is None]
 
+    def ask(node: Server, *command: str) -> str:
+        return subprocess.run(
+            [cli, "-p", str(node.port), *command], capture_output=True, text=True
+        ).stdout
+
     def every_node_whole() -> bool:
         states = []
         for node in live:
-            info = subprocess.run(
-                [cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True
-            ).stdout
+            info = ask(node, "cluster", "info")
             known = int(_field(info, "cluster_known_nodes") or 0)
-            replication = subprocess.run(
-                [cli, "-p", str(node.port), "info", "replication"], capture_output=True, text=True
-            ).stdout
+            replication = ask(node, "info", "replication")
             synced = _field(replication, "role") != "slave" or (
                 _field(replication, "master_link_status") == "up"
             )
