@@ -1,11 +1,6 @@
 """`rota bench claim`, `backlog-scaling` and `lock-pressure`: claims and
 completions against the plain SKIP LOCKED queues they are read beside, in
-the same runs.
-
-Each figure is reported beside its baseline measured in the same run, as the
-median of several runs: the machines are shared and noisy, so ratios matter
-more than absolute numbers.
-"""
+the same runs."""
 
 from __future__ import annotations
 
