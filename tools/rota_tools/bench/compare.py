@@ -178,10 +178,10 @@ class Result:
     failures: list[str] = field(default_factory=list)
 
 
-def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     environment = {**os.environ, **env} if env else None
-    git = ["git", "-C", str(repo), *args]
-    done = subprocess.run(git, capture_output=True, text=True, check=False, env=environment)
+    command = ["git", "-C", str(repo), *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     if done.returncode != 0:
         raise CompareError(f"git {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -189,7 +189,7 @@ def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 def repository_root() -> Path:
     """The checkout this code runs from (the candidate's tree by default)."""
-    return Path(_git(Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
+    return Path(git(Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
 
 
 def snapshot(repo: Path) -> tuple[str, str]:
@@ -197,16 +197,16 @@ def snapshot(repo: Path) -> tuple[str, str]:
     files not ignored included; the index and the tree are left as they are),
     so that edits made while a comparison runs do not leak into it; and its
     name."""
-    head = _git(repo, "rev-parse", "HEAD")
+    head = git(repo, "rev-parse", "HEAD")
     with tempfile.TemporaryDirectory(prefix="rota-ab-index-") as scratch:
         index = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
-        _git(repo, "read-tree", "HEAD", env=index)
-        _git(repo, "add", "--all", env=index)
-        tree = _git(repo, "write-tree", env=index)
-    if tree == _git(repo, "rev-parse", "HEAD^{tree}"):
+        git(repo, "read-tree", "HEAD", env=index)
+        git(repo, "add", "--all", env=index)
+        tree = git(repo, "write-tree", env=index)
+    if tree == git(repo, "rev-parse", "HEAD^{tree}"):
         return head, head[:10]
     message = "rota bench compare: the working tree"
-    return _git(repo, "commit-tree", tree, "-p", head, "-m", message), head[:10] + "+changes"
+    return git(repo, "commit-tree", tree, "-p", head, "-m", message), head[:10] + "+changes"
 
 
 def missing_requirements(pyproject: Path) -> list[str]:
@@ -236,10 +236,10 @@ def checkout(
     repo: Path, revision: str, name: str, keep: bool = False, label: str | None = None
 ) -> Iterator[Side]:
     """A throw-away worktree of `revision` and the dependencies it lacks."""
-    commit = _git(repo, "rev-parse", "--verify", f"{revision}^{{commit}}")
+    commit = git(repo, "rev-parse", "--verify", f"{revision}^{{commit}}")
     place = Path(tempfile.mkdtemp(prefix=f"rota-ab-{commit[:10]}-"))
     tree = place / "tree"
-    _git(repo, "worktree", "add", "--detach", str(tree), commit)
+    git(repo, "worktree", "add", "--detach", str(tree), commit)
     try:
         extra = None
         missing = missing_requirements(tree / "pyproject.toml")
@@ -252,7 +252,7 @@ def checkout(
         yield Side(name, label or commit, tree, extra)
     finally:
         if not keep:
-            _git(repo, "worktree", "remove", "--force", str(tree))
+            git(repo, "worktree", "remove", "--force", str(tree))
             shutil.rmtree(place, ignore_errors=True)
 
 

@@ -19,18 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from rota import Settings
-from rota_tools.bench.compare import Side, checkout, repository_root
+from rota_tools.bench.compare import Side, checkout, git, repository_root
 from rota_tools.bench.faults import LOADER, WORKER, Fleet, history_report, prepare_database
 from rota_tools.devservers import local_postgres, local_redis
 
 
 def version_before_newest_migration(repo: Path) -> str:
     """The parent of the commit that added the newest migration."""
-    log = ["git", "-C", str(repo), "log", "-1", "--diff-filter=A", "--format=%H"]
-    newest = subprocess.run(
-        [*log, "--", "rota/sql/migrations"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    return f"{newest}^"
+    return (
+        git(repo, "log", "-1", "--diff-filter=A", "--format=%H", "--", "rota/sql/migrations") + "^"
+    )
 
 
 class UpgradeFleet(Fleet):
