@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rota import Settings
 from rota_tools.bench.faults import (
     LEASE_SECONDS,
     LOADER,
@@ -49,9 +48,8 @@ def run_chaos(
         pg = stack.enter_context(local_postgres())
         rd = stack.enter_context(local_redis(appendfsync="always"))
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-chaos-")))
-        settings = Settings(database_url=pg.url, redis_url=rd.url)
-        prepare_database(settings.database_url)
-        fleet = stack.enter_context(Fleet(workdir, pg, rd, settings))
+        prepare_database(pg.url)
+        fleet = stack.enter_context(Fleet(workdir, pg, rd))
         fleet.add("loader", *LOADER)
         fleet.add("worker1", *WORKER)
         fleet.add("worker2", *WORKER)

@@ -89,11 +89,9 @@ class Fleet:
     """The processes under test (each `rota` command or the producer, in a
     process of its own, its output in a log) and the servers they use."""
 
-    def __init__(self, workdir: Path, pg: Server, rd: Server, settings: Settings) -> None:
-        self.workdir = workdir
-        self.pg = pg
-        self.rd = rd
-        self.settings = settings
+    def __init__(self, workdir: Path, pg: Server, rd: Server) -> None:
+        self.workdir, self.pg, self.rd = workdir, pg, rd
+        settings = self.settings = Settings(database_url=pg.url, redis_url=rd.url)
         self.runs_dir = workdir / "runs"
         self.runs_dir.mkdir()
         self.ids_dir = workdir / "ids"

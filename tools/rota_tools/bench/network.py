@@ -25,7 +25,6 @@ from typing import Any
 
 import psycopg
 
-from rota import Settings
 from rota.core import db
 from rota_tools.bench.faults import LOADER, WORKER, Fault, Fleet, history_report, prepare_database
 from rota_tools.delay_proxy import DelayProxy
@@ -44,8 +43,8 @@ _UNAVAILABLE = re.compile(r"^(\S+ \S+) \S+ .*unavailable, reconnecting")
 class NetworkFleet(Fleet):
     """The chaos fleet with each process in a namespace of its own."""
 
-    def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, net: TestNetwork):
-        super().__init__(workdir, pg, rd, settings)
+    def __init__(self, workdir: Path, pg: Any, rd: Any, net: TestNetwork):
+        super().__init__(workdir, pg, rd)
         self.net = net
         self.hosts: dict[str, Host] = {}
         # Per process, settings of its own (DELAYED's database, behind the proxy).
@@ -105,9 +104,8 @@ def run_network_chaos(
         proxy = stack.enter_context(DelayProxy((slow_pg_at, free_port()), ("127.0.0.1", pg.port)))
         _let_hosts_in(pg)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-net-")))
-        settings = Settings(database_url=pg.url, redis_url=rd.url)
-        prepare_database(settings.database_url)
-        fleet = NetworkFleet(workdir, pg, rd, settings, net)
+        prepare_database(pg.url)
+        fleet = NetworkFleet(workdir, pg, rd, net)
         fleet.own_env[DELAYED] = {
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rota import Settings
 from rota_tools.bench.compare import Side, checkout, git, repository_root
 from rota_tools.bench.faults import LOADER, WORKER, Fleet, history_report, prepare_database
 from rota_tools.devservers import local_postgres, local_redis
@@ -34,8 +33,8 @@ def version_before_newest_migration(repo: Path) -> str:
 class UpgradeFleet(Fleet):
     """The chaos fleet, each process run by the version it was started with."""
 
-    def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, old: Side) -> None:
-        super().__init__(workdir, pg, rd, settings)
+    def __init__(self, workdir: Path, pg: Any, rd: Any, old: Side) -> None:
+        super().__init__(workdir, pg, rd)
         self.old = old
         self.version: dict[str, str] = {}  # process -> "old" or "new"
         self.pid_version: dict[int, str] = {}
@@ -76,8 +75,7 @@ def run_rolling_upgrade(
         pg = stack.enter_context(local_postgres())
         rd = stack.enter_context(local_redis())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-upgrade-")))
-        settings = Settings(database_url=pg.url, redis_url=rd.url)
-        with UpgradeFleet(workdir, pg, rd, settings, old) as fleet:
+        with UpgradeFleet(workdir, pg, rd, old) as fleet:
             return _run(fleet, revision, rate, seconds)
 
 
