@@ -20,7 +20,7 @@ from rota import App, EnqueueError, Settings, core
 from rota.core import db
 from rota.loader import Loader
 from rota.producer.breaker import BreakerState
-from rota_tools.devservers import local_redis, restart_redis
+from rota_tools.devservers import local_redis
 from tests.helpers import pending_idle_past_reclaim, start_logged, wait_for
 
 CHILD = Path(__file__).with_name("loader_child.py")
@@ -107,7 +107,7 @@ def test_redis_killed_mid_burst_every_acknowledged_task_is_stored_once(
         killed_at = len(acknowledged)
         # The burst goes on, into PostgreSQL...
         wait_for(lambda: core.fallbacks > 20, what="enqueues to fall back")
-        restart_redis(server)
+        server.start_again()  # from its append-only file: every acknowledged write
         # ...and back into Redis, once the breaker's probe succeeds.
         wait_for(lambda: core.breaker.state is BreakerState.CLOSED, what="the breaker to close")
         back_at = len(acknowledged)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -47,6 +49,67 @@ BesideCluster = Annotated[
         "and report both, with the cluster's ratios",
     ),
 ]
+Statements = Annotated[
+    bool,
+    typer.Option(
+        "--statements",
+        help="start the throwaway PostgreSQL with pg_stat_statements and report "
+        "its busiest statements per task",
+    ),
+]
+Measure = Callable[..., dict[str, Any]]
+# The options of a scenario on the bench's servers (bench_settings), after its own.
+SERVERS: dict[str, tuple[Any, Any]] = {
+    "database_url": (DatabaseUrl, None),
+    "redis_url": (RedisUrl, None),
+    "local": (Local, None),
+    "statements": (Statements, False),
+    "as_json": (AsJson, False),
+}
+
+
+def _scenario(
+    name: str,
+    *,
+    redis: bool = True,
+    statements: bool = False,
+    gc: bool = False,
+    check: Callable[..., None] | None = None,
+) -> Callable[[Measure], Measure]:
+    """Registers `measure(settings, **options) -> figures` as `rota bench
+    NAME`, with its options and SERVERS' (--redis-url with `redis`,
+    --statements with `statements`). The command runs `check(**options)`,
+    then tune_gc() with `gc` (as the process it measures does), then
+    `measure` on bench_settings' servers, and reports its figures."""
+    taken = [
+        k for k in SERVERS if (redis or k != "redis_url") and (statements or k != "statements")
+    ]
+
+    def register(measure: Measure) -> Measure:
+        def command(**options: Any) -> None:
+            database_url, redis_url, local, with_statements, as_json = (
+                options.pop(key, SERVERS[key][1]) for key in SERVERS
+            )
+            if check is not None:
+                check(**options)
+            if gc:
+                tune_gc()
+            with bench_settings(database_url, redis_url, local, with_statements) as settings:
+                _report(name, measure(settings, **options), as_json)
+
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        own = list(inspect.signature(measure, eval_str=True).parameters.values())[1:]
+        every = [p.replace(kind=keyword) for p in own]
+        every += [
+            inspect.Parameter(k, keyword, annotation=SERVERS[k][0], default=SERVERS[k][1])
+            for k in taken
+        ]
+        command.__signature__ = inspect.Signature(every)  # type: ignore[attr-defined]
+        command.__doc__ = measure.__doc__
+        bench_app.command(name)(command)
+        return measure
+
+    return register
 
 
 def _beside_cluster(
@@ -69,18 +132,15 @@ def _beside_cluster(
     return {**single, "redis_cluster": clustered, "redis_cluster_ratio": ratios}
 
 
-Statements = Annotated[
-    bool,
-    typer.Option(
-        "--statements",
-        help="start the throwaway PostgreSQL with pg_stat_statements and report "
-        "its busiest statements per task",
-    ),
-]
+def _check_load(engine: str, connections: int, **_: Any) -> None:
+    if connections < 1 or (connections > 1 and engine != "core"):
+        raise typer.BadParameter("--connections takes 1 or more, with --engine core")
 
 
-@bench_app.command("load")
+# As in `rota loader` (and its Python loaders' processes).
+@_scenario("load", statements=True, gc=True, check=_check_load)
 def bench_load(
+    settings: Settings,
     engine: Annotated[str, typer.Option(help="core (bulk SQL vs raw COPY), python or spark")] = (
         "core"
     ),
@@ -112,59 +172,45 @@ def bench_load(
             "tenant holds half)"
         ),
     ] = False,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
     redis_cluster: BesideCluster = False,
-    statements: Statements = False,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Loading: the core's fair bulk load vs raw COPY (--engine core), or the
     buffer -> PostgreSQL pipeline's tasks/s and enqueue -> claimable latency."""
     from rota_tools.bench.load import bench_pipeline_load
     from rota_tools.bench.load_core import bench_load as run_core
     from rota_tools.bench.load_core import bench_parallel_load
 
-    if connections < 1 or (connections > 1 and engine != "core"):
-        raise typer.BadParameter("--connections takes 1 or more, with --engine core")
-    tune_gc()  # as in `rota loader` (and its Python loaders' processes)
-    with bench_settings(database_url, redis_url, local, statements) as settings:
-        if engine == "core":
-            figures = run_core(settings.database_url, tasks, tenants, runs)
-            if connections > 1:
-                figures["parallel"] = bench_parallel_load(
-                    settings.database_url, tasks, tenants, connections, runs
-                )
-        elif engine in ("python", "spark"):
-            options = (loaders, trickle_seconds, spark_warm_up_batches, even_tenants)
-            measure = lambda s: bench_pipeline_load(s, engine, tasks, tenants, runs, *options)  # noqa: E731
-            figures = _beside_cluster(settings, measure, redis_cluster)
-        else:
-            raise typer.BadParameter(f"unknown engine {engine!r}")
-        _report("load", figures, as_json)
+    if engine == "core":
+        figures = run_core(settings.database_url, tasks, tenants, runs)
+        if connections > 1:
+            figures["parallel"] = bench_parallel_load(
+                settings.database_url, tasks, tenants, connections, runs
+            )
+        return figures
+    if engine not in ("python", "spark"):
+        raise typer.BadParameter(f"unknown engine {engine!r}")
+    options = (loaders, trickle_seconds, spark_warm_up_batches, even_tenants)
+    measure = lambda s: bench_pipeline_load(s, engine, tasks, tenants, runs, *options)  # noqa: E731
+    return _beside_cluster(settings, measure, redis_cluster)
 
 
-@bench_app.command("enqueue")
+@_scenario("enqueue")
 def bench_enqueue(
+    settings: Settings,
     tasks: int = 200_000,
     tenants: int = 1000,
     runs: int = 3,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
     redis_cluster: BesideCluster = False,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Producer: enqueue_many and single enqueue into the buffer, and the fallback."""
     from rota_tools.bench.enqueue import bench_enqueue as run
 
-    with bench_settings(database_url, redis_url, local) as settings:
-        figures = _beside_cluster(settings, lambda s: run(s, tasks, tenants, runs), redis_cluster)
-        _report("enqueue", figures, as_json)
+    return _beside_cluster(settings, lambda s: run(s, tasks, tenants, runs), redis_cluster)
 
 
-@bench_app.command("import")
+@_scenario("import", redis=False)
 def bench_import_command(
+    settings: Settings,
     rows: int = 1_000_000,
     tenants: int = 1000,
     runs: int = 1,
@@ -175,10 +221,7 @@ def bench_import_command(
             "--spark-cluster", help="on a throwaway standalone cluster (a master, two workers)"
         ),
     ] = False,
-    database_url: DatabaseUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """`rota import` of a generated Parquet file against, in the same run, a
     plain Spark JDBC write of the same rows and a COPY of them from one
     connection into a table with rota.tasks' indexes (the ceiling); the peak
@@ -186,72 +229,61 @@ def bench_import_command(
     from rota_tools.bench.importing import bench_import
     from rota_tools.devservers import local_spark_cluster
 
-    with bench_settings(database_url, None, local) as settings, contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         if spark_cluster:
             master = stack.enter_context(local_spark_cluster(workers=2, cores=1)).url
-        _report("import", bench_import(settings, rows, tenants, runs, master), as_json)
+        return bench_import(settings, rows, tenants, runs, master)
 
 
-@bench_app.command("workflow")
+@_scenario("workflow")
 def bench_workflow_command(
+    settings: Settings,
     tenants: Annotated[int, typer.Option(help="tenants, each a group with a join")] = 1000,
     members: Annotated[int, typer.Option(help="members of each small group")] = 100,
     big: Annotated[int, typer.Option(help="members of the one huge group (0: none)")] = 100_000,
     step_tasks: Annotated[int, typer.Option(help="tasks of the step-cost runs")] = 50_000,
     runs: int = 3,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Workflows: every join runs once; small tenants' joins beside a huge
     group against alone; a member's cost against a plain task's."""
     from rota_tools.bench.workflow import bench_workflow
 
-    with bench_settings(database_url, redis_url, local) as settings:
-        figures = bench_workflow(settings, tenants, members, big, step_tasks, runs)
-        _report("workflow", figures, as_json)
+    return bench_workflow(settings, tenants, members, big, step_tasks, runs)
 
 
-@bench_app.command("keyed-limits")
+@_scenario("keyed-limits")
 def bench_keyed_limits_command(
+    settings: Settings,
     tasks: Annotated[int, typer.Option(help="unlimited no-op tasks per throughput run")] = 100_000,
     waiting: Annotated[int, typer.Option(help="tasks waiting on the saturated key")] = 10_000,
     limit: Annotated[int, typer.Option(help="the key's concurrency limit")] = 4,
     keyed: Annotated[int, typer.Option(help="keyed tasks run while the limit is sampled")] = 3000,
     runs: int = 3,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Limits on keys: unlimited tasks beside 10,000 waiting on a saturated
     key against alone; the key's running count sampled under two workers."""
     from rota_tools.bench.keyed import bench_keyed_limits
 
-    with bench_settings(database_url, redis_url, local) as settings:
-        figures = bench_keyed_limits(settings, tasks, waiting, limit, keyed, runs)
-        _report("keyed-limits", figures, as_json)
+    return bench_keyed_limits(settings, tasks, waiting, limit, keyed, runs)
 
 
-@bench_app.command("runtime-fairness")
-def bench_runtime_fairness_command(
-    runs: int = 3,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+@_scenario("runtime-fairness")
+def bench_runtime_fairness_command(settings: Settings, runs: int = 3) -> dict[str, Any]:
     """Shares of worker time of a tenant with 100 ms tasks beside one with
     1 ms tasks: charged by measured time (equal weights, 2:1) and by count."""
     from rota_tools.bench.runtime import bench_runtime_fairness
 
-    with bench_settings(database_url, redis_url, local) as settings:
-        _report("runtime-fairness", bench_runtime_fairness(settings, runs), as_json)
+    return bench_runtime_fairness(settings, runs)
 
 
-@bench_app.command("work")
+def _check_work(pool: str, **_: Any) -> None:
+    if pool not in ("threads", "processes"):
+        raise typer.BadParameter(f"--pool is threads or processes, not {pool!r}")
+
+
+@_scenario("work", check=_check_work)
 def bench_work(
+    settings: Settings,
     tasks: int = 50_000,
     tenants: int = 1000,
     concurrency: int = 8,
@@ -262,56 +294,41 @@ def bench_work(
         ),
     ] = "threads",
     runs: Annotated[int, typer.Option(help="alternating runs per pool (--pool processes)")] = 3,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
     and enqueue -> start latency with NOTIFY. With --pool processes: the
     process pool's tasks/s beside the thread pool's, CPU-bound and no-op."""
     from rota_tools.bench.work import bench_pools
     from rota_tools.bench.work import bench_work as run
 
-    if pool not in ("threads", "processes"):
-        raise typer.BadParameter(f"--pool is threads or processes, not {pool!r}")
-    with bench_settings(database_url, redis_url, local) as settings:
-        if pool == "processes":
-            figures = bench_pools(settings, min(tasks, 400), min(tasks, 20_000), runs)
-        else:
-            figures = run(settings, tasks, tenants, concurrency)
-        _report("work", figures, as_json)
+    if pool == "processes":
+        return bench_pools(settings, min(tasks, 400), min(tasks, 20_000), runs)
+    return run(settings, tasks, tenants, concurrency)
 
 
-def _fairness_command(scenario: str) -> None:
-    def command(
-        scale: Annotated[int, typer.Option(help="workload size multiplier")] = 100,
-        database_url: DatabaseUrl = None,
-        local: Local = None,
-        as_json: AsJson = False,
-    ) -> None:
-        from rota_tools.bench.fairness import bench_fairness
+def _fairness(
+    scenario: str,
+    settings: Settings,
+    scale: Annotated[int, typer.Option(help="workload size multiplier")] = 100,
+) -> dict[str, Any]:
+    from rota_tools.bench.fairness import bench_fairness
 
-        with bench_settings(database_url, None, local) as settings:
-            _report(scenario, bench_fairness(settings.database_url, scenario, scale), as_json)
-
-    command.__doc__ = f"Fairness: the {scenario} workload through rota, FIFO and PARTITION BY."
-    bench_app.command(scenario)(command)
+    return bench_fairness(settings.database_url, scenario, scale)
 
 
-for _scenario in ("noisy-neighbour", "zipf", "weighted", "cost"):
-    _fairness_command(_scenario)
+for _name in ("noisy-neighbour", "zipf", "weighted", "cost"):
+    _measure = functools.partial(_fairness, _name)
+    _measure.__doc__ = f"Fairness: the {_name} workload through rota, FIFO and PARTITION BY."
+    _scenario(_name, redis=False)(_measure)
 
 
-@bench_app.command("end-to-end")
+@_scenario("end-to-end")
 def bench_end_to_end(
+    settings: Settings,
     tasks: int = 20_000,
     tenants: int = 100,
     rate: float = 2000.0,
     concurrency: int = 8,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
     pgbouncer: Annotated[
         bool,
         typer.Option(
@@ -329,18 +346,14 @@ def bench_end_to_end(
         ),
     ] = False,
     rounds: Annotated[int, typer.Option(help="--tracing: runs of each")] = 3,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Producer -> Redis -> Python loader -> 2 workers at a steady offered rate."""
     from rota_tools.bench.end_to_end import bench_end_to_end as run
     from rota_tools.bench.end_to_end import bench_tracing
 
-    with bench_settings(database_url, redis_url, local) as settings:
-        if tracing:
-            figures = bench_tracing(settings, tasks, tenants, rate, concurrency, rounds)
-        else:
-            figures = run(settings, tasks, tenants, rate, concurrency, pgbouncer)
-        _report("end-to-end", figures, as_json)
+    if tracing:
+        return bench_tracing(settings, tasks, tenants, rate, concurrency, rounds)
+    return run(settings, tasks, tenants, rate, concurrency, pgbouncer)
 
 
 @bench_app.command("shards")
@@ -368,51 +381,40 @@ def bench_shards(
         _report("shards", run(urls, scale * 250, tasks, tenants, claimers), as_json)
 
 
-@bench_app.command("lock-pressure")
+@_scenario("lock-pressure", redis=False)
 def bench_lock_pressure(
+    settings: Settings,
     tenants: int = 1000,
     connections: int = 8,
     claim_size: int = 100,
     seconds: float = 5.0,
-    database_url: DatabaseUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Racing claimers (some tenants limited) while pg_locks is sampled."""
     from rota_tools.bench.claim import lock_pressure
 
-    with bench_settings(database_url, None, local) as settings:
-        _report(
-            "lock-pressure",
-            lock_pressure(settings.database_url, tenants, connections, claim_size, seconds),
-            as_json,
-        )
+    return lock_pressure(settings.database_url, tenants, connections, claim_size, seconds)
 
 
-@bench_app.command("backlog-scaling")
+@_scenario("backlog-scaling", redis=False)
 def bench_backlog_scaling(
+    settings: Settings,
     backlogs: str = "10000,100000,1000000",
     tenants: int = 1000,
     connections: int = 4,
     claim_size: int = 100,
     samples: int = 200,
-    database_url: DatabaseUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Claim latency at 10k, 100k and 1M waiting, and after as many were churned."""
     from rota_tools.bench.claim import backlog_scaling
 
     sizes = [int(b) for b in backlogs.split(",")]
-    with bench_settings(database_url, None, local) as settings:
-        figures = backlog_scaling(
-            settings.database_url, sizes, tenants, connections, claim_size, samples
-        )
-        _report("backlog-scaling", figures, as_json)
+    return backlog_scaling(settings.database_url, sizes, tenants, connections, claim_size, samples)
 
 
-@bench_app.command("claim")
+# As in `rota worker` (and the claimers' processes, rota's and FIFO's).
+@_scenario("claim", redis=False, statements=True, gc=True)
 def bench_claim(
+    settings: Settings,
     backlogs: str = "10000,100000,1000000",
     tenants: int = 1000,
     connections: int = 4,
@@ -423,54 +425,32 @@ def bench_claim(
     priorities: Annotated[
         str, typer.Option(help="the tasks' priorities in turn, e.g. 0,0,0,5,9 (mixed)")
     ] = "0",
-    database_url: DatabaseUrl = None,
-    local: Local = None,
-    statements: Statements = False,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Claim + complete throughput (vs a plain FIFO baseline), and claim latency
     by backlog and after churn."""
     from rota_tools.bench.claim import bench_claim as run
 
-    tune_gc()  # as in `rota worker` (and the claimers' processes, rota's and FIFO's)
     sizes = [int(b) for b in backlogs.split(",")]
     levels = [int(p) for p in priorities.split(",")]
-    with bench_settings(database_url, None, local, statements) as settings:
-        figures = run(
-            settings.database_url,
-            sizes,
-            tenants,
-            connections,
-            claim_size,
-            samples,
-            seconds,
-            runs,
-            levels,
-        )
-        _report("claim", figures, as_json)
+    url = settings.database_url
+    return run(url, sizes, tenants, connections, claim_size, samples, seconds, runs, levels)
 
 
-@bench_app.command("console")
+@_scenario("console", gc=True)
 def bench_console(
+    settings: Settings,
     tasks: Annotated[int, typer.Option(help="tasks waiting")] = 1_000_000,
     tenants: Annotated[int, typer.Option(help="tenants they belong to")] = 10_000,
     connections: Annotated[int, typer.Option(help="claiming processes")] = 4,
     seconds: Annotated[float, typer.Option(help="each claim run, cut into windows")] = 16.0,
     runs: Annotated[int, typer.Option(help="claim runs, each from a full backlog")] = 12,
     window: Annotated[float, typer.Option(help="seconds with, then without, a console")] = 4.0,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """The console over a big queue: each page's and API read's time, and
     claim + complete with a console refreshing every 2 s against without."""
     from rota_tools.bench.console import bench_console as run
 
-    tune_gc()
-    with bench_settings(database_url, redis_url, local) as settings:
-        figures = run(settings, tasks, tenants, connections, seconds, runs, window)
-        _report("console", figures, as_json)
+    return run(settings, tasks, tenants, connections, seconds, runs, window)
 
 
 @bench_app.command("chaos")
@@ -605,20 +585,16 @@ def bench_compare(
         typer.echo("")
 
 
-@bench_app.command("cancel")
+@_scenario("cancel")
 def bench_cancel_command(
+    settings: Settings,
     runs: Annotated[int, typer.Option(help="cancels of each kind of task")] = 30,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    local: Local = None,
-    as_json: AsJson = False,
-) -> None:
+) -> dict[str, Any]:
     """Cancel of a running task to its row ending `cancelled`: a sync task
     (cooperative) and an async one, p50 and p99."""
     from rota_tools.bench.cancel import bench_cancel
 
-    with bench_settings(database_url, redis_url, local) as settings:
-        _report("cancel", bench_cancel(settings, runs), as_json)
+    return bench_cancel(settings, runs)
 
 
 @bench_app.command("report")

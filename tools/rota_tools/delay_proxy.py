@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from types import TracebackType
 from typing import NamedTuple
 
 CHUNK = 65536
@@ -53,12 +52,7 @@ class DelayProxy:
             raise self._failure
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -19,7 +19,6 @@ import secrets
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -85,13 +84,8 @@ def _progress(conn: Any) -> Table:
     # Claimed counts what the workers hold, started or prefetched.
     for column in ("waiting", "claimed", "done flood", "done steady", "done small"):
         table.add_column(column, justify="right")
-    table.add_row(
-        str(counts.get("ready", 0)),
-        str(counts.get("running", 0)),
-        str(done["flood"]),
-        str(done["steady"]),
-        str(done["small"]),
-    )
+    waiting, claimed = counts.get("ready", 0), counts.get("running", 0)
+    table.add_row(*map(str, (waiting, claimed, done["flood"], done["steady"], done["small"])))
     return table
 
 
@@ -114,21 +108,10 @@ class DemoConsole:
 def _start_console(settings: rota.Settings) -> DemoConsole:
     """`rota dashboard` beside the demo, with a token of the run's own."""
     from rota_tools.devservers import free_port
+    from rota_tools.processes import spawn_console
 
     port, token = free_port(), secrets.token_urlsafe(12)
-    env = {
-        **os.environ,
-        "ROTA_DATABASE_URL": settings.database_url,
-        "ROTA_REDIS_URL": settings.redis_url,
-        "ROTA_DASHBOARD_TOKEN": token,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rota", "dashboard", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return DemoConsole(process, f"http://127.0.0.1:{port}", token)
+    return DemoConsole(spawn_console(settings, port, token), f"http://127.0.0.1:{port}", token)
 
 
 @contextlib.contextmanager
@@ -318,15 +301,10 @@ def run_demo(run: Run, out_dir: Path, console: Console) -> dict[str, Any]:
     columns = ["group", "tasks", "share", "wait p50 ms", "wait p99 ms", "FIFO p50 ms"]
     for column in (*columns, "FIFO p99 ms"):
         table.add_column(column, justify="right")
+    wait_keys = ("wait_p50_ms", "wait_p99_ms", "fifo_wait_p50_ms", "fifo_wait_p99_ms")
     for group, s in summary.items():
         table.add_row(
-            group,
-            f"{s['tasks']:,}",
-            f"{s['share']:.1%}",
-            f"{s['wait_p50_ms']:,}",
-            f"{s['wait_p99_ms']:,}",
-            f"{s['fifo_wait_p50_ms']:,}",
-            f"{s['fifo_wait_p99_ms']:,}",
+            group, f"{s['tasks']:,}", f"{s['share']:.1%}", *(f"{s[w]:,}" for w in wait_keys)
         )
     console.print(table)
     chart = _chart(timeline, fifo_timeline, path=out_dir / "rota-demo-wait.png")

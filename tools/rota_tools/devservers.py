@@ -26,8 +26,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 
 class ServerError(RuntimeError):
@@ -64,18 +66,24 @@ def _as_postgres_user() -> tuple[list[str], int | None, int | None]:
     return ["runuser", "-u", "postgres", "--"], entry.pw_uid, entry.pw_gid
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third (state) on; None if gone. The
+    command name before them may hold spaces and parentheses: they start
+    past its last ")"."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
 def descendants(*roots: int) -> list[int]:
     """Every process below the given ones, from /proc."""
     children: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            text = Path(stat).read_text()
-        except OSError:
-            continue  # gone meanwhile
-        # The command name may hold spaces and parentheses: the fields
-        # after it start past its last ")"; the parent's pid is the second.
-        parent = int(text[text.rindex(")") + 2 :].split()[1])
-        children.setdefault(parent, []).append(int(Path(stat).parent.name))
+    for entry in glob.glob("/proc/[0-9]*"):
+        pid = int(Path(entry).name)
+        if (fields := proc_stat(pid)) is not None:  # else gone meanwhile
+            children.setdefault(int(fields[1]), []).append(pid)  # its parent's
     found, todo = [], list(roots)
     while todo:
         for child in children.get(todo.pop(), []):
@@ -86,11 +94,8 @@ def descendants(*roots: int) -> list[int]:
 
 def _dead(pid: int) -> bool:
     """Gone, or a zombie left to reap."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text[text.rindex(")") + 2] == "Z"
+    fields = proc_stat(pid)
+    return fields is None or fields[0] == "Z"
 
 
 def _until(
@@ -208,25 +213,30 @@ def _wait_for_postgres(url: str) -> None:
     _until(answers, 60, lambda: f"postgres not ready: {tried[-1].stderr.decode()}", poll=0.1)
 
 
-def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
-    bindir = postgres_bindir()
+def _postgres_directory(name: str) -> tuple[list[str], Path]:
+    """The command prefix that runs as the user PostgreSQL runs as, and a
+    fresh directory of that user's for the server's data."""
     prefix, uid, gid = _as_postgres_user()
-    port = port or free_port()
-    directory = Path(tempfile.mkdtemp(prefix="rota-pg-"))
-    data = directory / "data"
-    log = directory / "postgres.log"
+    directory = Path(tempfile.mkdtemp(prefix=name))
     if uid is not None and gid is not None:
         os.chown(directory, uid, gid)
-    initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust"]
+    return prefix, directory
+
+
+def start_postgres(port: int | None = None, settings: dict[str, str] | None = None) -> Server:
+    prefix, directory = _postgres_directory("rota-pg-")
+    data = directory / "data"
+    initdb = [str(postgres_bindir() / "initdb"), "-D", str(data), "-U", "rota", "--auth=trust"]
     initdb += ["--encoding=UTF8", "--locale=C.UTF-8"]
     subprocess.run([*prefix, *initdb], check=True, capture_output=True)
-    return _run_postgres(prefix, data, port, log, "postgres", settings or {})
+    return _run_postgres(prefix, data, port or free_port(), "postgres", settings or {})
 
 
 def _run_postgres(
-    prefix: list[str], data: Path, port: int, log: Path, what: str, settings: dict[str, str]
+    prefix: list[str], data: Path, port: int, what: str, settings: dict[str, str]
 ) -> Server:
-    """PostgreSQL started on `data`, accepting queries."""
+    """PostgreSQL started on `data`, accepting queries, its log beside `data`."""
+    log = data.parent / "postgres.log"
     options: list[str] = []
     for key, value in {**POSTGRES_SETTINGS, **settings}.items():
         options += ["-c", f"{key}={value}"]
@@ -247,24 +257,18 @@ def start_postgres_standby(
     """A streaming standby of `primary` (pg_basebackup, hot standby) on a free
     port; with `synchronous`, the primary's commits wait for it to flush
     (synchronous_standby_names). `SELECT pg_promote()` on it fails over."""
-    bindir = postgres_bindir()
-    prefix, uid, gid = _as_postgres_user()
-    port = free_port()
-    directory = Path(tempfile.mkdtemp(prefix="rota-pg-standby-"))
+    prefix, directory = _postgres_directory("rota-pg-standby-")
     data = directory / "data"
-    log = directory / "postgres.log"
-    if uid is not None and gid is not None:
-        os.chown(directory, uid, gid)
     source = f"host=127.0.0.1 port={primary.port} user=rota application_name={name}"
     subprocess.run(
         [
-            *(*prefix, str(bindir / "pg_basebackup"), "-d", source, "-D", str(data)),
+            *(*prefix, str(postgres_bindir() / "pg_basebackup"), "-d", source, "-D", str(data)),
             *("-X", "stream", "-R", "--checkpoint=fast"),
         ],
         check=True,
         capture_output=True,
     )
-    server = _run_postgres(prefix, data, port, log, "postgres standby", {})
+    server = _run_postgres(prefix, data, free_port(), "postgres standby", {})
     import psycopg
     from psycopg import sql
 
@@ -378,13 +382,6 @@ def start_pgbouncer(
     )
 
 
-def restart_redis(server: Server) -> Server:
-    """Start redis again on the same port and data directory (after a kill):
-    with its append-only file, it has every acknowledged write back."""
-    server.start_again()
-    return server
-
-
 @dataclass(frozen=True)
 class TLSFiles:
     """A server certificate (for localhost and 127.0.0.1) and the CA that signed it."""
@@ -430,27 +427,35 @@ def _remove(server: Server) -> None:
     shutil.rmtree(server.directory, ignore_errors=True)
 
 
+Started = TypeVar("Started", "Server", "RedisCluster", "SparkCluster")
+
+
 @contextlib.contextmanager
-def local_postgres(settings: dict[str, str] | None = None) -> Iterator[Server]:
-    server = start_postgres(settings=settings)
+def _removed(started: Started) -> Iterator[Started]:
+    """The started server (or cluster) until the block ends, then stopped
+    and its files removed."""
     try:
-        yield server
+        yield started
     finally:
-        _remove(server)
+        if isinstance(started, Server):
+            _remove(started)
+        else:
+            started.stop()
 
 
-@contextlib.contextmanager
+def local_postgres(settings: dict[str, str] | None = None) -> AbstractContextManager[Server]:
+    return _removed(start_postgres(settings=settings))
+
+
 def local_redis(
     appendonly: bool = True,
     tls: TLSFiles | None = None,
     also_on: Sequence[str] = (),
     appendfsync: str = "everysec",
-) -> Iterator[Server]:
-    server = start_redis(appendonly=appendonly, tls=tls, also_on=also_on, appendfsync=appendfsync)
-    try:
-        yield server
-    finally:
-        _remove(server)
+) -> AbstractContextManager[Server]:
+    return _removed(
+        start_redis(appendonly=appendonly, tls=tls, also_on=also_on, appendfsync=appendfsync)
+    )
 
 
 @dataclass
@@ -502,16 +507,17 @@ def wait_for_cluster(cluster: RedisCluster, timeout: float = 60) -> None:
     cli = shutil.which("redis-cli") or "redis-cli"
     live = [node for node in cluster.nodes if node.process.poll() is None]
 
+    def ask(node: Server, *command: str) -> str:
+        return subprocess.run(
+            [cli, "-p", str(node.port), *command], capture_output=True, text=True
+        ).stdout
+
     def every_node_whole() -> bool:
         states = []
         for node in live:
-            info = subprocess.run(
-                [cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True
-            ).stdout
+            info = ask(node, "cluster", "info")
             known = int(_field(info, "cluster_known_nodes") or 0)
-            replication = subprocess.run(
-                [cli, "-p", str(node.port), "info", "replication"], capture_output=True, text=True
-            ).stdout
+            replication = ask(node, "info", "replication")
             synced = _field(replication, "role") != "slave" or (
                 _field(replication, "master_link_status") == "up"
             )
@@ -535,13 +541,10 @@ def _field(info: str, name: str) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def local_redis_cluster(masters: int = 3, replicas: int = 0) -> Iterator[RedisCluster]:
-    cluster = start_redis_cluster(masters, replicas)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def local_redis_cluster(
+    masters: int = 3, replicas: int = 0
+) -> AbstractContextManager[RedisCluster]:
+    return _removed(start_redis_cluster(masters, replicas))
 
 
 @dataclass
@@ -641,24 +644,14 @@ def log_of(server: Server) -> str:
     return server.log.read_text()[-2000:] if server.log and server.log.exists() else ""
 
 
-@contextlib.contextmanager
-def local_spark_cluster(workers: int = 2, cores: int = 1) -> Iterator[SparkCluster]:
-    cluster = start_spark_cluster(workers, cores)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def local_spark_cluster(workers: int = 2, cores: int = 1) -> AbstractContextManager[SparkCluster]:
+    return _removed(start_spark_cluster(workers, cores))
 
 
-@contextlib.contextmanager
 def local_pgbouncer(
     postgres: Server, pool_mode: str = "session", max_client_conn: int | None = None
-) -> Iterator[Server]:
-    server = start_pgbouncer(postgres, pool_mode, max_client_conn)
-    try:
-        yield server
-    finally:
-        _remove(server)
+) -> AbstractContextManager[Server]:
+    return _removed(start_pgbouncer(postgres, pool_mode, max_client_conn))
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -37,7 +37,6 @@ class Link:
     """One process's way to one server: a veth pair, its host end named here."""
 
     host_end: str
-    up: bool = True
 
 
 @dataclass
@@ -101,14 +100,10 @@ class TestNetwork:
 
     def partition(self, host: Host, server: str) -> None:
         """Drops every packet between `host` and `server`, silently."""
-        link = host.links[server]
-        _ip("link", "set", link.host_end, "down")
-        link.up = False
+        _ip("link", "set", host.links[server].host_end, "down")
 
     def heal(self, host: Host, server: str) -> None:
-        link = host.links[server]
-        _ip("link", "set", link.host_end, "up")
-        link.up = True
+        _ip("link", "set", host.links[server].host_end, "up")
 
     def close(self) -> None:
         for host in self.hosts.values():

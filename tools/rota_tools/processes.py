@@ -58,6 +58,13 @@ def spawn_loader(settings: Settings, engine: str = "python") -> subprocess.Popen
     return _start(["loader", "run", "--engine", engine], _env(settings))
 
 
+def spawn_console(settings: Settings, port: int, token: str) -> subprocess.Popen[bytes]:
+    """Starts `rota dashboard` on `port` against `settings`' servers, its API
+    and pages behind `token`."""
+    env = {**_env(settings), "ROTA_DASHBOARD_TOKEN": token}
+    return _start(["dashboard", "--port", str(port), "--log-level", "warning"], env)
+
+
 def stop_workers(workers: Sequence[subprocess.Popen[bytes]], timeout: float = 60) -> None:
     """SIGTERM (graceful), then wait for each (workers or loaders)."""
     for process in workers:

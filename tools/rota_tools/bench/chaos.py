@@ -20,21 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-from rota import Settings, core
-from rota.core import db
-from rota.core.migrate import migrate
 from rota_tools.bench.faults import (
-    APP,
     LEASE_SECONDS,
-    LIMIT,
-    LIMITED_TENANT,
+    LOADER,
     TENANTS,
+    WORKER,
     Fault,
     Fleet,
     history_report,
     leadership_overlaps,
+    prepare_database,
 )
 from rota_tools.devservers import local_postgres, local_redis
 
@@ -53,15 +48,11 @@ def run_chaos(
         pg = stack.enter_context(local_postgres())
         rd = stack.enter_context(local_redis(appendfsync="always"))
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-chaos-")))
-        settings = Settings(database_url=pg.url, redis_url=rd.url)
-        with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            migrate(conn)
-            db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
-        fleet = stack.enter_context(Fleet(workdir, pg, rd, settings))
-        worker = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-        fleet.add("loader", "loader", "run", "--engine", "python")
-        fleet.add("worker1", *worker)
-        fleet.add("worker2", *worker)
+        prepare_database(pg.url)
+        fleet = stack.enter_context(Fleet(workdir, pg, rd))
+        fleet.add("loader", *LOADER)
+        fleet.add("worker1", *WORKER)
+        fleet.add("worker2", *WORKER)
         fleet.add_producer(rate, seconds_per_task)
         fleet.started(60)
         fleet.measure_baseline(baseline_seconds)

@@ -1,11 +1,6 @@
 """`rota bench claim`, `backlog-scaling` and `lock-pressure`: claims and
 completions against the plain SKIP LOCKED queues they are read beside, in
-the same runs.
-
-Each figure is reported beside its baseline measured in the same run, as the
-median of several runs: the machines are shared and noisy, so ratios matter
-more than absolute numbers.
-"""
+the same runs."""
 
 from __future__ import annotations
 
@@ -308,16 +303,10 @@ class _Throughput:
     def __init__(self, conn: Conn, url: str, connections: int, limit: int, seconds: float) -> None:
         self.conn, self.url = conn, url
         self.connections, self.limit, self.seconds = connections, limit, seconds
-        self.rates: dict[str, list[float]] = {
-            "rota": [],
-            ROWS_DIRECT: [],
-            FIFO: [],
-            LEASED_FIFO: [],
-        }
+        kinds = ("rota", ROWS_DIRECT, FIFO, LEASED_FIFO)
+        self.rates: dict[str, list[float]] = {kind: [] for kind in kinds}
         self.costs: dict[str, list[dict[str, float | None]]] = {
-            "rota": [],
-            ROWS_DIRECT: [],
-            LEASED_FIFO: [],
+            kind: [] for kind in kinds if kind != FIFO
         }
         self.statements: list[dict[str, Any]] | None = None  # rota's, with pg_stat_statements
 

@@ -1,18 +1,10 @@
-"""`rota bench compare`: one commit against another (or the working tree),
-run alternately on the same servers, stage by stage.
-
-Each side runs `python -m rota bench SCENARIO --json` from its own tree: the
-baseline from a throw-away git worktree (with any dependency it needs that
-this environment lacks installed into a throw-away directory beside it), the
-candidate from the working tree or a second worktree. Before every run the
-benchmark database is dropped and created afresh and Redis is flushed, so
-neither side inherits the other's bloat or schema. The sides alternate A B
-then B A (so neither always runs on the warmer or the busier half of a
-round), and rounds go round all the stages, so a noisy minute spreads over
-every stage instead of spoiling one.
-
-A stage's change counts as real only when the two sides' ranges do not
-overlap: on a shared 2-core machine a single run can be 25% off.
+"""`rota bench compare` (docs/howto/benchmarks.md): each side's `rota bench
+SCENARIO --json` run from its own tree, A B then B A (neither always on the
+warmer or busier half of a round), rounds going round every stage (a noisy
+minute spreads over them all), on a database made afresh and a flushed Redis
+each run (neither side inherits the other's bloat or schema). A change
+counts as real only when the two sides' ranges do not overlap: on a shared
+2-core machine a single run can be 25% off.
 """
 
 from __future__ import annotations
@@ -186,10 +178,10 @@ class Result:
     failures: list[str] = field(default_factory=list)
 
 
-def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
     environment = {**os.environ, **env} if env else None
-    git = ["git", "-C", str(repo), *args]
-    done = subprocess.run(git, capture_output=True, text=True, check=False, env=environment)
+    command = ["git", "-C", str(repo), *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     if done.returncode != 0:
         raise CompareError(f"git {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -197,7 +189,7 @@ def _git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 def repository_root() -> Path:
     """The checkout this code runs from (the candidate's tree by default)."""
-    return Path(_git(Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
+    return Path(git(Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
 
 
 def snapshot(repo: Path) -> tuple[str, str]:
@@ -205,16 +197,16 @@ def snapshot(repo: Path) -> tuple[str, str]:
     files not ignored included; the index and the tree are left as they are),
     so that edits made while a comparison runs do not leak into it; and its
     name."""
-    head = _git(repo, "rev-parse", "HEAD")
+    head = git(repo, "rev-parse", "HEAD")
     with tempfile.TemporaryDirectory(prefix="rota-ab-index-") as scratch:
         index = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
-        _git(repo, "read-tree", "HEAD", env=index)
-        _git(repo, "add", "--all", env=index)
-        tree = _git(repo, "write-tree", env=index)
-    if tree == _git(repo, "rev-parse", "HEAD^{tree}"):
+        git(repo, "read-tree", "HEAD", env=index)
+        git(repo, "add", "--all", env=index)
+        tree = git(repo, "write-tree", env=index)
+    if tree == git(repo, "rev-parse", "HEAD^{tree}"):
         return head, head[:10]
     message = "rota bench compare: the working tree"
-    return _git(repo, "commit-tree", tree, "-p", head, "-m", message), head[:10] + "+changes"
+    return git(repo, "commit-tree", tree, "-p", head, "-m", message), head[:10] + "+changes"
 
 
 def missing_requirements(pyproject: Path) -> list[str]:
@@ -244,10 +236,10 @@ def checkout(
     repo: Path, revision: str, name: str, keep: bool = False, label: str | None = None
 ) -> Iterator[Side]:
     """A throw-away worktree of `revision` and the dependencies it lacks."""
-    commit = _git(repo, "rev-parse", "--verify", f"{revision}^{{commit}}")
+    commit = git(repo, "rev-parse", "--verify", f"{revision}^{{commit}}")
     place = Path(tempfile.mkdtemp(prefix=f"rota-ab-{commit[:10]}-"))
     tree = place / "tree"
-    _git(repo, "worktree", "add", "--detach", str(tree), commit)
+    git(repo, "worktree", "add", "--detach", str(tree), commit)
     try:
         extra = None
         missing = missing_requirements(tree / "pyproject.toml")
@@ -260,7 +252,7 @@ def checkout(
         yield Side(name, label or commit, tree, extra)
     finally:
         if not keep:
-            _git(repo, "worktree", "remove", "--force", str(tree))
+            git(repo, "worktree", "remove", "--force", str(tree))
             shutil.rmtree(place, ignore_errors=True)
 
 
@@ -320,28 +312,21 @@ def verdict(metric: Metric, base: Sequence[float], new: Sequence[float]) -> dict
     """Medians, spreads and the change of one figure. The change is outside
     the spread only when the two sides' ranges do not overlap. A figure one
     side does not report (one a later commit added) is shown alone."""
-    if not base or not new:
-        return {
-            "baseline": summarise(base) if base else None,
-            "candidate": summarise(new) if new else None,
-            "change": None,
-            "outside_spread": False,
-            "outcome": "baseline does not report it" if new else "candidate does not report it",
-            "higher_is_better": metric.higher_is_better,
-        }
-    a, b = summarise(base), summarise(new)
-    change = (b["median"] - a["median"]) / a["median"] if a["median"] else None
-    # One run each has no spread to judge a change by.
-    judged = len(base) > 1 and len(new) > 1
-    disjoint = judged and (a["max"] < b["min"] or b["max"] < a["min"])
-    if not judged:
-        outcome = "one run: no spread"
-    elif not disjoint or change is None:
-        outcome = "within noise"
-    elif (change > 0) == metric.higher_is_better:
-        outcome = "better"
+    a, b = (summarise(values) if values else None for values in (base, new))
+    change, disjoint = None, False
+    if a is None or b is None:
+        outcome = "baseline does not report it" if new else "candidate does not report it"
     else:
-        outcome = "worse"
+        change = (b["median"] - a["median"]) / a["median"] if a["median"] else None
+        # One run each has no spread to judge a change by.
+        judged = len(base) > 1 and len(new) > 1
+        disjoint = judged and (a["max"] < b["min"] or b["max"] < a["min"])
+        if not judged:
+            outcome = "one run: no spread"
+        elif not disjoint or change is None:
+            outcome = "within noise"
+        else:
+            outcome = "better" if (change > 0) == metric.higher_is_better else "worse"
     return {
         "baseline": a,
         "candidate": b,

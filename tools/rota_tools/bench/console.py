@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +23,7 @@ from rota.settings import Settings
 from rota_tools.bench.cpu import process_seconds
 from rota_tools.bench.harness import QUEUE, Filler, claim_run, in_background, reset, wait_for
 from rota_tools.devservers import free_port
+from rota_tools.processes import spawn_console
 from rota_tools.sql import query
 from rota_tools.stats import percentile
 
@@ -45,19 +44,7 @@ class Console:
     def __init__(self, settings: Settings) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "ROTA_DATABASE_URL": settings.database_url,
-            "ROTA_REDIS_URL": settings.redis_url,
-            "ROTA_DASHBOARD_TOKEN": TOKEN,
-        }
-        dashboard = ["dashboard", "--port", str(self.port), "--log-level", "warning"]
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "rota", *dashboard],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.process = spawn_console(settings, self.port, TOKEN)
         self.http = httpx.Client(
             base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
         )

@@ -18,22 +18,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from rota.buffer import redis_client
-from rota_tools.devservers import descendants
+from rota_tools.devservers import descendants, proc_stat
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
 
 Probe = Callable[[], float | None]
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields from the third (state) on; None if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()
 
 
 def _cpu_clock_seconds(pid: int) -> float | None:
@@ -56,7 +47,7 @@ def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | 
     """CPU seconds (user + system) a process has used, every thread of it;
     with its children that have exited and been waited for, when asked.
     None if it is gone."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     if fields is None:
         return None
     # From the state (field 3): utime is field 14, stime 15, cutime 16, cstime 17.
@@ -100,7 +91,7 @@ def postgres_probe(conn: psycopg.Connection[Any]) -> Probe | None:
     if host.split(",")[0] not in LOCAL_HOSTS and not host.startswith("/"):
         return None
     backend = conn.info.backend_pid
-    fields = _stat(backend)
+    fields = proc_stat(backend)
     if fields is None or Path(f"/proc/{backend}/comm").read_text().strip() != "postgres":
         return None
     postmaster = int(fields[1])

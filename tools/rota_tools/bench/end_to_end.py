@@ -33,9 +33,9 @@ from rota_tools.bench.harness import (
     empty,
     finished,
     offer,
+    p50_p99,
     ratio,
     skewed_tenant,
-    start_figures,
     stopping,
     wait_for,
     wait_for_finished,
@@ -118,7 +118,7 @@ def pipeline_run(
             "listen": fleet.session_database_url is not None,
         },
         "tasks_per_s": round(tasks / elapsed),
-        "enqueue_to_start_ms": start_figures(starts),
+        "enqueue_to_start_ms": p50_p99(starts),
         "cpu": cpu,
     }
 

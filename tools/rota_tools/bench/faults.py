@@ -29,6 +29,7 @@ from rota import Settings, core
 from rota.buffer import redis_client
 from rota.buffer.streams import all_streams, dead_letter_stream
 from rota.core import db
+from rota.core.migrate import migrate
 from rota_tools.bench.chaosapp import KEY_LIMIT
 from rota_tools.bench.harness import wait_for
 from rota_tools.devservers import Server
@@ -42,6 +43,17 @@ WORKER_DEAD_AFTER = 3.0
 MAINTENANCE_SECONDS = 0.2
 APP = "rota_tools.bench.chaosapp:app"
 PRODUCER = "rota_tools.bench.chaos"  # the module a producer process runs (chaos.produce)
+LOADER = ("loader", "run", "--engine", "python")
+WORKER = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+
+
+def prepare_database(url: str, migrated: bool = True) -> None:
+    """rota's schema (unless `migrated` is False: a process will apply it),
+    and LIMITED_TENANT's concurrency limit."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        if migrated:
+            migrate(conn)
+        db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
 
 
 @dataclass
@@ -77,11 +89,9 @@ class Fleet:
     """The processes under test (each `rota` command or the producer, in a
     process of its own, its output in a log) and the servers they use."""
 
-    def __init__(self, workdir: Path, pg: Server, rd: Server, settings: Settings) -> None:
-        self.workdir = workdir
-        self.pg = pg
-        self.rd = rd
-        self.settings = settings
+    def __init__(self, workdir: Path, pg: Server, rd: Server) -> None:
+        self.workdir, self.pg, self.rd = workdir, pg, rd
+        settings = self.settings = Settings(database_url=pg.url, redis_url=rd.url)
         self.runs_dir = workdir / "runs"
         self.runs_dir.mkdir()
         self.ids_dir = workdir / "ids"
@@ -143,22 +153,26 @@ class Fleet:
         for name in list(self.processes):
             self.stop(name, timeout=20)
 
-    def add(self, name: str, *args: str) -> None:
-        command = [sys.executable, "-m", "rota", *args]
-        self.processes[name] = Process(name, command, self.workdir / f"{name}.log")
+    def add(self, name: str, *args: str, log: str | None = None) -> None:
+        """`rota ARGS`, or for the producer, its rate and seconds per task."""
+        runs = [PRODUCER, str(self.ids_dir)] if name == "producer" else ["rota"]
+        command = [sys.executable, "-m", *runs, *args]
+        self.processes[name] = Process(name, command, self.workdir / f"{log or name}.log")
         self.start(name)
 
     def add_producer(self, rate: float, seconds_per_task: float) -> None:
-        command = [sys.executable, "-m", PRODUCER, str(self.ids_dir)]
-        command += [str(rate), str(seconds_per_task)]
-        self.processes["producer"] = Process("producer", command, self.workdir / "producer.log")
-        self.start("producer")
+        self.add("producer", str(rate), str(seconds_per_task))
+
+    def launch(self, name: str) -> tuple[list[str], dict[str, str], Path | None]:
+        """The command, environment and folder a process starts with."""
+        return self.processes[name].command, self.env, None
 
     def start(self, name: str) -> None:
         process = self.processes[name]
+        command, env, cwd = self.launch(name)
         with process.log.open("ab") as log:
             process.popen = subprocess.Popen(
-                process.command, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT
             )
 
     def kill(self, name: str) -> None:

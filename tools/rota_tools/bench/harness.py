@@ -441,11 +441,6 @@ def p50_p99(values: Sequence[float], digits: int = 1, suffix: str = "") -> dict[
     }
 
 
-def start_figures(starts: Sequence[float]) -> dict[str, float]:
-    """Enqueue -> start latencies' p50 and p99, in milliseconds."""
-    return p50_p99(starts, 1)
-
-
 def ratio(a: float, b: float, digits: int = 3) -> float:
     return round(a / b, digits)
 

@@ -99,17 +99,13 @@ def drain(settings: Settings, conn: Conn, loaders: int) -> tuple[float, float, d
     return elapsed, cpu, used
 
 
-def _python_runs(
-    backlog: Backlog, conn: Conn, engines: Engines, runs: int, loaders: int
-) -> list[dict[str, Any]]:
-    cpu = []
-    for _ in range(runs):
-        backlog.fill(conn)
-        elapsed, machine, used = drain(backlog.settings, conn, loaders)
-        engines.add(f"python_{loaders}_process", elapsed, machine)
-        cpu.append(used)
-        backlog.check_loaded(conn)
-    return cpu
+def _python_run(backlog: Backlog, conn: Conn, engines: Engines, loaders: int) -> dict[str, Any]:
+    """A run of `loaders` Python loaders from a full buffer; their CPU by process."""
+    backlog.fill(conn)
+    elapsed, machine, used = drain(backlog.settings, conn, loaders)
+    engines.add(f"python_{loaders}_process", elapsed, machine)
+    backlog.check_loaded(conn)
+    return used
 
 
 def _spark_runs(
@@ -142,10 +138,7 @@ def _spark_runs(
             )
         for run in range(-1, runs):
             for processes in (1, 2) if run >= 0 else ():
-                backlog.fill(conn)
-                elapsed, cpu, _ = drain(settings, conn, processes)
-                engines.add(f"python_{processes}_process", elapsed, cpu)
-                backlog.check_loaded(conn)
+                _python_run(backlog, conn, engines, processes)
             # The executors' code, also in run -1: its processes import and
             # connect; a query key a run, as each Spark run is a query of its own.
             backlog.fill(conn)
@@ -254,7 +247,7 @@ def bench_pipeline_load(
         tempfile.TemporaryDirectory(prefix="rota-bench-ckpt-") as checkpoints,
     ):
         if spark is None:
-            cpu = _python_runs(backlog, conn, engines, runs, loaders)
+            cpu = [_python_run(backlog, conn, engines, loaders) for _ in range(runs)]
         else:
             _spark_runs(backlog, conn, engines, spark, checkpoints, runs, spark_warm_up_batches)
         # The engine's last backlog, as loaded: its largest tenant's share.

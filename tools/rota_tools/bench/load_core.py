@@ -1,11 +1,6 @@
 """`rota bench load --engine core`: the fair bulk load against a raw COPY of
 the same rows and against the ceiling of any fair design, and with
-`--connections N` one queue loaded by N processes at once.
-
-Each figure is reported beside its baseline measured in the same run, as the
-median of several runs: the machines are shared and noisy, so ratios matter
-more than absolute numbers.
-"""
+`--connections N` one queue loaded by N processes at once."""
 
 from __future__ import annotations
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -27,10 +25,8 @@ from typing import Any
 
 import psycopg
 
-from rota import Settings, core
 from rota.core import db
-from rota.core.migrate import migrate
-from rota_tools.bench.faults import APP, LIMIT, LIMITED_TENANT, Fault, Fleet, history_report
+from rota_tools.bench.faults import LOADER, WORKER, Fault, Fleet, history_report, prepare_database
 from rota_tools.delay_proxy import DelayProxy
 from rota_tools.devservers import free_port, local_postgres, local_redis
 from rota_tools.netns import Host, TestNetwork
@@ -47,8 +43,8 @@ _UNAVAILABLE = re.compile(r"^(\S+ \S+) \S+ .*unavailable, reconnecting")
 class NetworkFleet(Fleet):
     """The chaos fleet with each process in a namespace of its own."""
 
-    def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, net: TestNetwork):
-        super().__init__(workdir, pg, rd, settings)
+    def __init__(self, workdir: Path, pg: Any, rd: Any, net: TestNetwork):
+        super().__init__(workdir, pg, rd)
         self.net = net
         self.hosts: dict[str, Host] = {}
         # Per process, settings of its own (DELAYED's database, behind the proxy).
@@ -61,18 +57,11 @@ class NetworkFleet(Fleet):
             "ROTA_DATABASE_DEAD_LINK_SECONDS": str(DEAD_LINK_SECONDS),
         }
 
-    def start(self, name: str) -> None:
-        process = self.processes[name]
+    def launch(self, name: str) -> tuple[list[str], dict[str, str], Path | None]:
         if name not in self.hosts:
             self.hosts[name] = self.net.host(name)
-        command = self.hosts[name].command(process.command)
-        with process.log.open("ab") as log:
-            process.popen = subprocess.Popen(
-                command,
-                env={**self.env, **self.own_env.get(name, {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        command = self.hosts[name].command(self.processes[name].command)
+        return command, {**self.env, **self.own_env.get(name, {})}, None
 
     def detected_after(self, name: str, since: float) -> float | None:
         """Seconds from `since` to the process's first outage line after it."""
@@ -102,7 +91,6 @@ def run_network_chaos(
     settle_seconds: float = 12.0,
     short_seconds: float = 3.0,
     long_seconds: float = 12.0,
-    keep_logs: Path | None = None,
 ) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(TestNetwork())
@@ -116,35 +104,23 @@ def run_network_chaos(
         proxy = stack.enter_context(DelayProxy((slow_pg_at, free_port()), ("127.0.0.1", pg.port)))
         _let_hosts_in(pg)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-net-")))
-        settings = Settings(database_url=pg.url, redis_url=rd.url)
-        with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            migrate(conn)
-            db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
-        fleet = NetworkFleet(workdir, pg, rd, settings, net)
+        prepare_database(pg.url)
+        fleet = NetworkFleet(workdir, pg, rd, net)
         fleet.own_env[DELAYED] = {
             "ROTA_DATABASE_URL": f"postgresql://rota@{slow_pg_at}:{proxy.listen[1]}/postgres"
         }
-        try:
-            with fleet:
-                fleet.add("loader", "loader", "run", "--engine", "python")
-                worker = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
-                fleet.add("worker1", *worker, "--no-maintenance")
-                fleet.add("worker2", *worker, "--no-maintenance")
-                fleet.add("maintenance", "maintenance")
-                fleet.add("maintenance2", "maintenance")  # takes over while the first is cut off
-                fleet.add_producer(rate, seconds_per_task)
-                console = Console(fleet)
-                fleet.started(90)
-                assert fleet.wait(console.answers, 60), "the console did not start"
-                fleet.measure_baseline(baseline_seconds)
-                return _run(
-                    fleet, console, proxy, rate, settle_seconds, short_seconds, long_seconds
-                )
-        finally:
-            if keep_logs is not None:
-                keep_logs.mkdir(parents=True, exist_ok=True)
-                for log in workdir.glob("*.log"):
-                    shutil.copy(log, keep_logs / log.name)
+        with fleet:
+            fleet.add("loader", *LOADER)
+            fleet.add("worker1", *WORKER, "--no-maintenance")
+            fleet.add("worker2", *WORKER, "--no-maintenance")
+            fleet.add("maintenance", "maintenance")
+            fleet.add("maintenance2", "maintenance")  # takes over while the first is cut off
+            fleet.add_producer(rate, seconds_per_task)
+            console = Console(fleet)
+            fleet.started(90)
+            assert fleet.wait(console.answers, 60), "the console did not start"
+            fleet.measure_baseline(baseline_seconds)
+            return _run(fleet, console, proxy, rate, settle_seconds, short_seconds, long_seconds)
 
 
 def _run(
@@ -239,25 +215,21 @@ def _run(
             "taken_for_dead_after_s": fleet.detected_after(DELAYED, started),
         }  # fmt: skip
 
-    for process, servers in [
-        ("worker1", ["postgres"]),
-        ("loader", ["postgres"]),
-        ("loader", ["redis"]),
-        ("producer", ["redis"]),
+    short, long = short_seconds, long_seconds
+    for process, servers, seconds, watch, note in [
+        ("worker1", ["postgres"], short, False, ""),
+        ("loader", ["postgres"], short, False, ""),
+        ("loader", ["redis"], short, False, ""),
+        ("producer", ["redis"], short, False, ""),
+        ("worker1", ["postgres"], long, True, " (past a lease)"),
+        ("loader", ["postgres"], long, True, ""),
+        ("loader", ["redis"], long, True, ""),
+        ("producer", ["redis"], long, False, ""),
+        ("producer", ["redis", "postgres"], short, False, ""),
+        ("maintenance", ["postgres"], long, True, ""),
     ]:
-        partition(f"{process} ⟂ {servers[0]} {short_seconds:g} s", process, servers,
-                  short_seconds, watch=False)  # fmt: skip
-    partition(f"worker1 ⟂ postgres {long_seconds:g} s (past a lease)", "worker1", ["postgres"],
-              long_seconds, watch=True)  # fmt: skip
-    partition(f"loader ⟂ postgres {long_seconds:g} s", "loader", ["postgres"], long_seconds,
-              watch=True)  # fmt: skip
-    partition(f"loader ⟂ redis {long_seconds:g} s", "loader", ["redis"], long_seconds, watch=True)
-    partition(f"producer ⟂ redis {long_seconds:g} s", "producer", ["redis"], long_seconds,
-              watch=False)  # fmt: skip
-    partition(f"producer ⟂ both {short_seconds:g} s", "producer", ["redis", "postgres"],
-              short_seconds, watch=False)  # fmt: skip
-    partition(f"maintenance ⟂ postgres {long_seconds:g} s", "maintenance", ["postgres"],
-              long_seconds, watch=True)  # fmt: skip
+        to = "both" if len(servers) > 1 else servers[0]
+        partition(f"{process} ⟂ {to} {seconds:g} s{note}", process, servers, seconds, watch)
     console_fault = console.cut_off(long_seconds)
     half_open("worker2")
     slow(["loader", "worker2"], short_seconds * 2)
@@ -345,9 +317,3 @@ def _far_prefix(net: TestNetwork, host_end: str) -> str:
 
 def _tc(*args: str) -> None:
     subprocess.run(["tc", *args], check=True, capture_output=True)
-
-
-if __name__ == "__main__":  # pragma: no cover - run by hand
-    import json
-
-    print(json.dumps(run_network_chaos(), indent=2, default=str), file=sys.stdout)

@@ -4,16 +4,9 @@ in the buffer at once, the JVM's warm-up, each micro-batch's phases; and
 the loader's executor code without Spark, run beside it (the source's own
 planning, its partitions loaded by `BufferStreamReader.load` in plain
 processes, as many at once as `local[*]` runs its tasks, the batch settled
-as the sink does): the gap between the two is what Spark itself costs.
-
-The floor under the loader's latency, measured in the same run
-(`micro_batch_floor`): a streaming query built as the loader's is (a Python
-data source with one partition per buffer shard, foreachBatch collecting
-one row per partition, the same trigger) whose partitions read and load
-nothing. A task that arrives at a uniform moment waits for the next
-micro-batch's offsets, then for that batch's executors; with no work done
-those waits are the least the loader's enqueue -> committed latency can be
-on this machine."""
+as the sink does): the gap between the two is what Spark itself costs. And
+the floor under the loader's latency (`micro_batch_floor`, described in
+docs/explanation/benchmarks.md): the same query reading and loading nothing."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import psycopg
 from rota import Settings
 from rota.buffer import redis_client
 from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe
-from rota_tools.bench.harness import fresh_database, in_schema, offer, start_figures, wait_for
+from rota_tools.bench.harness import fresh_database, in_schema, offer, p50_p99, wait_for
 from rota_tools.sql import query
 
 POP_KEY = "rota-bench-pop"  # the Redis pop baseline's list
@@ -192,7 +192,7 @@ def _paced(
             process.join(10)
             if process.is_alive():
                 process.kill()
-    return {**figures, "enqueue_to_start_ms": start_figures(starts)}
+    return {**figures, "enqueue_to_start_ms": p50_p99(starts)}
 
 
 def _receive(receiving: Any, process: Any, timeout: float, failure: str) -> Any:

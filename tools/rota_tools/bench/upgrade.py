@@ -18,75 +18,50 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-from rota import Settings, core
-from rota.core import db
-from rota_tools.bench.compare import Side, checkout, repository_root
-from rota_tools.bench.faults import (
-    APP,
-    LIMIT,
-    LIMITED_TENANT,
-    PRODUCER,
-    Fleet,
-    Process,
-    history_report,
-)
+from rota_tools.bench.compare import Side, checkout, git, repository_root
+from rota_tools.bench.faults import LOADER, WORKER, Fleet, history_report, prepare_database
 from rota_tools.devservers import local_postgres, local_redis
 
 
 def version_before_newest_migration(repo: Path) -> str:
     """The parent of the commit that added the newest migration."""
-    log = ["git", "-C", str(repo), "log", "-1", "--diff-filter=A", "--format=%H"]
-    newest = subprocess.run(
-        [*log, "--", "rota/sql/migrations"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    return f"{newest}^"
+    return (
+        git(repo, "log", "-1", "--diff-filter=A", "--format=%H", "--", "rota/sql/migrations") + "^"
+    )
 
 
 class UpgradeFleet(Fleet):
     """The chaos fleet, each process run by the version it was started with."""
 
-    def __init__(self, workdir: Path, pg: Any, rd: Any, settings: Settings, old: Side) -> None:
-        super().__init__(workdir, pg, rd, settings)
+    def __init__(self, workdir: Path, pg: Any, rd: Any, old: Side) -> None:
+        super().__init__(workdir, pg, rd)
         self.old = old
         self.version: dict[str, str] = {}  # process -> "old" or "new"
         self.pid_version: dict[int, str] = {}
 
-    def start(self, name: str) -> None:
-        process = self.processes[name]
-        old = self.version.get(name) == "old"
-        env = {**self.env, **(self._old_env() if old else {})}
-        with process.log.open("ab") as log:
-            process.popen = subprocess.Popen(
-                process.command,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.old.tree if old else None,
-            )
-        self.pid_version[process.popen.pid] = "old" if old else "new"
+    def _run_by(self, version: str) -> tuple[dict[str, str], Path | None]:
+        """The environment and folder of `version`'s processes."""
+        if version != "old":
+            return self.env, None
+        return {**self.env, "PYTHONPATH": self.old.env()["PYTHONPATH"]}, self.old.tree
 
-    def _old_env(self) -> dict[str, str]:
-        return {"PYTHONPATH": self.old.env()["PYTHONPATH"]}
+    def launch(self, name: str) -> tuple[list[str], dict[str, str], Path | None]:
+        return self.processes[name].command, *self._run_by(self.version[name])
+
+    def start(self, name: str) -> None:
+        super().start(name)
+        popen = self.processes[name].popen
+        assert popen is not None
+        self.pid_version[popen.pid] = self.version[name]
 
     def run_as(self, version: str, name: str, *args: str) -> None:
         self.version[name] = version
-        runs = [PRODUCER, str(self.ids_dir)] if name == "producer" else ["rota"]
-        command = [sys.executable, "-m", *runs, *args]
-        self.processes[name] = Process(name, command, self.workdir / f"{name}-{version}.log")
-        self.start(name)
+        self.add(name, *args, log=f"{name}-{version}")
 
     def migrate(self, version: str) -> str:
-        env = {**self.env, **(self._old_env() if version == "old" else {})}
-        done = subprocess.run(
-            [sys.executable, "-m", "rota", "migrate"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=self.old.tree if version == "old" else None,
-        )
+        env, cwd = self._run_by(version)
+        command = [sys.executable, "-m", "rota", "migrate"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=cwd)
         return done.stdout.strip()
 
 
@@ -100,20 +75,17 @@ def run_rolling_upgrade(
         pg = stack.enter_context(local_postgres())
         rd = stack.enter_context(local_redis())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rota-upgrade-")))
-        settings = Settings(database_url=pg.url, redis_url=rd.url)
-        with UpgradeFleet(workdir, pg, rd, settings, old) as fleet:
+        with UpgradeFleet(workdir, pg, rd, old) as fleet:
             return _run(fleet, revision, rate, seconds)
 
 
 def _run(fleet: UpgradeFleet, revision: str, rate: float, seconds: float) -> dict[str, Any]:
     old_migrated = fleet.migrate("old")
-    with psycopg.connect(fleet.settings.database_url, autocommit=True) as conn:
-        db.transact(conn, core.configure_tenant(LIMITED_TENANT, concurrency_limit=LIMIT))
-    workers = ("worker", "--app", APP, "--concurrency", "4", "--batch-size", "10")
+    prepare_database(fleet.settings.database_url, migrated=False)
     per_task = "0.02"
-    fleet.run_as("old", "loader", "loader", "run", "--engine", "python")
-    fleet.run_as("old", "worker1", *workers)
-    fleet.run_as("old", "worker2", *workers)
+    fleet.run_as("old", "loader", *LOADER)
+    fleet.run_as("old", "worker1", *WORKER)
+    fleet.run_as("old", "worker2", *WORKER)
     fleet.run_as("old", "producer", str(rate), per_task)
     fleet.started(90)
     time.sleep(seconds)
@@ -123,10 +95,10 @@ def _run(fleet: UpgradeFleet, revision: str, rate: float, seconds: float) -> dic
     survived_migration = all(fleet.alive().values())
     steps = []
     for name, args in [
-        ("loader", ("loader", "run", "--engine", "python")),
-        ("worker1", workers),
+        ("loader", LOADER),
+        ("worker1", WORKER),
         ("producer", (str(rate), per_task)),
-        ("worker2", workers),
+        ("worker2", WORKER),
     ]:
         fleet.stop(name)
         fleet.run_as("new", name, *args)

@@ -29,9 +29,9 @@ from rota_tools.bench.harness import (
     finished,
     fresh_database,
     load,
+    p50_p99,
     reset,
     skewed_tenant,
-    start_figures,
     wait_for,
     wait_for_finished,
     warm_pool,
@@ -178,7 +178,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         "synchronous_commit_tasks_per_s": {
             f"{n}_process": round(rate[f"{n}_synchronous_commit"]) for n in (1, 2)
         },
-        "enqueue_to_start_ms": start_figures(starts),
+        "enqueue_to_start_ms": p50_p99(starts),
         "results": {
             "tasks_per_s_1_process": round(rate["1_results"]),
             # Medians of the alternating runs; None when a run too small to
@@ -187,7 +187,7 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
             "pairs": RESULT_PAIRS,
             # From the completion's transaction to get() returning, in a
             # process waiting on it meanwhile (woken by NOTIFY).
-            "get_after_end_ms": start_figures(gets),
+            "get_after_end_ms": p50_p99(gets),
         },
         # The two worker processes' CPU and PostgreSQL's, per task.
         "cpu": cpu["2"],

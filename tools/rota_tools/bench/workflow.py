@@ -6,6 +6,7 @@ should cost about what a plain task does."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from datetime import UTC, datetime
@@ -41,20 +42,18 @@ def _app(settings: Settings) -> App:
     return app
 
 
+def _flow(app: App, tenant: str, members: int) -> UUID:
+    """Enqueues a group of `members` no-op tasks of `tenant` with a join; its join."""
+    noop, gathered = app.tasks["noop"], app.tasks["gathered"]
+    group = rota.group(*(noop.using(tenant=tenant).prepare(i) for i in range(members)))
+    return app.enqueue_workflow(group.then(gathered.using(tenant=tenant).receiving())).last
+
+
 def _flows(app: App, tenants: int, members: int, big: int) -> tuple[list[UUID], int]:
     """Enqueues the graphs; returns the small tenants' joins and the tasks in all."""
-    noop, gathered = app.tasks["noop"], app.tasks["gathered"]
     if big:
-        huge = rota.group(*(noop.using(tenant="huge").prepare(i) for i in range(big)))
-        app.enqueue_workflow(huge.then(gathered.using(tenant="huge").receiving()))
-    joins = [
-        app.enqueue_workflow(
-            rota.group(*(noop.using(tenant=f"t{t}").prepare(i) for i in range(members))).then(
-                gathered.using(tenant=f"t{t}").receiving()
-            )
-        ).last
-        for t in range(tenants)
-    ]
+        _flow(app, "huge", big)
+    joins = [_flow(app, f"t{t}", members) for t in range(tenants)]
     return joins, big + (1 if big else 0) + tenants * (members + 1)
 
 
@@ -62,11 +61,8 @@ def _run(
     conn: psycopg.Connection[Any], settings: Settings, tenants: int, members: int, big: int
 ) -> dict[str, Any]:
     reset(conn)
-    app = _app(settings)
-    try:
+    with contextlib.closing(_app(settings)) as app:
         joins, total = _flows(app, tenants, members, big)
-    finally:
-        app.close()
     since = datetime.now(UTC)
 
     def joins_done() -> tuple[int, int, list[Any]]:
@@ -91,17 +87,9 @@ def _rate(conn: psycopg.Connection[Any], settings: Settings, tasks: int, workflo
     of 100-member groups with joins (the joins not counted)."""
     reset(conn)
     if workflow:
-        app = _app(settings)
-        try:
-            noop, gathered = app.tasks["noop"], app.tasks["gathered"]
+        with contextlib.closing(_app(settings)) as app:
             for g in range(tasks // 100):
-                app.enqueue_workflow(
-                    rota.group(
-                        *(noop.using(tenant=f"t{g % 100}").prepare(i) for i in range(100))
-                    ).then(gathered.using(tenant=f"t{g % 100}").receiving())
-                )
-        finally:
-            app.close()
+                _flow(app, f"t{g % 100}", 100)
     else:
         load(
             conn,
