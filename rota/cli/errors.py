@@ -19,22 +19,9 @@ UNEXPECTED = 1
 def explain(exc: BaseException) -> tuple[str, int]:
     """(one line, exit code) for an error that reached the command line."""
     first = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-    if isinstance(exc, psycopg.errors.InvalidSchemaName | psycopg.errors.UndefinedTable):
-        return f"the database has no rota schema yet: run `rota migrate` ({first})", EXPECTED
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-        return f"the database role may not do this: {first}", EXPECTED
-    if isinstance(exc, psycopg.OperationalError):
-        known = connection_fix(exc)
-        if known is not None:
-            return f"PostgreSQL refused the connection: {first}; {known}", EXPECTED
-        hint = (
-            "set ROTA_DATABASE_URL (the default, postgresql://localhost/postgres, was used)"
-            if "ROTA_DATABASE_URL" not in os.environ
-            else "is PostgreSQL running, and is ROTA_DATABASE_URL right?"
-        )
-        return f"cannot reach PostgreSQL: {first}; {hint}", EXPECTED
-    if isinstance(exc, psycopg.ProgrammingError) and exc.sqlstate is None:  # parsed client-side
-        return f"ROTA_DATABASE_URL is not a valid PostgreSQL URL: {first}", EXPECTED
+    known = database(exc, first)
+    if known is not None:
+        return known
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
         hint = (
             "set ROTA_REDIS_URL (the default, redis://localhost:6379/0, was used)"
@@ -59,6 +46,44 @@ def explain(exc: BaseException) -> tuple[str, int]:
         f"unexpected {type(exc).__name__}: {first} (run with --debug for the traceback)",
         UNEXPECTED,
     )
+
+
+def database(exc: BaseException, first: str) -> tuple[str, int] | None:
+    """The CLI's one reading of a PostgreSQL error (`first`: its first line,
+    masked): what the server refused or gave up on (it was reached), then
+    what kept it from being reached; None for any other error."""
+    if not isinstance(exc, psycopg.Error):
+        return None
+    # A deadlock, a lock or statement timeout, a serialization failure: the
+    # server was reached, and the command may simply be run again.
+    gave_up = (
+        psycopg.errors.TransactionRollback
+        | psycopg.errors.LockNotAvailable
+        | psycopg.errors.QueryCanceled
+    )
+    if isinstance(exc, gave_up):
+        return (
+            f"PostgreSQL rolled the transaction back: {first}; "
+            "nothing of it was applied: run the command again",
+            EXPECTED,
+        )
+    if isinstance(exc, psycopg.errors.InvalidSchemaName | psycopg.errors.UndefinedTable):
+        return f"the database has no rota schema yet: run `rota migrate` ({first})", EXPECTED
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return f"the database role may not do this: {first}", EXPECTED
+    if isinstance(exc, psycopg.OperationalError):
+        known = connection_fix(exc)
+        if known is not None:
+            return f"PostgreSQL refused the connection: {first}; {known}", EXPECTED
+        hint = (
+            "set ROTA_DATABASE_URL (the default, postgresql://localhost/postgres, was used)"
+            if "ROTA_DATABASE_URL" not in os.environ
+            else "is PostgreSQL running, and is ROTA_DATABASE_URL right?"
+        )
+        return f"cannot reach PostgreSQL: {first}; {hint}", EXPECTED
+    if isinstance(exc, psycopg.ProgrammingError) and exc.sqlstate is None:  # parsed client-side
+        return f"ROTA_DATABASE_URL is not a valid PostgreSQL URL: {first}", EXPECTED
+    return None
 
 
 def _spark(exc: BaseException) -> tuple[str, int]:
