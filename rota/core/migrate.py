@@ -62,8 +62,15 @@ log = logging.getLogger(__name__)
 LOCK_WAIT_SECONDS = 0.5
 # Tries of the whole transaction (about a minute, with the pauses between).
 ATTEMPTS = 40
+
+
+class _Busy(Exception):
+    """The schema's tables were not all locked within LOCK_WAIT_SECONDS."""
+
+
 # What live traffic makes a try fail with: all of it rolled back, and tried again.
 GIVES_WAY = (
+    _Busy,
     psycopg.errors.LockNotAvailable,
     psycopg.errors.DeadlockDetected,
     psycopg.errors.SerializationFailure,
@@ -192,7 +199,10 @@ def _run(
         return Migrated(), True
     ms = str(int(LOCK_WAIT_SECONDS * 1000))
     conn.execute(query("bound_lock_waits"), {"ms": ms})
-    conn.execute(query("lock_schema"))
+    try:
+        conn.execute(query("lock_schema"))
+    except psycopg.errors.QueryCanceled as exc:  # the statement's bound, not one lock's
+        raise _Busy(f"the schema's tables were not locked within {LOCK_WAIT_SECONDS}s") from exc
     conn.execute(query("unbound_statements"))
     has_roles = db.run(conn, db.value(query("roles_exist")))
     if has_roles and applied:
