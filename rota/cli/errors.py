@@ -12,6 +12,8 @@ from rota.errors import RotaError
 from rota.runtime.hints import connection_fix
 from rota.runtime.redact import redact
 
+# lock_not_available, query_canceled
+GAVE_UP = ("55P03", "57014")
 EXPECTED = 2  # a problem the user can fix: bad input, a server down, no schema
 UNEXPECTED = 1
 
@@ -54,14 +56,10 @@ def database(exc: BaseException, first: str) -> tuple[str, int] | None:
     what kept it from being reached; None for any other error."""
     if not isinstance(exc, psycopg.Error):
         return None
-    # A deadlock, a lock or statement timeout, a serialization failure: the
-    # server was reached, and the command may simply be run again.
-    gave_up = (
-        psycopg.errors.TransactionRollback
-        | psycopg.errors.LockNotAvailable
-        | psycopg.errors.QueryCanceled
-    )
-    if isinstance(exc, gave_up):
+    # A deadlock or a serialization failure (class 40), a lock or statement
+    # timeout: the server was reached, and the command may be run again.
+    sqlstate = exc.sqlstate or ""
+    if sqlstate.startswith("40") or sqlstate in GAVE_UP:
         return (
             f"PostgreSQL rolled the transaction back: {first}; "
             "nothing of it was applied: run the command again",

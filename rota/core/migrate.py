@@ -20,8 +20,8 @@ rota.sql.FUNCTION_FILES. A function whose arguments or result type change is
 dropped by a migration, and made by its file (CREATE OR REPLACE cannot
 change them); so is a view whose columns change. The previous release's
 processes run on until they are replaced: the forms of functions they call
-stay (functions/compat.sql), and a migration must not leave a table they
-cannot work with.
+stay for a release (docs/howto/upgrade.md), and a migration must not leave a
+table they cannot work with.
 
 One run is one transaction: the pending migrations, the function files, the
 owner and grants of `--roles`, and the schema version (rota.schema_version:
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 # A lock wait's bound, below PostgreSQL's default deadlock_timeout (1 s).
 LOCK_WAIT_SECONDS = 0.5
-# Tries of the whole transaction (about a minute, with the pauses between).
+# Tries of the whole transaction (a minute or two, with the pauses between).
 ATTEMPTS = 40
 
 
