@@ -35,8 +35,8 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA rota FROM PUBLIC
 SELECT set_config('lock_timeout', %(ms)s, true), set_config('statement_timeout', %(ms)s, true)
 
 -- name: unbound_statements
--- After the locks: a migration's statements take as long as they take.
-SELECT set_config('statement_timeout', '0', true)
+-- After the locks: the statements are bound as the session's are.
+SET LOCAL statement_timeout TO DEFAULT
 
 -- name: lock_schema
 -- Every table and view of the schema, in one statement and one order, before
