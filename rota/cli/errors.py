@@ -13,6 +13,8 @@ from rota.errors import RotaError
 from rota.runtime.hints import connection_fix
 from rota.runtime.redact import redact
 
+# lock_not_available, query_canceled
+GAVE_UP = ("55P03", "57014")
 EXPECTED = 2  # a problem the user can fix: bad input, a server down, no schema
 UNEXPECTED = 1
 
@@ -20,23 +22,9 @@ UNEXPECTED = 1
 def explain(exc: BaseException) -> tuple[str, int]:
     """(one line, exit code) for an error that reached the command line."""
     first = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-    if isinstance(exc, psycopg.errors.InvalidSchemaName | psycopg.errors.UndefinedTable):
-        return f"the database has no rota schema yet: run `rota migrate` ({first})", EXPECTED
-    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
-        return f"the database role may not do this: {first}", EXPECTED
-    if isinstance(exc, psycopg.OperationalError):
-        known = connection_fix(exc)
-        if known is not None:
-            return f"PostgreSQL refused the connection: {first}; {known}", EXPECTED
-        hint = (
-            "set ROTA_DATABASE_URL, or run `rota dev` in this directory for development "
-            "servers (the default, postgresql://localhost/postgres, was used)"
-            if not _given("ROTA_DATABASE_URL")
-            else "is PostgreSQL running, and is ROTA_DATABASE_URL right?"
-        )
-        return f"cannot reach PostgreSQL: {first}; {hint}", EXPECTED
-    if isinstance(exc, psycopg.ProgrammingError) and exc.sqlstate is None:  # parsed client-side
-        return f"ROTA_DATABASE_URL is not a valid PostgreSQL URL: {first}", EXPECTED
+    known = database(exc, first)
+    if known is not None:
+        return known
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
         hint = (
             "set ROTA_REDIS_URL, or run `rota dev` in this directory for development "
@@ -64,6 +52,41 @@ def explain(exc: BaseException) -> tuple[str, int]:
         f"unexpected {type(exc).__name__}: {first} (run with --debug for the traceback)",
         UNEXPECTED,
     )
+
+
+def database(exc: BaseException, first: str) -> tuple[str, int] | None:
+    """The CLI's one reading of a PostgreSQL error (`first`: its first line,
+    masked): what the server refused or gave up on (it was reached), then
+    what kept it from being reached; None for any other error."""
+    if not isinstance(exc, psycopg.Error):
+        return None
+    # A deadlock or a serialization failure (class 40), a lock or statement
+    # timeout: the server was reached, and the command may be run again.
+    sqlstate = exc.sqlstate or ""
+    if sqlstate.startswith("40") or sqlstate in GAVE_UP:
+        return (
+            f"PostgreSQL rolled the transaction back: {first}; "
+            "nothing of it was applied: run the command again",
+            EXPECTED,
+        )
+    if isinstance(exc, psycopg.errors.InvalidSchemaName | psycopg.errors.UndefinedTable):
+        return f"the database has no rota schema yet: run `rota migrate` ({first})", EXPECTED
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return f"the database role may not do this: {first}", EXPECTED
+    if isinstance(exc, psycopg.OperationalError):
+        known = connection_fix(exc)
+        if known is not None:
+            return f"PostgreSQL refused the connection: {first}; {known}", EXPECTED
+        hint = (
+            "set ROTA_DATABASE_URL, or run `rota dev` in this directory for development "
+            "servers (the default, postgresql://localhost/postgres, was used)"
+            if not _given("ROTA_DATABASE_URL")
+            else "is PostgreSQL running, and is ROTA_DATABASE_URL right?"
+        )
+        return f"cannot reach PostgreSQL: {first}; {hint}", EXPECTED
+    if isinstance(exc, psycopg.ProgrammingError) and exc.sqlstate is None:  # parsed client-side
+        return f"ROTA_DATABASE_URL is not a valid PostgreSQL URL: {first}", EXPECTED
+    return None
 
 
 def _spark(exc: BaseException) -> tuple[str, int]:

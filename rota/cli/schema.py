@@ -20,15 +20,30 @@ def migrate(
     ] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Create or upgrade rota's schema (idempotent; concurrent runs take turns)."""
+    """Create or upgrade rota's schema in one transaction (idempotent; safe beside live traffic)."""
     from rota.core.migrate import migrate as run_migrations
     from rota.core.migrate import roles_script
+    from rota.sql import schema_version
 
     if print_roles:
         typer.echo(roles_script(), nl=False)
         return
+
+    def retrying(waited: float, attempt: int) -> None:
+        typer.echo(
+            f"rota migrate: waited {waited:.1f}s for a lock held by live traffic; "
+            f"trying again (attempt {attempt})",
+            err=True,
+        )
+
     with connections.connect(settings_from(database_url), "migrate") as conn:
-        done = run_migrations(conn, roles=roles)
+        done = run_migrations(conn, roles=roles, on_retry=retrying)
+    if done.newer is not None:
+        typer.echo(
+            f"the database is at schema {done.newer}, newer than this rota's "
+            f"{schema_version().version}: left as it is"
+        )
+        return
     if done.versions:
         typer.echo(f"applied migrations: {done.versions}")
     if done.functions:

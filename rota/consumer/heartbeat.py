@@ -15,7 +15,7 @@ import psycopg
 
 from rota import core
 from rota.consumer.maintenance import Leadership
-from rota.core import connections, db
+from rota.core import connections, db, versions
 from rota.runtime.outage import Kept, Outage, run_rounds
 from rota.settings import Settings
 
@@ -38,7 +38,11 @@ def heartbeat(
     lost with it. Until `stopping`; reconnects after a lost connection."""
     last_beat = float("-inf")
     # Which worker holds the maintenance lock: its id, in pg_stat_activity.
-    conn = Kept(lambda: connections.connect(settings, "heartbeat", who=worker_id))
+    conn = Kept(
+        lambda: versions.ready(
+            connections.connect(settings, "heartbeat", who=worker_id), stopping.is_set
+        )
+    )
 
     def beat_and_maintain() -> float:
         nonlocal last_beat

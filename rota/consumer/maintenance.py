@@ -21,7 +21,7 @@ import psycopg
 from croniter import croniter
 
 from rota import core
-from rota.core import connections, db
+from rota.core import connections, db, versions
 from rota.core.results import prune_results
 from rota.errors import ValidationError
 from rota.model.envelope import make_envelope, task_id_for_key
@@ -300,7 +300,7 @@ def run_maintenance(settings: Settings, duty: Maintenance, stop: threading.Event
             "rota maintenance holds a session-level lock: behind a transaction pooler, "
             "set ROTA_DIRECT_DATABASE_URL to a URL that reaches PostgreSQL directly"
         )
-    conn = Kept(lambda: connections.connect(settings, "maintenance"))
+    conn = Kept(lambda: versions.ready(connections.connect(settings, "maintenance")))
 
     def lead() -> float:
         leadership.tick(conn.get())

@@ -54,7 +54,7 @@ from rota.consumer.running import (
     sort_outcome,
     worker_queues,
 )
-from rota.core import connections, db
+from rota.core import connections, db, versions
 from rota.readmodel.metrics import WorkerMetrics
 from rota.runtime.outage import Kept, Outage, run_rounds, run_until_done
 
@@ -190,8 +190,9 @@ class Worker:
             kept.drop()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        """The connection that claims and reports."""
-        return connections.connect(self.settings, "claims")
+        """The connection that claims and reports, once the database's schema
+        is one this worker runs on (rota.core.versions)."""
+        return versions.ready(connections.connect(self.settings, "claims"), self.stopping.is_set)
 
     def _join(self, queues: list[str]) -> psycopg.Connection[Any]:
         """Connects, registers the worker and declares the app's limits on keys

@@ -19,7 +19,7 @@ it keeps. Nothing here runs per statement: only when a connection opens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import psycopg
@@ -163,13 +163,20 @@ async def aconnect(
     return await psycopg.AsyncConnection.connect(url, **kwargs)
 
 
-def pool(settings: Settings, purpose: Purpose, *, size: int) -> ConnectionPool[Any]:
+def pool(
+    settings: Settings,
+    purpose: Purpose,
+    *,
+    size: int,
+    configure: Callable[[psycopg.Connection[Any]], Any] | None = None,
+) -> ConnectionPool[Any]:
     """Up to `size` connections for `purpose`, shared by threads, opened as
     needed. A connection is checked as it is handed out, so that one a
     server restart or a dead link left behind is replaced, not used; one
     returned broken, or in a transaction it cannot roll back, is closed. A
     connection is waited for at most ROTA_DATABASE_TIMEOUT_SECONDS
-    (psycopg_pool.PoolTimeout, an OperationalError, after that)."""
+    (psycopg_pool.PoolTimeout, an OperationalError, after that).
+    `configure` is called with each new connection before it is handed out."""
     from psycopg_pool import ConnectionPool
 
     url, kwargs = arguments(settings, purpose)
@@ -180,6 +187,7 @@ def pool(settings: Settings, purpose: Purpose, *, size: int) -> ConnectionPool[A
         max_size=size,
         open=True,
         check=ConnectionPool.check_connection,
+        configure=configure,
         timeout=settings.database_timeout_seconds,
         name=kwargs.get("application_name", purpose),
     )

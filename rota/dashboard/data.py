@@ -23,7 +23,7 @@ import redis
 from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
-from rota.core import connections, db, read
+from rota.core import connections, db, read, versions
 from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import purge as purge_letters
@@ -46,7 +46,9 @@ class Connections:
         self.settings = settings
         # No connection yet: the console starts, and shows Redis's side,
         # while PostgreSQL is out.
-        self._pool = connections.pool(settings, "console", size=POOL_SIZE)
+        # A new connection waits for a schema the console runs on
+        # (rota.core.versions): until then its pages say PostgreSQL is out.
+        self._pool = connections.pool(settings, "console", size=POOL_SIZE, configure=versions.ready)
         self._redis: redis_client.Client | None = None
         self._producer: App | None = None
         self._lock = threading.Lock()

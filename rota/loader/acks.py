@@ -29,7 +29,7 @@ import psycopg
 import redis
 
 from rota import core
-from rota.core import connections, db
+from rota.core import connections, db, versions
 from rota.loader.reading import Entry
 from rota.runtime.outage import Kept, Outage, run_until_done
 from rota.settings import Settings
@@ -154,7 +154,7 @@ class Acknowledger:
                 log.warning("could not settle loaded buffer entries: %s", exc)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        conn = connections.connect(self._settings, "load")
+        conn = versions.ready(connections.connect(self._settings, "load"))
         self._connected_at = time.monotonic()  # after: the server side began before
         return conn
 

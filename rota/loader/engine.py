@@ -38,7 +38,7 @@ from rota.buffer.streams import (
     decode_entry,
     oldest_age,
 )
-from rota.core import connections, db
+from rota.core import connections, db, versions
 from rota.loader.acks import Acknowledger
 from rota.loader.reading import BufferReader, Entry
 from rota.loader.settle import BufferSettle
@@ -147,7 +147,7 @@ class Loader:
         waiting for the WAL flush; what a pass loaded is acknowledged after a
         flush (rota.loader.acks, or in the pass for a drain), unless behind a
         transaction pooler."""
-        conn = connections.connect(self.settings, "load")
+        conn = versions.ready(connections.connect(self.settings, "load"))
         if self._flushes_apart:
             db.run(conn, core.commit_without_flush())
         return conn

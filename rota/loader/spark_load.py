@@ -29,7 +29,7 @@ from rota import core
 from rota.buffer import redis_client
 from rota.buffer.entries import TaskBatch
 from rota.buffer.streams import Rejected
-from rota.core import connections, db
+from rota.core import connections, db, versions
 from rota.loader.settle import BufferSettle, Dead, DeadLettersRefused
 from rota.loader.store import load_entries
 from rota.runtime.outage import Kept
@@ -159,7 +159,9 @@ class ShardLoader:
 
     def conn(self, group: int) -> Kept[psycopg.Connection[Any]]:
         while len(self._conns) <= group:
-            self._conns.append(Kept(lambda: connections.connect(self.job.settings, "load")))
+            self._conns.append(
+                Kept(lambda: versions.ready(connections.connect(self.job.settings, "load")))
+            )
         return self._conns[group]
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from rota import core
 from rota.buffer import redis_client
 from rota.buffer.entries import TaskBatch
 from rota.buffer.redis_client import NotReplicated
-from rota.core import connections, db
+from rota.core import connections, db, versions
 from rota.core.db import Op
 from rota.core.effects import adrive, drive
 from rota.producer.core import (
@@ -123,7 +123,7 @@ class Producer:
         self.core = core or ProducerCore(settings)
         self.settings = settings
         self._redis: redis_client.Client | None = None
-        self._conn = Kept(lambda: connections.connect(self.settings, "enqueue"))
+        self._conn = Kept(lambda: versions.ready(connections.connect(self.settings, "enqueue")))
         self._conn_lock = threading.Lock()
         # A Redis effect: a plain call, tried again only once it failed.
         self._send_retried = with_retries(
@@ -197,11 +197,16 @@ class AsyncProducer:
         self.core = core or ProducerCore(settings)
         self.settings = settings
         self._redis: redis_client.AsyncClient | None = None
-        self._conn = AsyncKept(lambda: connections.aconnect(self.settings, "enqueue"))
+        self._conn = AsyncKept(self._aconnect)
         self._conn_lock = asyncio.Lock()
         self._send_retried = with_async_retries(
             self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF
         )
+
+    async def _aconnect(self) -> psycopg.AsyncConnection[Any]:
+        """The database fallback's connection, once the database's schema is
+        one this rota runs on (rota.core.versions)."""
+        return await versions.aready(await connections.aconnect(self.settings, "enqueue"))
 
     async def redis(self) -> redis_client.AsyncClient:
         if self._redis is None:

@@ -144,3 +144,47 @@ def function_files() -> tuple[FunctionFile, ...]:
         FunctionFile(f"functions/{name}", folder.joinpath(name).read_text(encoding="utf-8"))
         for name in FUNCTION_FILES
     )
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """A line of schema_versions.txt: a version of the schema (its tables,
+    migrations and functions, `sql_checksum`), and the oldest version whose
+    processes still run on it (older functions' forms are kept for them)."""
+
+    version: int
+    supports_from: int
+    checksum: str
+
+
+def sql_checksum() -> str:
+    """The checksum of the SQL a database is made of: schema.sql, the
+    migrations, the function files, in order, and the roles' grants."""
+    digest = hashlib.sha256(current_schema().encode())
+    roles = resources.files(__package__).joinpath("roles.sql").read_text(encoding="utf-8")
+    digest.update(b"\0roles.sql\0" + roles.encode())
+    for m in migrations():
+        digest.update(f"\0{m.version}\0".encode() + m.sql.encode())
+    for file in function_files():
+        digest.update(f"\0{file.name}\0".encode() + file.sql.encode())
+    return digest.hexdigest()
+
+
+@cache
+def schema_versions() -> tuple[SchemaVersion, ...]:
+    """The ledger of schema versions, oldest first: a new line whenever the
+    SQL of `sql_checksum` changes (tests/unit/test_schema_versions.py)."""
+    text = resources.files(__package__).joinpath("schema_versions.txt").read_text(encoding="utf-8")
+    found = []
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            version, supports_from, checksum = line.split()
+            found.append(SchemaVersion(int(version), int(supports_from), checksum))
+    if [v.version for v in found] != list(range(1, len(found) + 1)):
+        raise RuntimeError("schema_versions.txt must number its versions 1..n without gaps")
+    return tuple(found)
+
+
+def schema_version() -> SchemaVersion:
+    """The schema this rota needs, and makes (`rota migrate`)."""
+    return schema_versions()[-1]

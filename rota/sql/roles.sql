@@ -18,7 +18,7 @@ WHERE rolname IN ('rota_owner', 'rota_producer', 'rota_loader', 'rota_worker', '
 SELECT pg_has_role('rota_owner', 'USAGE')
 
 -- name: become_owner
-SET ROLE rota_owner
+SET LOCAL ROLE rota_owner
 
 -- name: reset_role
 RESET ROLE
@@ -89,6 +89,8 @@ BEGIN
     GRANT SELECT (id) ON rota.tasks TO rota_producer, rota_loader, rota_worker;
     GRANT SELECT (task_id) ON rota.finished TO rota_producer, rota_loader, rota_worker;
     GRANT USAGE ON SEQUENCE rota.task_seq TO rota_producer, rota_loader, rota_worker;
+    -- Every process reads the schema version when it connects (rota.core.versions).
+    GRANT SELECT ON rota.schema_version TO rota_producer, rota_loader, rota_worker;
     GRANT EXECUTE ON FUNCTION rota.name_ids(text[], text[]),
                               rota.enter_line_of(uuid[]),
                               rota.vclock(integer)

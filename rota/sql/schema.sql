@@ -29,6 +29,17 @@ CREATE TABLE rota.repeatables (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- The schema version this database is at (rota/sql/schema_versions.txt), and
+-- the oldest one whose processes still run on it: one row, written by
+-- `rota migrate`; processes read it when they connect (rota.core.versions).
+CREATE TABLE rota.schema_version (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version integer NOT NULL,
+    supports_from integer NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE TABLE rota.queues (
     id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name text NOT NULL UNIQUE CONSTRAINT queue_name_rule CHECK (name ~ '^[a-z][a-z0-9_.-]{0,62}$'),

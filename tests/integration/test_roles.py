@@ -302,7 +302,7 @@ def test_the_admin_configures_tenants(urls: dict[str, str], owner: Conn) -> None
 
 def test_migrations_run_as_the_owner_role(urls: dict[str, str]) -> None:
     with psycopg.connect(urls["migrator"], autocommit=True) as conn:
-        assert migrate(conn) == Migrated()  # up to date, grants renewed, as rota_owner
+        assert migrate(conn) == Migrated()  # up to date: nothing to apply as rota_owner
 
 
 def test_a_changed_function_file_is_applied_as_the_owner_keeping_grants(

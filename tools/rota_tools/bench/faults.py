@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import psycopg
 
@@ -34,6 +34,9 @@ from rota_tools.bench.chaosapp import KEY_LIMIT
 from rota_tools.bench.harness import wait_for
 from rota_tools.devservers import Server
 from rota_tools.sql import query
+
+if TYPE_CHECKING:
+    from rota_tools.bench.compare import Side
 
 TENANTS = 50
 LIMITED_TENANT = "t0"
@@ -232,6 +235,47 @@ class Fleet:
         return [
             line for path in self.ids_dir.glob("*.ids") for line in path.read_text().split() if line
         ]
+
+
+class UpgradeFleet(Fleet):
+    """The chaos fleet, each process run by the version it was started with."""
+
+    def __init__(self, workdir: Path, pg: Any, rd: Any, old: Side) -> None:
+        super().__init__(workdir, pg, rd)
+        self.old = old
+        self.version: dict[str, str] = {}  # process -> "old" or "new"
+        self.pid_version: dict[int, str] = {}
+
+    def _run_by(self, version: str) -> tuple[dict[str, str], Path | None]:
+        """The environment and folder of `version`'s processes."""
+        if version != "old":
+            return self.env, None
+        return {**self.env, "PYTHONPATH": self.old.env()["PYTHONPATH"]}, self.old.tree
+
+    def launch(self, name: str) -> tuple[list[str], dict[str, str], Path | None]:
+        return self.processes[name].command, *self._run_by(self.version[name])
+
+    def start(self, name: str) -> None:
+        super().start(name)
+        popen = self.processes[name].popen
+        assert popen is not None
+        self.pid_version[popen.pid] = self.version[name]
+
+    def run_as(self, version: str, name: str, *args: str) -> None:
+        self.version[name] = version
+        self.add(name, *args, log=f"{name}-{version}")
+
+    def migrate(self, version: str) -> str:
+        """`version`'s `rota migrate`; its output (it must succeed)."""
+        done = self.run_migrate(version)
+        done.check_returncode()
+        return done.stdout.strip()
+
+    def run_migrate(self, version: str) -> subprocess.CompletedProcess[str]:
+        """`version`'s `rota migrate`, beside the running processes."""
+        env, cwd = self._run_by(version)
+        command = [sys.executable, "-m", "rota", "migrate"]
+        return subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd)
 
 
 def completions_per_second(runs: list[Run], since: float, until: float) -> list[int]:

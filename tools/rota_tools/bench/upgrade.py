@@ -11,15 +11,13 @@ run by it against the processes of the version it upgrades.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from rota_tools.bench.compare import Side, checkout, git, repository_root
-from rota_tools.bench.faults import LOADER, WORKER, Fleet, history_report, prepare_database
+from rota_tools.bench.compare import checkout, git, repository_root
+from rota_tools.bench.faults import LOADER, WORKER, UpgradeFleet, history_report, prepare_database
 from rota_tools.devservers import local_postgres, local_redis
 
 
@@ -28,41 +26,6 @@ def version_before_newest_migration(repo: Path) -> str:
     return (
         git(repo, "log", "-1", "--diff-filter=A", "--format=%H", "--", "rota/sql/migrations") + "^"
     )
-
-
-class UpgradeFleet(Fleet):
-    """The chaos fleet, each process run by the version it was started with."""
-
-    def __init__(self, workdir: Path, pg: Any, rd: Any, old: Side) -> None:
-        super().__init__(workdir, pg, rd)
-        self.old = old
-        self.version: dict[str, str] = {}  # process -> "old" or "new"
-        self.pid_version: dict[int, str] = {}
-
-    def _run_by(self, version: str) -> tuple[dict[str, str], Path | None]:
-        """The environment and folder of `version`'s processes."""
-        if version != "old":
-            return self.env, None
-        return {**self.env, "PYTHONPATH": self.old.env()["PYTHONPATH"]}, self.old.tree
-
-    def launch(self, name: str) -> tuple[list[str], dict[str, str], Path | None]:
-        return self.processes[name].command, *self._run_by(self.version[name])
-
-    def start(self, name: str) -> None:
-        super().start(name)
-        popen = self.processes[name].popen
-        assert popen is not None
-        self.pid_version[popen.pid] = self.version[name]
-
-    def run_as(self, version: str, name: str, *args: str) -> None:
-        self.version[name] = version
-        self.add(name, *args, log=f"{name}-{version}")
-
-    def migrate(self, version: str) -> str:
-        env, cwd = self._run_by(version)
-        command = [sys.executable, "-m", "rota", "migrate"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=cwd)
-        return done.stdout.strip()
 
 
 def run_rolling_upgrade(
