@@ -277,6 +277,50 @@ class UpgradeFleet(Fleet):
         command = [sys.executable, "-m", "rota", "migrate"]
         return subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd)
 
+    def roll(self, rate: float, seconds: float) -> Rolled:
+        """The old version's producer, loader and two workers under load;
+        the new version's `rota migrate` beside them (its outcome is the
+        caller's to judge); then each process replaced by the new version's,
+        `seconds` apart."""
+        old_migrate = self.migrate("old")
+        prepare_database(self.settings.database_url, migrated=False)
+        replaced = [
+            ("loader", LOADER),
+            ("worker1", WORKER),
+            ("producer", (str(rate), UPGRADE_SECONDS_PER_TASK)),
+            ("worker2", WORKER),
+        ]
+        for name, args in (*replaced[:2], replaced[3], replaced[2]):  # the producer last
+            self.run_as("old", name, *args)
+        self.started(120)
+        time.sleep(seconds)  # the old pipeline under load for a while
+        started = self.baseline_start = self.baseline_end = time.time()
+        new_migrate = self.run_migrate("new")
+        migrate_seconds = time.time() - started
+        time.sleep(seconds)  # the old processes on the new schema
+        survived_migration = all(self.alive().values())
+        steps = []
+        for name, args in replaced:
+            self.stop(name)
+            self.run_as("new", name, *args)
+            steps.append((name, round(time.time() - started, 1)))
+            time.sleep(seconds)
+        return Rolled(old_migrate, new_migrate, migrate_seconds, survived_migration, steps)
+
+
+UPGRADE_SECONDS_PER_TASK = "0.02"
+
+
+class Rolled(NamedTuple):
+    """What UpgradeFleet.roll did: both migrations, and when each process
+    was replaced (seconds after the new migrate began)."""
+
+    old_migrate: str
+    new_migrate: subprocess.CompletedProcess[str]
+    migrate_seconds: float
+    survived_migration: bool
+    replaced: list[tuple[str, float]]
+
 
 def completions_per_second(runs: list[Run], since: float, until: float) -> list[int]:
     buckets = Counter(int(run.end - since) for run in runs if since <= run.end < until)

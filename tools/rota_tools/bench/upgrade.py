@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rota_tools.bench.compare import checkout, git, repository_root
-from rota_tools.bench.faults import LOADER, WORKER, UpgradeFleet, history_report, prepare_database
+from rota_tools.bench.faults import UpgradeFleet, history_report
 from rota_tools.devservers import local_postgres, local_redis
 
 
@@ -43,39 +43,17 @@ def run_rolling_upgrade(
 
 
 def _run(fleet: UpgradeFleet, revision: str, rate: float, seconds: float) -> dict[str, Any]:
-    old_migrated = fleet.migrate("old")
-    prepare_database(fleet.settings.database_url, migrated=False)
-    per_task = "0.02"
-    fleet.run_as("old", "loader", *LOADER)
-    fleet.run_as("old", "worker1", *WORKER)
-    fleet.run_as("old", "worker2", *WORKER)
-    fleet.run_as("old", "producer", str(rate), per_task)
-    fleet.started(90)
-    time.sleep(seconds)
-    started = fleet.baseline_start = fleet.baseline_end = time.time()
-    new_migrated = fleet.migrate("new")
-    time.sleep(seconds)  # the old processes on the new schema
-    survived_migration = all(fleet.alive().values())
-    steps = []
-    for name, args in [
-        ("loader", LOADER),
-        ("worker1", WORKER),
-        ("producer", (str(rate), per_task)),
-        ("worker2", WORKER),
-    ]:
-        fleet.stop(name)
-        fleet.run_as("new", name, *args)
-        steps.append((name, round(time.time() - started, 1)))
-        time.sleep(seconds)
+    rolled = fleet.roll(rate, seconds)
+    rolled.new_migrate.check_returncode()
     report = history_report(fleet, time.time(), 0, all(fleet.alive().values()), rate)
     runs = fleet.runs()
     report.update(
         {
             "old_revision": revision,
-            "old_migrate": old_migrated,
-            "new_migrate": new_migrated,
-            "old_processes_survived_the_migration": survived_migration,
-            "replaced": steps,
+            "old_migrate": rolled.old_migrate,
+            "new_migrate": rolled.new_migrate.stdout.strip(),
+            "old_processes_survived_the_migration": rolled.survived_migration,
+            "replaced": rolled.replaced,
             "runs_by_version": {
                 version: sum(1 for run in runs if fleet.pid_version.get(run.pid) == version)
                 for version in ("old", "new")

@@ -28,12 +28,9 @@ from typing import Any
 
 from rota_tools.bench.compare import Side, checkout, repository_root
 from rota_tools.bench.faults import (
-    LOADER,
-    WORKER,
     UpgradeFleet,
     left,
     nothing_left,
-    prepare_database,
 )
 from rota_tools.bench.harness import wait_for
 from rota_tools.devservers import local_postgres, local_redis
@@ -42,18 +39,6 @@ from rota_tools.devservers import local_postgres, local_redis
 # and "could not ...", Python a traceback).
 ERROR_LINE = re.compile(r"Traceback|\bERROR\b|Error:| failed\b|could not be stored|^rota: ")
 PER_TASK = "0.02"
-
-
-def migrate_new(fleet: UpgradeFleet) -> dict[str, Any]:
-    """This version's `rota migrate`, beside the running processes."""
-    started = time.monotonic()
-    done = fleet.run_migrate("new")
-    return {
-        "exit": done.returncode,
-        "seconds": round(time.monotonic() - started, 2),
-        "stdout": done.stdout.strip()[-300:],
-        "stderr": done.stderr.strip()[-2000:],
-    }
 
 
 def error_lines(workdir: Path) -> dict[str, list[str]]:
@@ -92,33 +77,20 @@ def one_run(
 
 
 def _run(fleet: UpgradeFleet, rate: float, seconds: float) -> dict[str, Any]:
-    fleet.migrate("old")
-    prepare_database(fleet.settings.database_url, migrated=False)
-    fleet.run_as("old", "loader", *LOADER)
-    fleet.run_as("old", "worker1", *WORKER)
-    fleet.run_as("old", "worker2", *WORKER)
-    fleet.run_as("old", "producer", str(rate), PER_TASK)
-    fleet.started(120)
-    time.sleep(seconds)  # the old pipeline under load for a while
-    migrated = migrate_new(fleet)
-    time.sleep(seconds)  # the old processes on the new schema
-    survived = all(fleet.alive().values())
-    for name, args in [
-        ("loader", LOADER),
-        ("worker1", WORKER),
-        ("producer", (str(rate), PER_TASK)),
-        ("worker2", WORKER),
-    ]:
-        fleet.stop(name)
-        fleet.run_as("new", name, *args)
-        time.sleep(seconds)
-    survived = survived and all(fleet.alive().values())
+    rolled = fleet.roll(rate, seconds)
+    survived = rolled.survived_migration and all(fleet.alive().values())
     fleet.stop("producer")
     drained = wait_for(lambda: nothing_left(fleet.settings), 180, errors=(Exception,))
     acknowledged = set(fleet.acknowledged())
     runs = Counter(run.task for run in fleet.runs())
+    migrated = rolled.new_migrate
     return {
-        "migrate": migrated,
+        "migrate": {
+            "exit": migrated.returncode,
+            "seconds": round(rolled.migrate_seconds, 2),
+            "stdout": migrated.stdout.strip()[-300:],
+            "stderr": migrated.stderr.strip()[-2000:],
+        },
         "survived": survived,
         "drained": drained,
         "left": left(fleet.settings),
