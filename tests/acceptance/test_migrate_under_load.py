@@ -80,7 +80,9 @@ def test_processes_on_an_older_schema_wait_and_say_why_then_run(
     worker = start_logged(
         [sys.executable, "-m", "rota", "worker", "--app", "tests.acceptance.workapp:app"], env=env
     )
-    loader = start_logged([sys.executable, "-m", "rota", "loader", "run"], env=env)
+    loader = start_logged(
+        [sys.executable, "-m", "rota", "loader", "run", "--engine", "python"], env=env
+    )
     with worker, loader:
         # A producer reads its tenants' backlog (backpressure): it waits too.
         producer = App(Settings(database_url=empty_database_url, redis_url=redis_url))
