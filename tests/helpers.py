@@ -246,3 +246,12 @@ def start_logged(args: Sequence[str | os.PathLike[str]], **popen: Any) -> Logged
     """Starts `args` (Popen's other arguments but stdout and stderr allowed)
     with its stdout and stderr in temporary files: see LoggedProcess."""
     return LoggedProcess(args, **popen)
+
+
+def shallow_clone() -> bool:
+    """Whether this checkout lacks git history (or git): tests that run an
+    earlier version of rota from history are skipped then."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
+    )
+    return done.returncode != 0 or done.stdout.strip() == "true"

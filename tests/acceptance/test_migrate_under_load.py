@@ -29,21 +29,14 @@ from rota_tools.bench.compare import checkout, repository_root
 from rota_tools.bench.upgrade_loop import one_run
 from tests.acceptance import workapp
 from tests.acceptance.workapp import LOG_TABLE
-from tests.helpers import start_logged, wait_for
+from tests.helpers import shallow_clone, start_logged, wait_for
 
 ROOT = Path(__file__).parent.parent.parent
 # The previous release, and the commit before the one transaction of issue 66.
 PREVIOUS = ("5cf3eb7", "f4fb12d")
 
 
-def _shallow() -> bool:
-    done = subprocess.run(
-        ["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
-    )
-    return done.returncode != 0 or done.stdout.strip() == "true"
-
-
-@pytest.mark.skipif(_shallow(), reason="the earlier versions come from git history")
+@pytest.mark.skipif(shallow_clone(), reason="the earlier versions come from git history")
 @pytest.mark.slow(reason="the previous release's pipeline under load, migrated, replaced")
 @pytest.mark.parametrize("revision", PREVIOUS)
 def test_migrate_under_load_breaks_nothing(revision: str, tmp_path: Path) -> None:

@@ -7,22 +7,14 @@ each migration to come is run against the version it upgrades."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from rota_tools.bench.faults import LIMIT
 from rota_tools.bench.upgrade import run_rolling_upgrade
+from tests.helpers import shallow_clone
 
 
-def _shallow() -> bool:
-    done = subprocess.run(
-        ["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
-    )
-    return done.returncode != 0 or done.stdout.strip() == "true"
-
-
-@pytest.mark.skipif(_shallow(), reason="the earlier version comes from git history")
+@pytest.mark.skipif(shallow_clone(), reason="the earlier version comes from git history")
 @pytest.mark.slow(reason="two versions of the pipeline, one after the other, under load")
 def test_a_rolling_upgrade_under_load_loses_nothing() -> None:
     report = run_rolling_upgrade(rate=60.0, seconds=3.0)

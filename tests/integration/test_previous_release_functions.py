@@ -18,6 +18,7 @@ import pytest
 from rota.core.migrate import migrate
 from rota_tools.bench.compare import checkout, repository_root
 from rota_tools.migration_fixtures import restore
+from tests.helpers import shallow_clone
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "migrations"
 
@@ -78,14 +79,7 @@ def test_the_0047_fixtures_functions_are_kept(empty_database_url: str) -> None:
     assert missing_after_migrate(empty_database_url) == []
 
 
-def _shallow() -> bool:
-    done = subprocess.run(
-        ["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
-    )
-    return done.returncode != 0 or done.stdout.strip() == "true"
-
-
-@pytest.mark.skipif(_shallow(), reason="the earlier version comes from git history")
+@pytest.mark.skipif(shallow_clone(), reason="the earlier version comes from git history")
 def test_5cf3eb7s_functions_are_kept_but_for_the_removals_due(empty_database_url: str) -> None:
     with checkout(repository_root(), "5cf3eb7", "old") as old:
         env: dict[str, Any] = {**old.env(), "ROTA_DATABASE_URL": empty_database_url}
