@@ -320,24 +320,73 @@ def tasks(
 ) -> Op[list[TaskRow]]:
     """Tasks in one state (ready in line order, running by claim time,
     scheduled by run time, dead and cancelled the most recent first)."""
+    check_page(0, limit)
+    return _tasks(_ids_of(state, tenant, queue), _task_params(state, tenant, queue, limit))
+
+
+def _ids_of(state: str, tenant: str | None, queue: str | None) -> str:
+    """The statement listing the ids of a state's tasks, its filter checked."""
     if state not in TASK_STATES:
         raise ValidationError(f"state must be one of {', '.join(TASK_STATES)}, got {state!r}")
     if tenant is not None:
         check_tenant(tenant)
     if queue is not None:
         check_queue(queue)
-    check_page(0, limit)
-    ids_of = {
+    return {
         "ready": query("ready_ids"),
         "running": query("running_ids"),
         "scheduled": query("scheduled_ids"),
         "dead": query("dead_ids"),  # by the partial index of dead tasks
         "cancelled": query("cancelled_ids"),
-    }
-    return _tasks(
-        ids_of[state],
-        {"state": state, "tenant": tenant, "queue": queue, "limit": limit, "since": None},
+    }[state]
+
+
+def _task_params(state: str, tenant: str | None, queue: str | None, limit: int) -> dict[str, Any]:
+    return {"state": state, "tenant": tenant, "queue": queue, "limit": limit, "since": None}
+
+
+# Tasks of a filter counted one by one, and paged through, at most: the
+# count reads the same index range as the listing, so it costs the same
+# at any depth of the queue.
+TASKS_COUNTED = 10_000
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    rows: list[TaskRow]
+    total: int  # of the filter, counted up to TASKS_COUNTED
+    more: bool  # over TASKS_COUNTED: `total` is a lower bound
+
+
+def task_page(
+    state: str,
+    *,
+    tenant: str | None = None,
+    queue: str | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> Op[TaskPage]:
+    """A page of a state's tasks (in the order of `tasks`) and how many the
+    filter has, counted up to TASKS_COUNTED; pages reach that far."""
+    check_page(offset, limit)
+    if offset >= TASKS_COUNTED:
+        raise ValidationError(
+            f"pages reach the first {TASKS_COUNTED:,} tasks of a filter: narrow it "
+            "(tenant, queue) to see further"
+        )
+    statement = _ids_of(state, tenant, queue)
+    return _task_page(
+        statement, _task_params(state, tenant, queue, TASKS_COUNTED + 1), offset, limit
     )
+
+
+def _task_page(ids_statement: str, params: dict[str, Any], offset: int, limit: int) -> Op[TaskPage]:
+    ids = yield from values(ids_statement, params)
+    shown = ids[offset : offset + limit]
+    rows: list[TaskRow] = []
+    if shown:
+        rows = yield from select(query("task_rows"), {"ids": UUIDArray(shown)}, _TASK_ROWS)
+    return TaskPage(rows, min(len(ids), TASKS_COUNTED), len(ids) > TASKS_COUNTED)
 
 
 def _tasks(ids_statement: str, params: dict[str, Any]) -> Op[list[TaskRow]]:
@@ -399,6 +448,31 @@ def _audit(limit: int) -> Op[list[AuditRow]]:
 
 
 _AUDIT = Rows(AuditRow)
+
+
+@dataclass(frozen=True)
+class QueuePace:
+    """A queue's recent completion rate (rota.service, counted by maintenance)."""
+
+    completed: int  # over `seconds`: the last whole minutes and the current one's counted part
+    seconds: float
+    counted_seconds_ago: float  # since maintenance last counted completions
+
+    @property
+    def per_minute(self) -> float:
+        return self.completed * 60 / self.seconds if self.seconds > 0 else 0.0
+
+
+_PACE = Rows(QueuePace, completed=int, seconds=float, counted_seconds_ago=float)
+
+
+def queue_pace(queue: str, minutes: int = 5) -> Op[QueuePace | None]:
+    """The queue's completions in the last `minutes` whole minutes and the
+    current one so far; None while maintenance never counted any."""
+    check_queue(queue)
+    if type(minutes) is not int or not 1 <= minutes <= 60:
+        raise ValidationError(f"minutes must be a whole number from 1 to 60, got {minutes!r}")
+    return first(query("queue_pace"), {"queue": queue, "minutes": minutes}, _PACE)
 
 
 def ping() -> Op[None]:

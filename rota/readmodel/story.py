@@ -18,8 +18,9 @@ import redis
 
 from rota.buffer import deadletters
 from rota.buffer.redis_client import Client
-from rota.buffer.streams import all_streams, oldest_age
+from rota.buffer.streams import ENTRY_MAX_TASKS, all_streams, oldest_age
 from rota.core import db
+from rota.core.read import QueuePace, queue_pace
 from rota.core.stored import AHEAD_CAP, StoredTask, stored_task
 from rota.settings import Settings
 
@@ -28,6 +29,23 @@ from rota.settings import Settings
 WINDOW_MS = 120_000
 # Entries scanned per shard for an id without a time (an idempotency key's).
 SCAN_MAX = 10_000
+# A ready task's start is estimated from its queue's completions over this
+# many recent minutes (rota.service), which maintenance counts every
+# ROTA_STATS_SECONDS: a count older than COUNT_STALE_SECONDS gives none.
+PACE_MINUTES = 5
+COUNT_STALE_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """When a ready task should start: its place in line at its queue's
+    recent completion rate. An estimate: the rate and the line change."""
+
+    tasks_ahead: int
+    per_minute: float  # the queue's completions per minute, last PACE_MINUTES
+    minutes: int  # PACE_MINUTES
+    seconds: float | None  # None: no estimate (`why_not` says why)
+    why_not: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,7 @@ class Story:
     task: StoredTask | None = None
     buffer: InBuffer | None = None
     dead_letter: deadletters.DeadLetter | None = None
+    start: StartEstimate | None = None  # ready, in line: when it should start
 
 
 def _uuid7_ms(task_id: UUID) -> int | None:
@@ -91,7 +110,13 @@ def task_story(
     """The task's story; `client` None skips the buffer (Redis unreachable)."""
     stored = db.run(conn, stored_task(task_id))
     if stored is not None:
-        return Story(task_id, _where(stored), why(stored), task=stored)
+        start = None
+        if _where(stored) == "ready" and not stored.parked and stored.ahead is not None:
+            start = estimate(stored, db.run(conn, queue_pace(stored.queue, PACE_MINUTES)))
+        text = why(stored)
+        if start is not None:
+            text += "; " + said(start, stored.queue, stored.ahead_estimated)
+        return Story(task_id, _where(stored), text, task=stored, start=start)
     if client is not None:
         place = find_in_buffer(client, settings, task_id)
         if place is not None:
@@ -125,6 +150,11 @@ def _seconds(value: float) -> str:
     return f"{value / 3600:.1f} h"
 
 
+def _roughly(value: float) -> str:
+    """A duration to the second under two minutes, as `_seconds` past that."""
+    return f"{value:.0f} s" if value < 120 else _seconds(value)
+
+
 def _about(value: int) -> str:
     """An estimate to two significant figures: 643,211 -> 640,000."""
     return f"{round(value, 2 - len(str(value))):,}"
@@ -138,16 +168,72 @@ def why_in_buffer(place: InBuffer) -> str:
     ahead = (
         f"{place.entries_ahead:,}" if place.entries_ahead <= AHEAD_CAP else f"over {AHEAD_CAP:,}"
     )
+    tasks = place.entries_ahead * ENTRY_MAX_TASKS
+    up_to = (
+        f"up to {tasks:,}"
+        if place.entries_ahead <= AHEAD_CAP
+        else f"over {AHEAD_CAP * ENTRY_MAX_TASKS:,}"
+    )
     text = (
         f"still in the Redis buffer ({place.stream}), not yet loaded into PostgreSQL: "
-        f"{ahead} entries ahead of it in its shard; the shard's oldest entry is "
+        f"{ahead} entries ahead of it in its shard ({up_to} tasks: an entry holds up to "
+        f"{ENTRY_MAX_TASKS}); the shard's oldest entry is "
         f"{_seconds(place.oldest_age_seconds)} old"
     )
     if place.deliveries:
         text += f"; a loader has read it {place.deliveries} time(s) without loading it"
     elif place.oldest_age_seconds > 10:
         text += " (is a loader running?)"
-    return text
+    return text + "; no estimate of when it starts until it is loaded and has a place in line"
+
+
+def estimate(task: StoredTask, pace: QueuePace | None) -> StartEstimate:
+    """When a ready task in line should start: the tasks ahead of it at its
+    queue's recent completion rate; none while it is held back, or when
+    nothing completed recently (or completions are not being counted)."""
+    ahead = task.ahead or 0
+    per_minute = pace.per_minute if pace is not None else 0.0
+
+    def none(why_not: str) -> StartEstimate:
+        return StartEstimate(ahead, per_minute, PACE_MINUTES, None, why_not)
+
+    if _held_back(task):
+        return none("it is held back")
+    if pace is None:
+        return none("completions were never counted (is maintenance running?)")
+    if pace.counted_seconds_ago > COUNT_STALE_SECONDS:
+        return none(
+            f"completions were last counted {_seconds(pace.counted_seconds_ago)} ago "
+            "(is maintenance running?)"
+        )
+    if pace.completed == 0:
+        return none(f"nothing in queue {task.queue} completed in the last {PACE_MINUTES} minutes")
+    return StartEstimate(ahead, per_minute, PACE_MINUTES, ahead * 60 / per_minute)
+
+
+def _held_back(task: StoredTask) -> bool:
+    """Whether anything of `_why_ready`'s "held back" holds the task."""
+    limit = task.concurrency_limit
+    return bool(
+        task.queue_paused
+        or task.tenant_paused
+        or (limit is not None and task.tenant_running >= limit)
+        or (task.rate_limit is not None and task.tokens is not None and task.tokens < 1)
+        or task.queue_workers == 0
+    )
+
+
+def said(start: StartEstimate, queue: str, ahead_estimated: bool = False) -> str:
+    """The estimate in words, with what it is made of."""
+    rate = f"{start.per_minute:,.3g}/min"
+    if start.seconds is None:
+        return f"no estimate of when it starts: {start.why_not}"
+    pace = f"at queue {queue}'s last-{start.minutes}-minutes rate of {rate}"
+    if start.tasks_ahead == 0:
+        return f"estimated start: it is next in line ({pace})"
+    when = "under a second" if start.seconds < 1 else "about " + _roughly(start.seconds)
+    ahead = f"{'about ' if ahead_estimated else ''}{start.tasks_ahead:,} tasks ahead"
+    return f"estimated start: in {when} ({ahead}, {pace})"
 
 
 def why(task: StoredTask, now: datetime | None = None) -> str:

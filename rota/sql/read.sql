@@ -299,6 +299,21 @@ ORDER BY b.query, b.batch_id DESC
 -- name: ping
 SELECT 1
 
+-- name: queue_pace
+-- A queue's recent completions, as maintenance counts them into
+-- rota.service: those of the last `minutes` whole minutes and of the
+-- current one up to the count, the span they cover in seconds, and how long
+-- ago the count ran. No row while completions were never counted.
+SELECT coalesce((
+           SELECT sum(s.completed) FROM rota.service s
+           WHERE s.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s)
+             AND s.minute >= date_trunc('minute', c.up_to) - make_interval(mins => %(minutes)s)
+       ), 0) AS completed,
+       extract(epoch FROM c.up_to - (date_trunc('minute', c.up_to)
+                                     - make_interval(mins => %(minutes)s))) AS seconds,
+       extract(epoch FROM now() - c.up_to) AS counted_seconds_ago
+FROM rota.service_counted c
+
 
 -- name: top_tenants
 -- The tenants with the most tasks waiting (the overview and the metrics):

@@ -379,7 +379,7 @@ def test_why_still_in_the_buffer_or_its_dead_letters(
     client = redis.Redis.from_url(settings.redis_url)
     story = why(conn, settings, wanted, client)
     assert story.where == "buffer"
-    assert "1 entries ahead of it in its shard" in story.why  # enqueue_many packs one entry
+    assert "1 entries ahead of it in its shard (up to 256 tasks" in story.why  # one entry
     assert "is a loader running?" not in story.why  # fresh
     assert why(conn, settings, keyed, client).where == "buffer"  # no time in its id: scanned
     assert ahead

@@ -108,10 +108,12 @@ def test_why_in_the_buffer() -> None:
     place = InBuffer("rota:buffer:{1}", "1-0", 12, 3.5, 0)
     assert why_in_buffer(place) == (
         "still in the Redis buffer (rota:buffer:{1}), not yet loaded into PostgreSQL: "
-        "12 entries ahead of it in its shard; the shard's oldest entry is 3.5 s old"
+        "12 entries ahead of it in its shard (up to 3,072 tasks: an entry holds up to 256); "
+        "the shard's oldest entry is 3.5 s old; no estimate of when it starts until it is "
+        "loaded and has a place in line"
     )
     stuck = why_in_buffer(InBuffer("s", "1-0", 0, 600, 0))
-    assert stuck.endswith("10.0 min old (is a loader running?)")
+    assert "10.0 min old (is a loader running?); no estimate" in stuck
     assert "read it 2 time(s)" in why_in_buffer(InBuffer("s", "1-0", 0, 1, 2))
 
 
