@@ -115,7 +115,7 @@ def task_story(
             start = estimate(stored, db.run(conn, queue_pace(stored.queue, PACE_MINUTES)))
         text = why(stored)
         if start is not None:
-            text += "; " + said(start, stored.queue, stored.ahead_estimated)
+            text += "; " + said(start, stored.ahead_estimated)
         return Story(task_id, _where(stored), text, task=stored, start=start)
     if client is not None:
         place = find_in_buffer(client, settings, task_id)
@@ -223,12 +223,12 @@ def _held_back(task: StoredTask) -> bool:
     )
 
 
-def said(start: StartEstimate, queue: str, ahead_estimated: bool = False) -> str:
+def said(start: StartEstimate, ahead_estimated: bool = False) -> str:
     """The estimate in words, with what it is made of."""
     rate = f"{start.per_minute:,.3g}/min"
     if start.seconds is None:
         return f"no estimate of when it starts: {start.why_not}"
-    pace = f"at queue {queue}'s last-{start.minutes}-minutes rate of {rate}"
+    pace = f"at its queue's last-{start.minutes}-minutes rate of {rate}"
     if start.tasks_ahead == 0:
         return f"estimated start: it is next in line ({pace})"
     when = "under a second" if start.seconds < 1 else "about " + _roughly(start.seconds)

@@ -107,13 +107,13 @@ def test_why_a_task_waits_says_when_it_should_start(http: httpx.Client, conn: Co
         "seconds": 0.5,
         "why_not": None,
     }
-    assert "estimated start: in under a second (1 tasks ahead, at queue default's " in story["why"]
+    assert "estimated start: in under a second (1 tasks ahead, at its queue's " in story["why"]
     last = conn.execute(
         "SELECT id FROM rota.tasks WHERE tenant = 'flood' ORDER BY id DESC LIMIT 1"
     ).fetchone()[0]  # type: ignore[index]
     page = http.get(f"/tasks/{last}").text
     assert re.search(
-        r"estimated start: in about \d+ s \(\d+ tasks ahead, at queue default&#39;s "
+        r"estimated start: in about \d+ s \(\d+ tasks ahead, at its queue&#39;s "
         r"last-5-minutes rate of 120/min\)",
         page,
     ), page
