@@ -130,9 +130,9 @@ def assert_no_console_errors(driver: WebDriver) -> None:
         img.onerror = () => done(-1);
         img.src = link.href;
     """
-    assert driver.execute_async_script(script) > 0, "the page's icon"
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+    assert driver.execute_async_script(script) > 0, "the page's icon"
 
 
 def test_the_charts_show_who_is_starved_and_since_when(
