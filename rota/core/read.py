@@ -308,7 +308,7 @@ class TaskRow:
     traceback: str | None
 
 
-_TASK_ROWS = Rows(TaskRow)
+TASK_ROWS = Rows(TaskRow)
 
 
 def tasks(
@@ -321,10 +321,10 @@ def tasks(
     """Tasks in one state (ready in line order, running by claim time,
     scheduled by run time, dead and cancelled the most recent first)."""
     check_page(0, limit)
-    return _tasks(_ids_of(state, tenant, queue), _task_params(state, tenant, queue, limit))
+    return _tasks(ids_statement(state, tenant, queue), task_params(state, tenant, queue, limit))
 
 
-def _ids_of(state: str, tenant: str | None, queue: str | None) -> str:
+def ids_statement(state: str, tenant: str | None, queue: str | None) -> str:
     """The statement listing the ids of a state's tasks, its filter checked."""
     if state not in TASK_STATES:
         raise ValidationError(f"state must be one of {', '.join(TASK_STATES)}, got {state!r}")
@@ -341,59 +341,15 @@ def _ids_of(state: str, tenant: str | None, queue: str | None) -> str:
     }[state]
 
 
-def _task_params(state: str, tenant: str | None, queue: str | None, limit: int) -> dict[str, Any]:
+def task_params(state: str, tenant: str | None, queue: str | None, limit: int) -> dict[str, Any]:
     return {"state": state, "tenant": tenant, "queue": queue, "limit": limit, "since": None}
 
 
-# Tasks of a filter counted one by one, and paged through, at most: the
-# count reads the same index range as the listing, so it costs the same
-# at any depth of the queue.
-TASKS_COUNTED = 10_000
-
-
-@dataclass(frozen=True)
-class TaskPage:
-    rows: list[TaskRow]
-    total: int  # of the filter, counted up to TASKS_COUNTED
-    more: bool  # over TASKS_COUNTED: `total` is a lower bound
-
-
-def task_page(
-    state: str,
-    *,
-    tenant: str | None = None,
-    queue: str | None = None,
-    offset: int = 0,
-    limit: int = 50,
-) -> Op[TaskPage]:
-    """A page of a state's tasks (in the order of `tasks`) and how many the
-    filter has, counted up to TASKS_COUNTED; pages reach that far."""
-    check_page(offset, limit)
-    if offset >= TASKS_COUNTED:
-        raise ValidationError(
-            f"pages reach the first {TASKS_COUNTED:,} tasks of a filter: narrow it "
-            "(tenant, queue) to see further"
-        )
-    statement = _ids_of(state, tenant, queue)
-    return _task_page(
-        statement, _task_params(state, tenant, queue, TASKS_COUNTED + 1), offset, limit
-    )
-
-
-def _task_page(ids_statement: str, params: dict[str, Any], offset: int, limit: int) -> Op[TaskPage]:
-    ids = yield from values(ids_statement, params)
-    shown = ids[offset : offset + limit]
-    rows: list[TaskRow] = []
-    if shown:
-        rows = yield from select(query("task_rows"), {"ids": UUIDArray(shown)}, _TASK_ROWS)
-    return TaskPage(rows, min(len(ids), TASKS_COUNTED), len(ids) > TASKS_COUNTED)
-
-
-def _tasks(ids_statement: str, params: dict[str, Any]) -> Op[list[TaskRow]]:
-    ids = yield from values(ids_statement, params)
+def _tasks(statement: str, params: dict[str, Any]) -> Op[list[TaskRow]]:
+    ids = yield from values(statement, params)
     if not ids:
         return []
-    return (yield from select(query("task_rows"), {"ids": UUIDArray(ids)}, _TASK_ROWS))
+    return (yield from select(query("task_rows"), {"ids": UUIDArray(ids)}, TASK_ROWS))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import redis
 from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
-from rota.core import connections, db, read, versions
+from rota.core import connections, db, read, taskpage, versions
 from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import purge as purge_letters
@@ -181,10 +181,10 @@ def tasks(
     per_page: int,
 ) -> dict[str, Any]:
     """A page of a state's tasks, and how many the filter has (counted up to
-    read.TASKS_COUNTED, which pages reach)."""
+    taskpage.TASKS_COUNTED, which pages reach)."""
     if type(page) is not int or page < 1:
         raise ValidationError("page must be a whole number from 1")
-    listing = read.task_page(
+    listing = taskpage.task_page(
         state, tenant=tenant, queue=queue_name, offset=(page - 1) * per_page, limit=per_page
     )
     with c.postgres() as conn:

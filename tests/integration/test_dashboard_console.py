@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from rota import core
-from rota.core import db, read
+from rota.core import db, taskpage
 from tests.helpers import claim, envelopes, load
 from tests.integration.test_dashboard import (  # noqa: F401
     TOKEN,
@@ -63,7 +63,7 @@ def test_a_count_past_the_bound_says_over(
     conn: Conn,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(read, "TASKS_COUNTED", 4)
+    monkeypatch.setattr(taskpage, "TASKS_COUNTED", 4)
     load(conn, envelopes("acme", 6))
     found = http.get("/api/tasks", params={"state": "ready", "limit": 3}).json()
     assert (found["total"], found["more"], found["pages"], len(found["tasks"])) == (4, True, 2, 3)
