@@ -12,9 +12,11 @@ import httpx
 import psycopg
 import pytest
 
-from rota import core
+from rota import Settings, core
 from rota.core import db, taskpage
 from tests.helpers import claim, envelopes, load
+from tests.integration.test_cli_errors import rota
+from tests.integration.test_cli_operations import env_of
 from tests.integration.test_dashboard import (  # noqa: F401
     TOKEN,
     Console,
@@ -71,7 +73,11 @@ def test_a_count_past_the_bound_says_over(
     assert "over 4 tasks: pages reach the first 4 (narrow by tenant or queue" in page
 
 
-def test_why_a_task_waits_says_when_it_should_start(http: httpx.Client, conn: Conn) -> None:  # noqa: F811
+def test_why_a_task_waits_says_when_it_should_start(
+    http: httpx.Client,  # noqa: F811
+    conn: Conn,
+    settings: Settings,
+) -> None:
     db.run(conn, core.register_worker("w1", "h", 1, ["default"], 4))
     load(conn, envelopes("flood", 80) + envelopes("quiet", 1))
     quiet = conn.execute("SELECT id FROM rota.tasks WHERE tenant = 'quiet'").fetchone()[0]  # type: ignore[index]
@@ -108,6 +114,9 @@ def test_why_a_task_waits_says_when_it_should_start(http: httpx.Client, conn: Co
         "why_not": None,
     }
     assert "estimated start: in under a second (1 tasks ahead, at its queue's " in story["why"]
+    # `rota task show` tells the same story.
+    shown = rota("task", "show", str(quiet), **env_of(settings))
+    assert shown.returncode == 0 and "estimated start: in under a second" in shown.stdout
     last = conn.execute(
         "SELECT id FROM rota.tasks WHERE tenant = 'flood' ORDER BY id DESC LIMIT 1"
     ).fetchone()[0]  # type: ignore[index]
