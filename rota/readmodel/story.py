@@ -225,7 +225,8 @@ def _held_back(task: StoredTask) -> bool:
 
 def said(start: StartEstimate, ahead_estimated: bool = False) -> str:
     """The estimate in words, with what it is made of."""
-    rate = f"{start.per_minute:,.3g}/min"
+    per_minute = start.per_minute
+    rate = f"{per_minute:,.0f}/min" if per_minute >= 100 else f"{per_minute:.3g}/min"
     if start.seconds is None:
         return f"no estimate of when it starts: {start.why_not}"
     pace = f"at its queue's last-{start.minutes}-minutes rate of {rate}"
