@@ -56,6 +56,9 @@ class InFlight:
     # When (time.monotonic()) the claim or heartbeat that last set its lease
     # was sent: the lease runs `lease_seconds` from a later moment.
     leased_from: float = 0.0
+    # When (time.monotonic()) its claim was sent: its start is told to the
+    # database as seconds from it (RunTimes.started).
+    claim_sent: float = 0.0
     started_at: float | None = None  # set when it really starts (not when prefetched)
     timed_out: bool = False
     waited: float | None = None  # seconds from its enqueue to its start
@@ -73,6 +76,10 @@ class InFlight:
     def begin(self) -> None:
         self.started_at = time.monotonic()
         self.waited = max(0.0, time.time() - self.task.enqueued_at.timestamp())
+
+    def started_after(self) -> float | None:
+        """Seconds from when its claim was sent to its start (None: not started)."""
+        return None if self.started_at is None else self.started_at - self.claim_sent
 
     def outcome(self, value: Any) -> Outcome:
         """Its success, returning `value`."""
