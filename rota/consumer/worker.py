@@ -315,12 +315,7 @@ class Worker:
         if "keep" in task.payload:
             keep, for_join = max(keep or 0.0, task.payload["keep"]), keep is None
         flight = InFlight(
-            task,
-            timeout=timeout,
-            leased_from=leased_from,
-            claim_sent=leased_from,
-            keep=keep,
-            for_join=for_join,
+            task, timeout=timeout, leased_from=leased_from, keep=keep, for_join=for_join
         )
         self.in_flight[task.id] = flight
         if not registered.is_async:
@@ -409,8 +404,8 @@ class Worker:
                 continue  # never started (a stale claim)
             task, failed = outcome.task, outcome.error is not None
             seconds = outcome.ended - flight.started_at
-            if not failed:
-                started = flight.started_at - flight.claim_sent
+            started = flight.started_after()
+            if not failed and started is not None:
                 self.unreported.runs[task.id] = core.RunTimes(started, seconds)
             ran.append(Attempt(task.queue, task.tenant, flight.waited or 0.0, seconds, failed))
             if failed:
