@@ -327,3 +327,20 @@ def test_a_completion_keeps_the_workers_measures_and_the_heartbeats_start(conn: 
     # No measure in the completion: the heartbeat's start stays.
     second_claimed, second_started, second_ran = finished(conn, second.id)
     assert (second_started - second_claimed, second_ran) == (timedelta(seconds=2.0), None)
+
+
+def test_the_waits_counted_for_the_charts_run_to_the_start(conn: Conn) -> None:
+    load(conn, envelopes("alice", 1))
+    (task,) = claim(conn, 1)
+    enqueued_at, claimed_at = conn.execute(
+        "SELECT t.enqueued_at, r.claimed_at FROM rota.tasks t"
+        " JOIN rota.running r ON r.task_id = t.id WHERE t.id = %s",
+        [task.id],
+    ).fetchone()  # type: ignore[misc]
+    # It sat prefetched for 7 s before it started.
+    db.transact(conn, core.complete([task.token], runs={task.id: core.RunTimes(7.0, 0.1)}))
+    counted = db.run(conn, core.count_service(claimed_at + timedelta(minutes=2)))
+    assert counted == 1
+    (waited,) = conn.execute("SELECT sum(wait_seconds) FROM rota.service").fetchone()  # type: ignore[misc]
+    expected = (claimed_at + timedelta(seconds=7) - enqueued_at).total_seconds()
+    assert waited == pytest.approx(expected, abs=1e-3)
