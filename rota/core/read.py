@@ -20,7 +20,8 @@ from rota.errors import ValidationError
 from rota.model.rules import check_queue, check_tenant
 from rota.sql import query
 
-TASK_STATES = ("ready", "running", "scheduled", "dead", "cancelled")
+# running and claimed (prefetched): a task's claim, as rota.claims tells them apart.
+TASK_STATES = ("ready", "running", "claimed", "scheduled", "dead", "cancelled")
 TENANT_SORTS = ("name", "waiting", "running", "dead", "oldest_wait", "served", "weight")
 
 
@@ -75,18 +76,20 @@ class QueueRow:
     name: str
     paused: bool
     waiting: int
-    running: int
+    running: int  # claims running (rota.claims)
     scheduled: int
     dead: int
     per_minute: float  # completions, over the last five minutes
     oldest_wait_seconds: float | None
     counted_at: datetime | None  # when maintenance last refreshed the figures
+    prefetched: int = 0  # claimed, not started
 
 
 _QUEUES = Rows(
     QueueRow,
     waiting=int,
     running=int,
+    prefetched=int,
     scheduled=int,
     dead=int,
     per_minute=float,
@@ -115,6 +118,9 @@ class TenantRow:
     served: int  # completions over the last five minutes
     share: float | None  # of all completions then
     fair_share: float | None  # its weight among the tenants with work
+    prefetched: int = 0  # claimed, not started
+    # Its claims, running or prefetched: what its concurrency limit counts.
+    claimed: int = 0
 
 
 _TENANT_PAGE = Both(
@@ -123,6 +129,8 @@ _TENANT_PAGE = Both(
         weight=float,
         waiting=int,
         running=int,
+        prefetched=int,
+        claimed=int,
         rate_limit=optional_float,
         tokens=optional_float,
         scheduled=int,
@@ -180,9 +188,10 @@ class TopTenant:
     waiting: int
     running: int
     dead: int
+    prefetched: int = 0  # claimed, not started
 
 
-_TOP_TENANTS = Rows(TopTenant, waiting=int, running=int, dead=int)
+_TOP_TENANTS = Rows(TopTenant, waiting=int, running=int, dead=int, prefetched=int)
 
 
 def top_tenants(limit: int = 10) -> Op[tuple[list[TopTenant], int]]:
@@ -206,6 +215,7 @@ class TenantQueue:
     scheduled: int
     dead: int
     oldest_wait_seconds: float | None
+    prefetched: int = 0  # claimed, not started
 
 
 _TENANT_QUEUES = Rows(
@@ -213,6 +223,7 @@ _TENANT_QUEUES = Rows(
     extra=["at"],
     waiting=int,
     running=int,
+    prefetched=int,
     scheduled=int,
     dead=int,
     oldest_wait_seconds=optional_float,
@@ -226,7 +237,7 @@ class TenantDetail:
     weight: float
     paused: bool
     concurrency_limit: int | None
-    running: int  # against the concurrency limit (kept only while one is set)
+    running: int  # claims, against the concurrency limit (kept only while one is set)
     rate_limit: float | None
     rate_burst: float
     tokens: float | None
@@ -318,8 +329,9 @@ def tasks(
     queue: str | None = None,
     limit: int = 50,
 ) -> Op[list[TaskRow]]:
-    """Tasks in one state (ready in line order, running by claim time,
-    scheduled by run time, dead and cancelled the most recent first)."""
+    """Tasks in one state (ready in line order, running and claimed, not
+    started, by claim time, scheduled by run time, dead and cancelled the
+    most recent first)."""
     check_page(0, limit)
     return _tasks(ids_statement(state, tenant, queue), task_params(state, tenant, queue, limit))
 
@@ -335,6 +347,7 @@ def ids_statement(state: str, tenant: str | None, queue: str | None) -> str:
     return {
         "ready": query("ready_ids"),
         "running": query("running_ids"),
+        "claimed": query("claimed_ids"),
         "scheduled": query("scheduled_ids"),
         "dead": query("dead_ids"),  # by the partial index of dead tasks
         "cancelled": query("cancelled_ids"),
@@ -361,14 +374,15 @@ class WorkerRow:
     concurrency: int
     started_at: datetime
     silent_seconds: float
-    running: int
+    running: int  # its claims running: at most its concurrency (rota.claims)
+    prefetched: int  # its claims not started
 
 
 def workers() -> Op[list[WorkerRow]]:
     return select(query("workers_view"), None, _WORKERS)
 
 
-_WORKERS = Rows(WorkerRow, queues=list, silent_seconds=float, running=int)
+_WORKERS = Rows(WorkerRow, queues=list, silent_seconds=float, running=int, prefetched=int)
 
 
 @dataclass(frozen=True)

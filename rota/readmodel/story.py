@@ -58,16 +58,27 @@ class InBuffer:
 
 
 @dataclass(frozen=True)
+class RunWords:
+    """A claimed or succeeded task's (last) run in words: when it was
+    claimed, when it started, how long it ran."""
+
+    claimed_at: str
+    started_at: str
+    ran: str
+
+
+@dataclass(frozen=True)
 class Story:
     id: UUID
-    where: (
-        str  # buffer, scheduled, ready, running, succeeded, dead, cancelled, dead-letter, unknown
-    )
+    # buffer, scheduled, ready, running, claimed (not started: prefetched),
+    # succeeded, dead, cancelled, dead-letter, unknown
+    where: str
     why: str  # one answer, with the numbers
     task: StoredTask | None = None
     buffer: InBuffer | None = None
     dead_letter: deadletters.DeadLetter | None = None
     start: StartEstimate | None = None  # ready, in line: when it should start
+    run: RunWords | None = None  # a claimed or succeeded task's run
 
 
 def _uuid7_ms(task_id: UUID) -> int | None:
@@ -110,13 +121,15 @@ def task_story(
     """The task's story; `client` None skips the buffer (Redis unreachable)."""
     stored = db.run(conn, stored_task(task_id))
     if stored is not None:
+        now = datetime.now(UTC)
         start = None
         if _where(stored) == "ready" and not stored.parked and stored.ahead is not None:
             start = estimate(stored, db.run(conn, queue_pace(stored.queue, PACE_MINUTES)))
-        text = why(stored)
+        text = why(stored, now)
         if start is not None:
             text += "; " + said(start, stored.ahead_estimated)
-        return Story(task_id, _where(stored), text, task=stored, start=start)
+        run = run_words(stored, now)
+        return Story(task_id, _where(stored), text, task=stored, start=start, run=run)
     if client is not None:
         place = find_in_buffer(client, settings, task_id)
         if place is not None:
@@ -136,7 +149,7 @@ def task_story(
 
 def _where(task: StoredTask) -> str:
     if task.worker is not None:
-        return "running"
+        return "running" if task.claim_running else "claimed"
     if task.status == "pending":
         return "ready"
     return task.status
@@ -162,6 +175,41 @@ def _about(value: int) -> str:
 
 def _since(at: datetime, now: datetime) -> str:
     return _seconds(max(0.0, (now - at).total_seconds()))
+
+
+def ran_for(seconds: float) -> str:
+    """A run's measured seconds, short ones to two significant figures
+    (a 50 ms task ran 0.05 s)."""
+    return f"{seconds:.2g} s" if seconds < 1 else _seconds(seconds)
+
+
+def _at(at: datetime) -> str:
+    return at.isoformat(timespec="milliseconds")
+
+
+def run_words(task: StoredTask, now: datetime) -> RunWords | None:
+    """The run of a claimed or succeeded task (None for others). A
+    succeeded task's record without its claim's time predates keeping runs'
+    starts: its started_at is its claim's time, and is shown as such."""
+    if task.status == "succeeded":
+        if task.started_at is None:
+            return None
+        if task.claimed_at is None or (
+            task.ran_seconds is None and task.started_at == task.claimed_at
+        ):
+            claimed = _at(task.claimed_at or task.started_at)
+            return RunWords(claimed, f"not recorded (claimed at {claimed})", "not recorded")
+        ran = "not recorded" if task.ran_seconds is None else ran_for(task.ran_seconds)
+        return RunWords(_at(task.claimed_at), _at(task.started_at), ran)
+    if task.worker is None or task.claimed_at is None:
+        return None
+    if not task.claim_running:
+        return RunWords(_at(task.claimed_at), "not started (prefetched)", "-")
+    if task.started_at is None:
+        return RunWords(_at(task.claimed_at), "not yet told (its heartbeat tells it)", "-")
+    return RunWords(
+        _at(task.claimed_at), _at(task.started_at), f"{_since(task.started_at, now)} so far"
+    )
 
 
 def why_in_buffer(place: InBuffer) -> str:
@@ -243,22 +291,37 @@ def why(task: StoredTask, now: datetime | None = None) -> str:
     allowed = "?" if task.max_attempts is None else task.max_attempts
     attempt = f"attempt {task.attempts} of {allowed}"
     if task.status == "succeeded":
-        ran = ""
-        if task.started_at is not None and task.finished_at is not None:
-            ran = f", ran {_seconds((task.finished_at - task.started_at).total_seconds())}"
         when = task.finished_at or now
-        return f"succeeded {_since(when, now)} ago after {task.attempts} attempt(s){ran}"
+        text = f"succeeded {_since(when, now)} ago after {task.attempts} attempt(s)"
+        run = run_words(task, now)
+        if run is not None:
+            text += f"; claimed at {run.claimed_at}, started at {run.started_at}, ran {run.ran}"
+        return text
     if task.status == "dead":
         return f"dead after {attempt}: {task.last_error or 'no error recorded'}"
     if task.status == "cancelled":
         return f"cancelled {_since(task.finished_at or now, now)} ago ({task.last_error})"
     if task.worker is not None:
         lease = task.lease_expires_at
-        text = (
-            f"running on worker {task.worker} for {_since(task.claimed_at or now, now)} "
-            f"(attempt {task.attempt} of {allowed}); its lease runs until "
-            f"{lease.isoformat() if lease else '?'}"
-        )
+        claimed = task.claimed_at or now
+        if not task.claim_running:
+            text = (
+                f"claimed by worker {task.worker}, waiting for a free slot (prefetched) for "
+                f"{_since(claimed, now)} (attempt {task.attempt} of {allowed}); its lease runs "
+                f"until {lease.isoformat() if lease else '?'}"
+            )
+        else:
+            started = (
+                f"{_at(task.started_at)} ({_since(task.started_at, now)})"
+                if task.started_at is not None
+                else f"about {_at(claimed)}, its claim ({_since(claimed, now)}; its heartbeat "
+                "has not yet told its start)"
+            )
+            text = (
+                f"running on worker {task.worker} since {started} "
+                f"(attempt {task.attempt} of {allowed}); its lease runs until "
+                f"{lease.isoformat() if lease else '?'}"
+            )
         if task.cancel_requested:
             text += "; cancelled: it will not be retried"
         return text
@@ -288,7 +351,7 @@ def _why_parked(task: StoredTask) -> str:
     """A task set aside while its key had no room (rota.parked)."""
     held = []
     if task.key_concurrency is not None:
-        held.append(f"{task.key_running or 0} running of {task.key_concurrency}")
+        held.append(f"{task.key_running or 0} claimed of {task.key_concurrency}")
     if task.key_rate is not None and task.key_tokens is not None:
         held.append(
             f"{task.key_rate:g} starts/s"
@@ -315,7 +378,7 @@ def _why_ready(task: StoredTask) -> str:
     if limit is not None and task.tenant_running >= limit:
         held.append(
             f"tenant {task.tenant} is at its concurrency limit: "
-            f"{task.tenant_running} running of {limit}"
+            f"{task.tenant_running} claimed of {limit} (running or prefetched)"
         )
     if task.rate_limit is not None and task.tokens is not None and task.tokens < 1:
         wait = (1 - task.tokens) / task.rate_limit
