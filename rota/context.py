@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from rota.errors import Cancelled, OutsideTask
+from rota.model.progress import check_progress
 from rota.runtime.current import CancelFlag, current_cancel, current_task
+from rota.runtime.progress import ProgressSlot, current_progress
 
 if TYPE_CHECKING:
     from rota.task import Enqueue, P, Task
@@ -28,6 +30,7 @@ class TaskContext:
     enqueued_at: datetime
     lease_expires_at: datetime  # the worker extends it while the task runs
     _cancel: CancelFlag | None = field(default=None, repr=False, compare=False)
+    _progress: ProgressSlot | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:
@@ -44,6 +47,21 @@ class TaskContext:
         """`task.using(...)` for a child of this run: its tenant's, with the
         other enqueue options given (`rota.context().child(index).enqueue(page)`)."""
         return task.using(tenant=self.tenant, **options)
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Reports how far the task got: `done` of `total` (None: no total
+        known), with an optional message, for `app.result(id).progress()`,
+        `rota task show` and the console. Cheap enough for a tight loop: the
+        worker stores the latest values at most about once a second, and keeps
+        the last after the task ends.
+
+        Raises ValidationError (and stores nothing) for a number that is not
+        finite and non-negative, `done` above `total`, or a message that is
+        not a str; a message over 500 characters is cut to 500, its last an
+        ellipsis. Under `rota.testing` the values are checked, not kept."""
+        values = check_progress(done, total, message)
+        if self._progress is not None:
+            self._progress.report(values)
 
     def raise_if_cancelled(self) -> None:
         """Raises Cancelled once this run's cancel was asked."""
@@ -66,4 +84,5 @@ def context() -> TaskContext:
         enqueued_at=task.enqueued_at,
         lease_expires_at=task.lease_expires_at,
         _cancel=current_cancel.get(None),
+        _progress=current_progress.get(None),
     )

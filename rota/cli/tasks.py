@@ -88,6 +88,8 @@ def connections(
 
 def render_story(story: Any) -> str:
     lines = [f"task {story.id}: {story.where}", f"why: {story.why}"]
+    if story.progress is not None:
+        lines.append(progress_line(story.progress))
     task = story.task
     if task is not None:
         kept = task.status != "succeeded"  # a succeeded task's record keeps less
@@ -112,6 +114,18 @@ def render_story(story: Any) -> str:
     if story.dead_letter is not None:
         lines.append(f"dead letter {story.dead_letter.id}: {story.dead_letter.raw[:500]}")
     return "\n".join(lines)
+
+
+def progress_line(progress: Any) -> str:
+    """A task's last progress, for `rota task show`."""
+    figures = cell(progress.done)
+    if progress.total is not None:
+        figures += f" of {cell(progress.total)} ({progress.fraction * 100:.1f}%)"
+    message = f": {progress.message}" if progress.message else ""
+    return (
+        f"progress {figures}{message} (reported {cell(progress.reported_at)}, "
+        f"attempt {progress.attempt})"
+    )
 
 
 def graph_lines(graph: Any) -> list[str]:

@@ -31,11 +31,13 @@ def heartbeat(
     beat: Callable[[psycopg.Connection[Any]], None],
     leadership: Leadership | None,
     stopping: threading.Event,
+    flush: Callable[[psycopg.Connection[Any]], None] | None = None,
 ) -> None:
     """Calls `beat` (extend leases, keep the worker's row alive) every
     ROTA_HEARTBEAT_SECONDS, and runs the maintenance duties while `leadership`
     holds their lock, which lives on this thread's connection: leadership is
-    lost with it. Until `stopping`; reconnects after a lost connection."""
+    lost with it; calls `flush` (the tasks' progress) on every round. Until
+    `stopping`; reconnects after a lost connection."""
     last_beat = float("-inf")
     # Which worker holds the maintenance lock: its id, in pg_stat_activity.
     conn = Kept(
@@ -51,6 +53,8 @@ def heartbeat(
             last_beat = time.monotonic()
         if leadership is not None:
             leadership.tick(conn.get())
+        if flush is not None:
+            flush(conn.get())
         return settings.maintenance_seconds
 
     def lost(_error: BaseException) -> None:

@@ -24,6 +24,7 @@ from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
 from rota.core import connections, db, read, versions
+from rota.core.progress import progress_of
 from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import purge as purge_letters
@@ -178,7 +179,13 @@ def tasks(
     listing = read.tasks(state, tenant=tenant, queue=queue_name, limit=limit)
     with c.postgres() as conn:
         rows = db.run(conn, listing)
-    return {"state": state, "tenant": tenant, "queue": queue_name, "tasks": plain(rows)}
+        # Running tasks show how far they got.
+        reported = db.run(conn, progress_of([r.id for r in rows])) if state == "running" else {}
+    found = plain(rows)
+    for row, task in zip(found, rows, strict=True):
+        if state == "running":
+            row["progress"] = plain(reported.get(task.id))
+    return {"state": state, "tenant": tenant, "queue": queue_name, "tasks": found}
 
 
 def task_id(value: str) -> UUID:

@@ -20,7 +20,9 @@ from rota.buffer import deadletters
 from rota.buffer.redis_client import Client
 from rota.buffer.streams import all_streams, oldest_age
 from rota.core import db
+from rota.core.progress import task_progress
 from rota.core.stored import AHEAD_CAP, StoredTask, stored_task
+from rota.model.progress import Progress
 from rota.settings import Settings
 
 # Around the time in a UUIDv7 id, the window of stream entries searched: a
@@ -49,6 +51,7 @@ class Story:
     task: StoredTask | None = None
     buffer: InBuffer | None = None
     dead_letter: deadletters.DeadLetter | None = None
+    progress: Progress | None = None  # the last it reported (rota.context().progress)
 
 
 def _uuid7_ms(task_id: UUID) -> int | None:
@@ -91,7 +94,8 @@ def task_story(
     """The task's story; `client` None skips the buffer (Redis unreachable)."""
     stored = db.run(conn, stored_task(task_id))
     if stored is not None:
-        return Story(task_id, _where(stored), why(stored), task=stored)
+        progress = db.run(conn, task_progress(task_id))
+        return Story(task_id, _where(stored), why(stored), task=stored, progress=progress)
     if client is not None:
         place = find_in_buffer(client, settings, task_id)
         if place is not None:
