@@ -1,7 +1,7 @@
-"""The worker's flush of its tasks' progress: on each tick of the heartbeat
-thread (ROTA_MAINTENANCE_SECONDS, 1 s by default), the latest values of the
-tasks whose progress changed since the last flush, all in one statement
-(rota.report_progress), fenced by their attempt tokens. A task's last values
+"""The worker's flush of its tasks' progress: from the heartbeat thread, at
+most every FLUSH_SECONDS (and at its rounds, ROTA_MAINTENANCE_SECONDS), the
+latest values of the tasks whose progress changed since the last flush, all
+in one statement (rota.report_progress), fenced by their attempt tokens. A task's last values
 are stored after it ended too (by the attempt that ended it). A flush that
 fails is logged; its values go with the next one, and the tasks and the
 heartbeat go on."""
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rota.worker")
 
+# A task's progress is stored at most this often (one statement for all).
+FLUSH_SECONDS = 1.0
 # A failing flush is logged at most this often.
 LOG_EVERY_SECONDS = 60.0
 
@@ -43,6 +45,7 @@ class ProgressFlush:
         self.reported: collections.deque[ProgressSlot] = collections.deque()
         self._watched: dict[tuple[UUID, int], ProgressSlot] = {}
         self._logged_at = float("-inf")
+        self._flushed_at = float("-inf")
 
     def slot(self, token: tuple[UUID, int]) -> ProgressSlot:
         """A new run's slot."""
@@ -67,9 +70,13 @@ class ProgressFlush:
                 self._watched.pop(token, None)  # the shutdown's flush races this one
         return changed
 
-    def flush(self, conn: psycopg.Connection[Any]) -> None:
-        """Stores what changed since the last flush, in one statement. Values
-        refused (a lease lost) are not sent again; on an error they are."""
+    def flush(self, conn: psycopg.Connection[Any], now: bool = False) -> None:
+        """Stores what changed since the last flush, in one statement, once
+        FLUSH_SECONDS have passed since it (`now`: at once). Values refused
+        (a lease lost) are not sent again; on an error they are."""
+        if not now and time.monotonic() - self._flushed_at < FLUSH_SECONDS:
+            return
+        self._flushed_at = time.monotonic()
         changed = self.changes()
         if not changed:
             return

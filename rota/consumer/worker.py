@@ -292,7 +292,7 @@ class Worker:
                     conn = self._connect()
                 self._report(conn)
                 # The last progress of the tasks that ended since the last flush.
-                self.progress.flush(conn)
+                self.progress.flush(conn, now=True)
                 if unstarted or stuck:
                     db.run(conn, core.release([*unstarted, *stuck], self.key))
                 db.run(conn, core.stop_worker(self.key))
