@@ -152,7 +152,8 @@ def task_show(
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """A task's story, wherever it is, and why it waits (exit 1 if not found)."""
+    """A task's story, wherever it is, why it waits, and its last progress
+    (exit 1 if not found)."""
     from rota.readmodel.story import task_story
 
     (found,) = task_ids([task_id])
