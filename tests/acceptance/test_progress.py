@@ -7,6 +7,7 @@ until retention drops it with the task's record."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -156,6 +157,7 @@ def test_bad_values_are_refused_to_the_task_and_what_is_kept_shows_everywhere(
     assert all(error.startswith("progress: ") for error in errors), errors
     kept = result.progress()
     assert kept is not None and (kept.done, kept.total) == (2.0, 3.0)
+    assert asyncio.run(result.aprogress()) == kept
 
     shown = subprocess.run(
         [sys.executable, "-m", "rota", "task", "show", str(task_id), "--json"],
