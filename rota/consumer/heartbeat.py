@@ -1,7 +1,8 @@
 """A worker's heartbeat thread: every ROTA_HEARTBEAT_SECONDS it extends the
 leases of the tasks in flight, keeps the worker's row alive (rejoining if it
-was declared dead while cut off) and records the runs' seconds; and it runs
-the maintenance duties while the worker holds their lock."""
+was declared dead while cut off) and records the runs' seconds; at most
+every second it stores the tasks' progress (rota.consumer.progress); and it
+runs the maintenance duties while the worker holds their lock."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ Threads, each with its own connection:
   - a listener wakes the main loop on NOTIFY (one per loaded batch), with a
     jittered polling fallback so a fleet does not stampede;
   - a heartbeat extends the leases of running tasks, keeps the worker's row
-    alive, and runs the maintenance duties when this worker holds their lock.
+    alive, stores the tasks' progress, and runs the maintenance duties when
+    this worker holds their lock.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 import pytest
 
 import rota
@@ -200,3 +201,28 @@ def test_a_child_sends_its_latest_progress_coalesced_and_the_last_before_its_ans
     assert progress[-1][2] == (199_999.0, 200_000.0, None)
     sender.send_progress(slot)
     assert not ours.poll(processes.PROGRESS_SEND_SECONDS * 2)
+
+
+def test_a_flush_with_the_server_gone_raises_to_the_heartbeat_and_sends_again_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    down = [True]
+    sent: list[Any] = []
+
+    def run(_conn: Any, op: Any) -> Any:
+        if down[0]:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        sent.append(op)
+        return set()
+
+    monkeypatch.setattr(flushing.db, "run", run)
+    task_id = uuid.uuid4()
+    flush = ProgressFlush(None, {task_id: _flight(task_id)})
+    slot = flush.slot((task_id, 1))
+    slot.report((1.0, None, None))
+    with pytest.raises(psycopg.OperationalError):  # the heartbeat thread reconnects
+        flush.flush(object())
+    slot.report((2.0, None, None))
+    down[0] = False
+    flush.flush(object(), now=True)
+    assert len(sent) == 1 and slot.stored == (2.0, None, None)
