@@ -3,6 +3,7 @@ or under `rota.testing`."""
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -69,12 +70,23 @@ class TaskContext:
             raise Cancelled(f"task {self.id} was cancelled while it ran")
 
 
+# The context last made in this context (of asyncio, of a thread): made once
+# per run, so that `rota.context()` in a tight loop costs three lookups.
+_made: contextvars.ContextVar[tuple[object, object, object, TaskContext]] = contextvars.ContextVar(
+    "rota_context"
+)
+
+
 def context() -> TaskContext:
     """The running task's context; raises OutsideTask elsewhere."""
     task = current_task.get(None)
     if task is None:
         raise OutsideTask("rota.context() is called from outside a running task")
-    return TaskContext(
+    cancel, progress = current_cancel.get(None), current_progress.get(None)
+    made = _made.get(None)
+    if made is not None and made[0] is task and made[1] is cancel and made[2] is progress:
+        return made[3]
+    found = TaskContext(
         id=task.id,
         name=task.name,
         tenant=task.tenant,
@@ -83,6 +95,8 @@ def context() -> TaskContext:
         max_attempts=task.max_attempts,
         enqueued_at=task.enqueued_at,
         lease_expires_at=task.lease_expires_at,
-        _cancel=current_cancel.get(None),
-        _progress=current_progress.get(None),
+        _cancel=cancel,
+        _progress=progress,
     )
+    _made.set((task, cancel, progress, found))
+    return found

@@ -5,6 +5,7 @@ its progress over its pipe."""
 
 from __future__ import annotations
 
+import contextvars
 import math
 import multiprocessing
 import uuid
@@ -21,6 +22,8 @@ from rota.consumer import progress as flushing
 from rota.consumer.progress import ProgressFlush
 from rota.errors import OutsideTask, ValidationError
 from rota.model.progress import MESSAGE_MAX, Progress, check_progress
+from rota.runtime.current import CancelFlag
+from rota.runtime.progress import ProgressSlot
 from rota.settings import Settings
 from rota.testing import InMemory
 
@@ -226,3 +229,30 @@ def test_a_flush_with_the_server_gone_raises_to_the_heartbeat_and_sends_again_af
     down[0] = False
     flush.flush(object(), now=True)
     assert len(sent) == 1 and slot.stored == (2.0, None, None)
+
+
+def test_the_context_is_made_once_per_run() -> None:
+    from rota.core import ClaimedTask
+    from rota.runtime.current import current_cancel, current_task
+    from rota.runtime.progress import current_progress
+
+    def run(name: str) -> tuple[rota.TaskContext, rota.TaskContext, ProgressSlot]:
+        now = datetime.now(UTC)
+        task = ClaimedTask(uuid.uuid4(), name, {}, "q", "acme", 1, 3, now, now)
+        slot = ProgressSlot(task.token, None)
+        current_task.set(task)
+        current_cancel.set(CancelFlag())
+        current_progress.set(slot)
+        return rota.context(), rota.context(), slot
+
+    def runs() -> None:
+        first, again, slot = run("one")
+        assert first is again and first.name == "one"
+        first.progress(1, 2)
+        assert slot.latest == (1.0, 2.0, None)
+        second, _, other = run("two")  # the next run in this thread: its own context
+        assert second is not first and second.name == "two"
+        second.progress(2)
+        assert (slot.latest, other.latest) == ((1.0, 2.0, None), (2.0, None, None))
+
+    contextvars.Context().run(runs)  # this test's runs leave the others' context alone
