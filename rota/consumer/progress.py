@@ -1,10 +1,10 @@
 """The worker's flush of its tasks' progress: from the heartbeat thread, at
 most every FLUSH_SECONDS (and at its rounds, ROTA_MAINTENANCE_SECONDS), the
 latest values of the tasks whose progress changed since the last flush, all
-in one statement (rota.report_progress), fenced by their attempt tokens. A task's last values
-are stored after it ended too (by the attempt that ended it). A flush that
-fails is logged; its values go with the next one, and the tasks and the
-heartbeat go on."""
+in one statement (rota.report_progress), fenced by their attempt tokens. A
+task's last values are stored after it ended too (by the attempt that ended
+it). A flush that fails is logged; its values go with the next one, and the
+tasks and the heartbeat go on."""
 
 from __future__ import annotations
 
