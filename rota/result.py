@@ -4,6 +4,7 @@
     result.status()             # "waiting", "running", "succeeded", "dead", ...
     value = result.get(timeout=30)
     value = await result.aget(timeout=30)
+    result.progress()           # Progress(done=40.0, total=120.0, ...), or None
 
 `get` waits on PostgreSQL's NOTIFY (the worker notifies when it keeps a
 result, or when a task that keeps results ends without one): no table is
@@ -20,8 +21,12 @@ from uuid import UUID
 import orjson
 
 from rota.core import connections, db
+from rota.core.progress import task_progress
 from rota.core.results import ResultState, listen_results, task_result
 from rota.errors import ResultExpired, ResultNotKept, TaskCancelled, TaskFailed
+from rota.model.progress import Progress
+
+__all__ = ["Progress", "Result"]
 
 if TYPE_CHECKING:
     from rota.settings import Settings
@@ -52,6 +57,19 @@ class Result:
         with connections.connect(self.settings, "results") as conn:
             state = db.run(conn, task_result(self.task_id))
         return "unknown" if state is None else STATUSES.get(state.status, state.status)
+
+    def progress(self) -> Progress | None:
+        """The task's last reported progress (`rota.context().progress()`),
+        while it runs and after it ended, for as long as its record is kept;
+        None when it reported none (or is not in PostgreSQL)."""
+        with connections.connect(self.settings, "results") as conn:
+            return db.run(conn, task_progress(self.task_id))
+
+    async def aprogress(self) -> Progress | None:
+        """`progress` for asyncio."""
+        conn = await connections.aconnect(self.settings, "results")
+        async with conn:
+            return await db.arun(conn, task_progress(self.task_id))
 
     def get(self, timeout: float | None = None) -> object:
         """The task's return value, once it succeeded; waits up to `timeout`

@@ -88,6 +88,8 @@ def connections(
 
 def render_story(story: Any) -> str:
     lines = [f"task {story.id}: {story.where}", f"why: {story.why}"]
+    if story.progress is not None:
+        lines.append(progress_line(story.progress))
     task = story.task
     if task is not None:
         kept = task.status != "succeeded"  # a succeeded task's record keeps less
@@ -117,6 +119,18 @@ def render_story(story: Any) -> str:
     return "\n".join(lines)
 
 
+def progress_line(progress: Any) -> str:
+    """A task's last progress, for `rota task show`."""
+    figures = cell(progress.done)
+    if progress.total is not None:
+        figures += f" of {cell(progress.total)} ({progress.fraction * 100:.1f}%)"
+    message = f": {progress.message}" if progress.message else ""
+    return (
+        f"progress {figures}{message} (reported {cell(progress.reported_at)}, "
+        f"attempt {progress.attempt})"
+    )
+
+
 def graph_lines(graph: Any) -> list[str]:
     """A task's place in its workflow, for `rota task show`."""
     if graph is None:
@@ -141,7 +155,8 @@ def task_show(
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
 ) -> None:
-    """A task's story, wherever it is, and why it waits (exit 1 if not found)."""
+    """A task's story, wherever it is, why it waits, and its last progress
+    (exit 1 if not found)."""
     from rota.readmodel.story import task_story
 
     (found,) = task_ids([task_id])

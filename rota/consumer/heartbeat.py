@@ -1,7 +1,8 @@
 """A worker's heartbeat thread: every ROTA_HEARTBEAT_SECONDS it extends the
 leases of the tasks in flight, keeps the worker's row alive (rejoining if it
-was declared dead while cut off) and records the runs' seconds; and it runs
-the maintenance duties while the worker holds their lock."""
+was declared dead while cut off) and records the runs' seconds; at most
+every second it stores the tasks' progress (rota.consumer.progress); and it
+runs the maintenance duties while the worker holds their lock."""
 
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ def heartbeat(
     beat: Callable[[psycopg.Connection[Any]], None],
     leadership: Leadership | None,
     stopping: threading.Event,
+    flush: Callable[[psycopg.Connection[Any]], None] | None = None,
 ) -> None:
     """Calls `beat` (extend leases, keep the worker's row alive) every
     ROTA_HEARTBEAT_SECONDS, and runs the maintenance duties while `leadership`
     holds their lock, which lives on this thread's connection: leadership is
-    lost with it. Until `stopping`; reconnects after a lost connection."""
+    lost with it; calls `flush` (the tasks' progress) on every round. Until
+    `stopping`; reconnects after a lost connection."""
     last_beat = float("-inf")
     # Which worker holds the maintenance lock: its id, in pg_stat_activity.
     conn = Kept(
@@ -51,6 +54,8 @@ def heartbeat(
             last_beat = time.monotonic()
         if leadership is not None:
             leadership.tick(conn.get())
+        if flush is not None:
+            flush(conn.get())
         return settings.maintenance_seconds
 
     def lost(_error: BaseException) -> None:

@@ -8,7 +8,9 @@ locks or connections). A run past its task's `timeout` (the hard limit) is
 killed with its child; `soft_timeout` raises SoftTimeLimitExceeded in the
 task first. A cancel kills the child too. A child that dies (kill -9, a
 segfault, the OOM killer) fails its task with that reason; the next task
-gets a new child.
+gets a new child. A child sends its task's latest progress to the worker
+over the same pipe, at most every PROGRESS_SEND_SECONDS, and the last before
+its answer.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
@@ -30,14 +33,20 @@ from typing import TYPE_CHECKING, Any
 from rota.consumer.reports import TRACEBACK_MAX, ChildFailure, describe, full_traceback
 from rota.core import ClaimedTask
 from rota.errors import Cancelled, Retry, SoftTimeLimitExceeded
+from rota.model.progress import Values
 from rota.runtime import tracing
 from rota.runtime.current import CancelFlag, current_cancel, current_task
 from rota.runtime.process import load_object
+from rota.runtime.progress import ProgressSlot, current_progress
 
 if TYPE_CHECKING:
     from rota.app import App
 
 log = logging.getLogger("rota.worker")
+
+# A child sends its task's progress to the worker at most this often (the
+# worker stores it at most about once a second).
+PROGRESS_SEND_SECONDS = 0.25
 
 
 class ChildDied(Exception):
@@ -98,6 +107,74 @@ def _end_with(worker: int) -> None:
     threading.Thread(target=watch, daemon=True, name="rota-worker-watch").start()
 
 
+class _PipeProgress(ProgressSlot):
+    """A child's slot: its first report after each send wakes the sender."""
+
+    __slots__ = ("closed", "pending", "sender")
+
+    def __init__(self, token: tuple[Any, int], sender: _Sender) -> None:
+        super().__init__(token, None)
+        self.sender = sender
+        self.pending = False
+        self.closed = False  # the task answered: nothing more is sent for it
+
+    def report(self, values: Values) -> None:
+        self.latest = values
+        if not self.pending:
+            self.pending = True
+            self.sender.due(self)
+
+
+class _Sender:
+    """Writes a child's messages to the worker: its task's progress (from a
+    thread, at most every PROGRESS_SEND_SECONDS), then its answer."""
+
+    def __init__(self, conn: multiprocessing.connection.Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+        self._due = threading.Event()
+        self._slot: _PipeProgress | None = None
+        self._thread: threading.Thread | None = None
+
+    def due(self, slot: _PipeProgress) -> None:
+        self._slot = slot
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="rota-progress")
+            self._thread.start()
+        self._due.set()
+
+    def _run(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            slot = self._slot
+            if slot is not None:
+                self.send_progress(slot)
+            time.sleep(PROGRESS_SEND_SECONDS)
+
+    def send_progress(self, slot: _PipeProgress) -> None:
+        with self._lock:
+            if slot.closed:
+                return
+            slot.pending = False  # first: a report after this wakes the sender again
+            values = slot.latest
+            if values is not None and values is not slot.stored:
+                self.conn.send(("progress", slot.token[0], values))
+                slot.stored = values
+
+    def answer(self, slot: _PipeProgress | None, answer: tuple[Any, ...]) -> None:
+        """The task's last progress, then its answer."""
+        if slot is not None:
+            self.send_progress(slot)
+            slot.closed = True
+        with self._lock:
+            try:
+                self.conn.send(answer)
+            except Exception as exc:  # a return value that cannot be pickled
+                failed = f"its result cannot be sent to the worker: {describe(exc)}"
+                self.conn.send(("failed", failed, ""))
+
+
 def serve(conn: multiprocessing.connection.Connection, spec: str, worker: int) -> None:
     """A child's loop: one task per message until the pipe closes."""
     _end_with(worker)
@@ -107,21 +184,22 @@ def serve(conn: multiprocessing.connection.Connection, spec: str, worker: int) -
     signal.signal(signal.SIGALRM, _soft_limit)
     # The worker checked that `spec` names its App (spec_of, or rota.app.load_app).
     app: App = load_object(spec)  # type: ignore[assignment]
+    sender = _Sender(conn)
     while True:
         try:
             message = conn.recv()
         except EOFError:
             return
+        task: ClaimedTask = message[0]
+        progress = _PipeProgress(task.token, sender)
         # A context of its own per task: the trace it attaches ends with it.
-        answer = contextvars.Context().run(_run_one, app, *message)
-        try:
-            conn.send(answer)
-        except Exception as exc:  # a return value that cannot be pickled
-            conn.send(("failed", f"its result cannot be sent to the worker: {describe(exc)}", ""))
+        answer = contextvars.Context().run(_run_one, app, progress, *message)
+        sender.answer(progress, answer)
 
 
 def _run_one(
     app: App,
+    progress: ProgressSlot,
     task: ClaimedTask,
     soft: float | None,
     keep: bool,
@@ -129,6 +207,7 @@ def _run_one(
 ) -> tuple[Any, ...]:
     current_task.set(task)
     current_cancel.set(CancelFlag())
+    current_progress.set(progress)
     tracing.attach(trace)
     try:
         if soft is not None:
@@ -203,10 +282,12 @@ class Children:
         keep: bool,
         cancel: CancelFlag,
         on_start: Callable[[Callable[[], None]], None],
+        progress: ProgressSlot | None = None,
     ) -> Any:
         """Runs `task` in an idle child and returns its value (None unless
         `keep`), or raises what it raised, Cancelled after a cancel
-        (`on_start` is given the kill), HardTimeLimit or ChildDied."""
+        (`on_start` is given the kill), HardTimeLimit or ChildDied. The
+        progress the child sends goes to `progress`."""
         try:
             child = self._idle.get_nowait()
         except queue.Empty:
@@ -220,17 +301,24 @@ class Children:
             self._idle.put(child)
             raise Cancelled(f"task {task.id} was cancelled as it started")
         child.conn.send((task, soft_timeout, keep, tracing.current()))
-        # Its end of the pipe closes when it dies (its process sentinel comes
-        # from the fork server, which a signal to the process group may end).
-        ready = multiprocessing.connection.wait([child.conn], timeout)
-        if child.conn in ready:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # Its end of the pipe closes when it dies (its process sentinel comes
+            # from the fork server, which a signal to the process group may end).
+            ready = multiprocessing.connection.wait([child.conn], left)
+            if child.conn not in ready:
+                break
             try:
                 answer = child.conn.recv()
             except EOFError:
-                pass  # it died as it answered
-            else:
-                self._idle.put(child)
-                return _raise_or_return(answer)
+                break  # it died as it answered
+            if answer[0] == "progress":
+                if progress is not None and answer[1] == task.id:
+                    progress.report(answer[2])
+                continue
+            self._idle.put(child)
+            return _raise_or_return(answer)
         child.kill()
         died = "" if cancel.asked or not ready else child.how_it_died()
         self._forget(child)

@@ -26,6 +26,7 @@ from rota.model.rules import check_delay
 from rota.runtime import tracing
 from rota.runtime.current import CancelFlag, current_cancel, current_task
 from rota.runtime.outage import Outage, run_rounds
+from rota.runtime.progress import ProgressSlot, current_progress
 from rota.settings import Settings
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class InFlight:
     cancel: CancelFlag = field(default_factory=CancelFlag)
     # Kills the child process running it (the process pool), once it started.
     kill: Callable[[], None] | None = None
+    # Where its progress waits for the heartbeat thread's flush (rota.consumer.progress).
+    progress: ProgressSlot | None = None
 
     def __post_init__(self) -> None:
         if self.claim_sent is None:
@@ -176,6 +179,7 @@ def call_sync(registered: Task[Any, Any], flight: InFlight, children: Children |
         if children is None:
             current_task.set(flight.task)
             current_cancel.set(flight.cancel)
+            current_progress.set(flight.progress)
             return registered.fn(*flight.task.args, **flight.task.kwargs)
         options = registered.options
         keep = flight.keep is not None
@@ -186,6 +190,7 @@ def call_sync(registered: Task[Any, Any], flight: InFlight, children: Children |
             keep,
             flight.cancel,
             flight.killed_by,
+            flight.progress,
         )
 
 
@@ -199,6 +204,7 @@ async def run_async(
         flight.begin()
         current_task.set(flight.task)
         current_cancel.set(flight.cancel)
+        current_progress.set(flight.progress)
         try:
             with tracing.run(flight.task):
                 return await asyncio.wait_for(

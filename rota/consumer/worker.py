@@ -7,7 +7,7 @@ Threads, each with its own connection:
   - a listener wakes the main loop on NOTIFY (one per loaded batch), with a
     jittered polling fallback so a fleet does not stampede;
   - a heartbeat extends the leases of running tasks, keeps the worker's row
-    alive, and runs the maintenance duties when this worker holds their lock.
+    alive, stores progress, and runs maintenance while it holds their lock.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from rota import core
 from rota.consumer.heartbeat import beat, heartbeat
 from rota.consumer.maintenance import Leadership, Maintenance
 from rota.consumer.processes import Children
+from rota.consumer.progress import ProgressFlush
 from rota.consumer.reports import (
     UnknownTaskPolicy,
     Unreported,
@@ -102,6 +103,8 @@ class Worker:
         self.cancels: collections.deque[uuid.UUID] = collections.deque()
         self.wake = threading.Event()
         self.in_flight: dict[uuid.UUID, InFlight] = {}
+        # The tasks' progress, stored by the heartbeat thread (rota.consumer.progress).
+        self.progress = ProgressFlush(self.key, self.in_flight)
         # Finished tasks, appended by the task threads and the event loop and
         # popped by the claim loop: a deque's append and popleft are atomic,
         # with no lock and condition per task as queue.Queue takes.
@@ -288,6 +291,7 @@ class Worker:
                 if conn is None or conn.closed:
                     conn = self._connect()
                 self._report(conn)
+                self.progress.flush(conn, now=True)  # the ended tasks' last progress
                 if unstarted or stuck:
                     db.run(conn, core.release([*unstarted, *stuck], self.key))
                 db.run(conn, core.stop_worker(self.key))
@@ -317,6 +321,7 @@ class Worker:
         flight = InFlight(
             task, timeout=timeout, leased_from=leased_from, keep=keep, for_join=for_join
         )
+        flight.progress = self.progress.slot(task.token)
         self.in_flight[task.id] = flight
         if not registered.is_async:
             # A prefetched task waits unstarted (handed back at shutdown).
@@ -441,4 +446,5 @@ class Worker:
         leadership = (
             Leadership(Maintenance(self.settings, self.app), f"worker {self.id}") if leads else None
         )
-        heartbeat(self.settings, self.id, functools.partial(beat, self), leadership, self.stopping)
+        beating = functools.partial(beat, self)
+        heartbeat(self.settings, self.id, beating, leadership, self.stopping, self.progress.flush)

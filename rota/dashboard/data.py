@@ -24,6 +24,7 @@ from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
 from rota.core import connections, db, read, taskpage, versions
+from rota.core.progress import progress_of
 from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import purge as purge_letters
@@ -189,6 +190,14 @@ def tasks(
     )
     with c.postgres() as conn:
         found = db.run(conn, listing)
+        # Running tasks show how far they got.
+        reported = (
+            db.run(conn, progress_of([r.id for r in found.rows])) if state == "running" else {}
+        )
+    rows = plain(found.rows)
+    if state == "running":
+        for row, task in zip(rows, found.rows, strict=True):
+            row["progress"] = plain(reported.get(task.id))
     return {
         "state": state,
         "tenant": tenant,
@@ -198,7 +207,7 @@ def tasks(
         "page": page,
         "pages": max(1, -(-found.total // per_page)),
         "per_page": per_page,
-        "tasks": plain(found.rows),
+        "tasks": rows,
     }
 
 

@@ -20,8 +20,10 @@ from rota.buffer import deadletters
 from rota.buffer.redis_client import Client
 from rota.buffer.streams import ENTRY_MAX_TASKS, all_streams, oldest_age
 from rota.core import db
+from rota.core.progress import task_progress
 from rota.core.read import QueuePace, queue_pace
 from rota.core.stored import AHEAD_CAP, StoredTask, stored_task
+from rota.model.progress import Progress
 from rota.settings import Settings
 
 # Around the time in a UUIDv7 id, the window of stream entries searched: a
@@ -79,6 +81,7 @@ class Story:
     dead_letter: deadletters.DeadLetter | None = None
     start: StartEstimate | None = None  # ready, in line: when it should start
     run: RunWords | None = None  # a claimed or succeeded task's run
+    progress: Progress | None = None  # the last it reported (rota.context().progress)
 
 
 def _uuid7_ms(task_id: UUID) -> int | None:
@@ -129,7 +132,10 @@ def task_story(
         if start is not None:
             text += "; " + said(start, stored.ahead_estimated)
         run = run_words(stored, now)
-        return Story(task_id, _where(stored), text, task=stored, start=start, run=run)
+        progress = db.run(conn, task_progress(task_id))
+        return Story(
+            task_id, _where(stored), text, task=stored, start=start, run=run, progress=progress
+        )
     if client is not None:
         place = find_in_buffer(client, settings, task_id)
         if place is not None:

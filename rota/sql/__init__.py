@@ -114,6 +114,7 @@ FUNCTION_FILES = (
     "complete_keeping_claim.sql",
     "workflows.sql",
     "workers.sql",
+    "progress.sql",
     "retention.sql",
     "operations.sql",
     "stats.sql",

@@ -429,6 +429,14 @@ FROM rota.tenant_minutes(ARRAY[%(tenant_id)s]::integer[],
 SELECT status, value::text AS value, refused, kept, error, traceback, finished_at, expires_at
 FROM rota.task_result(%(id)s::uuid)
 
+-- name: task_progress
+SELECT attempt, done, total, message, reported_at FROM rota.task_progress(%(id)s::uuid)
+
+-- name: progress_of
+-- The last progress of these tasks (those that reported one).
+SELECT p.task_id, p.attempt, p.done, p.total, p.message, p.reported_at
+FROM rota.progress p WHERE p.task_id = ANY (%(ids)b::uuid[])
+
 -- name: listen_results
 -- A task's id, when its result is kept or it ends without one.
 LISTEN rota_results

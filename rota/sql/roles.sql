@@ -97,6 +97,8 @@ BEGIN
         TO rota_producer, rota_loader, rota_worker;
     -- A task's result, by its id (what enqueue returned).
     GRANT EXECUTE ON FUNCTION rota.task_result(uuid) TO rota_producer, rota_worker;
+    -- A task's last progress, by its id.
+    GRANT EXECUTE ON FUNCTION rota.task_progress(uuid) TO rota_producer, rota_worker;
     -- Workflows: a graph's joins and members, stored with its tasks.
     GRANT EXECUTE ON FUNCTION rota.add_workflow(uuid[], text[], json[], uuid[], uuid[], integer[],
                                                 text, timestamptz)
@@ -121,6 +123,8 @@ BEGIN
                                   double precision, text),
         rota.worker_extend_leases(text, bytea, uuid[], integer[], double precision,
                                   double precision[]),
+        rota.worker_report_progress(text, bytea, uuid[], integer[], double precision[],
+                                    double precision[], text[]),
         rota.worker_claims(text, bytea),
         rota.worker_beat(text, bytea),
         rota.worker_stop(text, bytea),

@@ -527,6 +527,22 @@ CREATE INDEX results_expire ON rota.results (expires_at) WHERE value IS NOT NULL
 -- their task's record lasts.
 CREATE INDEX results_expired ON rota.results (task_id) WHERE value IS NULL;
 
+-- The last progress a task reported (rota.context().progress): written by its
+-- worker at most about once a second (rota.report_progress), kept after the
+-- task ends for as long as its record (retention prunes it with the record).
+CREATE TABLE rota.progress (
+    task_id uuid PRIMARY KEY,
+    attempt integer NOT NULL,  -- the attempt that reported it
+    done double precision NOT NULL CONSTRAINT progress_done_bounded
+        CHECK (done >= 0 AND done < 'Infinity'),
+    total double precision CONSTRAINT progress_total_bounded
+        CHECK (total >= done AND total < 'Infinity'),
+    message text CONSTRAINT progress_message_bounded CHECK (length(message) <= 500),
+    reported_at timestamptz NOT NULL DEFAULT now(),
+    -- Times a worker stored it: at most one a flush (about one a second).
+    writes bigint NOT NULL DEFAULT 1
+);
+
 -- Each limit with its keys' counters: running, parked, and the key with the
 -- most running, for `rota limit list` and the console.
 CREATE VIEW rota.limit_usage AS

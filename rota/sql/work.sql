@@ -130,6 +130,19 @@ SELECT id FROM rota.worker_complete_keeping(%(worker)s::text, %(secret)s::bytea,
 -- name: wake_result_waiters
 SELECT rota.wake_result_waiters(%(ids)b::uuid[])
 
+-- name: report_progress
+-- The latest progress of tasks in flight, one flush for all (at most about
+-- once a second): returns the ids whose values were stored.
+SELECT id FROM rota.report_progress(%(ids)b::uuid[], %(attempts)b::integer[],
+                                    %(done)b::float8[], %(totals)s::float8[],
+                                    %(messages)s::text[]) AS id
+
+-- name: worker_report_progress
+SELECT id FROM rota.worker_report_progress(%(worker)s::text, %(secret)s::bytea,
+                                           %(ids)b::uuid[], %(attempts)b::integer[],
+                                           %(done)b::float8[], %(totals)s::float8[],
+                                           %(messages)s::text[]) AS id
+
 -- name: listen_cancel
 -- "worker task" when a task that worker runs is cancelled.
 LISTEN rota_cancel

@@ -253,6 +253,24 @@ def test_bench_work(settings: Settings) -> None:
     assert report["results"]["get_after_end_ms"]["p50"] > 0
 
 
+def test_bench_work_with_progress_counts_the_progress_writes(settings: Settings) -> None:
+    report = bench(settings, "work", "--tasks", "500", "--tenants", "20", "--progress")
+    progress = report["progress"]
+    assert progress["reported_by_every_task"] is True
+    assert set(progress["runs"]) == {
+        "1",
+        "2",
+        "1_synchronous_commit",
+        "2_synchronous_commit",
+        "1_results",
+    }
+    for runs in progress["runs"].values():
+        for run in runs:
+            # Each task's one report is stored, many tasks to a flush.
+            assert run["tasks"] == 500 and run["writes"] >= 500
+            assert 1 <= run["flushes"] < 500
+
+
 def test_bench_cancel(settings: Settings) -> None:
     report = bench(settings, "cancel", "--runs", "2")
     for kind in ("sync_cooperative", "async"):

@@ -294,16 +294,24 @@ def bench_work(
         ),
     ] = "threads",
     runs: Annotated[int, typer.Option(help="alternating runs per pool (--pool processes)")] = 3,
+    progress: Annotated[
+        bool,
+        typer.Option(
+            help="each task reports its progress once (the A/B of progress): the JSON says "
+            "how many progress writes the database saw"
+        ),
+    ] = False,
 ) -> dict[str, Any]:
     """No-op tasks through the worker runtime: tasks/s with 1 and 2 processes,
     and enqueue -> start latency with NOTIFY. With --pool processes: the
-    process pool's tasks/s beside the thread pool's, CPU-bound and no-op."""
+    process pool's tasks/s beside the thread pool's, CPU-bound and no-op.
+    With --progress: tasks that report their progress, and its writes."""
     from rota_tools.bench.work import bench_pools
     from rota_tools.bench.work import bench_work as run
 
     if pool == "processes":
         return bench_pools(settings, min(tasks, 400), min(tasks, 20_000), runs)
-    return run(settings, tasks, tenants, concurrency)
+    return run(settings, tasks, tenants, concurrency, progress)
 
 
 def _fairness(

@@ -18,7 +18,8 @@ LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN rota.caller_is_admin() THEN p_asked ELSE greatest(p_asked, p_floor) END
 $$;
 
--- Drops up to p_limit records of tasks that succeeded before p_older_than ago.
+-- Drops up to p_limit records of tasks that succeeded before p_older_than ago,
+-- with their last progress.
 CREATE OR REPLACE FUNCTION rota.prune_finished(p_older_than interval, p_limit integer)
 RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -31,11 +32,14 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
         RETURNING task_id
     ), unjoined AS (
         DELETE FROM rota.joins WHERE task_id = ANY (ARRAY(SELECT task_id FROM pruned))
+    ), unreported AS (
+        DELETE FROM rota.progress WHERE task_id = ANY (ARRAY(SELECT task_id FROM pruned))
     )
     SELECT count(*) FROM pruned
 $$;
 
--- Drops up to p_limit dead or cancelled tasks that ended before p_older_than ago.
+-- Drops up to p_limit dead or cancelled tasks that ended before p_older_than ago,
+-- with their last progress.
 CREATE OR REPLACE FUNCTION rota.prune_dead(p_older_than interval, p_limit integer)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -56,6 +60,8 @@ BEGIN
         RETURNING id
     ), unjoined AS (
         DELETE FROM rota.joins WHERE task_id = ANY (ARRAY(SELECT id FROM pruned))
+    ), unreported AS (
+        DELETE FROM rota.progress WHERE task_id = ANY (ARRAY(SELECT id FROM pruned))
     )
     SELECT count(*) INTO v_count FROM pruned;
     RETURN v_count;

@@ -17,6 +17,19 @@ def noop_result(*args: object) -> int:
 
 
 @app.task(queue="bench")
+def noop_progress(*args: object) -> None:
+    """Nothing but a progress report (`rota bench work --progress`)."""
+    rota.context().progress(1, 1, "done")
+
+
+@app.task(queue="bench", result_ttl=600)
+def noop_result_progress(*args: object) -> int:
+    """A progress report, and a result kept."""
+    rota.context().progress(1, 1, "done")
+    return 1
+
+
+@app.task(queue="bench")
 def spin(seconds: float) -> None:
     """Busy for `seconds` unless cancelled: looks every millisecond."""
     import time

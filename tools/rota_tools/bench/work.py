@@ -3,7 +3,9 @@ reports waiting for the WAL flush or not, with results kept or not), the
 start of a task an idle worker is woken for, and pgqueuer's and
 procrastinate's workers in databases of their own on the same server (`pip
 install 'rota[bench]'`). `--pool processes`: the process pool beside the
-thread pool, on CPU-bound and on no-op tasks."""
+thread pool, on CPU-bound and on no-op tasks. `--progress`: each task
+reports its progress (`rota.context().progress`) once, and the figures say
+how many progress writes the database saw."""
 
 from __future__ import annotations
 
@@ -40,9 +42,11 @@ from rota_tools.bench.harness import (
 from rota_tools.sql import query
 
 RESULT_PAIRS = 3  # alternating runs with results kept and without
+# --progress: the tasks that report their progress, in place of the no-ops.
+REPORTING = {"noop": "noop_progress", "noop_result": "noop_result_progress"}
 
 
-def _runs(settings: Settings) -> list[tuple[str, int, Settings, str]]:
+def _runs(settings: Settings, progress: bool) -> list[tuple[str, int, Settings, str]]:
     """(key, processes, settings, task) of each throughput run: the default
     (reports need no WAL flush), then reports waiting for it, as the peers'
     do (ROTA_WORKER_SYNCHRONOUS_COMMIT=true); then one process with each
@@ -54,7 +58,17 @@ def _runs(settings: Settings) -> list[tuple[str, int, Settings, str]]:
     runs += [(f"{n}_synchronous_commit", n, synchronous, "noop") for n in (1, 2)]
     for _ in range(RESULT_PAIRS):
         runs += [("1_results", 1, settings, "noop_result"), ("1", 1, settings, "noop")]
+    if progress:
+        runs = [(key, n, s, REPORTING[name]) for key, n, s, name in runs]
     return runs
+
+
+def _progress_writes(conn: Conn) -> dict[str, int]:
+    """What the workers stored of their tasks' progress since the reset:
+    rows written (a task's row counts once per flush that carried it), the
+    tasks with a row, and the flushes (one statement each, one time apiece)."""
+    writes, tasks, flushes = conn.execute(query("bench_progress_writes")).fetchone() or (0, 0, 0)
+    return {"writes": int(writes), "tasks": int(tasks), "flushes": int(flushes)}
 
 
 def _throughput(
@@ -89,6 +103,13 @@ def _throughput(
         wait_for_finished(conn, tasks, running, drained=True)
         elapsed = time.perf_counter() - started
         return (tasks - begin) / elapsed, meter.report(elapsed, tasks - begin)
+
+
+def _ended_progress(conn: Conn, tasks: int) -> dict[str, int]:
+    """The progress writes of a run, once the last task's are stored (its
+    worker stores them within about a second of its end)."""
+    wait_for(lambda: _progress_writes(conn)["tasks"] >= tasks, 30, what="the last progress")
+    return _progress_writes(conn)
 
 
 def _start_latencies(
@@ -156,15 +177,20 @@ def _peers(
     return figures
 
 
-def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -> dict[str, Any]:
+def bench_work(
+    settings: Settings, tasks: int, tenants: int, concurrency: int, progress: bool = False
+) -> dict[str, Any]:
     throughput: dict[str, list[float]] = collections.defaultdict(list)
     cpu: dict[str, Any] = {}
+    writes: dict[str, list[dict[str, int]]] = collections.defaultdict(list)
     with db.connect(settings.database_url) as conn:
-        for key, processes, run_settings, name in _runs(settings):
+        for key, processes, run_settings, name in _runs(settings, progress):
             rate_, cpu[key] = _throughput(
                 conn, run_settings, name, processes, tasks, tenants, concurrency
             )
             throughput[key].append(rate_)
+            if progress:
+                writes[key].append(_ended_progress(conn, tasks))
         starts, gets = _start_latencies(conn, settings, concurrency)
     rate = {key: statistics.median(rates) for key, rates in throughput.items()}
     return {
@@ -192,6 +218,9 @@ def bench_work(settings: Settings, tasks: int, tenants: int, concurrency: int) -
         # The two worker processes' CPU and PostgreSQL's, per task.
         "cpu": cpu["2"],
         "goal": {"start_p50_ms_at_most": 50, "ratio_to_pgqueuer_at_least": 2.0},
+        # --progress: per run, the progress rows the database wrote, the
+        # tasks they were of and the flushes that wrote them.
+        "progress": {"reported_by_every_task": progress, "runs": dict(writes)},
         **_peers(settings, rate, tasks, concurrency),
     }
 

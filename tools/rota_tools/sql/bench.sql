@@ -197,8 +197,14 @@ SELECT
 -- Empties rota's tables between benchmark runs.
 TRUNCATE rota.tasks, rota.ready, rota.running, rota.scheduled, rota.finished,
          rota.tenant_queues, rota.tenants, rota.queues, rota.workers, rota.results,
-         rota.joins, rota.members, rota.keys, rota.key_limits, rota.parked RESTART IDENTITY;
+         rota.joins, rota.members, rota.keys, rota.key_limits, rota.parked, rota.progress
+         RESTART IDENTITY;
 DROP TABLE IF EXISTS rota_bench_raw
+
+-- name: bench_progress_writes
+-- The progress the workers stored: rows written, tasks, flushes (a flush's
+-- rows share its statement's now()).
+SELECT coalesce(sum(writes), 0), count(*), count(DISTINCT reported_at) FROM rota.progress
 
 -- name: bench_raw_setup
 -- The raw COPY baseline's table: shaped like rota.tasks, primary key only.
