@@ -630,6 +630,7 @@ class Bench:
         acknowledged = {got for _, _, got, _ in requests if got is not None}
         drained = wait_for(lambda: ran.has(acknowledged), DRAIN_SECONDS + seconds, poll=0.1)
         cpu_seconds = cpu.seconds() if cpu is not None else None
+        whole = time.time() - began  # the CPU's window: to the last task's start
         window = max(seconds, enqueued - began)
         started = [ran.tasks[t] for t in acknowledged if t in ran.tasks]
         quiet = [ms for tenant, ms in started if int(tenant[1:]) >= QUIET_RANK]
@@ -642,6 +643,7 @@ class Bench:
             "postgres_cpu_us_per_task": None
             if cpu_seconds is None or not acknowledged
             else round(cpu_seconds * 1e6 / len(acknowledged), 1),
+            "postgres_cores": None if cpu_seconds is None else round(cpu_seconds / whole, 2),
             "postgres_connections": connections,
             "wait_events": dict(sorted(waits.items(), key=lambda kv: (-kv[1], kv[0]))),
             "start_ms": _ms([ms for _, ms in started], "p50", "p99"),
