@@ -49,6 +49,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -103,6 +104,11 @@ _CUMULATIVE = list(itertools.accumulate(1 / (k + 1) ** ZIPF_EXPONENT for k in ra
 
 Send = Callable[[str], str]  # a request: enqueues one task of the tenant, returns its id
 Request = tuple[float, float, str | None, str | None]  # start (time.time), ms, id, error
+
+
+def log(line: str) -> None:
+    """Progress, on stderr (the report goes to stdout)."""
+    print(f"{time.strftime('%H:%M:%S')} fleet: {line}", file=sys.stderr, flush=True)
 
 
 def parse_handlers(text: str) -> tuple[int, int]:
@@ -600,6 +606,10 @@ class Bench:
     ) -> dict[str, Any]:
         """One run of the fleet at `rate` for `seconds`, its figures; with
         `stall`, PostgreSQL stopped that long in its middle."""
+        log(
+            f"{system}: {rate:g} tasks/s for {seconds:g} s"
+            + (f", {stall:g} s stall" if stall else "")
+        )
         offer = Offer(system, self.settings, url, self.processes, self.threads, rate, seconds)
         barrier = self.manager.Barrier(self.processes + 1)
         warm = self.manager.Queue()
@@ -613,6 +623,7 @@ class Bench:
                 pending.get()  # a handler process failed: raises its error
             warm_ids.update(warm.get())
         wait_for(lambda: ran.has(warm_ids), DRAIN_SECONDS, what=f"{system}'s first tasks to run")
+        log(f"{system}: warm")
         tree = postgres_probe(self.conn)
         own = [self.sampler.pid, self.conn.info.backend_pid]
         cpu = PostgresCpu(tree, own) if tree is not None else None
@@ -628,6 +639,7 @@ class Bench:
             enqueued = time.time()
             waits, connections = dict(self.sampler.waits), self.sampler.peak_connections
         acknowledged = {got for _, _, got, _ in requests if got is not None}
+        log(f"{system}: {len(requests)} requests sent")
         drained = wait_for(lambda: ran.has(acknowledged), DRAIN_SECONDS + seconds, poll=0.1)
         cpu_seconds = cpu.seconds() if cpu is not None else None
         whole = time.time() - began  # the CPU's window: to the last task's start
@@ -680,6 +692,7 @@ def _system(
     sweep_seconds: float,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A system's run, its stalled run and its sweep: its figures, and the sweep's."""
+    log(f"{system}: starting its consumers")
     with _consumers(system, bench.settings, bench.conn) as (url, ran):
         figures = bench.run(system, url, ran, rate, seconds)
         if stall_seconds and bench.postmaster is not None:
