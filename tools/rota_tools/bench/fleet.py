@@ -545,6 +545,32 @@ class PostgresCpu:
         return None if end is None or self.start is None else end - self.start
 
 
+# A command that runs the server as another user, and stops itself when its
+# child stops (as a shell's job control would): stopped first and let go
+# last with the server, or it stays stopped after the stall.
+WRAPPERS = {"runuser", "su", "sudo"}
+
+
+def _wrappers(pid: int) -> list[int]:
+    """The processes of WRAPPERS that run `pid`, innermost first."""
+    found = []
+    while (fields := proc_stat(pid)) is not None and (parent := int(fields[1])) > 1:
+        try:
+            name = Path(f"/proc/{parent}/comm").read_text().strip()
+        except OSError:
+            break
+        if name not in WRAPPERS:
+            break
+        found.append(parent)
+        pid = parent
+    return found
+
+
+def _stopped(pid: int) -> bool:
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] == "T"
+
+
 class Stall:
     """Every PostgreSQL process stopped, `seconds` after `delay`, then let go:
     when it began and ended (time.time)."""
@@ -557,20 +583,31 @@ class Stall:
 
     def _run(self) -> None:
         time.sleep(self.delay)  # the run's middle: a point in time, not a condition
-        os.kill(self.postmaster, signal.SIGSTOP)  # first: it forks no backend meanwhile
-        stopped = descendants(self.postmaster)
+        wrappers = _wrappers(self.postmaster)[::-1]  # outermost first
+        stopped: list[int] = []
         try:
-            for pid in stopped:
+            # The postmaster before its children: it forks no backend meanwhile.
+            for pid in [*wrappers, self.postmaster]:
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            for pid in descendants(self.postmaster):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
             self.began = time.time()
             time.sleep(self.length)
             self.ended = time.time()
         finally:
-            for pid in stopped:
+            for pid in reversed(stopped):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
-            os.kill(self.postmaster, signal.SIGCONT)
+            if wrappers:
+                # One that saw its child stop (it was stopped first, so it
+                # cannot have) would stop itself once let go: a safeguard.
+                time.sleep(0.1)
+                for pid in wrappers:
+                    if _stopped(pid):
+                        os.kill(pid, signal.SIGCONT)
 
     def join(self) -> None:
         self.thread.join()
