@@ -419,7 +419,7 @@ def bench_fleet(
             help="the sweep's offered rates, comma-separated, tried upwards until the "
             "handlers' p99 passes 5 ms or a task is lost (empty: no sweep)"
         ),
-    ] = "500,1000,2000,4000,8000",
+    ] = "250,500,1000,2000,4000,8000",
     sweep_seconds: Annotated[float, typer.Option(help="length of each sweep run")] = 5.0,
 ) -> dict[str, Any]:
     """A web fleet enqueueing one task per request (Poisson arrivals, zipf
