@@ -493,3 +493,59 @@ def _worktrees() -> set[str]:
         ["git", "worktree", "list", "--porcelain"], capture_output=True, text=True, check=True
     ).stdout
     return {line for line in listed.splitlines() if line.startswith("worktree ")}
+
+
+def test_bench_fleet(settings: Settings) -> None:
+    report = bench(
+        settings,
+        "fleet",
+        *("--handlers", "2x2", "--rate", "100", "--seconds", "2", "--stall-seconds", "1"),
+        *("--sweep-rates", "50", "--sweep-seconds", "1"),
+    )
+    systems = report["systems"]
+    assert list(systems) == [
+        "rota",
+        "rota_direct",
+        "pgqueuer",
+        "procrastinate",
+        "insert_per_request",
+    ]
+    for name, system in systems.items():
+        # Every task a handler was told was stored ran, through the stall too.
+        assert system["acknowledged"] > 0, name
+        assert system["ran"] == system["acknowledged"] and system["lost"] == 0, name
+        assert system["requests"] == system["acknowledged"] + system["failed"], name
+        assert system["postgres_cpu_us_per_task"] > 0 and system["postgres_cores"] > 0, name
+        assert system["postgres_connections"] >= 2, name  # the consumers' at least
+        assert sum(system["wait_events"].values()) > 0, name  # the sampler saw the server
+        handler = system["handler_ms"]
+        assert 0 < handler["p50"] <= handler["p99"] <= handler["p999"] <= handler["max"], name
+        assert 0 < system["start_ms"]["p50"] <= system["start_ms"]["p99"], name
+        stall = system["stall"]
+        assert stall["seconds"] >= 1 and stall["requests"] > 0, name
+        assert stall["lost"] == 0 and stall["run"]["ran"] == stall["run"]["acknowledged"], name
+        if name != "rota":
+            # A request that writes to PostgreSQL waits for the stopped server.
+            assert stall["handler_ms"]["max"] >= 500, (name, stall)
+        sweep = report["sweep"][name]
+        (run,) = sweep["runs"]
+        assert run["offered_per_s"] == 50
+        assert sweep["rate_per_s"] == (50 if run["passed"] else 0), name
+    # Redis up, a stalled PostgreSQL fails none of rota's requests.
+    assert systems["rota"]["stall"]["failed"] == 0
+    cpu = {name: s["postgres_cpu_us_per_task"] for name, s in systems.items()}
+    p99 = {name: s["handler_ms"]["p99"] for name, s in systems.items()}
+    ratios = report["ratios"]
+    assert ratios["postgres_cpu_to_rota_direct"] == pytest.approx(
+        cpu["rota"] / cpu["rota_direct"], abs=1e-3
+    )
+    best_cpu = min(cpu["pgqueuer"], cpu["procrastinate"])
+    assert ratios["postgres_cpu_to_best_peer"] == pytest.approx(cpu["rota"] / best_cpu, abs=1e-3)
+    best_p99 = min(p99["pgqueuer"], p99["procrastinate"])
+    assert ratios["handler_p99_to_best_peer"] == pytest.approx(p99["rota"] / best_p99, abs=1e-3)
+    best_rate = max(report["sweep"][p]["rate_per_s"] for p in ("pgqueuer", "procrastinate"))
+    if best_rate:  # else no ratio: no peer passed at any rate swept
+        expected = report["sweep"]["rota"]["rate_per_s"] / best_rate
+        assert ratios["sweep_rate_to_best_peer"] == pytest.approx(expected, abs=1e-3)
+    else:
+        assert ratios["sweep_rate_to_best_peer"] is None

@@ -87,7 +87,7 @@ def test_stages_and_extra_arguments_are_checked() -> None:
 
 def test_every_stage_reads_figures_its_scenario_reports() -> None:
     for name, stage in STAGES.items():
-        assert stage.args[0] in {"enqueue", "load", "claim", "work", "end-to-end"}, name
+        assert stage.args[0] in {"enqueue", "load", "claim", "work", "end-to-end", "fleet"}, name
         assert stage.metrics, name
 
 

@@ -88,3 +88,35 @@ def test_the_benchmarks_page_shows_what_the_committed_runs_render() -> None:
     page = (root / "docs" / "explanation" / "benchmarks.md").read_text()
     generated = report.render(report.load_runs(root / "bench-runs"))
     assert generated in page, "run `rota bench report` to write the page from bench-runs/"
+
+
+def _fleet(folder: Path, name: str, rota_cpu: float, stall_max: float) -> None:
+    def system(cpu: float, p99: float, locks: int) -> dict[str, object]:
+        return {
+            "postgres_cpu_us_per_task": cpu,
+            "handler_ms": {"p50": 1.0, "p99": p99, "max": 20.0},
+            "achieved_per_s": 2000,
+            "postgres_connections": 12,
+            "wait_events": {"Lock:tuple": locks, "Lock:object": locks, "CPU": 50},
+            "stall": {"handler_ms": {"max": stall_max}, "failed": 0, "lost": 0},
+        }
+
+    report = {
+        "machine": MACHINE,
+        "systems": {"rota": system(rota_cpu, 4.0, 0), "pgqueuer": system(900.0, 300.0, 70)},
+        "ratios": {"postgres_cpu_to_best_peer": rota_cpu / 900},
+    }
+    (folder / name).write_text(json.dumps({"stage": "fleet", "report": report}))
+
+
+def test_the_fleet_has_a_row_a_system(tmp_path: Path) -> None:
+    _fleet(tmp_path, "fleet-1.json", 170.0, 6.0)
+    _fleet(tmp_path, "fleet-2.json", 190.0, 6.0)
+    text = report.render(report.load_runs(tmp_path))
+    assert "| rota PostgreSQL CPU ÷ best peer's | **0.2** (0.189 to 0.211) |" in text
+    table = text.split("### fleet, system by system", 1)[1].split("##", 1)[0]
+    # Each figure's median, its range when the runs differ; Lock waits summed.
+    row = "| 180 (170 to 190) | 1 | 4 | 20 | 2.0k | 12 | 0 | 6 | 0 | 0 |"
+    assert f"| rota (buffer, Python loader) {row}" in table
+    assert "| pgqueuer | 900 | 1 | 300 | 20 | 2.0k | 12 | 140 | 6 | 0 | 0 |" in table
+    assert "procrastinate" not in table  # not in these runs

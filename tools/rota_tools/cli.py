@@ -75,12 +75,14 @@ def _scenario(
     statements: bool = False,
     gc: bool = False,
     check: Callable[..., None] | None = None,
+    postgres: Callable[..., dict[str, str]] | None = None,
 ) -> Callable[[Measure], Measure]:
     """Registers `measure(settings, **options) -> figures` as `rota bench
     NAME`, with its options and SERVERS' (--redis-url with `redis`,
     --statements with `statements`). The command runs `check(**options)`,
     then tune_gc() with `gc` (as the process it measures does), then
-    `measure` on bench_settings' servers, and reports its figures."""
+    `measure` on bench_settings' servers (a throwaway PostgreSQL started
+    with `postgres(**options)`'s settings too), and reports its figures."""
     taken = [
         k for k in SERVERS if (redis or k != "redis_url") and (statements or k != "statements")
     ]
@@ -94,7 +96,10 @@ def _scenario(
                 check(**options)
             if gc:
                 tune_gc()
-            with bench_settings(database_url, redis_url, local, with_statements) as settings:
+            server = postgres(**options) if postgres is not None else None
+            with bench_settings(
+                database_url, redis_url, local, with_statements, server
+            ) as settings:
                 _report(name, measure(settings, **options), as_json)
 
         keyword = inspect.Parameter.KEYWORD_ONLY
@@ -362,6 +367,89 @@ def bench_end_to_end(
     if tracing:
         return bench_tracing(settings, tasks, tenants, rate, concurrency, rounds)
     return run(settings, tasks, tenants, rate, concurrency, pgbouncer)
+
+
+def _fleet_handlers(handlers: str) -> tuple[int, int]:
+    from rota_tools.bench.fleet import parse_handlers
+
+    try:
+        return parse_handlers(handlers)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _check_fleet(handlers: str, systems: str, sweep_rates: str, **_: Any) -> None:
+    from rota_tools.bench.fleet import parse_systems
+
+    _fleet_handlers(handlers)
+    try:
+        parse_systems(systems)
+        _rates(sweep_rates)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _rates(text: str) -> list[float]:
+    rates = [float(r) for r in text.split(",") if r.strip()]
+    if any(r <= 0 for r in rates):
+        raise ValueError(f"--sweep-rates takes rates above 0, not {text!r}")
+    return rates
+
+
+def _fleet_postgres(handlers: str, **_: Any) -> dict[str, str]:
+    """Room for a connection a handler thread, beside the workers' and the bench's."""
+    processes, threads = _fleet_handlers(handlers)
+    return {"max_connections": str(max(200, processes * threads + 100))}
+
+
+@_scenario("fleet", check=_check_fleet, postgres=_fleet_postgres)
+def bench_fleet(
+    settings: Settings,
+    handlers: Annotated[
+        str, typer.Option(help="handler processes x threads each, e.g. 8x32 (256 handlers)")
+    ] = "8x32",
+    rate: Annotated[float, typer.Option(help="requests (tasks) per second, the fleet's")] = 2000.0,
+    seconds: Annotated[float, typer.Option(help="length of each system's run")] = 10.0,
+    stall_seconds: Annotated[
+        float,
+        typer.Option(help="PostgreSQL stopped this long in a run of its own (0: no stall run)"),
+    ] = 3.0,
+    systems: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated, of: rota, rota_direct, pgqueuer, procrastinate, "
+            "insert_per_request"
+        ),
+    ] = "rota,rota_direct,pgqueuer,procrastinate,insert_per_request",
+    sweep_rates: Annotated[
+        str,
+        typer.Option(
+            help="the sweep's offered rates, comma-separated, tried upwards until the "
+            "handlers' p99 passes 5 ms or a task is lost (empty: no sweep)"
+        ),
+    ] = "250,500,1000,2000,4000,8000",
+    sweep_seconds: Annotated[float, typer.Option(help="length of each sweep run")] = 5.0,
+) -> dict[str, Any]:
+    """A web fleet enqueueing one task per request (Poisson arrivals, zipf
+    tenants), through rota and through the queues that write each task to
+    PostgreSQL as the request runs, one after another on the same servers:
+    the handlers' enqueue latency, PostgreSQL's CPU per task, its wait
+    events, and a stall of PostgreSQL."""
+    from rota_tools.bench.fleet import bench_fleet as run
+    from rota_tools.bench.fleet import parse_systems
+
+    processes, threads = _fleet_handlers(handlers)
+    return run(
+        settings,
+        processes,
+        threads,
+        rate,
+        seconds,
+        stall_seconds,
+        parse_systems(systems),
+        _rates(sweep_rates),
+        sweep_seconds,
+    )
 
 
 @bench_app.command("shards")

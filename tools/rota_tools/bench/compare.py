@@ -68,6 +68,7 @@ def _pipeline_load(engine: str, tasks: int, rate_label: str) -> Stage:
 
 
 SYNC, BASELINE_P50 = "synchronous_commit", "baseline.enqueue_to_start_ms.p50"
+FLEET, PG_US = "systems", "postgres_cpu_us_per_task"
 # Sized to take a minute or two a run: rounds, not run length, buy precision.
 STAGES: dict[str, Stage] = {
     "enqueue": Stage(
@@ -145,6 +146,38 @@ STAGES: dict[str, Stage] = {
             _m("p50 over the PostgreSQL queue, ms", "p50_over_postgres_queue_ms", higher=False),
             _m("pgqueuer p50 ms", "pgqueuer_baseline.enqueue_to_start_ms.p50", higher=False),
             _m("pgqueuer p99 ms", "pgqueuer_baseline.enqueue_to_start_ms.p99", higher=False),
+        ),
+    ),
+    "fleet": Stage(
+        (
+            "fleet",
+            *("--handlers", "8x32", "--rate", "2000", "--seconds", "5", "--stall-seconds", "3"),
+            *("--sweep-rates", "250,500,1000,2000,4000,8000", "--sweep-seconds", "3"),
+        ),
+        (
+            _m("rota, PostgreSQL µs per task", f"{FLEET}.rota.{PG_US}", higher=False),
+            _m("rota direct, PostgreSQL µs per task", f"{FLEET}.rota_direct.{PG_US}", False),
+            _m("pgqueuer, PostgreSQL µs per task", f"{FLEET}.pgqueuer.{PG_US}", higher=False),
+            _m("procrastinate, PostgreSQL µs per task", f"{FLEET}.procrastinate.{PG_US}", False),
+            _m(
+                "INSERT per request, PostgreSQL µs per task",
+                f"{FLEET}.insert_per_request.{PG_US}",
+                False,
+            ),
+            _m("rota handler p99 ms", f"{FLEET}.rota.handler_ms.p99", higher=False),
+            _m("rota handler max ms", f"{FLEET}.rota.handler_ms.max", higher=False),
+            _m(
+                "rota PostgreSQL CPU ÷ its direct path's",
+                "ratios.postgres_cpu_to_rota_direct",
+                False,
+            ),
+            _m("rota PostgreSQL CPU ÷ best peer's", "ratios.postgres_cpu_to_best_peer", False),
+            _m("rota handler p99 ÷ best peer's", "ratios.handler_p99_to_best_peer", False),
+            _m("rota highest rate at p99 ≤ 5 ms", "sweep.rota.rate_per_s"),
+            _m("… ÷ best peer's", "ratios.sweep_rate_to_best_peer"),
+            _m("rota handler max ms, 3 s stall", f"{FLEET}.rota.stall.handler_ms.max", False),
+            _m("rota handler failures, 3 s stall", f"{FLEET}.rota.stall.failed", False),
+            _m("rota tasks lost, 3 s stall", f"{FLEET}.rota.stall.lost", False),
         ),
     ),
 }

@@ -55,10 +55,15 @@ TenantOf = Callable[[int, int], str]
 
 @contextlib.contextmanager
 def bench_settings(
-    database_url: str | None, redis_url: str | None, local: bool | None, statements: bool = False
+    database_url: str | None,
+    redis_url: str | None,
+    local: bool | None,
+    statements: bool = False,
+    postgres: Mapping[str, str] | None = None,
 ) -> Iterator[Settings]:
     """Settings for a benchmark, schema migrated: the given servers, or
-    throwaway local ones (with pg_stat_statements, if asked)."""
+    throwaway local ones (with pg_stat_statements, if asked, and the
+    scenario's own `postgres` settings)."""
     from rota.cli.app import settings_from
     from rota_tools.devservers import local_postgres, local_redis
 
@@ -66,7 +71,9 @@ def bench_settings(
     with contextlib.ExitStack() as stack:
         if local if local is not None else not configured:
             extra = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
-            pg = stack.enter_context(local_postgres({**BENCH_POSTGRES, **extra}))
+            pg = stack.enter_context(
+                local_postgres({**BENCH_POSTGRES, **extra, **(postgres or {})})
+            )
             rd = stack.enter_context(local_redis())
             settings = settings_from(pg.url, rd.url)
         else:

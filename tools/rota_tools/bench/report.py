@@ -163,6 +163,70 @@ def cpu_tables(by_stage: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+# `rota bench fleet`'s table: a row a system, a column a figure of its report.
+FLEET_SYSTEMS = {
+    "rota": "rota (buffer, Python loader)",
+    "rota_direct": "rota, written to PostgreSQL",
+    "pgqueuer": "pgqueuer",
+    "procrastinate": "procrastinate",
+    "insert_per_request": "INSERT per request",
+}
+FLEET_COLUMNS = {
+    "PostgreSQL µs per task": "postgres_cpu_us_per_task",
+    "handler p50 ms": "handler_ms.p50",
+    "handler p99 ms": "handler_ms.p99",
+    "handler max ms": "handler_ms.max",
+    "tasks/s": "achieved_per_s",
+    "connections": "postgres_connections",
+    "Lock:* samples": "wait_events.Lock:*",
+    "stall: handler max ms": "stall.handler_ms.max",
+    "stall: failed": "stall.failed",
+    "stall: lost": "stall.lost",
+}
+
+
+def _fleet_figure(system: dict[str, Any], path: str) -> float | None:
+    """A figure of a system's report; `wait_events.Lock:*` sums the Lock waits."""
+    if path == "wait_events.Lock:*":
+        waits = system.get("wait_events") or {}
+        return float(sum(n for event, n in waits.items() if event.startswith("Lock:")))
+    return figure(system, path.split("."))
+
+
+def fleet_table(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """`rota bench fleet`'s figures, system by system: each figure's median
+    over the runs, its range in brackets when the runs differ."""
+
+    def cell(values: Sequence[float]) -> str:
+        if not values:
+            return "-"
+        low, high = min(values), max(values)
+        spread = "" if low == high else f" ({fmt(low)} to {fmt(high)})"
+        return f"{fmt(statistics.median(values))}{spread}"
+
+    lines = [
+        "### fleet, system by system",
+        "",
+        "Each system's run of `rota bench fleet` (above), its handlers' enqueue calls,",
+        "PostgreSQL's CPU per task (every process of the server, exited backends",
+        "included), the connections it had open, the samples of its backends waiting",
+        "on a heavyweight lock, and the same load through a stall of PostgreSQL.",
+        "",
+        "| system | " + " | ".join(FLEET_COLUMNS) + " |",
+        "|---|" + "---|" * len(FLEET_COLUMNS),
+    ]
+    for key, name in FLEET_SYSTEMS.items():
+        runs = [r["systems"][key] for r in reports if key in (r.get("systems") or {})]
+        if not runs:
+            continue
+        cells = []
+        for path in FLEET_COLUMNS.values():
+            values = [v for v in (_fleet_figure(run, path) for run in runs) if v is not None]
+            cells.append(cell(values))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def render(by_stage: dict[str, list[dict[str, Any]]]) -> str:
     """The page's generated part, in Markdown."""
     every = [r for reports in by_stage.values() for r in reports]
@@ -198,6 +262,8 @@ def render(by_stage: dict[str, list[dict[str, Any]]]) -> str:
             if values:
                 lines.append(_row(metric.label, values))
         lines.append("")
+        if name == "fleet":
+            lines += fleet_table(reports)
     lines += cpu_tables(by_stage)
     lines.append(END)
     return "\n".join(lines)

@@ -489,3 +489,26 @@ SELECT task_id::text, attempts FROM rota.finished
 -- name: bench_started_epochs
 -- When each of these tasks started (seconds since the epoch).
 SELECT task_id, extract(epoch FROM started_at) FROM rota.finished WHERE task_id = ANY (%(ids)s)
+
+-- name: bench_fleet_insert
+-- `rota bench fleet`'s floor: one request's task, one INSERT and its commit
+-- (the table of bench_pgqueue_setup; no NOTIFY, its consumers poll).
+INSERT INTO {schema}.rota_bench_jobs (payload, enqueued_at)
+VALUES (%(payload)s, %(enqueued_at)s)
+RETURNING id
+
+-- name: bench_fleet_finished
+-- `rota bench fleet`: each task rota's workers ran, its tenant, and its
+-- enqueue -> start in milliseconds.
+SELECT f.task_id::text, n.name, extract(epoch FROM f.started_at - f.enqueued_at) * 1000
+FROM rota.finished f JOIN rota.tenants n ON n.id = f.tenant_id
+
+-- name: bench_fleet_activity
+-- `rota bench fleet`'s sampler: every other process of the server, with what
+-- it waits on now (the sampler's own backend and the bench's are left out).
+SELECT backend_type, state, coalesce(wait_event_type, ''), coalesce(wait_event, '')
+FROM pg_stat_activity
+WHERE pid <> pg_backend_pid() AND pid <> ALL (%(others)s::int[])
+
+-- name: bench_fleet_max_connections
+SELECT current_setting('max_connections')::int
