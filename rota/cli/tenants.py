@@ -144,11 +144,9 @@ def tenant_set(
     )
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
 def _tenant_table(page: Any) -> str:
+    from rota.core.history import FAIR_MINUTES
+
     rows = [
         (
             t.name,
@@ -160,9 +158,7 @@ def _tenant_table(page: Any) -> str:
             t.capacity,
             t.dead,
             t.oldest_wait_seconds,
-            t.served,
-            _pct(t.share),
-            _pct(t.fair_share),
+            _fair_text(t),
         )
         for t in page.rows
     ]
@@ -176,11 +172,18 @@ def _tenant_table(page: Any) -> str:
         "capacity",
         "dead",
         "oldest wait s",
-        "served 5 min",
-        "share",
-        "fair share",
+        f"per minute, last {FAIR_MINUTES} whole minutes",
     ]
     return f"{page.total:,} tenant(s)\n" + table(headers, rows)
+
+
+def _fair_text(t: Any) -> str:
+    """The console's wording of served, fair share and demand per minute."""
+    from rota.core.history import wording
+
+    return wording(
+        t.served_per_minute, t.fair_share_per_minute, t.demand_per_minute, t.fair_standing
+    )
 
 
 def _tenant_text(t: Any) -> str:
@@ -203,12 +206,9 @@ def _tenant_text(t: Any) -> str:
         ],
     )
     served = sum(n for _, n, _ in t.service)
-    share = t.fair_share_per_minute
     fair = (
-        f"per minute over the last {t.fair_minutes} whole minutes: served "
-        f"{t.served_per_minute:,.1f}, asked for {t.demand_per_minute:,.1f} "
-        f"(completed, waiting or claimed), max-min fair share "
-        + ("not kept" if share is None else f"{share:,.1f}")
+        f"per minute over the last {t.fair_minutes} whole minutes: {_fair_text(t)} "
+        "(demand: completed, or unfinished at the window's end)"
     )
     return (
         f"tenant {t.name} (slot {t.slot}): "

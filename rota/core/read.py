@@ -9,11 +9,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, select, value, values
-from rota.core.history import tenant_fair_share
+from rota.core.history import FAIR_MINUTES, FairShare, fair_shares
 from rota.core.paging import check_page
 from rota.core.rows import Both, Rows, optional_float
 from rota.errors import ValidationError
@@ -112,14 +112,19 @@ class TenantRow:
     scheduled: int
     dead: int
     oldest_wait_seconds: float | None
-    served: int  # completions over the last five minutes
-    share: float | None  # of all completions then
-    fair_share: float | None  # its weight among the tenants with work
+    # Over the last `fair_minutes` whole minutes, per minute (one definition:
+    # rota.core.history.FairShare, as the tenant's page shows it).
+    fair_minutes: int = 0
+    served_per_minute: float = 0.0
+    demand_per_minute: float = 0.0
+    fair_share_per_minute: float | None = None
+    fair_standing: str | None = None  # at, below or above its fair share
 
 
 _TENANT_PAGE = Both(
     Rows(
         TenantRow,
+        extra=["served"],  # the sort key of served per minute
         weight=float,
         waiting=int,
         running=int,
@@ -128,9 +133,6 @@ _TENANT_PAGE = Both(
         scheduled=int,
         dead=int,
         oldest_wait_seconds=optional_float,
-        served=int,
-        share=optional_float,
-        fair_share=optional_float,
     ),
     Rows(int, ["total"]),
 )
@@ -164,13 +166,35 @@ def tenants(
             "prefix": prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_"),
             "offset": offset,
             "limit": limit,
+            "minutes": FAIR_MINUTES,
         }
     )
 
 
 def _tenants(params: dict[str, Any]) -> Op[TenantPage]:
     rows = yield from select(query("tenant_rows"), params, _TENANT_PAGE)
-    return TenantPage([row for row, _ in rows], next((total for _, total in rows), 0))
+    page = [row for row, _ in rows]
+    # The page's tenants' fair shares in one statement.
+    fair = yield from fair_shares([row.name for row in page])
+    return TenantPage(
+        [_with_fair(row, fair[row.name]) if row.name in fair else row for row in page],
+        next((total for _, total in rows), 0),
+    )
+
+
+_Shown = TypeVar("_Shown", "TenantRow", "TenantDetail")
+
+
+def _with_fair(row: _Shown, fair: FairShare) -> _Shown:
+    """A tenant's row or detail with its figures per minute (FairShare)."""
+    return dataclasses.replace(
+        row,
+        fair_minutes=fair.minutes,
+        served_per_minute=fair.served_per_minute,
+        demand_per_minute=fair.demand_per_minute,
+        fair_share_per_minute=fair.fair_share_per_minute,
+        fair_standing=fair.standing,
+    )
 
 
 @dataclass(frozen=True)
@@ -238,12 +262,14 @@ class TenantDetail:
         default_factory=list
     )  # minute, completions, mean wait (s)
     # Over the last `fair_minutes` whole minutes, per minute: completions,
-    # demand (completions and unfinished tasks), and the max-min fair share
-    # of the completions (None: no fair level kept for those minutes).
+    # demand (completions and the tasks unfinished at the window's end), the
+    # max-min fair share of the completions (None: no fair level kept for
+    # those minutes), and where it stands (rota.core.history.FairShare).
     fair_minutes: int = 0
     served_per_minute: float = 0.0
     demand_per_minute: float = 0.0
     fair_share_per_minute: float | None = None
+    fair_standing: str | None = None  # at, below or above its fair share
 
 
 _TENANT_DETAIL = Rows(
@@ -272,16 +298,9 @@ def _tenant(name: str) -> Op[TenantDetail | None]:
     minutes = yield from select(query("tenant_service"), of, _MINUTES)
     service = [(m.minute, m.completed, m.wait_seconds) for m in minutes]
 
-    fair = yield from tenant_fair_share(detail.slot)
-    return dataclasses.replace(
-        detail,
-        queues=per_queue,
-        service=service,
-        fair_minutes=fair.minutes,
-        served_per_minute=fair.served_per_minute,
-        demand_per_minute=fair.demand_per_minute,
-        fair_share_per_minute=fair.fair_share_per_minute,
-    )
+    fair = yield from fair_shares([name])
+    found = dataclasses.replace(detail, queues=per_queue, service=service)
+    return _with_fair(found, fair[name]) if name in fair else found
 
 
 class _Minute(NamedTuple):

@@ -23,7 +23,7 @@ import redis
 from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
-from rota.core import connections, db, read, versions
+from rota.core import connections, db, history, read, versions
 from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import purge as purge_letters
@@ -158,6 +158,7 @@ def tenants(
         "sort": sort,
         "descending": descending,
         "prefix": prefix,
+        "fair_minutes": history.FAIR_MINUTES,  # the window of each row's figures per minute
         "tenants": plain(found.rows),
     }
 
