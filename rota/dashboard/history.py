@@ -214,17 +214,23 @@ def service_chart(c: Connections, window: str, names: Sequence[str]) -> dict[str
         series: list[dict[str, Any]] = [
             {"name": name, "values": by_tenant.get(name) or _zeros(total)} for name in shown
         ]
-        rest: Values = []
-        for i, whole in enumerate(total):
-            shown_sum = sum((s["values"][i] or 0.0) for s in series)
-            rest.append(None if whole is None else clean(max(0.0, whole - shown_sum)))
-        series.append({"name": "other", "values": rest})
+        series.append({"name": "other", "values": rest_of(total, series)})
         chart = axis.chart("service", "Service per tenant", "completed per minute", series)
         chart["searched"] = list(names)
         return chart
 
     found: dict[str, Any] = c.recent.get(("service-chart", window, tuple(names)), fetch)
     return found
+
+
+def rest_of(total: Values, series: Sequence[dict[str, Any]]) -> Values:
+    """Everyone else's: the total less the series shown, bucket by bucket,
+    never below 0 and without float residue."""
+    rest: Values = []
+    for i, whole in enumerate(total):
+        shown_sum = sum((s["values"][i] or 0.0) for s in series)
+        rest.append(None if whole is None else clean(max(0.0, whole - shown_sum)))
+    return rest
 
 
 def _zeros(total: Values) -> Values:
