@@ -23,8 +23,8 @@ from rota import Settings, core
 from rota.core import db, history, read
 from rota.core.history import FairShare
 from tests.helpers import claim, envelopes, load, wait_for
-from tests.integration.test_cli_operations import env_of, run_json
 from tests.integration.test_cli_errors import rota
+from tests.integration.test_cli_operations import env_of, run_json
 from tests.integration.test_dashboard import browser, console, http  # noqa: F401 (fixtures)
 
 Conn = psycopg.Connection[Any]
@@ -80,14 +80,8 @@ def _history(conn: Conn) -> datetime:
     wait_for(lambda: datetime.now(UTC).second < 30, timeout=40, what="a minute's first half")
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     for k in range(MINUTES):
-        arrivals = {name: 20 for name in SMALL}
-        if k == 0:
-            arrivals["acme"] = 3000
-            arrivals["b1"] = 19
-        elif k < MINUTES - 1:
-            arrivals["b1"] = 19  # and its late one at the minute's end, below
-        else:
-            arrivals["b1"] = 19  # the last minute: nothing late, nothing left
+        # b1: 19 a minute, and one more at the end of each minute but the last.
+        arrivals = {"b1": 19, "b2": 20, "b3": 20} | ({"acme": 3000} if k == 0 else {})
         late = ["b1"] if k < MINUTES - 1 else []
         _run_minute(conn, now - timedelta(minutes=MINUTES - k), arrivals, late)
     return now
@@ -175,7 +169,6 @@ def test_every_surface_shows_the_same_fair_share_and_demand(
     env = env_of(settings)
     text = rota("tenant", "list", **env)
     assert text.returncode == 0, text.stderr
-    print(text.stdout)
     for name, expected in EXPECTED.items():
         (line,) = [ln for ln in text.stdout.splitlines() if ln.startswith(f"{name} ")]
         assert _worded(line) == expected, line
