@@ -58,7 +58,9 @@ app.add_typer(tenant_app, name="tenant", no_args_is_help=True)
 
 @tenant_app.command("list")
 def tenant_list(
-    sort: Annotated[str, typer.Option(help="name, waiting, running, dead, ...")] = "waiting",
+    sort: Annotated[
+        str, typer.Option(help="name, waiting, running, dead, oldest_wait, served or weight")
+    ] = "waiting",
     ascending: Annotated[bool, typer.Option(help="smallest first")] = False,
     prefix: Annotated[str, typer.Option(help="names starting with this")] = "",
     limit: Annotated[int, typer.Option(help="at most this many")] = 50,
@@ -66,7 +68,9 @@ def tenant_list(
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Tenants with their limits and figures, a page at a time."""
+    """Tenants with their limits and figures, a page at a time: served, fair
+    share and demand per minute over the last 5 whole minutes, as the
+    console shows them."""
     from rota.core import read
 
     listing = read.tenants(
