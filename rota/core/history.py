@@ -92,7 +92,10 @@ FAIR_MINUTES = 5
 # unit of their third significant digit (0.5 %), whichever is larger.
 ROUNDING_PER_MINUTE = 0.05
 ROUNDING_RELATIVE = 0.005
-STANDINGS = ("at", "below", "above")
+# A tenant's tasks unfinished at the window's end that its own pace (its
+# completions in the window's last minute) finishes within this many
+# seconds are in flight, cut by the window's edge: not held back.
+IN_FLIGHT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -109,16 +112,18 @@ class FairShare:
       weights and demands (owed what it asked for when that is less than
       its weight's part), summed over the window, at most its demand.
     - standing: "at" its fair share when served is within rounding of it
-      (`within_rounding`), and the fair share is then shown as served;
-      "below" (held back) or "above" otherwise; None when no fair level was
-      kept for those minutes.
+      (`within_rounding`), or short of it by no more than its tasks in
+      flight at the window's end (`IN_FLIGHT_SECONDS`); the fair share is
+      then shown as served. "below" (held back) or "above" otherwise; None
+      when no fair level was kept for those minutes.
 
-    Why "within rounding" rather than exact equality: each minute owes the
-    small tenants the tasks still unfinished at its end (in flight, or
-    arrived a moment before it ended) and the next minute owes them again
-    when they complete, so the tenant that takes the rest of the queue is
-    owed a little less than it got; the same figures rounded as shown must
-    not read as a tenant served above its fair share.
+    Why not exact equality: each minute owes the small tenants the tasks
+    still unfinished at its end (in flight, or arrived a moment before it
+    ended) and the next minute owes them again when they complete, so the
+    tenant that takes the rest of the queue is owed a little less than it
+    got (served 600.0, fair share 599.8); and a tenant served as fast as it
+    sends has a task or two in flight whenever the window ends. Neither is
+    a tenant taking more than its share or being held back.
     """
 
     minutes: int
@@ -146,16 +151,26 @@ def shown(value: float) -> float:
     return float(nearest) if abs(value - nearest) < 1e-9 else round(value, 3)
 
 
-def fair_share(minutes: int, served: int, demand: int, fair: float | None) -> FairShare:
+def fair_share(
+    minutes: int,
+    served: int,
+    demand: int,
+    fair: float | None,
+    unfinished: int = 0,
+    last_completed: int = 0,
+) -> FairShare:
     """The figures of a window of `minutes`: counts of tasks over the window
-    (`fair`: None when no fair level was kept) as figures per minute, with
-    the standing."""
+    (`fair`: None when no fair level was kept; `unfinished` at its end and
+    `last_completed` in its last minute) as figures per minute, with the
+    standing."""
     share = 0.0 if demand == 0 else fair  # owed nothing it did not ask for
     served_pm, demand_pm = shown(served / minutes), shown(demand / minutes)
     if share is None:
         return FairShare(minutes, served_pm, demand_pm, None, None)
     share_pm = shown(max(0.0, share) / minutes)
-    if within_rounding(served_pm, share_pm):
+    short = share - served  # in tasks over the window
+    in_flight = 0 < short <= unfinished <= last_completed * IN_FLIGHT_SECONDS / 60
+    if within_rounding(served_pm, share_pm) or in_flight:
         return FairShare(minutes, served_pm, demand_pm, served_pm, "at")
     return FairShare(
         minutes, served_pm, demand_pm, share_pm, "below" if served_pm < share_pm else "above"
@@ -183,11 +198,15 @@ class _Fair(NamedTuple):
     tenant: str
     served: int
     demand: int
+    unfinished: int
+    last_completed: int
     fair_share: float | None
     known: bool
 
 
-_FAIR = Rows(_Fair, served=int, demand=int, fair_share=optional_float)
+_FAIR = Rows(
+    _Fair, served=int, demand=int, unfinished=int, last_completed=int, fair_share=optional_float
+)
 
 
 def fair_shares(names: Sequence[str], minutes: int = FAIR_MINUTES) -> Op[dict[str, FairShare]]:
@@ -208,7 +227,14 @@ def _fair_shares(names: list[str], minutes: int) -> Op[dict[str, FairShare]]:
         return {}
     found = yield from select(query("fair_shares"), {"names": names, "minutes": minutes}, _FAIR)
     return {
-        f.tenant: fair_share(minutes, f.served, f.demand, f.fair_share if f.known else None)
+        f.tenant: fair_share(
+            minutes,
+            f.served,
+            f.demand,
+            f.fair_share if f.known else None,
+            f.unfinished,
+            f.last_completed,
+        )
         for f in found
     }
 

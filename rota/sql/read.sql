@@ -389,7 +389,9 @@ ORDER BY v.completed DESC, t.name
 -- over its queues as tenant_history counts a bucket: the completions; the
 -- demand, those and the tasks unfinished at the window's last minute; the
 -- minutes' fair shares summed, at most the demand. `known`: some minute of
--- the window kept a fair level.
+-- the window kept a fair level; `unfinished` and `last_completed`: the
+-- tasks unfinished at the window's end, and the completions of its last
+-- minute (how soon the tenant's own pace finishes them).
 WITH m AS (
     SELECT m.minute, m.tenant_id, m.queue_id, m.completed, m.demand, m.fair_share
     FROM rota.tenant_minutes(ARRAY(SELECT t.id FROM rota.tenants t
@@ -398,17 +400,24 @@ WITH m AS (
                              date_trunc('minute', now())) m
 ), q AS (
     SELECT tenant_id, queue_id, sum(completed) AS served,
-           sum(completed) + (array_agg(demand - completed ORDER BY minute DESC))[1] AS demand,
+           (array_agg(demand - completed ORDER BY minute DESC))[1] AS unfinished,
+           (array_agg(completed ORDER BY minute DESC))[1] AS last_completed,
            sum(fair_share) AS fair_share
     FROM m GROUP BY 1, 2
+), r AS (
+    SELECT tenant_id, served, unfinished, last_completed, served + unfinished AS demand,
+           fair_share
+    FROM q
 )
-SELECT t.name AS tenant, coalesce(sum(q.served), 0) AS served,
-       coalesce(sum(q.demand), 0) AS demand,
-       sum(CASE WHEN q.fair_share IS NOT NULL THEN least(q.demand, q.fair_share) END)
+SELECT t.name AS tenant, coalesce(sum(r.served), 0) AS served,
+       coalesce(sum(r.demand), 0) AS demand,
+       coalesce(sum(r.unfinished), 0) AS unfinished,
+       coalesce(sum(r.last_completed), 0) AS last_completed,
+       sum(CASE WHEN r.fair_share IS NOT NULL THEN least(r.demand, r.fair_share) END)
            AS fair_share,
-       count(q.fair_share) > 0 AS known
+       count(r.fair_share) > 0 AS known
 FROM rota.tenants t
-LEFT JOIN q ON q.tenant_id = t.id
+LEFT JOIN r ON r.tenant_id = t.id
 WHERE t.name = ANY (%(names)b::text[])
 GROUP BY t.name
 

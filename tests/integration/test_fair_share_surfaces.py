@@ -7,7 +7,8 @@ The history is five whole minutes run through maintenance on a clock of the
 test's (rota.count_service and rota.refresh_stats at chosen times): acme
 sends a burst of 3,000 tasks and is served 500 a minute; b1, b2 and b3 send
 20 a minute each and are served all of it, b1's last task of each of the
-first four minutes arriving at the minute's end and served in the next."""
+first four minutes arriving at the minute's end and served in the next, and
+b2's last at the window's end, in flight."""
 
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ MINUTES = history.FAIR_MINUTES
 EXPECTED = {
     # 2,500 served of the 3,000 asked for, 500 unfinished at the end: 600 a
     # minute, not the ~2,000 a minute its backlog summed minute by minute
-    # makes. Each minute's water-fill owed b1 its task unfinished at the
-    # minute's end, so acme's share came out 4 below what it got: within
-    # rounding, at its fair share.
+    # makes. Each minute's water-fill owed b1 (and b2, last) its task
+    # unfinished at the minute's end, so acme's share came out 5 below what
+    # it got: within rounding, at its fair share.
     "acme": (500.0, 500.0, 600.0, "at"),
     # Served what it asked for, tasks carried between minutes counted once.
     "b1": (19.8, 19.8, 19.8, "at"),
-    "b2": (20.0, 20.0, 20.0, "at"),
+    # Its task in flight at the window's end: asked for, not yet served, and
+    # not held back (its own pace finishes it within seconds).
+    "b2": (20.0, 20.0, 20.2, "at"),
     "b3": (20.0, 20.0, 20.0, "at"),
 }
 
@@ -82,7 +85,7 @@ def _history(conn: Conn) -> datetime:
     for k in range(MINUTES):
         # b1: 19 a minute, and one more at the end of each minute but the last.
         arrivals = {"b1": 19, "b2": 20, "b3": 20} | ({"acme": 3000} if k == 0 else {})
-        late = ["b1"] if k < MINUTES - 1 else []
+        late = ["b1"] if k < MINUTES - 1 else ["b2"]
         _run_minute(conn, now - timedelta(minutes=MINUTES - k), arrivals, late)
     return now
 
@@ -124,14 +127,14 @@ def test_every_surface_shows_the_same_fair_share_and_demand(
         for name, f in fair.items()
     } == EXPECTED
     assert all(isinstance(f, FairShare) and f.minutes == MINUTES for f in fair.values())
-    # What the minutes' water-fill owed acme, before the rule: 4 below.
+    # What the minutes' water-fill owed acme, before the rule: 5 below.
     raw = conn.execute(
         "SELECT sum(m.fair_share) FROM rota.tenant_minutes("
         " ARRAY(SELECT id FROM rota.tenants WHERE name = 'acme'),"
         " %(now)s - interval '5 minutes', %(now)s) m",
         {"now": now},
     ).fetchone()
-    assert raw == (2496.0,)
+    assert raw == (2495.0,)
     page = db.run(conn, read.tenants(sort="served"))
     assert [t.name for t in page.rows] == ["acme", "b2", "b3", "b1"]  # by served
     rows = {t.name: t for t in page.rows}
@@ -186,17 +189,18 @@ def test_every_surface_shows_the_same_fair_share_and_demand(
     for name, expected in EXPECTED.items():
         assert model_of(http.get(f"/api/tenants/{name}").json()["tenant"]) == expected
 
-    # The metrics: the top tenants by waiting (acme, its 500 left) as gauges.
+    # The metrics: the top tenants by waiting (acme, 500 left; b2, 1) as gauges.
     samples = {
         (s.name, s.labels.get("tenant")): s.value
         for f in text_string_to_metric_families(http.get("/metrics").text)
         for s in f.samples
         if s.name.startswith("rota_tenant_") and s.name.endswith("_per_minute")
     }
-    served, owed, asked, _ = EXPECTED["acme"]
-    assert samples[("rota_tenant_served_per_minute", "acme")] == served
-    assert samples[("rota_tenant_fair_share_per_minute", "acme")] == owed
-    assert samples[("rota_tenant_demand_per_minute", "acme")] == asked
+    for name in ("acme", "b2"):
+        served, owed, asked, _ = EXPECTED[name]
+        assert samples[("rota_tenant_served_per_minute", name)] == served
+        assert samples[("rota_tenant_fair_share_per_minute", name)] == owed
+        assert samples[("rota_tenant_demand_per_minute", name)] == asked
     assert ("rota_tenant_served_per_minute", "b1") not in samples  # nothing waits: not a top one
 
     # All of it read within the minute the window ends at.

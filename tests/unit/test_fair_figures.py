@@ -34,6 +34,20 @@ def test_a_tenant_served_within_rounding_of_its_fair_share_is_at_it() -> None:
     assert fair_share(5, served=10, demand=12, fair=None) == FairShare(5, 2.0, 2.4, None, None)
 
 
+def test_tasks_in_flight_at_the_windows_end_are_not_held_back() -> None:
+    # Served as fast as it sends (20 a minute), one task in flight when the
+    # window ended: owed it, short of it by that task, not held back.
+    trickle = fair_share(5, served=99, demand=100, fair=100.0, unfinished=1, last_completed=20)
+    assert trickle == FairShare(5, 19.8, 20.0, 19.8, "at")
+    # Its tasks waiting with none served: held back, however few.
+    held = fair_share(5, served=0, demand=4, fair=4.0, unfinished=4, last_completed=0)
+    assert held.standing == "below"
+    # Served 100 a minute of the 120 owed, 100 left: a minute's work, not
+    # the few seconds' in flight: held back.
+    slow = fair_share(5, served=500, demand=600, fair=600.0, unfinished=100, last_completed=100)
+    assert slow == FairShare(5, 100.0, 120.0, 120.0, "below")
+
+
 def test_rounding_is_the_shown_digit_or_three_significant_digits() -> None:
     assert within_rounding(0.0, 0.05) and not within_rounding(0.0, 0.06)
     assert within_rounding(1000.0, 995.0) and not within_rounding(1000.0, 994.0)
