@@ -106,8 +106,9 @@ class FairShare:
 
     - served: its completions in the window.
     - demand: those and its tasks still unfinished at the window's end (its
-      backlog at the window's start and its arrivals): a backlog carried
-      from minute to minute is asked for once, not once a minute.
+      backlog at the window's start and its arrivals; unfinished as
+      maintenance last counted them in the window's last minute): a backlog
+      carried from minute to minute is asked for once, not once a minute.
     - fair share: water-filling each minute's completions over the tenants'
       weights and demands (owed what it asked for when that is less than
       its weight's part), summed over the window, at most its demand.
