@@ -37,13 +37,24 @@ def queue_list(as_json: AsJson = False, database_url: DatabaseUrl = None) -> Non
 def _queue_table(queues: Any) -> str:
     """The queues and their figures, as `rota queue list` and `rota stats` print them."""
     return table(
-        ["queue", "paused", "waiting", "running", "scheduled", "dead", "per min", "oldest wait s"],
+        [
+            "queue",
+            "paused",
+            "waiting",
+            "running",
+            "claimed, not started",
+            "scheduled",
+            "dead",
+            "per min",
+            "oldest wait s",
+        ],
         [
             (
                 q.name,
                 "yes" if q.paused else "",
                 q.waiting,
                 q.running,
+                q.prefetched,
                 q.scheduled,
                 q.dead,
                 q.per_minute,
@@ -159,8 +170,8 @@ def render_text(f: Any) -> str:
         parts.append(f"top tenants by waiting ({f.tenant_count:,} in all)")
         parts.append(
             table(
-                ["tenant", "waiting", "running", "dead"],
-                [(t.name, t.waiting, t.running, t.dead) for t in f.tenants],
+                ["tenant", "waiting", "running", "claimed, not started", "dead"],
+                [(t.name, t.waiting, t.running, t.prefetched, t.dead) for t in f.tenants],
             )
         )
         parts.append(f"{len(f.workers)} live worker(s)")

@@ -99,6 +99,9 @@ def render_story(story: Any) -> str:
             f"priority {task.priority if kept else 'not kept'}",
             f"enqueued {cell(task.enqueued_at)}  ended {cell(task.finished_at)}",
         ]
+        if story.run is not None:
+            run = story.run
+            lines.append(f"claimed at {run.claimed_at}  started at {run.started_at}  ran {run.ran}")
         if task.ahead is not None:
             about = "about " if task.ahead_estimated else ""
             lines.append(f"place {about}{task.ahead:,} claimable task(s) ahead in fair order")
@@ -191,15 +194,21 @@ def task_retry(
 
 @app.command("tasks")
 def tasks_list(
-    state: Annotated[str, typer.Option(help="ready, running, scheduled, dead or cancelled")],
+    state: Annotated[
+        str,
+        typer.Option(
+            help="ready, running, claimed (not started: prefetched), scheduled, dead or cancelled"
+        ),
+    ],
     tenant: Annotated[str | None, typer.Option(help="only this tenant's")] = None,
     queue: Annotated[str | None, typer.Option(help="only this queue's")] = None,
     limit: Annotated[int, typer.Option(help="at most this many")] = 50,
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Tasks in one state: ready in line order, running by claim time,
-    scheduled by run time, dead and cancelled the most recent first."""
+    """Tasks in one state: ready in line order, running and claimed (not
+    started: prefetched) by claim time, scheduled by run time, dead and
+    cancelled the most recent first."""
     from rota.core import read
 
     listing = read.tasks(state, tenant=tenant, queue=queue, limit=limit)

@@ -157,7 +157,8 @@ def _tenant_table(page: Any) -> str:
             t.weight,
             "yes" if t.paused else "",
             t.waiting,
-            f"{t.running}/{t.concurrency_limit}" if t.concurrency_limit is not None else t.running,
+            t.running,
+            f"{t.claimed}/{t.concurrency_limit}" if t.concurrency_limit is not None else t.claimed,
             t.tokens,
             t.capacity,
             t.dead,
@@ -172,6 +173,7 @@ def _tenant_table(page: Any) -> str:
         "paused",
         "waiting",
         "running",
+        "claimed/limit",
         "tokens",
         "capacity",
         "dead",
@@ -193,7 +195,9 @@ def _fair_text(t: Any) -> str:
 def _tenant_text(t: Any) -> str:
     limits = [
         f"weight {t.weight:g}",
-        f"concurrency {t.running}/{t.concurrency_limit}" if t.concurrency_limit is not None else "",
+        f"claimed/concurrency {t.running}/{t.concurrency_limit}"
+        if t.concurrency_limit is not None
+        else "",
         f"rate {t.rate_limit:g}/s (burst {t.rate_burst:g}, tokens {t.tokens:.1f})"
         if t.rate_limit is not None and t.tokens is not None
         else "",
@@ -203,9 +207,25 @@ def _tenant_text(t: Any) -> str:
         "PAUSED" if t.paused else "",
     ]
     per_queue = table(
-        ["queue", "waiting", "claimed", "scheduled", "dead", "oldest wait s"],
         [
-            (q.queue, q.waiting, q.running, q.scheduled, q.dead, q.oldest_wait_seconds)
+            "queue",
+            "waiting",
+            "running",
+            "claimed, not started",
+            "scheduled",
+            "dead",
+            "oldest wait s",
+        ],
+        [
+            (
+                q.queue,
+                q.waiting,
+                q.running,
+                q.prefetched,
+                q.scheduled,
+                q.dead,
+                q.oldest_wait_seconds,
+            )
             for q in t.queues
         ],
     )

@@ -84,12 +84,12 @@ def beat(worker: Worker, conn: psycopg.Connection[Any]) -> None:
         else:
             log.error("worker %s was declared dead and its record is gone; stopping", worker.id)
             worker.stop()
-    tokens = [f.task.token for f in list(worker.in_flight.values())]
-    held = (
-        db.run(conn, core.extend_leases(tokens, worker.settings.lease_seconds, worker.key))
-        if tokens
-        else set()
-    )
+    flights = list(worker.in_flight.values())
+    tokens = [f.task.token for f in flights]
+    # The runs begun, marked started (the console tells them from prefetched claims).
+    started = {f.task.id: s for f in flights if (s := f.started_after()) is not None}
+    lease = worker.settings.lease_seconds
+    held = db.run(conn, core.extend_leases(tokens, lease, worker.key, started)) if tokens else set()
     # Each lease held was renewed at the server after the beat began.
     for task_id, attempt in tokens:
         flight = worker.in_flight.get(task_id)

@@ -80,6 +80,8 @@ class Unreported:
     stale: list[Token] = field(default_factory=list)  # not started: handed back
     unknown: list[Token] = field(default_factory=list)  # names the app does not know
     kept: list[KeptResult] = field(default_factory=list)  # completions with their results
+    # The runs' measures of the completions in `done` and `kept`, by task id.
+    runs: dict[UUID, core.RunTimes] = field(default_factory=dict)
     # Failed tasks that keep results: their waiters are woken if they end.
     waited: set[UUID] = field(default_factory=set)
 
@@ -114,18 +116,23 @@ def report(
     finished = 0
     if unreported.done:
         completed = yield from send(
-            unreported.done, lambda tokens: core.complete(tokens, key), _same, key
+            unreported.done, lambda tokens: core.complete(tokens, key, unreported.runs), _same, key
         )
         _note_refused(len(unreported.done), len(completed))
         finished += len(unreported.done)
         unreported.done = []
     if unreported.kept:
         kept = yield from send(
-            unreported.kept, lambda items: complete_keeping(items, key), _token_of_kept, key
+            unreported.kept,
+            lambda items: complete_keeping(items, key, unreported.runs),
+            _token_of_kept,
+            key,
         )
         _note_refused(len(unreported.kept), len(kept))
         finished += len(unreported.kept)
         unreported.kept = []
+    if not (unreported.done or unreported.kept):
+        unreported.runs.clear()
     if unreported.failed:
         outcomes = yield from send(
             unreported.failed, lambda failures: core.fail(failures, key), _token_of_failure, key
@@ -178,14 +185,16 @@ def complete_and_claim(
     (core.complete_and_claim); returns how many finished, and the tasks
     claimed (None: the claim is left to a statement of its own). A refusal
     of the statement leaves the completions unreported, for `report`."""
-    tokens, kept = unreported.done, unreported.kept
+    tokens, kept, runs = unreported.done, unreported.kept, unreported.runs
     if kept:
         settled = yield from complete_keeping_and_claim(
-            tokens, kept, queues, limit, key, lease_seconds
+            tokens, kept, queues, limit, key, lease_seconds, runs
         )
     else:
-        settled = yield from core.complete_and_claim(tokens, queues, limit, key, lease_seconds)
-    unreported.done, unreported.kept = [], []
+        settled = yield from core.complete_and_claim(
+            tokens, queues, limit, key, lease_seconds, runs
+        )
+    unreported.done, unreported.kept, unreported.runs = [], [], {}
     _note_refused(len(tokens) + len(kept), settled.completed)
     return len(tokens) + len(kept), settled.claimed
 

@@ -56,6 +56,10 @@ class InFlight:
     # When (time.monotonic()) the claim or heartbeat that last set its lease
     # was sent: the lease runs `lease_seconds` from a later moment.
     leased_from: float = 0.0
+    # When (time.monotonic()) its claim was sent: its start is told to the
+    # database as seconds from it (RunTimes.started). None: leased_from's
+    # first value (the claim's).
+    claim_sent: float | None = None
     started_at: float | None = None  # set when it really starts (not when prefetched)
     timed_out: bool = False
     waited: float | None = None  # seconds from its enqueue to its start
@@ -65,6 +69,10 @@ class InFlight:
     # Kills the child process running it (the process pool), once it started.
     kill: Callable[[], None] | None = None
 
+    def __post_init__(self) -> None:
+        if self.claim_sent is None:
+            self.claim_sent = self.leased_from
+
     def lease_ran_out(self, lease_seconds: float) -> bool:
         """Whether the task's lease may have expired: longer than a lease
         since the claim or heartbeat that last set it was sent."""
@@ -73,6 +81,12 @@ class InFlight:
     def begin(self) -> None:
         self.started_at = time.monotonic()
         self.waited = max(0.0, time.time() - self.task.enqueued_at.timestamp())
+
+    def started_after(self) -> float | None:
+        """Seconds from when its claim was sent to its start (None: not started)."""
+        if self.started_at is None or self.claim_sent is None:
+            return None
+        return self.started_at - self.claim_sent
 
     def outcome(self, value: Any) -> Outcome:
         """Its success, returning `value`."""

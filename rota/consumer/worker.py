@@ -404,6 +404,9 @@ class Worker:
                 continue  # never started (a stale claim)
             task, failed = outcome.task, outcome.error is not None
             seconds = outcome.ended - flight.started_at
+            started = flight.started_after()
+            if not failed and started is not None:
+                self.unreported.runs[task.id] = core.RunTimes(started, seconds)
             ran.append(Attempt(task.queue, task.tenant, flight.waited or 0.0, seconds, failed))
             if failed:
                 self._queue_of_failed[task.id] = task.queue

@@ -23,7 +23,7 @@ class QueuePoint:
     queue: str
     waiting: int  # the largest backlog counted in the bucket
     waiting_last: int  # the backlog at the bucket's last count
-    running: int  # the most tasks claimed (running or prefetched) at a count
+    running: int  # the most tasks running at a count (rota.claims: not prefetched ones)
     oldest_wait_seconds: float | None  # the largest counted in the bucket
     oldest_wait_last: float | None  # at the bucket's last count (None: nothing waited)
     completed: int

@@ -20,7 +20,8 @@ from rota.errors import ValidationError
 from rota.model.rules import check_queue, check_tenant
 from rota.sql import query
 
-TASK_STATES = ("ready", "running", "scheduled", "dead", "cancelled")
+# running and claimed (prefetched): a task's claim, as rota.claims tells them apart.
+TASK_STATES = ("ready", "running", "claimed", "scheduled", "dead", "cancelled")
 TENANT_SORTS = ("name", "waiting", "running", "dead", "oldest_wait", "served", "weight")
 
 
@@ -75,18 +76,20 @@ class QueueRow:
     name: str
     paused: bool
     waiting: int
-    running: int
+    running: int  # claims running (rota.claims)
     scheduled: int
     dead: int
     per_minute: float  # completions, over the last five minutes
     oldest_wait_seconds: float | None
     counted_at: datetime | None  # when maintenance last refreshed the figures
+    prefetched: int = 0  # claimed, not started
 
 
 _QUEUES = Rows(
     QueueRow,
     waiting=int,
     running=int,
+    prefetched=int,
     scheduled=int,
     dead=int,
     per_minute=float,
@@ -119,6 +122,9 @@ class TenantRow:
     demand_per_minute: float = 0.0
     fair_share_per_minute: float | None = None
     fair_standing: str | None = None  # at, below or above its fair share
+    prefetched: int = 0  # claimed, not started
+    # Its claims, running or prefetched: what its concurrency limit counts.
+    claimed: int = 0
 
 
 _TENANT_PAGE = Both(
@@ -128,6 +134,8 @@ _TENANT_PAGE = Both(
         weight=float,
         waiting=int,
         running=int,
+        prefetched=int,
+        claimed=int,
         rate_limit=optional_float,
         tokens=optional_float,
         scheduled=int,
@@ -204,9 +212,10 @@ class TopTenant:
     waiting: int
     running: int
     dead: int
+    prefetched: int = 0  # claimed, not started
 
 
-_TOP_TENANTS = Rows(TopTenant, waiting=int, running=int, dead=int)
+_TOP_TENANTS = Rows(TopTenant, waiting=int, running=int, dead=int, prefetched=int)
 
 
 def top_tenants(limit: int = 10) -> Op[tuple[list[TopTenant], int]]:
@@ -230,6 +239,7 @@ class TenantQueue:
     scheduled: int
     dead: int
     oldest_wait_seconds: float | None
+    prefetched: int = 0  # claimed, not started
 
 
 _TENANT_QUEUES = Rows(
@@ -237,6 +247,7 @@ _TENANT_QUEUES = Rows(
     extra=["at"],
     waiting=int,
     running=int,
+    prefetched=int,
     scheduled=int,
     dead=int,
     oldest_wait_seconds=optional_float,
@@ -250,7 +261,7 @@ class TenantDetail:
     weight: float
     paused: bool
     concurrency_limit: int | None
-    running: int  # against the concurrency limit (kept only while one is set)
+    running: int  # claims, against the concurrency limit (kept only while one is set)
     rate_limit: float | None
     rate_burst: float
     tokens: float | None
@@ -327,7 +338,7 @@ class TaskRow:
     traceback: str | None
 
 
-_TASK_ROWS = Rows(TaskRow)
+TASK_ROWS = Rows(TaskRow)
 
 
 def tasks(
@@ -337,33 +348,40 @@ def tasks(
     queue: str | None = None,
     limit: int = 50,
 ) -> Op[list[TaskRow]]:
-    """Tasks in one state (ready in line order, running by claim time,
-    scheduled by run time, dead and cancelled the most recent first)."""
+    """Tasks in one state (ready in line order, running and claimed, not
+    started, by claim time, scheduled by run time, dead and cancelled the
+    most recent first)."""
+    check_page(0, limit)
+    return _tasks(ids_statement(state, tenant, queue), task_params(state, tenant, queue, limit))
+
+
+def ids_statement(state: str, tenant: str | None, queue: str | None) -> str:
+    """The statement listing the ids of a state's tasks, its filter checked."""
     if state not in TASK_STATES:
         raise ValidationError(f"state must be one of {', '.join(TASK_STATES)}, got {state!r}")
     if tenant is not None:
         check_tenant(tenant)
     if queue is not None:
         check_queue(queue)
-    check_page(0, limit)
-    ids_of = {
+    return {
         "ready": query("ready_ids"),
         "running": query("running_ids"),
+        "claimed": query("claimed_ids"),
         "scheduled": query("scheduled_ids"),
         "dead": query("dead_ids"),  # by the partial index of dead tasks
         "cancelled": query("cancelled_ids"),
-    }
-    return _tasks(
-        ids_of[state],
-        {"state": state, "tenant": tenant, "queue": queue, "limit": limit, "since": None},
-    )
+    }[state]
 
 
-def _tasks(ids_statement: str, params: dict[str, Any]) -> Op[list[TaskRow]]:
-    ids = yield from values(ids_statement, params)
+def task_params(state: str, tenant: str | None, queue: str | None, limit: int) -> dict[str, Any]:
+    return {"state": state, "tenant": tenant, "queue": queue, "limit": limit, "since": None}
+
+
+def _tasks(statement: str, params: dict[str, Any]) -> Op[list[TaskRow]]:
+    ids = yield from values(statement, params)
     if not ids:
         return []
-    return (yield from select(query("task_rows"), {"ids": UUIDArray(ids)}, _TASK_ROWS))
+    return (yield from select(query("task_rows"), {"ids": UUIDArray(ids)}, TASK_ROWS))
 
 
 @dataclass(frozen=True)
@@ -375,14 +393,15 @@ class WorkerRow:
     concurrency: int
     started_at: datetime
     silent_seconds: float
-    running: int
+    running: int  # its claims running: at most its concurrency (rota.claims)
+    prefetched: int  # its claims not started
 
 
 def workers() -> Op[list[WorkerRow]]:
     return select(query("workers_view"), None, _WORKERS)
 
 
-_WORKERS = Rows(WorkerRow, queues=list, silent_seconds=float, running=int)
+_WORKERS = Rows(WorkerRow, queues=list, silent_seconds=float, running=int, prefetched=int)
 
 
 @dataclass(frozen=True)
@@ -418,6 +437,31 @@ def _audit(limit: int) -> Op[list[AuditRow]]:
 
 
 _AUDIT = Rows(AuditRow)
+
+
+@dataclass(frozen=True)
+class QueuePace:
+    """A queue's recent completion rate (rota.service, counted by maintenance)."""
+
+    completed: int  # over `seconds`: the last whole minutes and the current one's counted part
+    seconds: float
+    counted_seconds_ago: float  # since maintenance last counted completions
+
+    @property
+    def per_minute(self) -> float:
+        return self.completed * 60 / self.seconds if self.seconds > 0 else 0.0
+
+
+_PACE = Rows(QueuePace, completed=int, seconds=float, counted_seconds_ago=float)
+
+
+def queue_pace(queue: str, minutes: int = 5) -> Op[QueuePace | None]:
+    """The queue's completions in the last `minutes` whole minutes and the
+    current one so far; None while maintenance never counted any."""
+    check_queue(queue)
+    if type(minutes) is not int or not 1 <= minutes <= 60:
+        raise ValidationError(f"minutes must be a whole number from 1 to 60, got {minutes!r}")
+    return first(query("queue_pace"), {"queue": queue, "minutes": minutes}, _PACE)
 
 
 def ping() -> Op[None]:

@@ -3,7 +3,7 @@ their waiters (`rota.App.result`), pruned when they expire."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -11,7 +11,14 @@ from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, value, values
 from rota.core.rows import Rows
-from rota.core.work import Settled, WorkerKey, _as, settle_and_claim, token_params
+from rota.core.work import (
+    RunTimes,
+    Settled,
+    WorkerKey,
+    _as,
+    completion_params,
+    settle_and_claim,
+)
 from rota.sql import query
 
 
@@ -25,13 +32,18 @@ class KeptResult(NamedTuple):
     ttl_seconds: float
 
 
-def _keeping(done: Sequence[tuple[UUID, int]], kept: Sequence[KeptResult]) -> dict[str, Any]:
+def _keeping(
+    done: Sequence[tuple[UUID, int]],
+    kept: Sequence[KeptResult],
+    runs: Mapping[UUID, RunTimes] | None,
+) -> dict[str, Any]:
     """The parameters of completions (`done`, keeping no result, first) and
-    of completions that keep their results (`kept`)."""
+    of completions that keep their results (`kept`), with their runs'
+    measures (`runs`, by task id)."""
     none: list[None] = [None] * len(done)
     tokens, values, refused, ttls = zip(*kept, strict=True) if kept else ((), (), (), ())
     return {
-        **token_params([*done, *tokens]),
+        **completion_params([*done, *tokens], runs),
         "values": [*none, *values],
         "refused": [*none, *refused],
         "ttls": [*none, *ttls],
@@ -39,12 +51,14 @@ def _keeping(done: Sequence[tuple[UUID, int]], kept: Sequence[KeptResult]) -> di
 
 
 def complete_keeping(
-    kept: Sequence[KeptResult], as_worker: WorkerKey | None = None
+    kept: Sequence[KeptResult],
+    as_worker: WorkerKey | None = None,
+    runs: Mapping[UUID, RunTimes] | None = None,
 ) -> Op[set[UUID]]:
     """Completes claimed tasks, keeping their results, in one transaction;
     returns the ids completed (a stale token is refused, its result with it).
-    Their waiters are woken."""
-    params = _keeping((), kept)
+    Their waiters are woken. `runs`: as `core.complete` takes them."""
+    params = _keeping((), kept, runs)
     statement = _as(as_worker, query("complete_keeping"), query("worker_complete_keeping"), params)
     return set((yield from values(*statement)))
 
@@ -56,11 +70,13 @@ def complete_keeping_and_claim(
     limit: int,
     worker: str | WorkerKey,
     lease_seconds: float = 60.0,
+    runs: Mapping[UUID, RunTimes] | None = None,
 ) -> Op[Settled]:
     """`core.complete_and_claim` for completions some of which keep results
     (`kept`): one statement, one transaction."""
     claiming = query("complete_keeping_claim"), query("worker_complete_keeping_claim")
-    return settle_and_claim(claiming, _keeping(done, kept), queues, limit, worker, lease_seconds)
+    reports = _keeping(done, kept, runs)
+    return settle_and_claim(claiming, reports, queues, limit, worker, lease_seconds)
 
 
 def wake_result_waiters(task_ids: Sequence[UUID]) -> Op[None]:

@@ -42,7 +42,7 @@ class StoredTask:
     last_error: str | None
     traceback: str | None
     cancel_requested: bool
-    worker: str | None  # running: who holds it
+    worker: str | None  # claimed: who holds it
     attempt: int | None
     claimed_at: datetime | None
     lease_expires_at: datetime | None
@@ -59,7 +59,14 @@ class StoredTask:
     ahead_estimated: bool = False  # past AHEAD_CAP: `ahead` is from a sample
     queue_workers: int = 0  # live workers that claim its queue
     history: tuple[tuple[datetime, str, str], ...] = ()  # (when, who, what) from the audit
-    started_at: datetime | None = None  # succeeded: when its last attempt started
+    # When its last attempt started (succeeded: the worker's measure, or its
+    # claim's time where not told; claimed: as its heartbeat told, None: not
+    # known to have started).
+    started_at: datetime | None = None
+    # Claimed: whether its claim runs, or waits prefetched for a free slot
+    # of its worker (rota.claims).
+    claim_running: bool | None = None
+    ran_seconds: float | None = None  # succeeded: as its worker measured (None: not told)
     # Ready and urgent: its tenant's tasks that run before it (more urgent, or
     # as urgent and earlier), and the lower-priority ones ahead of it in line
     # that it runs before (past AHEAD_CAP: AHEAD_CAP + 1).
@@ -157,10 +164,14 @@ def _finished(
     enqueued_at: datetime,
     started_at: datetime | None,
     finished_at: datetime | None,
+    claimed_at: datetime | None,
+    ran_seconds: float | None,
 ) -> StoredTask:
     """A task that succeeded, from its record (rota.finished): what the
     record does not keep (name, payload; attempts allowed and cost in records
-    that predate keeping them) is left empty or None, never made up."""
+    that predate keeping them; its claim's time and its run's seconds in
+    records that predate keeping them, whose start is their claim's) is
+    left empty or None, never made up."""
     return StoredTask(
         id=id,
         queue=queue,
@@ -180,10 +191,11 @@ def _finished(
         cancel_requested=False,
         worker=None,
         attempt=None,
-        claimed_at=None,
+        claimed_at=claimed_at,
         lease_expires_at=None,
         run_at=None,
         started_at=started_at,
+        ran_seconds=None if ran_seconds is None else float(ran_seconds),
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -44,6 +44,16 @@ class ClaimedTask(NamedTuple):
     def token(self) -> tuple[UUID, int]:
         """The fencing token that completes, fails or extends this claim."""
         return (self.id, self.attempt)
+
+
+class RunTimes(NamedTuple):
+    """A run as its worker measured it on its monotonic clock: the seconds
+    from when its claim was sent to its start, and the seconds it ran. The
+    database adds the first to the claim's time (no clock skew between
+    them): the start it records is at most a round trip late."""
+
+    started: float
+    ran: float
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,7 @@ def complete_and_claim(
     limit: int,
     worker: str | WorkerKey,
     lease_seconds: float = 60.0,
+    runs: Mapping[UUID, RunTimes] | None = None,
 ) -> Op[Settled]:
     """Completes claimed tasks (as `complete`), then claims up to `limit` (as
     `claim`), in one statement: one round trip and one transaction. When a
@@ -100,7 +111,8 @@ def complete_and_claim(
     (`claimed` is None; rota.complete_claim says why): the caller claims in a
     statement of its own."""
     claiming = query("complete_claim"), query("worker_complete_claim")
-    return settle_and_claim(claiming, token_params(tokens), queues, limit, worker, lease_seconds)
+    reports = completion_params(tokens, runs)
+    return settle_and_claim(claiming, reports, queues, limit, worker, lease_seconds)
 
 
 def settle_and_claim(
@@ -198,12 +210,36 @@ def token_params(tokens: Iterable[tuple[UUID, int]]) -> dict[str, list[Any]]:
     return {"ids": ids, "attempts": attempts}
 
 
+def run_params(ids: Sequence[UUID], runs: Mapping[UUID, RunTimes] | None) -> dict[str, Any]:
+    """The runs' measures of these tasks, in their order (NULL: not told):
+    a completion's `started` and `ran` arrays."""
+    if not runs:
+        return {"started": None, "ran": None}
+    told = [runs.get(task_id) for task_id in ids]
+    return {
+        "started": [None if run is None else run.started for run in told],
+        "ran": [None if run is None else run.ran for run in told],
+    }
+
+
+def completion_params(
+    tokens: Iterable[tuple[UUID, int]], runs: Mapping[UUID, RunTimes] | None
+) -> dict[str, Any]:
+    params: dict[str, Any] = token_params(tokens)
+    return {**params, **run_params(params["ids"], runs)}
+
+
 def complete(
-    tokens: Iterable[tuple[UUID, int]], as_worker: WorkerKey | None = None
+    tokens: Iterable[tuple[UUID, int]],
+    as_worker: WorkerKey | None = None,
+    runs: Mapping[UUID, RunTimes] | None = None,
 ) -> Op[set[UUID]]:
     """Completes claimed tasks; returns the ids completed. A stale token is
-    refused, and so is, `as_worker`, a task another worker holds."""
-    statement = _as(as_worker, query("complete"), query("worker_complete"), token_params(tokens))
+    refused, and so is, `as_worker`, a task another worker holds. `runs`:
+    the runs' measures by task id (a task without one is recorded as
+    started when claimed, or when its heartbeat said)."""
+    params = completion_params(tokens, runs)
+    statement = _as(as_worker, query("complete"), query("worker_complete"), params)
     return set((yield from values(*statement)))
 
 
@@ -304,10 +340,17 @@ def release(
 
 
 def extend_leases(
-    tokens: Iterable[tuple[UUID, int]], lease_seconds: float, as_worker: WorkerKey | None = None
+    tokens: Iterable[tuple[UUID, int]],
+    lease_seconds: float,
+    as_worker: WorkerKey | None = None,
+    started: Mapping[UUID, float] | None = None,
 ) -> Op[set[UUID]]:
-    """Heartbeat: extends the leases; returns the ids still held by these tokens."""
-    params = {**token_params(tokens), "lease_seconds": lease_seconds}
+    """Heartbeat: extends the leases; returns the ids still held by these
+    tokens. `started`: of the tasks that started, the seconds from when
+    their claim was sent to their start (RunTimes.started), recorded as
+    their start."""
+    params: dict[str, Any] = {**token_params(tokens), "lease_seconds": lease_seconds}
+    params["started"] = [started.get(t) for t in params["ids"]] if started else None
     statement = _as(as_worker, query("extend_leases"), query("worker_extend_leases"), params)
     return set((yield from values(*statement)))
 

@@ -23,6 +23,7 @@ from rota.dashboard.pages import (
     charts,
     dead,
     health,
+    icon,
     overview,
     queue,
     session,
@@ -85,6 +86,8 @@ def create_app(settings: Settings) -> Starlette:
         Route("/login", serve(session.login), methods=["POST"]),
         Route("/logout", serve(session.logout), methods=["POST"]),
         Route("/healthz", serve(health.healthz)),
+        Route("/favicon.svg", serve(icon.icon)),
+        Route("/favicon.ico", serve(icon.icon)),
         Route("/readyz", serve(health.readyz)),
         Route("/metrics", guarded(serve(health.metrics), api=True, scope="metrics")),
     ]

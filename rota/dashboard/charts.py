@@ -115,6 +115,33 @@ def coinciding(series: Sequence[Mapping[str, Any]]) -> list[str | None]:
     return dashes
 
 
+def overlaps(series: Sequence[Mapping[str, Any]], dashed: Sequence[bool]) -> str:
+    """The legend's note on dashed lines drawn over solid ones they meet:
+    which lies on which where their values are equal (above zero)."""
+    met: list[str] = []
+    for one, over in zip(series, dashed, strict=True):
+        if not over:
+            continue
+        mine = [_finite(v) for v in one.get("values") or []]
+        under = [
+            str(other.get("name", ""))
+            for other, below in zip(series, dashed, strict=True)
+            if not below and _meets(mine, [_finite(v) for v in other.get("values") or []])
+        ]
+        if under:
+            met.append(f"{one.get('name', '')} lies on {' and '.join(under)} where they are equal")
+    if not met:
+        return ""
+    return "Dashed lines are drawn over solid ones: " + "; ".join(met) + "."
+
+
+def _meets(a: Sequence[float | None], b: Sequence[float | None]) -> bool:
+    return any(
+        x is not None and y is not None and x > 0 and abs(x - y) <= 1e-9 * max(1.0, abs(x))
+        for x, y in zip(a, b, strict=False)
+    )
+
+
 def _same(a: Sequence[float | None], b: Sequence[float | None]) -> bool:
     both = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
     return bool(both) and all(abs(x - y) <= 1e-9 * max(1.0, abs(x)) for x, y in both)
@@ -194,8 +221,17 @@ def svg(chart: Mapping[str, Any]) -> Markup:
             f'<text class="empty" x="{LEFT + plot_w / 2:.1f}" y="{TOP + plot_h / 2:.1f}" '
             'text-anchor="middle">no data in this window yet</text>'
         )
+    patterns = coinciding(series)
+    dashed = [
+        bool(one.get("dashed")) or pattern is not None
+        for one, pattern in zip(series, patterns, strict=True)
+    ]
+    # Solid lines first, dashed ones over them: a dashed line that lies on a
+    # solid one (a fair share equal to what was served) shows on top of it,
+    # narrower, with the solid line's colour at its edges and in its gaps.
+    drawn_paths: list[tuple[bool, str]] = []
     legend = []
-    for index, (one, pattern) in enumerate(zip(series, coinciding(series), strict=True)):
+    for index, (one, pattern) in enumerate(zip(series, patterns, strict=True)):
         name = str(one.get("name", ""))
         values = one.get("values") or []
         cls = colour_class(index, name) + (" dash" if one.get("dashed") else "")
@@ -206,24 +242,33 @@ def svg(chart: Mapping[str, Any]) -> Markup:
         else:
             last = next((v for v in map(_finite, reversed(values)) if v is not None), None)
             latest = "" if last is None else number(last, unit)
-        out.append(
-            f'<path class="line {cls}" data-series="{escape(name)}"{dash} '
-            f'd="{path_data(values, xs, y_of)}">'
-            f"<title>{escape(name)} {escape(latest)}</title></path>"
+        drawn_paths.append(
+            (
+                dashed[index],
+                f'<path class="line {cls}" data-series="{escape(name)}"{dash} '
+                f'd="{path_data(values, xs, y_of)}">'
+                f"<title>{escape(name)} {escape(latest)}</title></path>",
+            )
         )
+        # Every series' mark is a short stroke in its colour and dash.
         swatch = (
-            f'<svg class="swatch" viewBox="0 0 18 4" width="18" height="4" aria-hidden="true">'
-            f'<line class="line {cls}" x1="0" x2="18" y1="2" y2="2"{dash}/></svg>'
-            if pattern
-            else f'<span class="swatch {cls}"></span>'
+            '<svg class="swatch" viewBox="0 0 18 6" width="18" height="6" aria-hidden="true" '
+            'xmlns="http://www.w3.org/2000/svg">'
+            f'<line class="{cls}" x1="0" x2="18" y1="3" y2="3"{dash}/></svg>'
         )
         legend.append(
             f'<li data-series="{escape(name)}"'
             f"{f' data-dash={chr(34)}{pattern}{chr(34)}' if pattern else ''}>{swatch}"
             f'{escape(name)} <span class="muted">{escape(latest)}</span></li>'
         )
+    out += [markup for over, markup in drawn_paths if not over]
+    out += [markup for over, markup in drawn_paths if over]
     out.append("</svg>")
-    out.append(f'<ul class="legend">{"".join(legend)}</ul></figure>')
+    out.append(f'<ul class="legend">{"".join(legend)}</ul>')
+    note = overlaps(series, dashed)
+    if note:
+        out.append(f'<p class="legend-note">{escape(note)}</p>')
+    out.append("</figure>")
     return Markup("".join(out))
 
 

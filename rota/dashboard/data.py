@@ -23,7 +23,7 @@ import redis
 from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
-from rota.core import connections, db, history, read, versions
+from rota.core import connections, db, history, read, taskpage, versions
 from rota.core.results import task_result
 from rota.errors import ValidationError
 from rota.loader.replay import purge as purge_letters
@@ -174,12 +174,33 @@ def tenant(c: Connections, name: str) -> dict[str, Any] | None:
 
 
 def tasks(
-    c: Connections, state: str, tenant: str | None, queue_name: str | None, limit: int
+    c: Connections,
+    state: str,
+    tenant: str | None,
+    queue_name: str | None,
+    page: int,
+    per_page: int,
 ) -> dict[str, Any]:
-    listing = read.tasks(state, tenant=tenant, queue=queue_name, limit=limit)
+    """A page of a state's tasks, and how many the filter has (counted up to
+    taskpage.TASKS_COUNTED, which pages reach)."""
+    if type(page) is not int or page < 1:
+        raise ValidationError("page must be a whole number from 1")
+    listing = taskpage.task_page(
+        state, tenant=tenant, queue=queue_name, offset=(page - 1) * per_page, limit=per_page
+    )
     with c.postgres() as conn:
-        rows = db.run(conn, listing)
-    return {"state": state, "tenant": tenant, "queue": queue_name, "tasks": plain(rows)}
+        found = db.run(conn, listing)
+    return {
+        "state": state,
+        "tenant": tenant,
+        "queue": queue_name,
+        "total": found.total,
+        "more": found.more,
+        "page": page,
+        "pages": max(1, -(-found.total // per_page)),
+        "per_page": per_page,
+        "tasks": plain(found.rows),
+    }
 
 
 def task_id(value: str) -> UUID:

@@ -46,6 +46,15 @@ if TYPE_CHECKING:  # the figures' module reads Redis, which workers never load
 OTHER = "other"
 # Queues named in the console's series (the deepest); the rest are summed as OTHER.
 QUEUE_SERIES = 50
+# rota_queue_tasks' states, and the figure of each: running and claimed
+# (prefetched) as rota.claims tells a queue's claims apart.
+_QUEUE_STATES = (
+    ("waiting", "waiting"),
+    ("running", "running"),
+    ("claimed", "prefetched"),
+    ("scheduled", "scheduled"),
+    ("dead", "dead"),
+)
 # Seconds: from a few milliseconds (an idle worker woken by NOTIFY) to hours.
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 RUN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
@@ -230,8 +239,8 @@ class FiguresCollector(Collector):
         figures = self.read()
         queue_tasks = GaugeMetricFamily(
             "rota_queue_tasks",
-            "Tasks by queue and state (running: claimed, whether started or prefetched;"
-            " rota_tasks_running and rota_tasks_claimed_not_started split them).",
+            "Tasks by queue and state (running: claims running, at most each worker's"
+            " concurrency; claimed: claimed, not started).",
             labels=["queue", "state"],
         )
         throughput = GaugeMetricFamily(
@@ -245,17 +254,17 @@ class FiguresCollector(Collector):
         # The deepest queues by name, the rest summed as 'other': any producer
         # may make a queue (without ROTA_QUEUES), and a series each would
         # have no bound.
-        deepest = sorted(figures.queues, key=lambda q: -(q.waiting + q.running))
+        deepest = sorted(figures.queues, key=lambda q: -(q.waiting + q.running + q.prefetched))
         shown, rest = deepest[:QUEUE_SERIES], deepest[QUEUE_SERIES:]
         for q in shown:
-            for state in ("waiting", "running", "scheduled", "dead"):
-                queue_tasks.add_metric([q.name, state], getattr(q, state))
+            for state, field in _QUEUE_STATES:
+                queue_tasks.add_metric([q.name, state], getattr(q, field))
             throughput.add_metric([q.name], q.per_minute)
             if q.oldest_wait_seconds is not None:
                 oldest.add_metric([q.name], q.oldest_wait_seconds)
         if rest:
-            for state in ("waiting", "running", "scheduled", "dead"):
-                queue_tasks.add_metric([OTHER, state], sum(getattr(q, state) for q in rest))
+            for state, field in _QUEUE_STATES:
+                queue_tasks.add_metric([OTHER, state], sum(getattr(q, field) for q in rest))
             throughput.add_metric([OTHER], sum(q.per_minute for q in rest))
         tenant_tasks = GaugeMetricFamily(
             "rota_tenant_tasks",
@@ -292,20 +301,17 @@ class FiguresCollector(Collector):
             demand.add_metric([name], share.demand_per_minute)
             if share.fair_share_per_minute is not None:
                 fair.add_metric([name], share.fair_share_per_minute)
-        # Claimed tasks split as the workers can run them: a worker runs at
-        # most its concurrency; what it holds beyond is prefetched.
-        running_now = sum(min(w.running, w.concurrency) for w in figures.workers)
-        claimed = sum(q.running for q in figures.queues)
+        # Claims split as rota.claims tells them apart (rota.stats counts them).
         started = GaugeMetricFamily(
             "rota_tasks_running",
-            "Claimed tasks running: at most each live worker's concurrency.",
+            "Claimed tasks running: at most each worker's concurrency.",
         )
-        started.add_metric([], min(running_now, claimed))
+        started.add_metric([], sum(q.running for q in figures.queues))
         prefetched = GaugeMetricFamily(
             "rota_tasks_claimed_not_started",
             "Claimed tasks not started (prefetched beyond a worker's concurrency).",
         )
-        prefetched.add_metric([], max(0, claimed - running_now))
+        prefetched.add_metric([], sum(q.prefetched for q in figures.queues))
         workers = GaugeMetricFamily("rota_workers", "Live workers.")
         workers.add_metric([], len(figures.workers))
         buffer = GaugeMetricFamily(

@@ -31,17 +31,19 @@ ORDER BY q.name
 
 -- name: overview_queues
 -- Per queue: the figures of rota.stats (refreshed by maintenance; `at` says
--- when), and completions per minute over the last five minutes.
+-- when), and completions per minute over the last five minutes. Running and
+-- prefetched: its claims, as rota.claims tells them apart.
 SELECT q.name, q.paused,
        coalesce(s.waiting, 0) AS waiting, coalesce(s.running, 0) AS running,
        coalesce(s.scheduled, 0) AS scheduled, coalesce(s.dead, 0) AS dead,
        coalesce(v.completed, 0) / 5.0 AS per_minute,
        extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
-       (SELECT c.at FROM rota.stats_counted c) AS counted_at
+       (SELECT c.at FROM rota.stats_counted c) AS counted_at,
+       coalesce(s.prefetched, 0) AS prefetched
 FROM rota.queues q
 LEFT JOIN (
     SELECT queue_id, sum(waiting) AS waiting, sum(running) AS running,
-           sum(scheduled) AS scheduled, sum(dead) AS dead,
+           sum(prefetched) AS prefetched, sum(scheduled) AS scheduled, sum(dead) AS dead,
            min(oldest_enqueued_at) AS oldest
     FROM rota.stats GROUP BY queue_id
 ) s ON s.queue_id = q.id
@@ -58,7 +60,7 @@ ORDER BY q.name
 -- the completions of the last `minutes` whole minutes, its window.
 WITH s AS (
     SELECT tenant_id, sum(waiting) AS waiting, sum(running) AS running,
-           sum(scheduled) AS scheduled, sum(dead) AS dead,
+           sum(prefetched) AS prefetched, sum(scheduled) AS scheduled, sum(dead) AS dead,
            min(oldest_enqueued_at) AS oldest
     FROM rota.stats GROUP BY tenant_id
 ), served AS (
@@ -69,7 +71,8 @@ WITH s AS (
     GROUP BY tenant_id
 ), rows AS (
     SELECT t.name, t.weight, t.paused, coalesce(s.waiting, 0) AS waiting,
-           coalesce(s.running, 0) AS running, t.concurrency_limit, t.rate_limit,
+           coalesce(s.running, 0) AS running, coalesce(s.prefetched, 0) AS prefetched,
+           coalesce(s.running + s.prefetched, 0) AS claimed, t.concurrency_limit, t.rate_limit,
            rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens,
            t.capacity, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.dead, 0) AS dead,
            extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
@@ -105,8 +108,8 @@ LEFT JOIN rota.tenant_backlog b ON b.tenant = t.name
 WHERE t.name = %(name)s
 
 -- name: tenant_queues_stats
-SELECT q.name AS queue, q.paused AS queue_paused, s.waiting, s.running, s.scheduled, s.dead,
-       extract(epoch FROM now() - s.oldest_enqueued_at) AS oldest_wait_seconds,
+SELECT q.name AS queue, q.paused AS queue_paused, s.waiting, s.running, s.prefetched,
+       s.scheduled, s.dead, extract(epoch FROM now() - s.oldest_enqueued_at) AS oldest_wait_seconds,
        (SELECT c.at FROM rota.stats_counted c) AS at
 FROM rota.stats s JOIN rota.queues q ON q.id = s.queue_id
 WHERE s.tenant_id = %(tenant_id)s
@@ -125,8 +128,8 @@ GROUP BY v.minute ORDER BY v.minute
 SELECT t.id, q.name AS queue, tn.name AS tenant, t.name, t.payload::text, t.status::text,
        t.attempts, t.max_attempts, t.cost, t.eta, t.enqueued_at, t.loaded_at, t.finished_at,
        t.last_error, t.traceback, t.cancel_requested,
-       r.worker, r.attempt, r.claimed_at, r.lease_expires_at,
-       s.run_at,
+       r.worker, r.attempt, r.claimed_at, r.lease_expires_at, r.started_at,
+       r.running AS claim_running, s.run_at,
        q.paused AS queue_paused, tn.paused AS tenant_paused, tn.concurrency_limit,
        tn.running AS tenant_running, tn.rate_limit,
        rota.tokens_now(tn.rate_limit, tn.rate_burst, tn.tokens, tn.refilled_at) AS tokens,
@@ -138,7 +141,7 @@ SELECT t.id, q.name AS queue, tn.name AS tenant, t.name, t.payload::text, t.stat
 FROM rota.tasks t
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id
-LEFT JOIN rota.running r ON r.task_id = t.id
+LEFT JOIN rota.claims r ON r.task_id = t.id
 LEFT JOIN rota.scheduled s ON s.task_id = t.id
 -- Its key of a limit, and whether it waits parked for the key's room.
 LEFT JOIN rota.keys k ON k.name = t.limit_key
@@ -148,9 +151,10 @@ WHERE t.id = %(id)s
 
 -- name: finished_story
 -- A succeeded task's record: attempts allowed and cost are NULL where the
--- record predates keeping them.
+-- record predates keeping them; its claim's time and run's seconds are NULL
+-- where the record predates keeping them (started_at is then the claim's).
 SELECT f.task_id AS id, q.name AS queue, tn.name AS tenant, f.attempts, f.max_attempts,
-       f.cost, f.enqueued_at, f.started_at, f.finished_at
+       f.cost, f.enqueued_at, f.started_at, f.finished_at, f.claimed_at, f.ran_seconds
 FROM rota.finished f
 JOIN rota.queues q ON q.id = f.queue_id
 JOIN rota.tenants tn ON tn.id = f.tenant_id
@@ -238,8 +242,21 @@ ORDER BY c.vtime, c.tenant_id, c.seq
 LIMIT %(limit)s
 
 -- name: running_ids
-SELECT r.task_id FROM rota.running r
-WHERE (%(tenant)s::text IS NULL
+-- Claims that run (rota.claims), by claim time.
+SELECT r.task_id FROM rota.claims r
+WHERE r.running
+  AND (%(tenant)s::text IS NULL
+       OR r.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
+  AND (%(queue)s::text IS NULL
+       OR r.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
+ORDER BY r.claimed_at
+LIMIT %(limit)s
+
+-- name: claimed_ids
+-- Claims not started (prefetched: rota.claims), by claim time.
+SELECT r.task_id FROM rota.claims r
+WHERE NOT r.running
+  AND (%(tenant)s::text IS NULL
        OR r.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
   AND (%(queue)s::text IS NULL
        OR r.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
@@ -256,24 +273,31 @@ ORDER BY s.run_at
 LIMIT %(limit)s
 
 -- name: task_rows
--- The tasks with these ids, in the order given.
+-- The tasks with these ids, in the order given; a claimed task is running
+-- or claimed (prefetched, rota.claims), its attempts the one it holds.
 SELECT t.id, q.name AS queue, tn.name AS tenant, t.name,
-       CASE WHEN r.task_id IS NOT NULL THEN 'running' ELSE t.status::text END AS state,
-       t.attempts, t.max_attempts, t.enqueued_at, coalesce(s.run_at, t.finished_at) AS at,
+       CASE WHEN r.task_id IS NULL THEN t.status::text
+            WHEN r.running THEN 'running' ELSE 'claimed' END AS state,
+       coalesce(r.attempt, t.attempts) AS attempts, t.max_attempts, t.enqueued_at,
+       coalesce(s.run_at, t.finished_at) AS at,
        t.last_error, t.traceback
 FROM unnest(%(ids)b::uuid[]) WITH ORDINALITY AS x(id, n)
 JOIN rota.tasks t ON t.id = x.id
 JOIN rota.queues q ON q.id = t.queue_id
 JOIN rota.tenants tn ON tn.id = t.tenant_id
-LEFT JOIN rota.running r ON r.task_id = t.id
+LEFT JOIN rota.claims r ON r.task_id = t.id
 LEFT JOIN rota.scheduled s ON s.task_id = t.id
 ORDER BY x.n
 
 -- name: workers_view
 SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at,
        extract(epoch FROM now() - w.heartbeat_at) AS silent_seconds,
-       (SELECT count(*) FROM rota.running r WHERE r.worker = w.id) AS running
+       c.running, c.prefetched
 FROM rota.workers w
+-- Its claims, running or prefetched (rota.claims).
+LEFT JOIN LATERAL (SELECT count(*) FILTER (WHERE r.running) AS running,
+                          count(*) FILTER (WHERE NOT r.running) AS prefetched
+                   FROM rota.claims r WHERE r.worker = w.id) c ON true
 WHERE w.stopped_at IS NULL
 ORDER BY w.started_at
 
@@ -292,13 +316,29 @@ ORDER BY b.query, b.batch_id DESC
 -- name: ping
 SELECT 1
 
+-- name: queue_pace
+-- A queue's recent completions, as maintenance counts them into
+-- rota.service: those of the last `minutes` whole minutes and of the
+-- current one up to the count, the span they cover in seconds, and how long
+-- ago the count ran. No row while completions were never counted.
+SELECT coalesce((
+           SELECT sum(s.completed) FROM rota.service s
+           WHERE s.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s)
+             AND s.minute >= date_trunc('minute', c.up_to) - make_interval(mins => %(minutes)s)
+       ), 0) AS completed,
+       extract(epoch FROM c.up_to - (date_trunc('minute', c.up_to)
+                                     - make_interval(mins => %(minutes)s))) AS seconds,
+       extract(epoch FROM now() - c.up_to) AS counted_seconds_ago
+FROM rota.service_counted c
+
 
 -- name: top_tenants
 -- The tenants with the most tasks waiting (the overview and the metrics):
 -- rota.stats alone, not the tenants page's whole figures.
-SELECT t.name, t.paused, s.waiting, s.running, s.dead
+SELECT t.name, t.paused, s.waiting, s.running, s.dead, s.prefetched
 FROM (
-    SELECT tenant_id, sum(waiting) AS waiting, sum(running) AS running, sum(dead) AS dead
+    SELECT tenant_id, sum(waiting) AS waiting, sum(running) AS running, sum(dead) AS dead,
+           sum(prefetched) AS prefetched
     FROM rota.stats GROUP BY tenant_id
     ORDER BY sum(waiting) DESC, tenant_id LIMIT %(limit)s
 ) s

@@ -266,15 +266,27 @@ def _complete_then_claim(completion: str) -> Part:
     )
 
 
+def _take_rows(lean_only: Part | None) -> Part:
+    """A completion's taking of its tasks' running rows, each with the
+    worker's measures of its run (seconds from its claim to its start, and
+    run)."""
+    return part(
+        "take_rows",
+        lean_only=lean_only,
+        reported="unnest(p_ids, p_attempts, p_started, p_ran) AS x(id, attempt, started, ran)",
+        times=", x.started, x.ran",
+    )
+
+
 def _completion(lean_returns: Part, whole_returns: Part) -> Part:
     """A completion: the lean statement, then the whole one for what it left."""
     return part(
         "completion",
         acting_worker=part("acting_worker"),
-        lean=[part("take_rows", lean_only=part("lean_only")), part("stored", rows="taken")],
+        lean=[_take_rows(part("lean_only")), part("stored", rows="taken")],
         lean_returns=lean_returns,
         whole=[
-            part("take_rows", lean_only=None),
+            _take_rows(None),
             part("uncount"),
             part("done_rows"),
             part("stored", rows="done"),
@@ -291,7 +303,9 @@ FUNCTIONS = (
         "claim.sql",
         part(
             "complete_claim",
-            complete_then_claim=_complete_then_claim("rota.complete_counted(p_ids, p_attempts)"),
+            complete_then_claim=_complete_then_claim(
+                "rota.complete_counted(p_ids, p_attempts, p_started, p_ran)"
+            ),
         ),
     ),
     Function(
@@ -300,7 +314,8 @@ FUNCTIONS = (
         part(
             "complete_keeping_claim",
             complete_then_claim=_complete_then_claim(
-                "rota.complete_keeping(p_ids, p_attempts, p_values, p_refused, p_ttls)"
+                "rota.complete_keeping(p_ids, p_attempts, p_values, p_refused, p_ttls,"
+                " p_started, p_ran)"
             ),
         ),
     ),
@@ -310,7 +325,15 @@ FUNCTIONS = (
         part(
             "take_running",
             acting_worker=part("acting_worker"),
-            take=[part("take_rows", lean_only=None), part("uncount")],
+            take=[
+                part(
+                    "take_rows",
+                    lean_only=None,
+                    reported="unnest(p_ids, p_attempts) AS x(id, attempt)",
+                    times="",
+                ),
+                part("uncount"),
+            ],
         ),
     ),
     Function(

@@ -219,7 +219,11 @@ CREATE TABLE rota.running (
     counted boolean NOT NULL,
     priority smallint NOT NULL DEFAULT 0,
     -- The key (rota.keys) whose running counter includes this task, if any.
-    key_id integer
+    key_id integer,
+    -- When its run began, as its worker's heartbeat told (NULL: not known to
+    -- have started; prefetched, or not yet told). rota.claims says which
+    -- claims run.
+    started_at timestamptz
 ) WITH (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
@@ -294,11 +298,18 @@ CREATE TABLE rota.finished (
     tenant_id integer NOT NULL,
     attempts integer NOT NULL,
     enqueued_at timestamptz NOT NULL,
+    -- When its last run began, as its worker measured it; its claim's time
+    -- where the worker did not say (claimed_at NULL: finished before runs'
+    -- starts were kept, when this was always the claim's time).
     started_at timestamptz NOT NULL,
     finished_at timestamptz NOT NULL DEFAULT now(),
     -- The task's attempts allowed and cost (NULL: finished before they were kept).
     max_attempts integer,
-    cost double precision
+    cost double precision,
+    -- When its last attempt was claimed, and the seconds it ran, measured by
+    -- its worker (NULL: not told, or finished before they were kept).
+    claimed_at timestamptz,
+    ran_seconds double precision
 ) WITH (
     -- As rota.tasks: analyzed after 100k new rows at the least (0033).
     autovacuum_analyze_threshold = 100000
@@ -470,6 +481,9 @@ CREATE TABLE rota.stats (
     recorded_at timestamptz,
     -- The place of its first task in line (whose enqueue is the oldest).
     first_vtime double precision,
+    -- Claimed, not started (prefetched): its claims beyond those running
+    -- (rota.claims). running + prefetched: every claim.
+    prefetched bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (queue_id, tenant_id)
 );
 -- When rota.stats was last counted.

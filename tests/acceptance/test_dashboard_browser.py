@@ -69,6 +69,8 @@ def browser() -> Iterator[WebDriver]:
         "--window-size=1400,1000",
     ):
         options.add_argument(flag)
+    # The browser's console, for the tests that read its errors (a 404 among them).
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     session = webdriver.Chrome(service=Service(driver), options=options)
     session.implicitly_wait(5)
     SHOTS.mkdir(parents=True, exist_ok=True)

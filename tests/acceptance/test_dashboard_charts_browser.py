@@ -89,6 +89,52 @@ def drawn(driver: WebDriver, chart: str, series: str) -> bool:
     return float(driver.execute_script(script, path)) > 100
 
 
+def legend_marks(driver: WebDriver) -> list[dict[str, Any]]:
+    """Each legend entry of the page: its series, and its mark as drawn (the
+    line's computed stroke, width and dash, and the boxes of the mark and
+    its line), read in one script."""
+    script = """
+        return Array.from(document.querySelectorAll('.legend li'), li => {
+            var mark = li.querySelector('svg.swatch'), line = mark && mark.querySelector('line');
+            if (!line) return {series: li.dataset.series};
+            var style = getComputedStyle(line), box = mark.getBoundingClientRect();
+            return {series: li.dataset.series, stroke: style.stroke,
+                    stroke_width: parseFloat(style.strokeWidth), dash: style.strokeDasharray,
+                    opacity: parseFloat(style.opacity) * parseFloat(getComputedStyle(mark).opacity),
+                    width: box.width, height: box.height,
+                    line_width: line.getBoundingClientRect().width};
+        });
+    """
+    return list(driver.execute_script(script))
+
+
+def assert_every_series_has_a_visible_mark(driver: WebDriver, dashed: set[str]) -> None:
+    marks = legend_marks(driver)
+    assert marks, driver.current_url
+    for mark in marks:
+        where = (driver.current_url, mark)
+        assert mark.get("stroke") not in (None, "none", "transparent", "rgba(0, 0, 0, 0)"), where
+        assert mark["stroke_width"] >= 2 and mark["opacity"] > 0, where
+        assert mark["width"] >= 10 and mark["height"] > 0 and mark["line_width"] >= 10, where
+        assert (mark["dash"] != "none") == (mark["series"] in dashed), where
+
+
+def assert_no_console_errors(driver: WebDriver) -> None:
+    """No JavaScript error and no failed request (a favicon's 404 among them)
+    in the browser's console, and the page's icon loads as an image."""
+    script = """
+        var done = arguments[arguments.length - 1], link = document.querySelector('link[rel=icon]');
+        if (!link) return done(0);
+        var img = new Image();
+        img.onload = () => done(img.naturalWidth);
+        img.onerror = () => done(-1);
+        img.src = link.href;
+    """
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    assert driver.execute_async_script(script) > 0, "the page's icon"
+
+
 def test_the_charts_show_who_is_starved_and_since_when(
     conn: psycopg.Connection[Any],
     dashboard: str,  # noqa: F811
@@ -102,6 +148,8 @@ def test_the_charts_show_who_is_starved_and_since_when(
     assert series_of(browser, "backlog") == ["reports", "emails"]
     assert series_of(browser, "oldest_wait") == ["reports", "emails"]
     assert drawn(browser, "throughput", "completed") and drawn(browser, "backlog", "reports")
+    assert_every_series_has_a_visible_mark(browser, dashed=set())
+    assert_no_console_errors(browser)
     browser.save_screenshot(str(SHOTS / "overview-charts.png"))
 
     browser.get(dashboard + "/charts")
@@ -113,6 +161,8 @@ def test_the_charts_show_who_is_starved_and_since_when(
     assert all(drawn(browser, "service", name) for name in service[:-1])
     for chart in ("throughput", "backlog", "oldest_wait"):
         assert browser.find_elements(By.CSS_SELECTOR, f"svg[data-chart='{chart}']"), chart
+    assert_every_series_has_a_visible_mark(browser, dashed=set())
+    assert_no_console_errors(browser)
     (ROOT / "docs").mkdir(exist_ok=True)
     browser.save_screenshot(str(ROOT / "docs" / "console-charts.png"))
 
@@ -133,4 +183,7 @@ def test_the_charts_show_who_is_starved_and_since_when(
     # The seeded minutes keep no fair level (rows as before 0035): no line is made up.
     assert drawn(browser, "service", "completed") and drawn(browser, "service", "demand")
     assert not drawn(browser, "service", "fair share")
+    # Dashed series too: a mark in their colour and dash, though "fair share" draws no line.
+    assert_every_series_has_a_visible_mark(browser, dashed={"demand", "fair share"})
+    assert_no_console_errors(browser)
     browser.save_screenshot(str(SHOTS / "tenant-charts.png"))

@@ -196,7 +196,7 @@ def test_a_parked_tasks_story_says_what_it_waits_for(conn: Conn, settings: Setti
     (running,) = claim(conn, 100)
     (parked,) = [row[0] for row in conn.execute("SELECT task_id FROM rota.parked")]
     story = task_story(conn, None, settings, parked)
-    assert story.why.startswith("waiting for room under key mail (1 running of 1)")
+    assert story.why.startswith("waiting for room under key mail (1 claimed of 1)")
     assert "running on worker" in task_story(conn, None, settings, running.id).why
     usage = {u.name: u for u in db.run(conn, core.limits())}
     assert (usage["mail"].running, usage["mail"].parked, usage["mail"].keys) == (1, 1, 1)

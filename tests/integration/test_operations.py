@@ -337,7 +337,7 @@ def test_why_held_back_by_its_tenant(conn: Conn, settings: Settings) -> None:
     load(conn, capped + slow)
     claim(conn, 10)  # one of each: the limit and the token are used up
     waiting_capped = why(conn, settings, capped[1].id)
-    assert "at its concurrency limit: 1 running of 1" in waiting_capped.why
+    assert "at its concurrency limit: 1 claimed of 1 (running or prefetched)" in waiting_capped.why
     waiting_slow = why(conn, settings, slow[1].id)
     assert "out of rate tokens (0.5/s): the next comes in" in waiting_slow.why
     db.run(conn, core.pause_queue("default", True, ME))
@@ -398,7 +398,7 @@ def test_why_still_in_the_buffer_or_its_dead_letters(
     client = redis.Redis.from_url(settings.redis_url)
     story = why(conn, settings, wanted, client)
     assert story.where == "buffer"
-    assert "1 entries ahead of it in its shard" in story.why  # enqueue_many packs one entry
+    assert "1 entries ahead of it in its shard (up to 256 tasks" in story.why  # one entry
     assert "is a loader running?" not in story.why  # fresh
     assert why(conn, settings, keyed, client).where == "buffer"  # no time in its id: scanned
     assert ahead

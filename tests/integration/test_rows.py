@@ -129,7 +129,7 @@ def test_a_stored_task_reads_every_column_of_its_story_by_name(conn: Conn) -> No
         "ahead_estimated",
         "queue_workers",
         "history",
-        "started_at",
+        "ran_seconds",
         "urgent_before",
         "lower_ahead",
         "graph",

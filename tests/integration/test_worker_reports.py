@@ -62,7 +62,10 @@ def test_completions_sent_with_a_refused_claim_are_reported_apart_next(
         worker.outcomes.append(Outcome(task, None))
     # The database refuses the statement that completes and claims (this
     # database is the test's own).
-    signature = "rota.complete_claim(uuid[], integer[], text[], integer, text, double precision)"
+    signature = (
+        "rota.complete_claim(uuid[], integer[], text[], integer, text, double precision,"
+        " double precision[], double precision[])"
+    )
     conn.execute(f"DROP FUNCTION {signature}")
     conn.execute(
         f"CREATE FUNCTION {signature} RETURNS TABLE (id uuid, name text, payload text, queue text, "

@@ -185,3 +185,46 @@ def test_queue_charts_keep_the_top_queues_and_sum_the_rest() -> None:
     # The legend's figures are the last count's (q0's and q1's summed in "other").
     assert [s["now"] for s in backlog] == [*range(9, 1, -1), 1]
     assert [s["now"] for s in found["oldest_wait"]["series"]] == [None] * 8 + [0.5]
+
+
+def test_every_series_has_a_legend_mark_in_its_colour_and_dash() -> None:
+    series = [
+        {"name": "completed", "values": [1, 2, 3]},
+        {"name": "demand", "values": [4, 5, 6], "dashed": True},
+        {"name": "b1", "values": [7, 7, 7]},
+        {"name": "b2", "values": [7, 7, 7]},
+    ]
+    figure = parsed(charts.svg(chart(series, count=3)))
+    marks = {li.attrib["data-series"]: li.find(f"{SVG}svg/{SVG}line") for li in figure.iter("li")}
+    assert all(mark is not None for mark in marks.values()), marks
+    assert {n: m.attrib["class"] for n, m in marks.items() if m is not None} == {
+        "completed": "s0",
+        "demand": "s1 dash",
+        "b1": "s2",
+        "b2": "s3",
+    }
+    # A series dashed apart from one it lies on has the same dash in its mark.
+    b2 = marks["b2"]
+    assert b2 is not None and b2.attrib["stroke-dasharray"] == charts.DASHES[0]
+
+
+def test_dashed_lines_are_drawn_over_solid_ones_and_the_legend_says_where_they_lie() -> None:
+    series = [
+        {"name": "fair share", "values": [3, 2, 1], "dashed": True},
+        {"name": "completed", "values": [3, 5, 1]},
+        {"name": "waiting", "values": [0, 0, 0]},
+    ]
+    figure = parsed(charts.svg(chart(series, count=3)))
+    assert [p.attrib["data-series"] for p in figure.iter(SVG + "path")] == [
+        "completed",
+        "waiting",
+        "fair share",
+    ]
+    note = figure.find("p")
+    assert note is not None and note.attrib["class"] == "legend-note"
+    assert note.text == (
+        "Dashed lines are drawn over solid ones: fair share lies on completed where they are equal."
+    )
+    # Apart from one another, or all solid: no note.
+    alone = [{"name": "a", "values": [1, 2, 3]}, {"name": "b", "values": [2, 3, 4]}]
+    assert parsed(charts.svg(chart(alone, count=3))).find("p") is None

@@ -3,6 +3,7 @@ the console; bounded metric labels; JSON logs; the CLI's tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -26,7 +27,7 @@ from rota.dashboard.auth import (
 from rota.errors import ValidationError
 from rota.model.jsondata import plain
 from rota.readmodel.metrics import OTHER, TenantLabels
-from rota.readmodel.story import InBuffer, why, why_in_buffer
+from rota.readmodel.story import InBuffer, RunWords, ran_for, run_words, why, why_in_buffer
 from rota.runtime.logs import JsonFormatter
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
@@ -67,7 +68,7 @@ def test_why_a_ready_task_waits() -> None:
         "2 live worker(s) claim this queue"
     )
     held = why(stored(concurrency_limit=5, tenant_running=5, queue_workers=0), NOW)
-    assert "tenant acme is at its concurrency limit: 5 running of 5" in held
+    assert "tenant acme is at its concurrency limit: 5 claimed of 5 (running or prefetched)" in held
     assert "no live worker claims queue pdfs" in held
     rate = why(stored(rate_limit=2.0, tokens=0.5), NOW)
     assert "out of rate tokens (2/s): the next comes in 0.2 s" in rate
@@ -97,21 +98,76 @@ def test_why_other_states() -> None:
         worker="w1",
         attempt=2,
         claimed_at=NOW - timedelta(seconds=3),
+        started_at=NOW - timedelta(seconds=2),
         lease_expires_at=NOW + timedelta(seconds=57),
+        claim_running=True,
     )
-    assert why(running, NOW).startswith("running on worker w1 for 3.0 s (attempt 2 of 3)")
+    assert why(running, NOW).startswith(
+        "running on worker w1 since 2026-11-24T11:59:58.000+00:00 (2.0 s) (attempt 2 of 3)"
+    )
+    untold = dataclasses.replace(running, started_at=None)
+    assert why(untold, NOW).startswith(
+        "running on worker w1 since about 2026-11-24T11:59:57.000+00:00, its claim (3.0 s; "
+    )
+    prefetched = dataclasses.replace(running, started_at=None, claim_running=False)
+    assert why(prefetched, NOW).startswith(
+        "claimed by worker w1, waiting for a free slot (prefetched) for 3.0 s (attempt 2 of 3)"
+    )
+    assert run_words(prefetched, NOW) == RunWords(
+        "2026-11-24T11:59:57.000+00:00", "not started (prefetched)", "-"
+    )
     dead = stored(status="dead", attempts=3, last_error="ValueError: no")
     assert why(dead, NOW) == "dead after attempt 3 of 3: ValueError: no"
+
+
+def test_a_succeeded_tasks_run_in_words() -> None:
+    claimed = NOW - timedelta(seconds=1)
+    done = stored(
+        status="succeeded",
+        attempts=1,
+        finished_at=NOW,
+        claimed_at=claimed,
+        started_at=claimed + timedelta(milliseconds=300),
+        ran_seconds=0.0502,
+    )
+    assert why(done, NOW) == (
+        "succeeded 0.0 s ago after 1 attempt(s); claimed at 2026-11-24T11:59:59.000+00:00, "
+        "started at 2026-11-24T11:59:59.300+00:00, ran 0.05 s"
+    )
+    # Recorded before runs' starts were kept: its start is its claim's time.
+    old = dataclasses.replace(done, claimed_at=None, started_at=claimed, ran_seconds=None)
+    assert run_words(old, NOW) == RunWords(
+        "2026-11-24T11:59:59.000+00:00",
+        "not recorded (claimed at 2026-11-24T11:59:59.000+00:00)",
+        "not recorded",
+    )
+    # Completed by a worker that does not measure its runs.
+    untold = dataclasses.replace(done, started_at=claimed, ran_seconds=None)
+    assert run_words(untold, NOW) == old_words(claimed)
+    assert [ran_for(s) for s in (0.05, 0.0123, 0.5, 3.25, 150)] == [
+        "0.05 s",
+        "0.012 s",
+        "0.5 s",
+        "3.2 s",
+        "2.5 min",
+    ]
+
+
+def old_words(claimed: datetime) -> RunWords:
+    at = claimed.isoformat(timespec="milliseconds")
+    return RunWords(at, f"not recorded (claimed at {at})", "not recorded")
 
 
 def test_why_in_the_buffer() -> None:
     place = InBuffer("rota:buffer:{1}", "1-0", 12, 3.5, 0)
     assert why_in_buffer(place) == (
         "still in the Redis buffer (rota:buffer:{1}), not yet loaded into PostgreSQL: "
-        "12 entries ahead of it in its shard; the shard's oldest entry is 3.5 s old"
+        "12 entries ahead of it in its shard (up to 3,072 tasks: an entry holds up to 256); "
+        "the shard's oldest entry is 3.5 s old; no estimate of when it starts until it is "
+        "loaded and has a place in line"
     )
     stuck = why_in_buffer(InBuffer("s", "1-0", 0, 600, 0))
-    assert stuck.endswith("10.0 min old (is a loader running?)")
+    assert "10.0 min old (is a loader running?); no estimate" in stuck
     assert "read it 2 time(s)" in why_in_buffer(InBuffer("s", "1-0", 0, 1, 2))
 
 

@@ -83,8 +83,8 @@ def test_the_tasks_page_reads_its_query(monkeypatch: pytest.MonkeyPatch) -> None
     asked: list[tuple[Any, ...]] = []
     monkeypatch.setattr(data, "tasks", lambda c, *args: asked.append(args) or {})
     task.tasks(request(), down())
-    task.tasks(request("state=dead&tenant=+acme+&queue=&limit=5000"), down())
-    assert asked == [("ready", None, None, 50), ("dead", "acme", None, 1000)]
+    task.tasks(request("state=dead&tenant=+acme+&queue=&limit=5000&page=3"), down())
+    assert asked == [("ready", None, None, 1, 50), ("dead", "acme", None, 3, 1000)]
 
 
 def test_a_tasks_ids_come_from_the_path_or_the_body() -> None:

@@ -180,3 +180,26 @@ def test_an_unreadable_claim_of_several_hands_them_back_to_single_the_culprit_ou
     assert database.run(unreadable_claim("w1", set(), ValueError("bad row"))) == 3
     assert database.names() == ["worker_claims", "requeue"]
     assert database.ran[1][1]["consume"] is False
+
+
+def test_completions_carry_each_runs_measures_even_one_at_a_time() -> None:
+    done = tokens(3)
+    culprit = done[1][0]
+    runs = {task_id: core.RunTimes(0.5 + n, 0.05 * (n + 1)) for n, (task_id, _) in enumerate(done)}
+    sent: dict[uuid.UUID, tuple[float, float]] = {}
+
+    def complete(params: dict[str, Any]) -> list[dict[str, Any]]:
+        if len(params["ids"]) > 1 and culprit in params["ids"]:
+            raise psycopg.errors.DataError("the row cannot be written")
+        sent.update(
+            (i, (s, r))
+            for i, s, r in zip(params["ids"], params["started"], params["ran"], strict=True)
+        )
+        return accept_all(params)
+
+    database = FakeDatabase(complete=complete, fail=dead)
+    unreported = Unreported(done=list(done), runs=dict(runs))
+    assert database.run(report(unreported, POLICY)) == 3
+    # The batch refused, each task went alone, with its own measures.
+    assert sent == {task_id: (run.started, run.ran) for task_id, run in runs.items()}
+    assert unreported.runs == {}  # reported, forgotten

@@ -17,8 +17,9 @@ from rota.errors import RotaError
 
 def tasks(request: Request, c: data.Connections) -> dict[str, Any]:
     state = request.query_params.get("state", "ready")
-    limit = min(max(1, whole(request, "limit", PER_PAGE)), 1000)
-    return data.tasks(c, state, text(request, "tenant"), text(request, "queue"), limit)
+    per_page = min(max(1, whole(request, "limit", PER_PAGE)), 1000)
+    page = whole(request, "page", 1)
+    return data.tasks(c, state, text(request, "tenant"), text(request, "queue"), page, per_page)
 
 
 def story(request: Request, c: data.Connections) -> dict[str, Any]:

@@ -4,8 +4,14 @@
 --
 -- Finishes claimed tasks successfully. Returns the ids completed; an id
 -- whose attempt token is stale (the lease expired and the task was given to
--- someone else) is refused and left alone.
-CREATE OR REPLACE FUNCTION rota.complete(p_ids uuid[], p_attempts integer[]) RETURNS SETOF uuid
+-- someone else) is refused and left alone. p_started[i] and p_ran[i]: the
+-- seconds from the task's claim to its run's start, and the seconds it ran,
+-- as its worker measured them on its monotonic clock (NULL: not told; its
+-- start is then its heartbeat's record, else its claim's time).
+CREATE OR REPLACE FUNCTION rota.complete(p_ids uuid[], p_attempts integer[],
+                                         p_started double precision[] DEFAULT NULL,
+                                         p_ran double precision[] DEFAULT NULL)
+RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
                  SET enable_nestloop = off SET jit = off AS $body$
 DECLARE
@@ -16,7 +22,7 @@ BEGIN
     RETURN QUERY
     WITH taken AS MATERIALIZED (
         DELETE FROM rota.running r
-        USING unnest(p_ids, p_attempts) AS x(id, attempt)
+        USING unnest(p_ids, p_attempts, p_started, p_ran) AS x(id, attempt, started, ran)
         -- The ANY keeps the planner on the key however many tasks are running.
         WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
           -- A worker's report (an attempt token) counts only within its
@@ -26,16 +32,20 @@ BEGIN
           AND (v_worker IS NULL OR r.worker = v_worker)
           AND NOT r.counted AND r.key_id IS NULL
           AND NOT EXISTS (SELECT FROM rota.joins w WHERE NOT w.released)
-        RETURNING r.*
+        RETURNING r.*, x.started, x.ran
     ), gone AS (
         -- `t.id = ANY(ARRAY(...))` keeps the planner on the primary key.
         DELETE FROM rota.tasks t WHERE t.id = ANY (ARRAY(SELECT d.task_id FROM taken d))
         RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost, t.join_id
     ), stored AS (
         INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
-                                   max_attempts, cost)
-        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
-               g.max_attempts, g.cost
+                                   max_attempts, cost, claimed_at, ran_seconds)
+        -- Its start: the claim's time and the worker's measure from it (no
+        -- clock skew between them), else the heartbeat's record, else the
+        -- claim's time.
+        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at,
+               coalesce(d.claimed_at + make_interval(secs => d.started), d.started_at, d.claimed_at),
+               g.max_attempts, g.cost, d.claimed_at, d.ran
         FROM taken d JOIN gone g ON g.id = d.task_id
         RETURNING task_id
     )
@@ -47,7 +57,7 @@ BEGIN
         RETURN QUERY
     WITH taken AS MATERIALIZED (
         DELETE FROM rota.running r
-        USING unnest(p_ids, p_attempts) AS x(id, attempt)
+        USING unnest(p_ids, p_attempts, p_started, p_ran) AS x(id, attempt, started, ran)
         -- The ANY keeps the planner on the key however many tasks are running.
         WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
           -- A worker's report (an attempt token) counts only within its
@@ -55,7 +65,7 @@ BEGIN
           -- and may run elsewhere), whatever kept it silent.
           AND (x.attempt IS NULL OR (r.attempt = x.attempt AND r.lease_expires_at > now()))
           AND (v_worker IS NULL OR r.worker = v_worker)
-        RETURNING r.*
+        RETURNING r.*, x.started, x.ran
     ), counted AS (
         SELECT tenant_id, count(*) AS n FROM taken WHERE counted GROUP BY tenant_id
     ), locked AS MATERIALIZED (
@@ -83,7 +93,8 @@ BEGIN
     ), done AS MATERIALIZED (
         -- Read after keys_locked: tenant and key rows are locked before the
         -- tasks' rows, as when the tasks were taken in a statement of their own.
-        SELECT t.task_id, t.queue_id, t.tenant_id, t.attempt, t.claimed_at, t.counted, t.key_id
+        SELECT t.task_id, t.queue_id, t.tenant_id, t.attempt, t.claimed_at, t.counted, t.key_id,
+               t.started_at, t.started, t.ran
         FROM taken t
         WHERE (SELECT count(*) FROM keys_locked) >= 0
     ), gone AS (
@@ -92,9 +103,13 @@ BEGIN
         RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost, t.join_id
     ), stored AS (
         INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
-                                   max_attempts, cost)
-        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
-               g.max_attempts, g.cost
+                                   max_attempts, cost, claimed_at, ran_seconds)
+        -- Its start: the claim's time and the worker's measure from it (no
+        -- clock skew between them), else the heartbeat's record, else the
+        -- claim's time.
+        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at,
+               coalesce(d.claimed_at + make_interval(secs => d.started), d.started_at, d.claimed_at),
+               g.max_attempts, g.cost, d.claimed_at, d.ran
         FROM done d JOIN gone g ON g.id = d.task_id
         RETURNING task_id
     ), released AS (

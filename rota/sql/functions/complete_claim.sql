@@ -12,7 +12,9 @@
 -- fair order.
 CREATE OR REPLACE FUNCTION rota.complete_claim(p_ids uuid[], p_attempts integer[],
                                                p_queues text[], p_limit integer, p_worker text,
-                                               p_lease_seconds double precision)
+                                               p_lease_seconds double precision,
+                                               p_started double precision[] DEFAULT NULL,
+                                               p_ran double precision[] DEFAULT NULL)
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)
@@ -26,7 +28,7 @@ DECLARE
     v_limited boolean;
 BEGIN
     SELECT count(*), coalesce(bool_or(c.counted), false) INTO v_completed, v_locked
-    FROM rota.complete_counted(p_ids, p_attempts) c;
+    FROM rota.complete_counted(p_ids, p_attempts, p_started, p_ran) c;
     RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
                         NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
                         v_completed, NOT v_locked;

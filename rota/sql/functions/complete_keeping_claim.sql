@@ -10,7 +10,9 @@ CREATE OR REPLACE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts 
                                                        p_values jsonb[], p_refused text[],
                                                        p_ttls double precision[], p_queues text[],
                                                        p_limit integer, p_worker text,
-                                                       p_lease_seconds double precision)
+                                                       p_lease_seconds double precision,
+                                                       p_started double precision[] DEFAULT NULL,
+                                                       p_ran double precision[] DEFAULT NULL)
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)
@@ -24,7 +26,7 @@ DECLARE
     v_limited boolean;
 BEGIN
     SELECT count(*), coalesce(bool_or(c.counted), false) INTO v_completed, v_locked
-    FROM rota.complete_keeping(p_ids, p_attempts, p_values, p_refused, p_ttls) c;
+    FROM rota.complete_keeping(p_ids, p_attempts, p_values, p_refused, p_ttls, p_started, p_ran) c;
     RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::text,
                         NULL::integer, NULL::integer, NULL::timestamptz, NULL::timestamptz,
                         v_completed, NOT v_locked;

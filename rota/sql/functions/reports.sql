@@ -143,9 +143,12 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Heartbeat: extends the leases that have not passed; returns the ids still held
--- by these tokens.
+-- by these tokens. p_started[i]: the seconds from the task's claim to its
+-- run's start, for a task that started (its worker's monotonic measure;
+-- NULL: not started), kept as its start once known.
 CREATE OR REPLACE FUNCTION rota.extend_leases(p_ids uuid[], p_attempts integer[],
-                                              p_lease_seconds double precision)
+                                              p_lease_seconds double precision,
+                                              p_started double precision[] DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -153,8 +156,9 @@ DECLARE
 BEGIN
     RETURN QUERY
     UPDATE rota.running r
-    SET lease_expires_at = now() + make_interval(secs => p_lease_seconds)
-    FROM unnest(p_ids, p_attempts) AS x(id, attempt)
+    SET lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+        started_at = coalesce(r.started_at, r.claimed_at + make_interval(secs => x.started))
+    FROM unnest(p_ids, p_attempts, p_started) AS x(id, attempt, started)
     WHERE r.task_id = x.id AND r.attempt = x.attempt
       -- A lease that passed is not revived (rota.take_running).
       AND r.lease_expires_at > now()

@@ -5,17 +5,21 @@
 -- Completes claimed tasks, as rota.complete_counted, and keeps the results
 -- of those completed (p_values[i] or the reason p_refused[i], for p_ttls[i]
 -- seconds; NULLs for a task that keeps none), waking their waiters. Returns
--- every task completed, and whether its tenant's count was kept.
+-- every task completed, and whether its tenant's count was kept. p_started
+-- and p_ran: the runs' measures, as rota.complete takes them.
 CREATE OR REPLACE FUNCTION rota.complete_keeping(p_ids uuid[], p_attempts integer[],
                                                  p_values jsonb[], p_refused text[],
-                                                 p_ttls double precision[])
+                                                 p_ttls double precision[],
+                                                 p_started double precision[] DEFAULT NULL,
+                                                 p_ran double precision[] DEFAULT NULL)
 RETURNS TABLE (task_id uuid, counted boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
     WITH done AS MATERIALIZED (
-        SELECT c.task_id, c.counted FROM rota.complete_counted(p_ids, p_attempts) c
+        SELECT c.task_id, c.counted
+        FROM rota.complete_counted(p_ids, p_attempts, p_started, p_ran) c
     ), kept AS (
         INSERT INTO rota.results (task_id, value, refused, expires_at)
         SELECT k.id, k.value, k.refused, now() + make_interval(secs => k.ttl)

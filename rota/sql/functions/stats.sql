@@ -56,12 +56,13 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     WITH d AS (
         SELECT queue_id, coalesce(v.completed, 0)::float8 AS completed,
-               (coalesce(v.completed, 0) + coalesce(s.waiting + s.running, 0))::float8 AS demand,
+               (coalesce(v.completed, 0)
+                + coalesce(s.waiting + s.running + s.prefetched, 0))::float8 AS demand,
                t.weight
         FROM (SELECT queue_id, tenant_id, completed FROM rota.service
               WHERE minute = p_minute) v
-        FULL JOIN (SELECT queue_id, tenant_id, waiting, running FROM rota.stats
-                   WHERE waiting + running > 0) s USING (queue_id, tenant_id)
+        FULL JOIN (SELECT queue_id, tenant_id, waiting, running, prefetched FROM rota.stats
+                   WHERE waiting + running + prefetched > 0) s USING (queue_id, tenant_id)
         JOIN rota.tenants t ON t.id = tenant_id
     ), totals AS (
         SELECT queue_id, sum(completed) AS served, sum(demand) AS asked, sum(weight) AS w_all
@@ -115,31 +116,36 @@ BEGIN
     -- unfinished tasks (in line or claimed) enter the history (rota.service)
     -- when they change, and hourly while they stay: readers carry the last
     -- record forward.
-    WITH counts (queue_id, tenant_id, waiting, running, scheduled, dead, first_vtime) AS (
-        SELECT queue_id, tenant_id, count(*), 0, 0, 0, min(vtime)
+    WITH counts (queue_id, tenant_id, waiting, running, scheduled, dead, first_vtime,
+                 prefetched) AS (
+        SELECT queue_id, tenant_id, count(*), 0, 0, 0, min(vtime), 0
         FROM rota.ready GROUP BY 1, 2
         UNION ALL
         -- Parked (waiting for their key's room): waiting, not first in line.
-        SELECT queue_id, tenant_id, count(*), 0, 0, 0, NULL
+        SELECT queue_id, tenant_id, count(*), 0, 0, 0, NULL, 0
         FROM rota.parked GROUP BY 1, 2
         UNION ALL
-        SELECT queue_id, tenant_id, 0, count(*), 0, 0, NULL FROM rota.running GROUP BY 1, 2
+        -- Claims: running, or claimed and not started (rota.claims).
+        SELECT queue_id, tenant_id, 0, count(*) FILTER (WHERE running), 0, 0, NULL,
+               count(*) FILTER (WHERE NOT running)
+        FROM rota.claims GROUP BY 1, 2
         UNION ALL
-        SELECT t.queue_id, t.tenant_id, 0, 0, count(*), 0, NULL
+        SELECT t.queue_id, t.tenant_id, 0, 0, count(*), 0, NULL, 0
         FROM rota.scheduled s JOIN rota.tasks t ON t.id = s.task_id GROUP BY 1, 2
         UNION ALL
-        SELECT queue_id, tenant_id, 0, 0, 0, count(*), NULL
+        SELECT queue_id, tenant_id, 0, 0, 0, count(*), NULL, 0
         FROM rota.tasks WHERE status = 'dead' GROUP BY 1, 2
     ), grouped AS (
         SELECT queue_id, tenant_id, sum(waiting) AS waiting, sum(running) AS running,
-               sum(scheduled) AS scheduled, sum(dead) AS dead, min(first_vtime) AS first_vtime
+               sum(scheduled) AS scheduled, sum(dead) AS dead, min(first_vtime) AS first_vtime,
+               sum(prefetched) AS prefetched
         FROM counts GROUP BY 1, 2
     ), diff AS MATERIALIZED (
         -- A full join is a hash or merge join: linear, whatever the
         -- estimates of a table that was empty when last analyzed.
         SELECT coalesce(g.queue_id, s.queue_id) AS queue_id,
                coalesce(g.tenant_id, s.tenant_id) AS tenant_id, s.ctid AS row_at,
-               g.waiting, g.running, g.scheduled, g.dead, g.first_vtime,
+               g.waiting, g.running, g.scheduled, g.dead, g.first_vtime, g.prefetched,
                -- Within a tenant and queue, line order is arrival order: its
                -- first task in line is its oldest waiting (an index probe),
                -- the same task while its place and the count in line stay.
@@ -153,16 +159,16 @@ BEGIN
                END AS oldest_enqueued_at,
                g.queue_id IS NULL AS gone, s.queue_id IS NULL AS added,
                g.queue_id IS NOT NULL AND s.queue_id IS NOT NULL
-                   AND ((g.waiting, g.running, g.scheduled, g.dead, g.first_vtime)
+                   AND ((g.waiting, g.running, g.scheduled, g.dead, g.first_vtime, g.prefetched)
                             IS DISTINCT FROM
-                        (s.waiting, s.running, s.scheduled, s.dead, s.first_vtime))
+                        (s.waiting, s.running, s.scheduled, s.dead, s.first_vtime, s.prefetched))
                    AS changed,
-               coalesce(g.waiting + g.running, 0) AS pending,
-               CASE WHEN s.queue_id IS NULL THEN coalesce(g.waiting + g.running, 0) > 0
-                    WHEN g.queue_id IS NULL THEN s.waiting + s.running > 0
-                    ELSE g.waiting + g.running <> s.waiting + s.running
+               coalesce(g.waiting + g.running + g.prefetched, 0) AS pending,
+               CASE WHEN s.queue_id IS NULL THEN coalesce(g.waiting + g.running + g.prefetched, 0) > 0
+                    WHEN g.queue_id IS NULL THEN s.waiting + s.running + s.prefetched > 0
+                    ELSE g.waiting + g.running + g.prefetched <> s.waiting + s.running + s.prefetched
                          OR s.recorded_at < p_now - interval '1 hour'
-                         OR (s.recorded_at IS NULL AND g.waiting + g.running > 0)
+                         OR (s.recorded_at IS NULL AND g.waiting + g.running + g.prefetched > 0)
                END AS record,
                s.recorded_at
         FROM grouped g FULL JOIN rota.stats s
@@ -172,15 +178,15 @@ BEGIN
     ), changed AS (
         UPDATE rota.stats s
         SET waiting = d.waiting, running = d.running, scheduled = d.scheduled, dead = d.dead,
-            first_vtime = d.first_vtime, oldest_enqueued_at = d.oldest_enqueued_at,
+            prefetched = d.prefetched, first_vtime = d.first_vtime, oldest_enqueued_at = d.oldest_enqueued_at,
             recorded_at = CASE WHEN d.record THEN p_now ELSE d.recorded_at END
         FROM diff d
         WHERE s.ctid = d.row_at AND (d.changed OR d.record) AND NOT d.gone
     ), added AS (
         INSERT INTO rota.stats (queue_id, tenant_id, waiting, running, scheduled, dead,
-                                oldest_enqueued_at, recorded_at, first_vtime)
+                                oldest_enqueued_at, recorded_at, first_vtime, prefetched)
         SELECT queue_id, tenant_id, waiting, running, scheduled, dead, oldest_enqueued_at,
-               CASE WHEN record THEN p_now END, first_vtime
+               CASE WHEN record THEN p_now END, first_vtime, prefetched
         FROM diff WHERE added
     ), recorded AS (
         INSERT INTO rota.service AS v (minute, queue_id, tenant_id, completed, wait_seconds,

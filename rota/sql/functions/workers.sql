@@ -123,18 +123,23 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION rota.worker_complete(p_worker text, p_secret bytea, p_ids uuid[],
-                                                p_attempts integer[]) RETURNS SETOF uuid
+                                                p_attempts integer[],
+                                                p_started double precision[] DEFAULT NULL,
+                                                p_ran double precision[] DEFAULT NULL)
+RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM rota.check_worker(p_worker, p_secret);
-    RETURN QUERY SELECT * FROM rota.complete(p_ids, p_attempts);
+    RETURN QUERY SELECT * FROM rota.complete(p_ids, p_attempts, p_started, p_ran);
 END
 $$;
 
 CREATE OR REPLACE FUNCTION rota.worker_complete_claim(p_worker text, p_secret bytea, p_ids uuid[],
                                                       p_attempts integer[], p_queues text[],
                                                       p_limit integer,
-                                                      p_lease_seconds double precision)
+                                                      p_lease_seconds double precision,
+                                                      p_started double precision[] DEFAULT NULL,
+                                                      p_ran double precision[] DEFAULT NULL)
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)
@@ -142,7 +147,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM rota.check_worker(p_worker, p_secret);
     RETURN QUERY SELECT * FROM rota.complete_claim(p_ids, p_attempts, p_queues, p_limit,
-                                                   p_worker, p_lease_seconds);
+                                                   p_worker, p_lease_seconds, p_started, p_ran);
 END
 $$;
 
@@ -181,12 +186,13 @@ $$;
 
 CREATE OR REPLACE FUNCTION rota.worker_extend_leases(p_worker text, p_secret bytea,
                                                      p_ids uuid[], p_attempts integer[],
-                                                     p_lease_seconds double precision)
+                                                     p_lease_seconds double precision,
+                                                     p_started double precision[] DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM rota.check_worker(p_worker, p_secret);
-    RETURN QUERY SELECT * FROM rota.extend_leases(p_ids, p_attempts, p_lease_seconds);
+    RETURN QUERY SELECT * FROM rota.extend_leases(p_ids, p_attempts, p_lease_seconds, p_started);
 END
 $$;
 
@@ -255,20 +261,24 @@ $$;
 
 CREATE OR REPLACE FUNCTION rota.worker_complete_keeping(p_worker text, p_secret bytea, p_ids uuid[],
                                                         p_attempts integer[], p_values jsonb[],
-                                                        p_refused text[], p_ttls double precision[])
+                                                        p_refused text[], p_ttls double precision[],
+                                                        p_started double precision[] DEFAULT NULL,
+                                                        p_ran double precision[] DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM rota.check_worker(p_worker, p_secret);
     RETURN QUERY SELECT c.task_id FROM rota.complete_keeping(p_ids, p_attempts, p_values,
-                                                             p_refused, p_ttls) c;
+                                                             p_refused, p_ttls, p_started,
+                                                             p_ran) c;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION rota.worker_complete_keeping_claim(
     p_worker text, p_secret bytea, p_ids uuid[], p_attempts integer[], p_values jsonb[],
     p_refused text[], p_ttls double precision[], p_queues text[], p_limit integer,
-    p_lease_seconds double precision
+    p_lease_seconds double precision, p_started double precision[] DEFAULT NULL,
+    p_ran double precision[] DEFAULT NULL
 )
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
@@ -278,7 +288,8 @@ BEGIN
     PERFORM rota.check_worker(p_worker, p_secret);
     RETURN QUERY SELECT * FROM rota.complete_keeping_claim(p_ids, p_attempts, p_values,
                                                            p_refused, p_ttls, p_queues, p_limit,
-                                                           p_worker, p_lease_seconds);
+                                                           p_worker, p_lease_seconds,
+                                                           p_started, p_ran);
 END
 $$;
 

@@ -58,7 +58,9 @@ $body$;
 -- fair order.
 CREATE OR REPLACE FUNCTION rota.complete_claim(p_ids uuid[], p_attempts integer[],
                                                p_queues text[], p_limit integer, p_worker text,
-                                               p_lease_seconds double precision)
+                                               p_lease_seconds double precision,
+                                               p_started double precision[] DEFAULT NULL,
+                                               p_ran double precision[] DEFAULT NULL)
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)
@@ -75,7 +77,9 @@ CREATE OR REPLACE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts 
                                                        p_values jsonb[], p_refused text[],
                                                        p_ttls double precision[], p_queues text[],
                                                        p_limit integer, p_worker text,
-                                                       p_lease_seconds double precision)
+                                                       p_lease_seconds double precision,
+                                                       p_started double precision[] DEFAULT NULL,
+                                                       p_ran double precision[] DEFAULT NULL)
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)

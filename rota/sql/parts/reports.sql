@@ -40,7 +40,9 @@ $body$;
 -- rota.complete's work, saying of each task completed whether its tenant's
 -- running counter counted it (its tenant row was locked to uncount it): for
 -- rota.complete_claim and rota.complete_keeping.
-CREATE OR REPLACE FUNCTION rota.complete_counted(p_ids uuid[], p_attempts integer[])
+CREATE OR REPLACE FUNCTION rota.complete_counted(p_ids uuid[], p_attempts integer[],
+                                                 p_started double precision[] DEFAULT NULL,
+                                                 p_ran double precision[] DEFAULT NULL)
 RETURNS TABLE (task_id uuid, counted boolean)
 LANGUAGE plpgsql SET enable_nestloop = off SET jit = off AS $body$
 #variable_conflict use_column
@@ -50,8 +52,14 @@ $body$;
 -- name: complete
 -- Finishes claimed tasks successfully. Returns the ids completed; an id
 -- whose attempt token is stale (the lease expired and the task was given to
--- someone else) is refused and left alone.
-CREATE OR REPLACE FUNCTION rota.complete(p_ids uuid[], p_attempts integer[]) RETURNS SETOF uuid
+-- someone else) is refused and left alone. p_started[i] and p_ran[i]: the
+-- seconds from the task's claim to its run's start, and the seconds it ran,
+-- as its worker measured them on its monotonic clock (NULL: not told; its
+-- start is then its heartbeat's record, else its claim's time).
+CREATE OR REPLACE FUNCTION rota.complete(p_ids uuid[], p_attempts integer[],
+                                         p_started double precision[] DEFAULT NULL,
+                                         p_ran double precision[] DEFAULT NULL)
+RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
                  SET enable_nestloop = off SET jit = off AS $body$
 {{completion}}
@@ -86,10 +94,11 @@ BEGIN
 END
 
 -- name: take_rows
--- The running rows of these tasks, taken ({{lean_only}}: more conditions).
+-- The running rows of these tasks, taken ({{lean_only}}: more conditions;
+-- {{reported}}: the reports' arrays, {{times}}: what of them each row keeps).
     WITH taken AS MATERIALIZED (
         DELETE FROM rota.running r
-        USING unnest(p_ids, p_attempts) AS x(id, attempt)
+        USING {{reported}}
         -- The ANY keeps the planner on the key however many tasks are running.
         WHERE r.task_id = ANY (p_ids) AND r.task_id = x.id
           -- A worker's report (an attempt token) counts only within its
@@ -98,7 +107,7 @@ END
           AND (x.attempt IS NULL OR (r.attempt = x.attempt AND r.lease_expires_at > now()))
           AND (v_worker IS NULL OR r.worker = v_worker)
 {{lean_only}}
-        RETURNING r.*
+        RETURNING r.*{{times}}
 
 -- name: lean_only
 -- The tasks counted for no tenant and no key, while no join waits (most):
@@ -140,7 +149,8 @@ END
     ), done AS MATERIALIZED (
         -- Read after keys_locked: tenant and key rows are locked before the
         -- tasks' rows, as when the tasks were taken in a statement of their own.
-        SELECT t.task_id, t.queue_id, t.tenant_id, t.attempt, t.claimed_at, t.counted, t.key_id
+        SELECT t.task_id, t.queue_id, t.tenant_id, t.attempt, t.claimed_at, t.counted, t.key_id,
+               t.started_at, t.started, t.ran
         FROM taken t
         WHERE (SELECT count(*) FROM keys_locked) >= 0
 
@@ -153,9 +163,13 @@ END
         RETURNING t.id, t.enqueued_at, t.max_attempts, t.cost, t.join_id
     ), stored AS (
         INSERT INTO rota.finished (task_id, queue_id, tenant_id, attempts, enqueued_at, started_at,
-                                   max_attempts, cost)
-        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at, d.claimed_at,
-               g.max_attempts, g.cost
+                                   max_attempts, cost, claimed_at, ran_seconds)
+        -- Its start: the claim's time and the worker's measure from it (no
+        -- clock skew between them), else the heartbeat's record, else the
+        -- claim's time.
+        SELECT d.task_id, d.queue_id, d.tenant_id, d.attempt, g.enqueued_at,
+               coalesce(d.claimed_at + make_interval(secs => d.started), d.started_at, d.claimed_at),
+               g.max_attempts, g.cost, d.claimed_at, d.ran
         FROM {{rows}} d JOIN gone g ON g.id = d.task_id
         RETURNING task_id
 
