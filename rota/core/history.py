@@ -138,6 +138,16 @@ class FairShare:
         """Served less than its fair share (beyond rounding)."""
         return self.standing == "below"
 
+    def as_fields(self) -> dict[str, Any]:
+        """Its figures as the read model's tenant rows and details name them."""
+        return {
+            "fair_minutes": self.minutes,
+            "served_per_minute": self.served_per_minute,
+            "demand_per_minute": self.demand_per_minute,
+            "fair_share_per_minute": self.fair_share_per_minute,
+            "fair_standing": self.standing,
+        }
+
 
 def within_rounding(served: float, fair: float) -> bool:
     """Whether two figures per minute agree as the console rounds them."""

@@ -9,11 +9,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, select, value, values
-from rota.core.history import FAIR_MINUTES, FairShare, fair_shares
+from rota.core.history import FAIR_MINUTES, fair_shares
 from rota.core.paging import check_page
 from rota.core.rows import Both, Rows, optional_float
 from rota.errors import ValidationError
@@ -181,28 +181,10 @@ def tenants(
 
 def _tenants(params: dict[str, Any]) -> Op[TenantPage]:
     rows = yield from select(query("tenant_rows"), params, _TENANT_PAGE)
-    page = [row for row, _ in rows]
-    # The page's tenants' fair shares in one statement.
-    fair = yield from fair_shares([row.name for row in page])
-    return TenantPage(
-        [_with_fair(row, fair[row.name]) if row.name in fair else row for row in page],
-        next((total for _, total in rows), 0),
-    )
-
-
-_Shown = TypeVar("_Shown", "TenantRow", "TenantDetail")
-
-
-def _with_fair(row: _Shown, fair: FairShare) -> _Shown:
-    """A tenant's row or detail with its figures per minute (FairShare)."""
-    return dataclasses.replace(
-        row,
-        fair_minutes=fair.minutes,
-        served_per_minute=fair.served_per_minute,
-        demand_per_minute=fair.demand_per_minute,
-        fair_share_per_minute=fair.fair_share_per_minute,
-        fair_standing=fair.standing,
-    )
+    # One statement for the page; tenants are never deleted: each is found.
+    fair = yield from fair_shares([row.name for row, _ in rows])
+    page = [dataclasses.replace(r, **fair[r.name].as_fields()) for r, _ in rows]
+    return TenantPage(page, next((total for _, total in rows), 0))
 
 
 @dataclass(frozen=True)
@@ -272,10 +254,8 @@ class TenantDetail:
     service: list[tuple[datetime, int, float | None]] = dataclasses.field(
         default_factory=list
     )  # minute, completions, mean wait (s)
-    # Over the last `fair_minutes` whole minutes, per minute: completions,
-    # demand (completions and the tasks unfinished at the window's end), the
-    # max-min fair share of the completions (None: no fair level kept for
-    # those minutes), and where it stands (rota.core.history.FairShare).
+    # Over the last `fair_minutes` whole minutes, per minute, as the tenants
+    # list: rota.core.history.FairShare says what each counts.
     fair_minutes: int = 0
     served_per_minute: float = 0.0
     demand_per_minute: float = 0.0
@@ -311,7 +291,7 @@ def _tenant(name: str) -> Op[TenantDetail | None]:
 
     fair = yield from fair_shares([name])
     found = dataclasses.replace(detail, queues=per_queue, service=service)
-    return _with_fair(found, fair[name]) if name in fair else found
+    return dataclasses.replace(found, **fair[name].as_fields()) if name in fair else found
 
 
 class _Minute(NamedTuple):
