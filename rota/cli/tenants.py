@@ -58,7 +58,9 @@ app.add_typer(tenant_app, name="tenant", no_args_is_help=True)
 
 @tenant_app.command("list")
 def tenant_list(
-    sort: Annotated[str, typer.Option(help="name, waiting, running, dead, ...")] = "waiting",
+    sort: Annotated[
+        str, typer.Option(help="name, waiting, running, dead, oldest_wait, served or weight")
+    ] = "waiting",
     ascending: Annotated[bool, typer.Option(help="smallest first")] = False,
     prefix: Annotated[str, typer.Option(help="names starting with this")] = "",
     limit: Annotated[int, typer.Option(help="at most this many")] = 50,
@@ -66,7 +68,9 @@ def tenant_list(
     as_json: AsJson = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Tenants with their limits and figures, a page at a time."""
+    """Tenants with their limits and figures, a page at a time: served, fair
+    share and demand per minute over the last 5 whole minutes, as the
+    console shows them."""
     from rota.core import read
 
     listing = read.tenants(
@@ -144,11 +148,9 @@ def tenant_set(
     )
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
 def _tenant_table(page: Any) -> str:
+    from rota.core.history import FAIR_MINUTES
+
     rows = [
         (
             t.name,
@@ -161,9 +163,7 @@ def _tenant_table(page: Any) -> str:
             t.capacity,
             t.dead,
             t.oldest_wait_seconds,
-            t.served,
-            _pct(t.share),
-            _pct(t.fair_share),
+            _fair_text(t),
         )
         for t in page.rows
     ]
@@ -178,11 +178,18 @@ def _tenant_table(page: Any) -> str:
         "capacity",
         "dead",
         "oldest wait s",
-        "served 5 min",
-        "share",
-        "fair share",
+        f"per minute, last {FAIR_MINUTES} whole minutes",
     ]
     return f"{page.total:,} tenant(s)\n" + table(headers, rows)
+
+
+def _fair_text(t: Any) -> str:
+    """The console's wording of served, fair share and demand per minute."""
+    from rota.core.history import wording
+
+    return wording(
+        t.served_per_minute, t.fair_share_per_minute, t.demand_per_minute, t.fair_standing
+    )
 
 
 def _tenant_text(t: Any) -> str:
@@ -223,12 +230,9 @@ def _tenant_text(t: Any) -> str:
         ],
     )
     served = sum(n for _, n, _ in t.service)
-    share = t.fair_share_per_minute
     fair = (
-        f"per minute over the last {t.fair_minutes} whole minutes: served "
-        f"{t.served_per_minute:,.1f}, asked for {t.demand_per_minute:,.1f} "
-        f"(completed, waiting or claimed), max-min fair share "
-        + ("not kept" if share is None else f"{share:,.1f}")
+        f"per minute over the last {t.fair_minutes} whole minutes: {_fair_text(t)} "
+        "(demand: completed, or unfinished at the window's end)"
     )
     return (
         f"tenant {t.name} (slot {t.slot}): "

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from rota.core.db import Execute, Op, UUIDArray, first, select, value, values
-from rota.core.history import tenant_fair_share
+from rota.core.history import FAIR_MINUTES, fair_shares
 from rota.core.paging import check_page
 from rota.core.rows import Both, Rows, optional_float
 from rota.errors import ValidationError
@@ -115,9 +115,13 @@ class TenantRow:
     scheduled: int
     dead: int
     oldest_wait_seconds: float | None
-    served: int  # completions over the last five minutes
-    share: float | None  # of all completions then
-    fair_share: float | None  # its weight among the tenants with work
+    # Over the last `fair_minutes` whole minutes, per minute (one definition:
+    # rota.core.history.FairShare, as the tenant's page shows it).
+    fair_minutes: int = 0
+    served_per_minute: float = 0.0
+    demand_per_minute: float = 0.0
+    fair_share_per_minute: float | None = None
+    fair_standing: str | None = None  # at, below or above its fair share
     prefetched: int = 0  # claimed, not started
     # Its claims, running or prefetched: what its concurrency limit counts.
     claimed: int = 0
@@ -126,6 +130,7 @@ class TenantRow:
 _TENANT_PAGE = Both(
     Rows(
         TenantRow,
+        extra=["served"],  # the sort key of served per minute
         weight=float,
         waiting=int,
         running=int,
@@ -136,9 +141,6 @@ _TENANT_PAGE = Both(
         scheduled=int,
         dead=int,
         oldest_wait_seconds=optional_float,
-        served=int,
-        share=optional_float,
-        fair_share=optional_float,
     ),
     Rows(int, ["total"]),
 )
@@ -172,13 +174,17 @@ def tenants(
             "prefix": prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_"),
             "offset": offset,
             "limit": limit,
+            "minutes": FAIR_MINUTES,
         }
     )
 
 
 def _tenants(params: dict[str, Any]) -> Op[TenantPage]:
     rows = yield from select(query("tenant_rows"), params, _TENANT_PAGE)
-    return TenantPage([row for row, _ in rows], next((total for _, total in rows), 0))
+    # One statement for the page; tenants are never deleted: each is found.
+    fair = yield from fair_shares([row.name for row, _ in rows])
+    page = [dataclasses.replace(r, **fair[r.name].as_fields()) for r, _ in rows]
+    return TenantPage(page, next((total for _, total in rows), 0))
 
 
 @dataclass(frozen=True)
@@ -248,13 +254,13 @@ class TenantDetail:
     service: list[tuple[datetime, int, float | None]] = dataclasses.field(
         default_factory=list
     )  # minute, completions, mean wait (s)
-    # Over the last `fair_minutes` whole minutes, per minute: completions,
-    # demand (completions and unfinished tasks), and the max-min fair share
-    # of the completions (None: no fair level kept for those minutes).
+    # Over the last `fair_minutes` whole minutes, per minute, as the tenants
+    # list: rota.core.history.FairShare says what each counts.
     fair_minutes: int = 0
     served_per_minute: float = 0.0
     demand_per_minute: float = 0.0
     fair_share_per_minute: float | None = None
+    fair_standing: str | None = None  # at, below or above its fair share
 
 
 _TENANT_DETAIL = Rows(
@@ -283,16 +289,9 @@ def _tenant(name: str) -> Op[TenantDetail | None]:
     minutes = yield from select(query("tenant_service"), of, _MINUTES)
     service = [(m.minute, m.completed, m.wait_seconds) for m in minutes]
 
-    fair = yield from tenant_fair_share(detail.slot)
-    return dataclasses.replace(
-        detail,
-        queues=per_queue,
-        service=service,
-        fair_minutes=fair.minutes,
-        served_per_minute=fair.served_per_minute,
-        demand_per_minute=fair.demand_per_minute,
-        fair_share_per_minute=fair.fair_share_per_minute,
-    )
+    fair = yield from fair_shares([name])
+    found = dataclasses.replace(detail, queues=per_queue, service=service)
+    return dataclasses.replace(found, **fair[name].as_fields()) if name in fair else found
 
 
 class _Minute(NamedTuple):

@@ -23,7 +23,7 @@ import redis
 from rota import core
 from rota.app import App
 from rota.buffer import deadletters, redis_client
-from rota.core import connections, db, read, taskpage, versions
+from rota.core import connections, db, history, read, taskpage, versions
 from rota.core.progress import progress_of
 from rota.core.results import task_result
 from rota.errors import ValidationError
@@ -159,6 +159,7 @@ def tenants(
         "sort": sort,
         "descending": descending,
         "prefix": prefix,
+        "fair_minutes": history.FAIR_MINUTES,  # the window of each row's figures per minute
         "tenants": plain(found.rows),
     }
 

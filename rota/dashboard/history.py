@@ -69,6 +69,10 @@ class Axis:
     def chart(
         self, key: str, title: str, unit: str, series: list[dict[str, Any]]
     ) -> dict[str, Any]:
+        for one in series:
+            one["values"] = [clean(v) for v in one["values"]]
+            if "now" in one:
+                one["now"] = clean(one["now"])
         return {
             "id": key,
             "title": title,
@@ -78,6 +82,19 @@ class Axis:
             "times": [t.isoformat() for t in self.times],
             "series": series,
         }
+
+
+# Float residue: a figure this close to 0 is 0 (a difference of sums, such
+# as "other", the total less the series shown, leaves ~1e-14).
+RESIDUE = 1e-9
+
+
+def clean(value: float | None) -> float | None:
+    """A figure as charted: residue within RESIDUE of 0 is 0, the rest
+    rounded to 6 decimals (beyond what any legend or tick shows)."""
+    if value is None:
+        return None
+    return 0.0 if abs(value) < RESIDUE else round(value, 6)
 
 
 def _add(into: Values, i: int, value: float | None) -> None:
@@ -197,17 +214,23 @@ def service_chart(c: Connections, window: str, names: Sequence[str]) -> dict[str
         series: list[dict[str, Any]] = [
             {"name": name, "values": by_tenant.get(name) or _zeros(total)} for name in shown
         ]
-        rest: Values = []
-        for i, whole in enumerate(total):
-            shown_sum = sum((s["values"][i] or 0.0) for s in series)
-            rest.append(None if whole is None else max(0.0, whole - shown_sum))
-        series.append({"name": "other", "values": rest})
+        series.append({"name": "other", "values": rest_of(total, series)})
         chart = axis.chart("service", "Service per tenant", "completed per minute", series)
         chart["searched"] = list(names)
         return chart
 
     found: dict[str, Any] = c.recent.get(("service-chart", window, tuple(names)), fetch)
     return found
+
+
+def rest_of(total: Values, series: Sequence[dict[str, Any]]) -> Values:
+    """Everyone else's: the total less the series shown, bucket by bucket,
+    never below 0 and without float residue."""
+    rest: Values = []
+    for i, whole in enumerate(total):
+        shown_sum = sum((s["values"][i] or 0.0) for s in series)
+        rest.append(None if whole is None else clean(max(0.0, whole - shown_sum)))
+    return rest
 
 
 def _zeros(total: Values) -> Values:
@@ -250,8 +273,15 @@ def tenant_charts(c: Connections, name: str, window: str) -> dict[str, dict[str,
                 continue
             waits[i] = p.wait_seconds
             if i < axis.count - 1:
+                # The bucket's demand: completions and what was unfinished
+                # at its end, per minute of the bucket.
                 demand[i] = p.demand * per_minute
-                fair[i] = None if p.fair_share is None else p.fair_share * per_minute
+                if p.fair_share is not None:
+                    owed = p.fair_share * per_minute
+                    done = completed[i] or 0.0
+                    # Within rounding of what it was served: at its fair share
+                    # (rota.core.history.FairShare's rule).
+                    fair[i] = done if history.within_rounding(done, owed) else owed
         for i, whole in enumerate(total):  # counted, and it asked for nothing: owed nothing
             if whole is not None and i < axis.count - 1 and not demand[i]:
                 fair[i] = 0.0

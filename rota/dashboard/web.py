@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from rota.buffer import redis_client
-from rota.core import db
+from rota.core import db, history
 from rota.dashboard.auth import (
     COOKIE,
     CSRF_FIELD,
@@ -38,6 +38,7 @@ from rota.settings import Settings
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 TEMPLATES.env.globals["chart"] = svg
+TEMPLATES.env.globals["fair_wording"] = history.wording
 REFRESH_SECONDS = 5
 PER_PAGE = 50
 # A server out of reach: the page says so (503), and to try again.

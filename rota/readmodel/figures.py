@@ -22,7 +22,7 @@ import redis
 
 from rota.buffer import deadletters, redis_client
 from rota.buffer.streams import all_streams, buffer_stats
-from rota.core import connections, db, read
+from rota.core import connections, db, history, read
 from rota.runtime.redact import redact
 from rota.settings import Settings
 
@@ -37,6 +37,8 @@ class Figures:
     at: datetime
     queues: list[read.QueueRow] = field(default_factory=list)
     tenants: list[read.TopTenant] = field(default_factory=list)
+    # The top tenants' service, demand and fair share (rota.core.history).
+    fair: dict[str, history.FairShare] = field(default_factory=dict)
     tenant_count: int = 0
     workers: list[read.WorkerRow] = field(default_factory=list)
     loaders: list[read.LoaderBatch] = field(default_factory=list)
@@ -70,6 +72,7 @@ def gather(
 def _postgres_figures(conn: psycopg.Connection[Any], top: int, figures: Figures) -> None:
     figures.queues = db.run(conn, read.queues())
     figures.tenants, figures.tenant_count = db.run(conn, read.top_tenants(max(1, top)))
+    figures.fair = db.run(conn, history.fair_shares([t.name for t in figures.tenants]))
     figures.workers = db.run(conn, read.workers())
     figures.loaders = db.run(conn, read.loader_batches())
 

@@ -279,6 +279,28 @@ class FiguresCollector(Collector):
         for state in named:
             total = sum(getattr(q, state) for q in figures.queues)
             tenant_tasks.add_metric([OTHER, state], max(0, total - named[state]))
+        # The top tenants' figures per minute over the fair share's window
+        # (rota.core.history.FairShare: the console's and `rota tenant`'s).
+        served = GaugeMetricFamily(
+            "rota_tenant_served_per_minute",
+            "Top tenants' completions per minute over the last whole minutes.",
+            labels=["tenant"],
+        )
+        demand = GaugeMetricFamily(
+            "rota_tenant_demand_per_minute",
+            "Top tenants' demand per minute (completed, or unfinished at the window's end).",
+            labels=["tenant"],
+        )
+        fair = GaugeMetricFamily(
+            "rota_tenant_fair_share_per_minute",
+            "Top tenants' max-min fair share per minute (equal to served when within rounding).",
+            labels=["tenant"],
+        )
+        for name, share in sorted(figures.fair.items()):
+            served.add_metric([name], share.served_per_minute)
+            demand.add_metric([name], share.demand_per_minute)
+            if share.fair_share_per_minute is not None:
+                fair.add_metric([name], share.fair_share_per_minute)
         # Claims split as rota.claims tells them apart (rota.stats counts them).
         started = GaugeMetricFamily(
             "rota_tasks_running",
@@ -313,6 +335,9 @@ class FiguresCollector(Collector):
             throughput,
             oldest,
             tenant_tasks,
+            served,
+            demand,
+            fair,
             workers,
             started,
             prefetched,

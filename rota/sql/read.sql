@@ -54,9 +54,10 @@ LEFT JOIN (
 ORDER BY q.name
 
 -- name: tenant_rows
--- Every tenant with its figures (rota.stats, rota.service over the last
--- five minutes), filtered by a name prefix; sorted and paged by the caller's
--- choice among fixed keys.
+-- Every tenant with its figures (rota.stats), filtered by a name prefix;
+-- sorted and paged by the caller's choice among fixed keys. `served` (a
+-- sort key: the figures shown are rota.core.history.fair_shares') counts
+-- the completions of the last `minutes` whole minutes, its window.
 WITH s AS (
     SELECT tenant_id, sum(waiting) AS waiting, sum(running) AS running,
            sum(prefetched) AS prefetched, sum(scheduled) AS scheduled, sum(dead) AS dead,
@@ -64,13 +65,10 @@ WITH s AS (
     FROM rota.stats GROUP BY tenant_id
 ), served AS (
     SELECT tenant_id, sum(completed) AS completed
-    FROM rota.service WHERE minute >= now() - interval '5 minutes' GROUP BY tenant_id
-), totals AS (
-    -- Fair shares are among the tenants that had work: waiting, or served.
-    SELECT (SELECT coalesce(sum(completed), 0) FROM served) AS completed,
-           (SELECT coalesce(sum(t.weight), 0) FROM rota.tenants t
-            WHERE t.id IN (SELECT tenant_id FROM s WHERE waiting + running + prefetched > 0
-                           UNION SELECT tenant_id FROM served)) AS weight
+    FROM rota.service
+    WHERE minute >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s)
+      AND minute < date_trunc('minute', now())
+    GROUP BY tenant_id
 ), rows AS (
     SELECT t.name, t.weight, t.paused, coalesce(s.waiting, 0) AS waiting,
            coalesce(s.running, 0) AS running, coalesce(s.prefetched, 0) AS prefetched,
@@ -78,16 +76,10 @@ WITH s AS (
            rota.tokens_now(t.rate_limit, t.rate_burst, t.tokens, t.refilled_at) AS tokens,
            t.capacity, coalesce(s.scheduled, 0) AS scheduled, coalesce(s.dead, 0) AS dead,
            extract(epoch FROM now() - s.oldest) AS oldest_wait_seconds,
-           coalesce(v.completed, 0) AS served,
-           CASE WHEN x.completed > 0 THEN coalesce(v.completed, 0) / x.completed END AS share,
-           CASE WHEN x.weight > 0
-                     AND (coalesce(s.waiting + s.running + s.prefetched, 0) > 0
-                          OR v.completed > 0)
-                THEN t.weight / x.weight END AS fair_share
+           coalesce(v.completed, 0) AS served
     FROM rota.tenants t
     LEFT JOIN s ON s.tenant_id = t.id
     LEFT JOIN served v ON v.tenant_id = t.id
-    CROSS JOIN totals x
     WHERE t.name LIKE %(prefix)s || '%%'
 )
 SELECT *, count(*) OVER () AS total
@@ -392,15 +384,31 @@ ORDER BY 1, 2
 
 -- name: tenant_history
 -- Some tenants' service since a time (rota.tenant_minutes), in buckets of
--- `step` seconds: completions and their mean wait, demand, and the max-min
--- fair share summed (NULL where no level was kept).
-SELECT to_timestamp(floor(extract(epoch FROM m.minute) / %(step)s) * %(step)s) AS at,
-       t.name AS tenant, sum(m.completed) AS completed,
-       sum(m.wait_seconds) / nullif(sum(m.completed), 0) AS wait_seconds,
-       sum(m.demand) AS demand, sum(m.fair_share) AS fair_share
-FROM rota.tenants t
-CROSS JOIN LATERAL rota.tenant_minutes(ARRAY[t.id], %(since)s, now()) m
-WHERE t.name = ANY (%(names)b::text[])
+-- `step` seconds, per tenant summed over its queues: completions and their
+-- mean wait; demand, the completions and the tasks unfinished at the
+-- bucket's last minute (a backlog carried across the bucket's minutes is
+-- asked for once); and the minutes' max-min fair shares summed, at most the
+-- demand (NULL where no level was kept).
+WITH m AS (
+    SELECT to_timestamp(floor(extract(epoch FROM m.minute) / %(step)s) * %(step)s) AS at,
+           m.minute, m.tenant_id, m.queue_id, m.completed, m.wait_seconds, m.demand,
+           m.fair_share
+    FROM rota.tenant_minutes(ARRAY(SELECT t.id FROM rota.tenants t
+                                   WHERE t.name = ANY (%(names)b::text[])),
+                             %(since)s, now()) m
+), b AS (
+    SELECT at, tenant_id, queue_id, sum(completed) AS completed,
+           sum(wait_seconds) AS wait_seconds,
+           sum(completed) + (array_agg(demand - completed ORDER BY minute DESC))[1] AS demand,
+           sum(fair_share) AS fair_share
+    FROM m GROUP BY 1, 2, 3
+)
+SELECT b.at, t.name AS tenant, sum(b.completed) AS completed,
+       sum(b.wait_seconds) / nullif(sum(b.completed), 0) AS wait_seconds,
+       sum(b.demand) AS demand,
+       sum(CASE WHEN b.fair_share IS NOT NULL THEN least(b.demand, b.fair_share) END)
+           AS fair_share
+FROM b JOIN rota.tenants t ON t.id = b.tenant_id
 GROUP BY 1, 2
 ORDER BY 1, 2
 
@@ -415,15 +423,43 @@ FROM (SELECT tenant_id, sum(completed) AS completed FROM rota.service
 JOIN rota.tenants t ON t.id = v.tenant_id
 ORDER BY v.completed DESC, t.name
 
--- name: tenant_fair_share
--- One tenant's service, demand and max-min fair share over the last
--- `minutes` whole minutes (the minute now is partial), as tenant_history
--- counts them.
-SELECT coalesce(sum(m.completed), 0) AS served, coalesce(sum(m.demand), 0) AS demand,
-       sum(m.fair_share) AS fair_share, count(m.fair_share) > 0 AS known
-FROM rota.tenant_minutes(ARRAY[%(tenant_id)s]::integer[],
-                         date_trunc('minute', now()) - make_interval(mins => %(minutes)s),
-                         date_trunc('minute', now())) m
+-- name: fair_shares
+-- Some tenants' service, demand and max-min fair share over the last
+-- `minutes` whole minutes (the minute now is partial), per tenant summed
+-- over its queues as tenant_history counts a bucket: the completions; the
+-- demand, those and the tasks unfinished at the window's last minute; the
+-- minutes' fair shares summed, at most the demand. `known`: some minute of
+-- the window kept a fair level; `unfinished` and `last_completed`: the
+-- tasks unfinished at the window's end, and the completions of its last
+-- minute (how soon the tenant's own pace finishes them).
+WITH m AS (
+    SELECT m.minute, m.tenant_id, m.queue_id, m.completed, m.demand, m.fair_share
+    FROM rota.tenant_minutes(ARRAY(SELECT t.id FROM rota.tenants t
+                                   WHERE t.name = ANY (%(names)b::text[])),
+                             date_trunc('minute', now()) - make_interval(mins => %(minutes)s),
+                             date_trunc('minute', now())) m
+), q AS (
+    SELECT tenant_id, queue_id, sum(completed) AS served,
+           (array_agg(demand - completed ORDER BY minute DESC))[1] AS unfinished,
+           (array_agg(completed ORDER BY minute DESC))[1] AS last_completed,
+           sum(fair_share) AS fair_share
+    FROM m GROUP BY 1, 2
+), r AS (
+    SELECT tenant_id, served, unfinished, last_completed, served + unfinished AS demand,
+           fair_share
+    FROM q
+)
+SELECT t.name AS tenant, coalesce(sum(r.served), 0) AS served,
+       coalesce(sum(r.demand), 0) AS demand,
+       coalesce(sum(r.unfinished), 0) AS unfinished,
+       coalesce(sum(r.last_completed), 0) AS last_completed,
+       sum(CASE WHEN r.fair_share IS NOT NULL THEN least(r.demand, r.fair_share) END)
+           AS fair_share,
+       count(r.fair_share) > 0 AS known
+FROM rota.tenants t
+LEFT JOIN r ON r.tenant_id = t.id
+WHERE t.name = ANY (%(names)b::text[])
+GROUP BY t.name
 
 -- name: task_result
 SELECT status, value::text AS value, refused, kept, error, traceback, finished_at, expires_at

@@ -3,7 +3,9 @@ Chromium, Selenium): a loader, one worker (concurrency 4) and the dashboard
 run as processes while tenant acme floods the queue with 50 ms tasks and
 three small tenants send 2 tasks a second each; maintenance keeps the
 history. Each figure an operator was misled by is read from the rendered
-page: a small tenant's fair share is its demand, the backlog and oldest
+page: a small tenant's fair share is its demand, the tenants list shows the
+small tenants at their fair share and acme, while a minute ended with its
+backlog, below its demand at its fair share (as acme's own page), the backlog and oldest
 wait charts keep the minute's peak that /api/overview showed, service per
 tenant names acme once its backlog cleared, a succeeded task's page shows
 its attempts allowed and cost and that its 50 ms run ran 0.05 s, running
@@ -46,7 +48,7 @@ pytestmark = pytest.mark.slow(
     "of history for the charts to read"
 )
 
-FLOOD = 2_000
+FLOOD = 3_000  # 37.5 s of work at least: begun past 25 s, it outlasts its minute
 SMALL = ("globex", "initech", "starved-co")
 CONCURRENCY = 4
 PLOT_BOTTOM = charts.HEIGHT - charts.BOTTOM
@@ -94,6 +96,39 @@ def legend(driver: WebDriver, chart: str) -> dict[str, str]:
 def time_labels(driver: WebDriver, chart: str) -> list[str]:
     script = "return Array.from(document.querySelectorAll(arguments[0]), t => t.textContent)"
     return [str(t) for t in driver.execute_script(script, f"svg[data-chart='{chart}'] .axis text")]
+
+
+FAIR_WORDING = re.compile(
+    r"served ([0-9.,]+) of fair share ([0-9.,]+), demand ([0-9.,]+) \((\w+) its fair share\)"
+)
+Fair = tuple[float, float, float, str]  # served, fair share, demand per minute; standing
+
+
+def worded(text: str) -> Fair:
+    found = FAIR_WORDING.search(text)
+    assert found, text
+    served, fair, demand, standing = found.groups()
+    return (
+        float(served.replace(",", "")),
+        float(fair.replace(",", "")),
+        float(demand.replace(",", "")),
+        standing,
+    )
+
+
+def tenants_list(driver: WebDriver, url: str) -> dict[str, Fair]:
+    """Each tenant's served, fair share and demand as the tenants list words
+    them (its standing also in the cell's data-standing)."""
+    driver.get(url + "/tenants?sort=name&order=asc")
+    script = """
+        return Array.from(document.querySelectorAll('#tenants td.fair'), c =>
+            [c.parentElement.querySelector('a').innerText, c.dataset.standing, c.innerText]);
+    """
+    found = {}
+    for name, standing, text in driver.execute_script(script):
+        found[str(name)] = worded(str(text))
+        assert found[str(name)][3] == standing, (name, standing, text)
+    return found
 
 
 def table_after(driver: WebDriver, heading: str) -> list[list[str]]:
@@ -204,14 +239,28 @@ def test_the_console_tells_the_truth_under_a_flood(
         # serves more than the small tenants ask, and each is owed what it
         # asked for. (Begun in its last seconds, the minute's few completions
         # are what max-min shares out, below the small tenants' demand.)
-        wait_for(lambda: datetime.now(UTC).second < 30, timeout=40, what="a minute's first half")
+        # Begun past 25 s, the flood (at least 37.5 s of work for 4 slots)
+        # outlasts its minute: a minute ends with acme's backlog, and the
+        # tenants list, over the last whole minutes, shows it asking for
+        # more than it got.
+        wait_for(lambda: 25 <= datetime.now(UTC).second < 30, timeout=70, what="second 25")
         trickler.start()
         started = datetime.now(UTC).replace(second=0, microsecond=0)
         for first in range(0, FLOOD, 500):
             producer.enqueue_many(
                 [sleep.using(tenant="acme").prepare(0.05) for _ in range(first, first + 500)]
             )
-        wait_for(flood.look, timeout=150, what="acme's flood to be served")
+        listings: list[dict[str, Fair]] = []
+
+        def watch() -> bool:
+            """The overview's reading, then the tenants list's, during the flood."""
+            over = flood.look()
+            listings.append(tenants_list(browser, dashboard))
+            browser.get(dashboard + "/")
+            return over
+
+        browser.get(dashboard + "/")
+        wait_for(watch, timeout=200, what="acme's flood to be served")
         # The trickle ends with the flood: in a minute after it, a small
         # tenant's task enqueued in its last moment would be demand the
         # queue had no time to serve.
@@ -236,6 +285,38 @@ def test_the_console_tells_the_truth_under_a_flood(
             "tenants list's acme running, running list's rows:",
             sorted(set(flood.listed)),
         )
+
+        # The tenants list while the flood ran: the small tenants always at
+        # their fair share (served as fast as they sent); acme always at its
+        # fair share, and below its demand once a minute had ended with its
+        # backlog: what the queue had left after the small tenants.
+        assert listings, "no tenants list read during the flood"
+        for listing in listings:
+            for name in SMALL:
+                assert listing.get(name, (0, 0, 0, "at"))[3] == "at", (name, listing)
+            if "acme" in listing:
+                served_pm, fair_pm, _, standing = listing["acme"]
+                assert standing == "at" and fair_pm == served_pm, listing
+        below = [
+            one["acme"] for one in listings if "acme" in one and one["acme"][2] > one["acme"][0]
+        ]
+        assert below, listings
+        print("acme on the tenants list below its demand:", below[-1], "of", len(listings))
+        browser.save_screenshot(str(SHOTS / "flood-tenants.png"))
+
+        # The list and acme's own page say the same, in the same words (both
+        # read in one minute: the window moves at a minute's end).
+        def alike() -> tuple[Fair, Fair] | None:
+            minute = datetime.now(UTC).replace(second=0, microsecond=0)
+            listed = tenants_list(browser, dashboard).get("acme")
+            browser.get(dashboard + "/tenants/acme")
+            card = worded(text_of(browser, "#fair-share"))
+            if datetime.now(UTC).replace(second=0, microsecond=0) != minute:
+                return None
+            return (card, listed) if listed is not None else None
+
+        card, listed = wait_for(alike, timeout=20, what="the list and the page in one minute")
+        assert card == listed and card[3] == "at", (card, listed)
 
         # A whole minute of the flood in the history: the small tenants'
         # demand and fair share are counted for it.
@@ -266,11 +347,10 @@ def test_the_console_tells_the_truth_under_a_flood(
             "return document.querySelector(arguments[0]).outerHTML",
             "#chart-service li[data-series='fair share']",
         )
-        # The card over the last whole minutes: owed what it asked for.
-        card_text = text_of(browser, ".card:has(#fair-share)")
-        share = re.search(r"served ([0-9.,]+) of fair share ([0-9.,]+)", card_text)
-        asked = re.search(r"asked for ([0-9.,]+)", card_text)
-        assert share and asked and share[2] == asked[1], card_text
+        # The card over the last whole minutes: at its fair share, what it
+        # asked for but for its tasks in flight at the window's end.
+        served_pm, fair_pm, demand_pm, standing = worded(text_of(browser, "#fair-share"))
+        assert standing == "at" and fair_pm == served_pm <= demand_pm, (fair_pm, demand_pm)
         # Its waits are tens of ms: read in ms, never rounded to "0.0 s".
         waits = [row[2] for row in table_after(browser, "Service, last hour")[1:]]
         assert any(re.fullmatch(r"[0-9]+ ms", w) for w in waits), waits
@@ -289,6 +369,12 @@ def test_the_console_tells_the_truth_under_a_flood(
             return not busy and all(one.get("work") == "none" for one in shown)
 
         wait_for(emptied, what="the queue to empty")
+        # Everything served: every tenant of the run at its fair share.
+        after = tenants_list(browser, dashboard)
+        assert {name: after[name][3] for name in ("acme", *SMALL)} == dict.fromkeys(
+            ("acme", *SMALL), "at"
+        ), after
+        browser.get(dashboard + "/?window=15m")
         # The overview's charts keep the flood's peaks.
         backlog = chart_values(browser, "backlog")
         pixel = backlog["_pixel"][0][1]

@@ -130,10 +130,19 @@ def test_history_reads_bucket_the_window(conn: Conn) -> None:
     # Served what it asked for: its fair share is its demand, not half of all.
     assert all(p.demand == 2 and p.fair_share == 2 for p in small)
     assert all(p.demand == 548 and p.fair_share == 48 for p in big)
-    slot = conn.execute("SELECT id FROM rota.tenants WHERE name = 'small'").fetchone()[0]  # type: ignore[index]
-    fair = db.run(conn, history.tenant_fair_share(slot))
-    assert (fair.served_per_minute, fair.demand_per_minute) == (2, 2)
-    assert fair.fair_share_per_minute == 2 and not fair.held_back
+    fair = db.run(conn, history.fair_shares(["small", "big", "nobody"]))
+    assert set(fair) == {"small", "big"}
+    assert (fair["small"].served_per_minute, fair["small"].demand_per_minute) == (2, 2)
+    assert fair["small"].fair_share_per_minute == 2 and fair["small"].standing == "at"
+    # Big's 500 waiting carried over five minutes are asked for once: 240
+    # served and 500 unfinished, 148 a minute (not 548, a minute's demand).
+    big_fair = fair["big"]
+    assert (big_fair.served_per_minute, big_fair.demand_per_minute) == (48, 148)
+    assert big_fair.fair_share_per_minute == 48 and big_fair.standing == "at"
+    # Buckets of 5 minutes count a carried backlog once too.
+    buckets = db.run(conn, history.tenant_history(["big"], _minute(15), 300))
+    whole = [p for p in buckets if _minute(15) <= p.at <= _minute(5)]
+    assert whole and all((p.completed, p.demand, p.fair_share) == (240, 740, 240) for p in whole)
 
 
 def _series(chart: dict[str, Any]) -> list[str]:

@@ -245,6 +245,49 @@ def test_a_minutes_fair_level_counts_completions_counted_after_its_last_refresh(
     assert level(1) == 27
 
 
+def test_a_minutes_fair_level_counts_its_last_second_once_counted(conn: Conn) -> None:
+    """A level computed at the minute's end lacks the completions of its
+    last second (rota.count_service counts up to a second before its call):
+    the refreshes of the next minute's first 2 seconds compute it again."""
+    (minute,) = conn.execute(  # type: ignore[misc]
+        "SELECT date_trunc('minute', now()) - interval '3 minutes'"
+    ).fetchone()
+
+    def at(seconds: float) -> datetime:
+        return minute + timedelta(seconds=seconds)
+
+    def serve(limit: int, finished: datetime) -> None:
+        got = claim(conn, limit)
+        db.transact(conn, core.complete([t.token for t in got]))
+        conn.execute(
+            "UPDATE rota.finished SET finished_at = %s WHERE task_id = ANY (%s)",
+            (finished, [t.id for t in got]),
+        )
+
+    def maintain(now: datetime) -> None:
+        db.run(conn, core.count_service(now))
+        db.run(conn, core.refresh_stats(now))
+
+    def level() -> float:
+        row = conn.execute(
+            "SELECT h.fair_level FROM rota.queue_history h WHERE h.minute = %s", (minute,)
+        ).fetchone()
+        assert row is not None
+        return float(row[0])
+
+    load(conn, envelopes("flood", 100) + envelopes("trickle", 3))
+    serve(20, at(30))
+    maintain(at(59))
+    assert level() == 17  # the trickle's 3 met, the flood owed the other 17
+    serve(10, at(59.5))  # the flood's, in the minute's last second
+    maintain(at(60.3))  # counted up to 59.3: not yet
+    assert level() == 17
+    maintain(at(62.5))  # counted up to 61.5: the minute is whole
+    assert level() == 27
+    maintain(at(64))  # and it stays
+    assert level() == 27
+
+
 def test_a_queue_charged_by_time_costs_each_tenant_its_measured_seconds(
     conn: psycopg.Connection[Any],
 ) -> None:

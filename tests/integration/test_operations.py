@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from rota import App, Settings, core
-from rota.core import db, read, stored
+from rota.core import db, history, read, stored
 from rota.errors import ValidationError
 from rota.readmodel.story import task_story
 from tests.helpers import claim, envelopes, load, wait_for
@@ -162,8 +162,27 @@ def test_figures_per_queue_and_tenant_come_from_the_maintenance_counts(conn: Con
     claimed_big = sum(1 for t in got if t.tenant == "big")
     assert (big.waiting, big.concurrency_limit, big.weight) == (30 - claimed_big, 3, 2.0)
     assert big.running == sum(1 for t in got[4:] if t.tenant == "big")
-    assert sum(t.served for t in page.rows) == 4
-    assert big.fair_share == pytest.approx(2 / 3)
+    # Served, demand and fair share are over the last whole minutes: this
+    # minute's completions count once it has ended.
+    assert sum(t.served_per_minute for t in page.rows) == 0
+    for table in ("rota.service", "rota.queue_history"):
+        conn.execute(f"UPDATE {table} SET minute = minute - interval '1 minute'")
+    page = db.run(conn, read.tenants(sort="served", descending=False))
+    minutes = history.FAIR_MINUTES
+    assert sum(t.served_per_minute for t in page.rows) * minutes == pytest.approx(4)
+    assert [t.served_per_minute for t in page.rows] == sorted(
+        t.served_per_minute for t in page.rows
+    )
+    # Asked for: completed, or unfinished (waiting or claimed) at the end.
+    demand = {t.name: t.demand_per_minute * minutes for t in page.rows}
+    assert demand == pytest.approx({"big": 30, "small": 5})
+    # Water-filling 4 completions over weights 2 and 1: 8/3 and 4/3.
+    fair = {t.name: t.fair_share_per_minute for t in page.rows}
+    owed = {"big": 8 / 3 / minutes, "small": 4 / 3 / minutes}
+    for t in page.rows:
+        assert t.fair_standing is not None and t.fair_minutes == minutes
+        if t.fair_standing != "at":  # else shown as served, within rounding
+            assert fair[t.name] == pytest.approx(owed[t.name], abs=1e-3)
     by_name = db.run(conn, read.tenants(sort="name", descending=False, limit=1, offset=1))
     assert [t.name for t in by_name.rows] == ["small"] and by_name.total == 2
     assert db.run(conn, read.tenants(prefix="sm")).total == 1

@@ -100,10 +100,15 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtext('rota.refresh_stats')) THEN
         RETURN 0;
     END IF;
-    -- The first refresh of a minute: the last minute's fair levels again,
-    -- with its completions counted since its last refresh and the counts
-    -- as they stood at its end (rota.stats, not yet recounted).
-    IF (SELECT c.at FROM rota.stats_counted c) < v_minute THEN
+    -- The last minute's fair levels again, with its completions counted
+    -- since its last refresh and the counts as they stood at its end or a
+    -- moment after (rota.stats, not yet recounted): at each refresh until
+    -- one comes 2 seconds into this minute. rota.count_service counts up
+    -- to a second before its call, so until then the last minute's final
+    -- second is not all counted, and a level without it would owe the
+    -- tenants the queue served to the last moment (a flood) less than
+    -- they got.
+    IF (SELECT c.at FROM rota.stats_counted c) < v_minute + interval '2 seconds' THEN
         PERFORM rota.fair_levels(v_minute - interval '1 minute');
     END IF;
     -- Only what changed is written: rows of pairs with nothing left go,
