@@ -235,7 +235,7 @@ def _tenant_text(t: Any) -> str:
         "(demand: completed, or unfinished at the window's end)"
     )
     return (
-        f"tenant {t.name} (slot {t.slot}): "
+        f"tenant {t.name}: "
         + ", ".join(x for x in limits if x)
         + f"\n{per_queue}\nserved in the last hour: {served:,}\n{fair}"
     )

@@ -180,6 +180,7 @@ def test_every_surface_shows_the_same_fair_share_and_demand(
     assert {t["name"]: model_of(t) for t in listed["rows"]} == EXPECTED
     shown_text = rota("tenant", "show", "acme", **env)
     assert shown_text.returncode == 0 and _worded(shown_text.stdout) == EXPECTED["acme"]
+    assert shown_text.stdout.startswith("tenant acme: ")  # no internal id (its slot) shown
     assert model_of(run_json(settings, "tenant", "show", "acme")) == EXPECTED["acme"]
 
     # The HTTP API.
