@@ -129,10 +129,11 @@ class Producer:
         # The capacity refreshes' own connection, used by one refresh thread
         # at a time (ProducerCore: one refresh under way), never by an
         # enqueue: a stalled PostgreSQL holds it, not `_conn_lock`.
-        self._refresh_conn = Kept(self._connect)
-        self._refresh_pid = os.getpid()
-        self._refresh_thread: threading.Thread | None = None
-        self._refresh_lock = threading.Lock()  # the thread's start and end, and close()
+        self._refresh_pid = -1
+        self._refresh_conn: Kept[psycopg.Connection[Any]]
+        self._refresh_thread: threading.Thread | None
+        self._refresh_lock: threading.Lock  # the thread's start and end, and close()
+        self._refreshes()
         self._closed = False
         # A Redis effect: a plain call, tried again only once it failed.
         self._send_retried = with_retries(
@@ -186,7 +187,19 @@ class Producer:
                 self._drop_connection()
                 raise
 
+    def _refreshes(self) -> None:
+        """The refreshes' connection, thread and lock, made anew in a forked
+        child: the parent's thread is not there, a lock it held at the fork
+        would stay held, and its connection is the parent's (closing it here
+        would end the parent's session: it is forgotten)."""
+        if self._refresh_pid != os.getpid():
+            self._refresh_conn = Kept(self._connect)
+            self._refresh_thread = None
+            self._refresh_lock = threading.Lock()
+            self._refresh_pid = os.getpid()
+
     def _start_refresh(self, effect: RefreshInBackground) -> None:
+        self._refreshes()
         thread = threading.Thread(
             target=self._refresh, args=(effect,), name="rota-capacity-refresh", daemon=True
         )
@@ -214,10 +227,6 @@ class Producer:
     def _carry_out_refresh(self, effect: Effect) -> Any:
         if not isinstance(effect, FetchBacklogs):
             return self._carry_out(effect)
-        if self._refresh_pid != os.getpid():
-            # Forked: the parent's connection is the parent's (closing it
-            # here would end its session); forgotten, and one of our own made.
-            self._refresh_conn, self._refresh_pid = Kept(self._connect), os.getpid()
         try:
             return db.run(self._refresh_conn.get(), core.tenant_backlogs())
         except db.SERVER_LOST:
@@ -247,10 +256,10 @@ class Producer:
         when it ends."""
         if self._redis is not None:
             self._redis.close()
+        self._refreshes()
         with self._refresh_lock:
             self._closed = True
-            thread = self._refresh_thread
-            if (thread is None or not thread.is_alive()) and self._refresh_pid == os.getpid():
+            if self._refresh_thread is None:
                 self._refresh_conn.drop()
         with self._conn_lock:
             self._drop_connection()
@@ -331,7 +340,7 @@ class AsyncProducer:
         task = self._refresh_task
         if effect.done.is_set():
             return
-        if task is not None and not task.done():  # ours, on this loop
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
             await asyncio.wait({task}, timeout=effect.seconds)
         else:  # the sync producer's thread (a shared ProducerCore)
             await asyncio.to_thread(effect.done.wait, effect.seconds)

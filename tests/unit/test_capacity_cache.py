@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from typing import Any
 
@@ -136,3 +137,25 @@ def test_the_async_producers_enqueues_go_on_while_its_refresh_hangs() -> None:
 
     producer = asyncio.run(main())
     assert producer.core.refreshing is None  # the next enqueue may start one
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_forked_child_refreshes_on_its_own() -> None:
+    settings = Settings(capacity_cache_seconds=0)
+    app = App(settings)
+    core = ProducerCore(settings)
+    core.capacity.refresh({"alice": (5, 0.0)})
+    _start(core, core.store(_batch(app)))  # under way in the parent, and never ending
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's refresh thread is not here
+        code = 1
+        try:
+            if core.refreshing is None:
+                _start(core, core.store(_batch(app)))
+                code = 0 if core.refreshing is not None else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    flow = core.store(_batch(app))
+    assert isinstance(next(flow), WriteBuffer)  # the parent's still under way: no other
