@@ -384,7 +384,7 @@ class AsyncProducer:
             await self._redis.aclose()
         self._closed = True
         task = self._refresh_task
-        if task is not None and not task.done():
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
             task.cancel()
         else:
             await self._refresh_conn.drop()
