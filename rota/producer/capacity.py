@@ -26,9 +26,10 @@ class CapacityCache:
     the figures landed do not hold it: a write counted after that mark is
     counted again on top of them, never lost (a write that raced the read
     may be counted twice until the next refresh: more back-pressure, never
-    less). Request threads `check` and `count` while a refresh lands from
-    another thread: those, `mark` and `land` go under one lock, taken only
-    for a batch that names a limited tenant."""
+    less; so may work a loader moves between the two reads). Request threads
+    `check` and `count` while a refresh lands from another thread: all four
+    go under one lock, which `check` and `count` take only for a batch that
+    names a limited tenant."""
 
     max_age: float
     fetched_at: float = float("-inf")  # when the last refresh began or failed
