@@ -5,8 +5,9 @@ means is written once, here; the two classes differ only in awaiting."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -22,12 +23,14 @@ from rota.core.effects import adrive, drive
 from rota.producer.core import (
     REDIS_ERRORS,
     WRITE_BACKOFF,
+    AwaitRefresh,
     Effect,
     FetchBacklogs,
     LoadDatabase,
     ProbeBuffer,
     ProducerCore,
     ReadBufferBacklogs,
+    RefreshInBackground,
     WriteBuffer,
 )
 from rota.runtime import tracing
@@ -106,12 +109,10 @@ def result_of(effect: RedisEffect, replies: list[Any]) -> Any:
     return total
 
 
-def database_step(effect: LoadDatabase | FetchBacklogs) -> tuple[Op[Any], bool]:
-    """A database effect's operation, and whether it runs in a transaction of
-    its own: a load does, except in the caller's open transaction
-    (`connection=`), where it commits or rolls back with the caller's work."""
-    if isinstance(effect, FetchBacklogs):
-        return core.tenant_backlogs(), False
+def database_step(effect: LoadDatabase) -> tuple[Op[Any], bool]:
+    """A load's operation, and whether it runs in a transaction of its own:
+    it does, except in the caller's open transaction (`connection=`), where
+    it commits or rolls back with the caller's work."""
     own = effect.connection is None or effect.connection.autocommit
     return core.load(effect.envelopes), own
 
@@ -123,8 +124,17 @@ class Producer:
         self.core = core or ProducerCore(settings)
         self.settings = settings
         self._redis: redis_client.Client | None = None
-        self._conn = Kept(lambda: versions.ready(connections.connect(self.settings, "enqueue")))
+        self._conn = Kept(self._connect)
         self._conn_lock = threading.Lock()
+        # The capacity refreshes' own connection, used by one refresh thread
+        # at a time (ProducerCore: one refresh under way), never by an
+        # enqueue: a stalled PostgreSQL holds it, not `_conn_lock`.
+        self._refresh_pid = -1
+        self._refresh_conn: Kept[psycopg.Connection[Any]]
+        self._refresh_thread: threading.Thread | None
+        self._refresh_lock: threading.Lock  # the thread's start and end, and close()
+        self._refreshes()
+        self._closed = False
         # A Redis effect: a plain call, tried again only once it failed.
         self._send_retried = with_retries(
             self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF
@@ -160,9 +170,15 @@ class Producer:
     def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):
             return self._send_retried(effect)
+        if isinstance(effect, RefreshInBackground):
+            return self._start_refresh(effect)
+        if isinstance(effect, AwaitRefresh):
+            return effect.done.wait(effect.seconds)
+        if isinstance(effect, FetchBacklogs):
+            raise TypeError("FetchBacklogs runs in a refresh's thread, not on the request path")
         op, own_transaction = database_step(effect)
         run = db.transact if own_transaction else db.run
-        if isinstance(effect, LoadDatabase) and effect.connection is not None:
+        if effect.connection is not None:
             return run(effect.connection, op)
         with self._conn_lock:
             try:
@@ -171,11 +187,62 @@ class Producer:
                 self._drop_connection()
                 raise
 
+    def _refreshes(self) -> None:
+        """The refreshes' connection, thread and lock, made anew in a forked
+        child: the parent's thread is not there, a lock it held at the fork
+        would stay held, and its connection is the parent's (closing it here
+        would end the parent's session: it is forgotten)."""
+        if self._refresh_pid != os.getpid():
+            self._refresh_conn = Kept(self._connect)
+            self._refresh_thread = None
+            self._refresh_lock = threading.Lock()
+            self._refresh_pid = os.getpid()
+
+    def _start_refresh(self, effect: RefreshInBackground) -> None:
+        self._refreshes()
+        thread = threading.Thread(
+            target=self._refresh, args=(effect,), name="rota-capacity-refresh", daemon=True
+        )
+        with self._refresh_lock:
+            self._refresh_thread = thread
+            try:
+                thread.start()
+            except BaseException:
+                self._refresh_thread = None
+                raise
+
+    def _refresh(self, effect: RefreshInBackground) -> None:
+        """A refresh's thread: its effects carried out, its database read on
+        the refreshes' own connection."""
+        try:
+            drive(effect.flow, self._carry_out_refresh)
+        finally:
+            effect.flow.close()
+            effect.ended()
+            with self._refresh_lock:
+                self._refresh_thread = None
+                if self._closed:
+                    self._refresh_conn.drop()
+
+    def _carry_out_refresh(self, effect: Effect) -> Any:
+        if not isinstance(effect, FetchBacklogs):
+            return self._carry_out(effect)
+        try:
+            return db.run(self._refresh_conn.get(), core.tenant_backlogs())
+        except db.SERVER_LOST:
+            self._refresh_conn.drop()
+            raise
+
     def _send(self, effect: RedisEffect) -> Any:
         client = self.redis
         pipe = client.pipeline(transaction=False)
         queue_commands(pipe, effect, redis_client.node_finder(client))
         return result_of(effect, pipe.execute())
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A connection of the producer's, once the database's schema is one
+        this rota runs on (rota.core.versions)."""
+        return versions.ready(connections.connect(self.settings, "enqueue"))
 
     def _connection(self) -> psycopg.Connection[Any]:
         return self._conn.get()
@@ -184,8 +251,16 @@ class Producer:
         self._conn.drop()
 
     def close(self) -> None:
+        """Closes the producer's connections; a refresh under way (PostgreSQL
+        stalled, say) is not waited for: its thread closes its connection
+        when it ends."""
         if self._redis is not None:
             self._redis.close()
+        self._refreshes()
+        with self._refresh_lock:
+            self._closed = True
+            if self._refresh_thread is None:
+                self._refresh_conn.drop()
         with self._conn_lock:
             self._drop_connection()
 
@@ -199,6 +274,10 @@ class AsyncProducer:
         self._redis: redis_client.AsyncClient | None = None
         self._conn = AsyncKept(self._aconnect)
         self._conn_lock = asyncio.Lock()
+        # The capacity refreshes' own connection and task (`Producer`'s).
+        self._refresh_conn = AsyncKept(self._aconnect)
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._closed = False
         self._send_retried = with_async_retries(
             self._send, REDIS_ERRORS, self.core.retries, WRITE_BACKOFF
         )
@@ -235,9 +314,20 @@ class AsyncProducer:
     async def _carry_out(self, effect: Effect) -> Any:
         if isinstance(effect, RedisEffect):
             return await self._send_retried(effect)
+        if isinstance(effect, RefreshInBackground):
+            task = asyncio.get_running_loop().create_task(
+                self._refresh(effect.flow), name="rota-capacity-refresh"
+            )
+            task.add_done_callback(lambda _: effect.ended())
+            self._refresh_task = task
+            return None
+        if isinstance(effect, AwaitRefresh):
+            return await self._await_refresh(effect)
+        if isinstance(effect, FetchBacklogs):
+            raise TypeError("FetchBacklogs runs in a refresh's task, not on the request path")
         op, own_transaction = database_step(effect)
         run = db.atransact if own_transaction else db.arun
-        if isinstance(effect, LoadDatabase) and effect.connection is not None:
+        if effect.connection is not None:
             return await run(effect.connection, op)
         async with self._conn_lock:
             try:
@@ -245,6 +335,35 @@ class AsyncProducer:
             except db.SERVER_LOST:
                 await self._drop_connection()
                 raise
+
+    async def _await_refresh(self, effect: AwaitRefresh) -> None:
+        task = self._refresh_task
+        if effect.done.is_set():
+            return
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({task}, timeout=effect.seconds)
+        else:  # the sync producer's thread (a shared ProducerCore)
+            await asyncio.to_thread(effect.done.wait, effect.seconds)
+
+    async def _refresh(self, flow: Generator[Effect, Any, None]) -> None:
+        """A refresh's task: `Producer._refresh`, awaited."""
+        try:
+            await adrive(flow, self._carry_out_refresh)
+        finally:
+            flow.close()
+            if self._refresh_task is asyncio.current_task():
+                self._refresh_task = None
+            if self._closed:
+                await self._refresh_conn.drop()
+
+    async def _carry_out_refresh(self, effect: Effect) -> Any:
+        if not isinstance(effect, FetchBacklogs):
+            return await self._carry_out(effect)
+        try:
+            return await db.arun(await self._refresh_conn.get(), core.tenant_backlogs())
+        except db.SERVER_LOST:
+            await self._refresh_conn.drop()
+            raise
 
     async def _send(self, effect: RedisEffect) -> Any:
         aclient = await self.redis()
@@ -259,7 +378,15 @@ class AsyncProducer:
         await self._conn.drop()
 
     async def close(self) -> None:
+        """`Producer.close`: a refresh under way is cancelled, not waited for
+        (its task closes its connection as it ends)."""
         if self._redis is not None:
             await self._redis.aclose()
+        self._closed = True
+        task = self._refresh_task
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+        else:
+            await self._refresh_conn.drop()
         async with self._conn_lock:
             await self._drop_connection()

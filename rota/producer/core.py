@@ -10,9 +10,11 @@ somewhere; otherwise the caller gets `EnqueueError`.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
-from collections import defaultdict
-from collections.abc import Generator
+import weakref
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 from uuid import UUID
@@ -29,9 +31,10 @@ from rota.buffer.streams import (
     stream_name,
     tenant_costs,
 )
-from rota.errors import CapacityExceeded, EnqueueError
+from rota.errors import EnqueueError
 from rota.model.envelope import TaskEnvelope
 from rota.producer.breaker import BreakerState, CircuitBreaker
+from rota.producer.capacity import CapacityCache, Refreshing
 from rota.runtime.outage import Backoff, Outage
 from rota.settings import Settings
 
@@ -87,63 +90,42 @@ class LoadDatabase:
 
 @dataclass(frozen=True)
 class FetchBacklogs:
-    pass
+    """{tenant: (capacity, work waiting in PostgreSQL)}: run off the request
+    path only, by a `RefreshInBackground` flow."""
 
 
-Effect: TypeAlias = WriteBuffer | ProbeBuffer | ReadBufferBacklogs | LoadDatabase | FetchBacklogs
+@dataclass(frozen=True)
+class RefreshInBackground:
+    """Start `flow` (effects of its own, FetchBacklogs among them) beside the
+    caller, on the producer's PostgreSQL access for refreshes, and go on at
+    once: a thread for the sync producer, an asyncio task for the async one.
+    The result is nothing; the flow lands its figures itself. `ended` is
+    called once it is over, run or not (a task cancelled before it started
+    never runs the flow's own cleanup)."""
+
+    flow: Generator[Effect, Any, None]
+    ended: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class AwaitRefresh:
+    """Wait until `done` is set or `seconds` have passed, whichever comes
+    first (the first refresh of a process: see `ProducerCore._refresh`)."""
+
+    done: threading.Event
+    seconds: float
+
+
+Effect: TypeAlias = (
+    WriteBuffer
+    | ProbeBuffer
+    | ReadBufferBacklogs
+    | LoadDatabase
+    | FetchBacklogs
+    | RefreshInBackground
+    | AwaitRefresh
+)
 Flow: TypeAlias = Generator[Effect, Any, list[UUID]]
-
-
-@dataclass
-class CapacityCache:
-    """Each limited tenant's waiting work, refreshed every `max_age` seconds,
-    plus what this process enqueued since: no database round trip per call."""
-
-    max_age: float
-    fetched_at: float = float("-inf")
-    limits: dict[str, tuple[int, float]] = field(default_factory=dict)
-    since_fetch: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
-
-    def stale(self) -> bool:
-        return time.monotonic() - self.fetched_at >= self.max_age
-
-    def refresh(
-        self, backlogs: dict[str, tuple[int, float]], buffered: dict[str, float] | None = None
-    ) -> None:
-        """`backlogs`: {tenant: (capacity, work waiting in PostgreSQL)};
-        `buffered`: {tenant: work still in the Redis buffer}."""
-        buffered = buffered or {}
-        self.limits = {
-            tenant: (capacity, waiting + buffered.get(tenant, 0.0))
-            for tenant, (capacity, waiting) in backlogs.items()
-        }
-        self.since_fetch.clear()
-        self.fetched_at = time.monotonic()
-
-    def postpone(self) -> None:
-        """The refresh failed: keep the cached figures until the next one is
-        due, rather than ask the database again on every call."""
-        self.fetched_at = time.monotonic()
-
-    def check(self, batch: TaskBatch) -> None:
-        if not self.limits:
-            return
-        adding: defaultdict[str, float] = defaultdict(float)
-        for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
-            if tenant in self.limits:
-                adding[tenant] += cost
-        for tenant, cost in adding.items():
-            capacity, backlog = self.limits[tenant]
-            waiting = backlog + self.since_fetch[tenant]
-            if waiting + cost > capacity:
-                raise CapacityExceeded(tenant, waiting, capacity)
-
-    def count(self, batch: TaskBatch) -> None:
-        if not self.limits:
-            return
-        for tenant, cost in zip(batch.tenants, batch.costs, strict=True):
-            if tenant in self.limits:
-                self.since_fetch[tenant] += cost
 
 
 class ProducerCore:
@@ -156,6 +138,9 @@ class ProducerCore:
         # outage's start and end (enqueues meanwhile go to PostgreSQL).
         self.redis_outage = Outage("the Redis buffer (enqueues go to PostgreSQL)", log)
         self.capacity = CapacityCache(settings.capacity_cache_seconds)
+        self.refreshing: Refreshing | None = None
+        self._starting = threading.Lock()  # one refresh at a time, whichever thread asks
+        _CORES.add(self)
         self.fallbacks = 0  # tasks that went straight to PostgreSQL
         self.streams = all_streams(settings.stream_prefix, settings.shards)
         # Each shard's length as of the last write or probe (the buffer bound).
@@ -174,7 +159,7 @@ class ProducerCore:
         if not batch:
             return ids
         if self.capacity.stale():
-            yield from self._refresh_capacities()
+            yield from self._refresh()
         self.capacity.check(batch)
 
         if connection is not None:
@@ -222,25 +207,87 @@ class ProducerCore:
         self.capacity.count(batch)
         return ids
 
-    def _refresh_capacities(self) -> Generator[Effect, Any, None]:
-        try:
-            backlogs = yield FetchBacklogs()
-        except Exception as exc:
-            # PostgreSQL down must not cost every enqueue a connection attempt.
-            self.capacity.postpone()
-            log.warning(
-                "could not refresh tenant capacities, using the cached ones for %s s: %s",
-                self.capacity.max_age,
-                exc,
-            )
-            return
+    def _refresh(self) -> Generator[Effect, Any, None]:
+        """Starts a refresh of the capacities, unless one is under way: the
+        buffer's counts read here (Redis), PostgreSQL's in the background
+        (`_fetch`), so that an enqueue never waits on PostgreSQL to write to
+        the buffer. The caller checks against the cached figures meanwhile.
+
+        The first refresh of a process is waited for, up to
+        ROTA_DATABASE_TIMEOUT_SECONDS: before it lands nothing is known of
+        which tenants are limited, so enqueues could be neither checked nor
+        counted in the buffer's counts (which producers add to only for the
+        tenants they know to be limited), and a fleet restarted in a flood
+        would let it in unseen. It costs one round trip per process when
+        PostgreSQL answers; when it does not, each process's first enqueues
+        wait that bound once, then go on unchecked until it lands (a refused
+        connection fails it at once: no wait)."""
+        cache = self.capacity
+        with self._starting:
+            running = self.refreshing
+            if running is None:
+                running = self.refreshing = Refreshing(time.monotonic())
+                cache.mark()
+                starts = True
+            else:
+                starts = False
+        if not starts:
+            if not cache.known:
+                left = running.started + self.settings.database_timeout_seconds - time.monotonic()
+                if left > 0:
+                    yield AwaitRefresh(running.done, left)
+            return  # one at a time: a hung refresh holds back no enqueue, starts no other
         buffered: dict[str, float] = {}
-        if backlogs and self.breaker.state is BreakerState.CLOSED:
+        if (cache.limits or not cache.known) and self.breaker.state is BreakerState.CLOSED:
             try:
                 buffered = yield ReadBufferBacklogs([backlog_key(s) for s in self.streams])
             except (redis.RedisError, OSError) as exc:  # PostgreSQL's count alone meanwhile
                 log.warning("could not read the buffer's backlog counts: %s", exc)
-        self.capacity.refresh(backlogs, buffered)
+        try:
+            yield RefreshInBackground(self._fetch(running, buffered), lambda: self._done(running))
+        except Exception as exc:  # not started (no thread to be had): as a failed refresh
+            self._failed(exc)
+            self._done(running)
+            return
+        if not cache.known:
+            yield AwaitRefresh(running.done, self.settings.database_timeout_seconds)
+
+    def _fetch(
+        self, running: Refreshing, buffered: dict[str, float]
+    ) -> Generator[Effect, Any, None]:
+        """The refresh's PostgreSQL part, run off the request path; lands the
+        figures, or postpones the next refresh if PostgreSQL fails."""
+        try:
+            try:
+                backlogs = yield FetchBacklogs()
+            except Exception as exc:
+                self._failed(exc)
+                return
+            self.capacity.land(backlogs, buffered)
+        finally:  # also when closed unfinished (a producer's close cancels it)
+            self._done(running)
+
+    def _done(self, running: Refreshing) -> None:
+        if self.refreshing is running:
+            self.refreshing = None
+        running.done.set()
+
+    def _failed(self, exc: Exception) -> None:
+        # PostgreSQL down must not cost every enqueue a connection attempt.
+        self.capacity.postpone()
+        log.warning(
+            "could not refresh tenant capacities, using the cached ones for %s s: %s",
+            self.capacity.max_age,
+            exc,
+        )
+
+    def forked(self) -> None:
+        """In a child process: the parent's refresh thread is not there, and
+        a lock another thread held at the fork would stay held."""
+        self.refreshing = None
+        self._starting = threading.Lock()
+        self.capacity.lock = threading.Lock()
+        self.capacity.since_read = None
 
     def _backlog(self, batch: TaskBatch) -> dict[str, dict[str, float]]:
         """The work `batch` adds to each shard's backlog hash (capacity-limited
@@ -289,3 +336,16 @@ class ProducerCore:
                 limit,
             )
         return bool(over)
+
+
+# The producers of this process, for `_forked`.
+_CORES: weakref.WeakSet[ProducerCore] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for core in list(_CORES):
+        core.forked()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forked)

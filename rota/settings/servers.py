@@ -122,7 +122,7 @@ class ServerSettings(BaseModel):
         ge=0,
         description=(
             "Seconds a producer trusts the tenants' capacities and the buffer shards' lengths"
-            " it last read."
+            " it last read (capacities are read again beside the enqueues, not before them)."
         ),
     )
     database_timeout_seconds: int = Field(

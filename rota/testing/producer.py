@@ -16,11 +16,13 @@ from rota.buffer.streams import Rejected, decode_entry
 from rota.core.effects import adrive, drive
 from rota.producer import AsyncProducer, Producer, ProducerCore
 from rota.producer.core import (
+    AwaitRefresh,
     Effect,
     FetchBacklogs,
     LoadDatabase,
     ProbeBuffer,
     ReadBufferBacklogs,
+    RefreshInBackground,
     WriteBuffer,
 )
 from rota.settings import Settings
@@ -29,7 +31,9 @@ from rota.testing.line import Line
 
 class Effects:
     """Carries out a producer's effects on `line`: buffer writes are loaded at
-    once (so the buffer is always empty), database loads too."""
+    once (so the buffer is always empty), database loads too, and a refresh
+    of the capacities lands before the enqueue goes on (deterministic: no
+    thread)."""
 
     def __init__(
         self,
@@ -60,6 +64,13 @@ class Effects:
             return {}
         if isinstance(effect, FetchBacklogs):
             return self.line.backlogs(self.capacities)
+        if isinstance(effect, RefreshInBackground):
+            try:
+                return drive(effect.flow, self)
+            finally:
+                effect.ended()
+        if isinstance(effect, AwaitRefresh):
+            return None
         assert isinstance(effect, LoadDatabase)  # `connection=`: as if it commits
         return self.line.load(effect.envelopes, self.clock())
 

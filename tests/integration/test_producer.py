@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +21,8 @@ from rota.buffer.streams import all_streams
 from rota.core import db
 from rota.loader import Loader
 from rota.producer.breaker import BreakerState
+from rota_tools.devservers import Server, descendants, proc_stat
+from tests.helpers import wait_for
 
 Conn = psycopg.Connection[Any]
 
@@ -192,6 +200,89 @@ def test_capacity_gives_backpressure(settings: Settings, conn: Conn) -> None:
     assert refused.value.capacity == 5
     parse_pdf.using(tenant="unlimited").enqueue("c")  # other tenants are not affected
     app.close()
+
+
+@contextlib.contextmanager
+def _stalled(server: Server, most: float) -> Iterator[threading.Event]:
+    """Every process of `server` stopped (SIGSTOP: connections stay open,
+    nothing answers) until the block ends or `most` seconds pass, whichever
+    comes first; the event tells whether they were let go."""
+    top = server.process.pid  # runuser, when the tests run as root, then the postmaster
+    stopped: list[int] = []
+    for pid in [top, *descendants(top)]:  # the parents first: none forks meanwhile
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+    resumed = threading.Event()
+    lock = threading.Lock()
+
+    def resume() -> None:
+        with lock:
+            if not resumed.is_set():
+                for pid in reversed(stopped):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                resumed.set()
+
+    timer = threading.Timer(most, resume)
+    timer.start()
+    try:
+        yield resumed
+    finally:
+        timer.cancel()
+        resume()
+        # A wrapper that saw its child stop stops itself: let go again.
+        wait_for(lambda: all([_let_go(pid) for pid in stopped]), 10, "the server to run again")
+
+
+def _let_go(pid: int) -> bool:
+    """Whether `pid` runs (or is gone); SIGCONTs it if it is stopped."""
+    fields = proc_stat(pid)
+    if fields is not None and fields[0] == "T":
+        os.kill(pid, signal.SIGCONT)
+        return False
+    return True
+
+
+def test_enqueues_do_not_wait_for_a_stalled_postgresql(
+    settings: Settings, conn: Conn, postgres_server: Server
+) -> None:
+    db.transact(conn, core.configure_tenant("small", capacity=5))
+    # Capacities due every 0.2 s: several refreshes fall due within the stall.
+    app = App(settings.model_copy(update={"capacity_cache_seconds": 0.2}))
+    job = app.task(lambda n: None, name="job")
+    try:
+        job.using(tenant="small").enqueue(0)  # the process's first refresh: small's capacity
+        with _stalled(postgres_server, most=30.0) as resumed:
+            for n in range(3):
+                job.using(tenant="small").enqueue(n)
+            until = time.monotonic() + 1.0
+            while time.monotonic() < until:
+                job.using(tenant="big").enqueue(n)
+            # Every enqueue returned with PostgreSQL stopped, not once it was back.
+            assert not resumed.is_set()
+            with pytest.raises(CapacityExceeded):  # small's 4 counted: 2 units more do not fit
+                job.using(tenant="small", cost=2).enqueue(9)
+            assert not resumed.is_set()
+        # Back: the refresh under way lands, later ones read what PostgreSQL says.
+        job.using(tenant="small").enqueue(4)
+        with pytest.raises(CapacityExceeded):
+            job.using(tenant="small").enqueue(5)
+        db.transact(conn, core.patch_tenant("small", {"capacity": 7}, "test"))
+
+        def accepted() -> bool:
+            try:
+                job.using(tenant="small").enqueue(6)
+            except CapacityExceeded:
+                return False
+            return True
+
+        wait_for(accepted, what="the raised capacity to be read")
+        job.using(tenant="small").enqueue(7)
+        with pytest.raises(CapacityExceeded):
+            job.using(tenant="small").enqueue(8)
+    finally:
+        app.close()
 
 
 def test_async_twins(app: App, settings: Settings, conn: Conn, database_url: str) -> None:

@@ -20,18 +20,23 @@ from rota.errors import CapacityExceeded, EnqueueError
 from rota.producer.breaker import BreakerState, CircuitBreaker
 from rota.producer.clients import AsyncProducer, Producer, queue_commands, result_of
 from rota.producer.core import (
+    AwaitRefresh,
     FetchBacklogs,
     LoadDatabase,
     ProbeBuffer,
     ProducerCore,
     ReadBufferBacklogs,
+    RefreshInBackground,
     WriteBuffer,
 )
 
 
 class Harness:
     """Carries out a producer's effects: Redis ones on a fakeredis server,
-    database ones recorded (or refused, when `database_down`)."""
+    database ones recorded (or refused, when `database_down`). A refresh of
+    the capacities started in the background lands at once, or, with
+    `hold_refreshes`, when `land_refreshes` is called (PostgreSQL stalled
+    until then)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -43,9 +48,19 @@ class Harness:
         self.database_down = False
         self.redis_error: Exception | None = None  # raised by the next writes
         self.effects: list[str] = []
+        self.hold_refreshes = False
+        self.held: list[RefreshInBackground] = []
+        self.refresh_effects: list[str] = []
 
     def carry_out(self, effect: Any) -> Any:
         self.effects.append(type(effect).__name__)
+        if isinstance(effect, RefreshInBackground):
+            self.held.append(effect)
+            if not self.hold_refreshes:
+                self.land_refreshes()
+            return None
+        if isinstance(effect, AwaitRefresh):
+            return effect.done.is_set()
         if isinstance(effect, WriteBuffer | ProbeBuffer | ReadBufferBacklogs):
             if self.redis_error is not None and isinstance(effect, WriteBuffer):
                 raise self.redis_error
@@ -59,6 +74,17 @@ class Harness:
         assert isinstance(effect, LoadDatabase)
         self.loaded.extend(effect.envelopes)
         return len(effect.envelopes)
+
+    def land_refreshes(self) -> None:
+        """Runs the refreshes started so far, as their thread would."""
+        held, self.held = self.held, []
+        for refresh in held:
+            effects, self.effects = self.effects, self.refresh_effects
+            try:
+                drive(refresh.flow, self.carry_out)
+            finally:
+                refresh.ended()
+                self.effects = effects
 
     def store(self, batch: TaskBatch) -> list[Any]:
         self.effects = []
@@ -76,7 +102,7 @@ class Harness:
 
 
 def make(**overrides: Any) -> tuple[App, Harness]:
-    settings = Settings(redis_retries=0, capacity_cache_seconds=0, **overrides)
+    settings = Settings(**{"redis_retries": 0, "capacity_cache_seconds": 0, **overrides})
     return App(settings), Harness(settings)
 
 
@@ -174,6 +200,66 @@ def test_capacity_counts_work_in_postgresql_and_in_the_buffer() -> None:
         h.store(calls(app, "alice", cost=4.0))
     h.store(calls(app, "bob", cost=100.0))  # no capacity set: no limit, no count
     assert h.redis.hget(backlog_key(stream), "bob") is None
+
+
+def test_a_stale_cache_is_refreshed_beside_the_enqueue_not_before_it() -> None:
+    app, h = make(shards=1)
+    h.backlogs = {"alice": (3, 0.0)}
+    h.store(calls(app, "alice"))  # the process's first refresh (landing at once here)
+    assert h.effects == ["ReadBufferBacklogs", "RefreshInBackground", "WriteBuffer"]
+    assert h.refresh_effects == ["FetchBacklogs"]
+    h.hold_refreshes, h.refresh_effects = True, []  # PostgreSQL stalls from here on
+
+    # Stale (ROTA_CAPACITY_CACHE_SECONDS=0): a refresh starts, the enqueue
+    # goes on to the buffer without a PostgreSQL round trip.
+    h.store(calls(app, "alice"))
+    assert h.effects == ["ReadBufferBacklogs", "RefreshInBackground", "WriteBuffer"]
+    assert h.core.refreshing is not None and len(h.held) == 1
+    # One refresh at a time: the stalled one starts no other.
+    h.store(calls(app, "alice"))
+    assert h.effects == ["WriteBuffer"]
+    # Meanwhile, the cached figures plus what was enqueued since: 3 of 3.
+    with pytest.raises(CapacityExceeded):
+        h.store(calls(app, "alice"))
+    assert h.refresh_effects == []
+
+    h.backlogs = {"alice": (10, 0.0)}  # raised while PostgreSQL was away
+    h.land_refreshes()
+    assert h.refresh_effects == ["FetchBacklogs"] and h.core.refreshing is None
+    # Landed: 1 in the buffer at its read, 2 counted since, so 7 more fit.
+    h.land_refreshes()
+    h.hold_refreshes = False
+    h.store(calls(app, "alice", cost=7.0))
+    with pytest.raises(CapacityExceeded):
+        h.store(calls(app, "alice"))
+
+
+def test_the_first_refresh_is_waited_for_within_a_bound() -> None:
+    app, h = make(shards=1, database_timeout_seconds=7)
+    h.backlogs = {"alice": (1, 0.0)}
+    h.hold_refreshes = True  # PostgreSQL stalled: the wait ends unanswered
+    h.store(calls(app, "alice"))
+    assert h.effects == ["ReadBufferBacklogs", "RefreshInBackground", "AwaitRefresh", "WriteBuffer"]
+    h.store(calls(app, "alice"))  # the same refresh waited for, for what is left of the bound
+    assert h.effects == ["AwaitRefresh", "WriteBuffer"]
+    h.core.refreshing.started -= 7  # type: ignore[union-attr]
+    h.store(calls(app, "alice"))  # past it: no more waits, unchecked until it lands
+    assert h.effects == ["WriteBuffer"]
+    h.land_refreshes()
+    assert h.core.capacity.limits == {"alice": (1, 0.0)}
+
+
+def test_a_failed_refresh_keeps_the_figures_and_waits_until_due() -> None:
+    app, h = make(shards=1, capacity_cache_seconds=3600)
+    h.backlogs = {"alice": (2, 0.0)}
+    h.store(calls(app, "alice"))
+    h.core.capacity.fetched_at = float("-inf")  # due
+    h.database_down = True
+    h.store(calls(app, "alice"))  # the refresh fails beside it
+    assert h.core.refreshing is None and not h.core.capacity.stale()
+    with pytest.raises(CapacityExceeded):  # the figures and the counts are kept
+        h.store(calls(app, "alice"))
+    assert "RefreshInBackground" not in h.effects
 
 
 class FlakyPipelines:
