@@ -14,8 +14,8 @@ FROM rota.claim(%(queues)b::text[], %(limit)s::integer, %(worker)s::text,
                 %(lease_seconds)s::float8)
 
 -- name: complete
-SELECT id FROM rota.complete(%(ids)b::uuid[], %(attempts)b::integer[], %(started)s::float8[],
-                             %(ran)s::float8[]) AS id
+SELECT id FROM rota.complete(%(ids)b::uuid[], %(attempts)b::integer[], %(started)b::float8[],
+                             %(ran)b::float8[]) AS id
 
 -- name: complete_claim
 -- A report of completions and the next claim in one statement: its first row
@@ -24,7 +24,7 @@ SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at
        completed, claimed
 FROM rota.complete_claim(%(ids)b::uuid[], %(attempts)b::integer[], %(queues)b::text[],
                          %(limit)s::integer, %(worker)s::text, %(lease_seconds)s::float8,
-                         %(started)s::float8[], %(ran)s::float8[])
+                         %(started)b::float8[], %(ran)b::float8[])
 
 -- name: fail
 SELECT id, status::text, run_at
@@ -47,7 +47,7 @@ SELECT id FROM rota.requeue(%(ids)b::uuid[], %(attempts)b::integer[], %(consume)
 -- name: extend_leases
 -- Heartbeat: returns the ids whose lease this worker still holds.
 SELECT id FROM rota.extend_leases(%(ids)b::uuid[], %(attempts)b::integer[],
-                                  %(lease_seconds)s::float8, %(started)s::float8[]) AS id
+                                  %(lease_seconds)s::float8, %(started)b::float8[]) AS id
 
 -- name: register_worker
 -- With a secret (a worker's key), only its hash is kept.
@@ -71,16 +71,16 @@ FROM rota.worker_claim(%(worker)s::text, %(secret)s::bytea, %(queues)b::text[],
 
 -- name: worker_complete
 SELECT id FROM rota.worker_complete(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
-                                    %(attempts)b::integer[], %(started)s::float8[],
-                                    %(ran)s::float8[]) AS id
+                                    %(attempts)b::integer[], %(started)b::float8[],
+                                    %(ran)b::float8[]) AS id
 
 -- name: worker_complete_claim
 SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at,
        completed, claimed
 FROM rota.worker_complete_claim(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
                                 %(attempts)b::integer[], %(queues)b::text[], %(limit)s::integer,
-                                %(lease_seconds)s::float8, %(started)s::float8[],
-                                %(ran)s::float8[])
+                                %(lease_seconds)s::float8, %(started)b::float8[],
+                                %(ran)b::float8[])
 
 -- name: worker_fail
 SELECT id, status::text, run_at
@@ -100,7 +100,7 @@ FROM rota.worker_defer_unknown(%(worker)s::text, %(secret)s::bytea, %(ids)b::uui
 -- name: worker_extend_leases
 SELECT id FROM rota.worker_extend_leases(%(worker)s::text, %(secret)s::bytea, %(ids)b::uuid[],
                                          %(attempts)b::integer[],
-                                         %(lease_seconds)s::float8, %(started)s::float8[]) AS id
+                                         %(lease_seconds)s::float8, %(started)b::float8[]) AS id
 
 -- name: worker_claims_held
 SELECT task_id, attempt FROM rota.worker_claims(%(worker)s::text, %(secret)s::bytea)
@@ -118,14 +118,14 @@ SELECT rota.worker_stop(%(worker)s::text, %(secret)s::bytea)
 SELECT task_id AS id
 FROM rota.complete_keeping(%(ids)b::uuid[], %(attempts)b::integer[], %(values)s::jsonb[],
                            %(refused)s::text[], %(ttls)s::double precision[],
-                           %(started)s::float8[], %(ran)s::float8[])
+                           %(started)b::float8[], %(ran)b::float8[])
 
 -- name: worker_complete_keeping
 SELECT id FROM rota.worker_complete_keeping(%(worker)s::text, %(secret)s::bytea,
                                             %(ids)b::uuid[], %(attempts)b::integer[],
                                             %(values)s::jsonb[], %(refused)s::text[],
-                                            %(ttls)s::double precision[], %(started)s::float8[],
-                                            %(ran)s::float8[]) AS id
+                                            %(ttls)s::double precision[], %(started)b::float8[],
+                                            %(ran)b::float8[]) AS id
 
 -- name: wake_result_waiters
 SELECT rota.wake_result_waiters(%(ids)b::uuid[])
@@ -153,8 +153,8 @@ SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at
 FROM rota.complete_keeping_claim(%(ids)b::uuid[], %(attempts)b::integer[], %(values)s::jsonb[],
                                  %(refused)s::text[], %(ttls)s::double precision[],
                                  %(queues)b::text[], %(limit)s::integer, %(worker)s::text,
-                                 %(lease_seconds)s::float8, %(started)s::float8[],
-                                 %(ran)s::float8[])
+                                 %(lease_seconds)s::float8, %(started)b::float8[],
+                                 %(ran)b::float8[])
 
 -- name: worker_complete_keeping_claim
 SELECT id, name, payload, queue, tenant, attempt, max_attempts, lease_expires_at, enqueued_at,
@@ -163,8 +163,8 @@ FROM rota.worker_complete_keeping_claim(%(worker)s::text, %(secret)s::bytea, %(i
                                         %(attempts)b::integer[], %(values)s::jsonb[],
                                         %(refused)s::text[], %(ttls)s::double precision[],
                                         %(queues)b::text[], %(limit)s::integer,
-                                        %(lease_seconds)s::float8, %(started)s::float8[],
-                                        %(ran)s::float8[])
+                                        %(lease_seconds)s::float8, %(started)b::float8[],
+                                        %(ran)b::float8[])
 
 -- name: record_run_times
 -- Runs and their seconds per queue and tenant since the last heartbeat.
