@@ -58,7 +58,7 @@ class InFlight:
     # was sent: the lease runs `lease_seconds` from a later moment.
     leased_from: float = 0.0
     # When (time.monotonic()) its claim was sent: its start is told to the
-    # database as seconds from it (RunTimes.started). None: leased_from's
+    # database as seconds from it (rota.core.RunTimes). None: leased_from's
     # first value (the claim's).
     claim_sent: float | None = None
     started_at: float | None = None  # set when it really starts (not when prefetched)

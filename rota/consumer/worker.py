@@ -411,7 +411,7 @@ class Worker:
             seconds = outcome.ended - flight.started_at
             started = flight.started_after()
             if not failed and started is not None:
-                self.unreported.runs[task.id] = core.RunTimes(started, seconds)
+                self.unreported.runs[task.id] = (started, seconds)
             ran.append(Attempt(task.queue, task.tenant, flight.waited or 0.0, seconds, failed))
             if failed:
                 self._queue_of_failed[task.id] = task.queue

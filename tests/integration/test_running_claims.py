@@ -314,7 +314,7 @@ def test_a_completion_keeps_the_workers_measures_and_the_heartbeats_start(conn: 
     starts = dict(conn.execute("SELECT task_id, started_at FROM rota.running").fetchall())
     assert starts[first.id] == claimed_at + timedelta(seconds=1.5)
     assert starts[third.id] is None
-    runs = {first.id: core.RunTimes(1.5, 0.25)}
+    runs = {first.id: (1.5, 0.25)}
     assert db.transact(conn, core.complete([first.token, second.token], runs=runs)) == {
         first.id,
         second.id,
@@ -338,7 +338,7 @@ def test_the_waits_counted_for_the_charts_run_to_the_start(conn: Conn) -> None:
         [task.id],
     ).fetchone()  # type: ignore[misc]
     # It sat prefetched for 7 s before it started.
-    db.transact(conn, core.complete([task.token], runs={task.id: core.RunTimes(7.0, 0.1)}))
+    db.transact(conn, core.complete([task.token], runs={task.id: (7.0, 0.1)}))
     counted = db.run(conn, core.count_service(claimed_at + timedelta(minutes=2)))
     assert counted == 1
     (waited,) = conn.execute("SELECT sum(wait_seconds) FROM rota.service").fetchone()  # type: ignore[misc]

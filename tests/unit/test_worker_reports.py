@@ -185,7 +185,7 @@ def test_an_unreadable_claim_of_several_hands_them_back_to_single_the_culprit_ou
 def test_completions_carry_each_runs_measures_even_one_at_a_time() -> None:
     done = tokens(3)
     culprit = done[1][0]
-    runs = {task_id: core.RunTimes(0.5 + n, 0.05 * (n + 1)) for n, (task_id, _) in enumerate(done)}
+    runs = {task_id: (0.5 + n, 0.05 * (n + 1)) for n, (task_id, _) in enumerate(done)}
     sent: dict[uuid.UUID, tuple[float, float]] = {}
 
     def complete(params: dict[str, Any]) -> list[dict[str, Any]]:
