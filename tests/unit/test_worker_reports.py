@@ -201,5 +201,5 @@ def test_completions_carry_each_runs_measures_even_one_at_a_time() -> None:
     unreported = Unreported(done=list(done), runs=dict(runs))
     assert database.run(report(unreported, POLICY)) == 3
     # The batch refused, each task went alone, with its own measures.
-    assert sent == {task_id: (run.started, run.ran) for task_id, run in runs.items()}
+    assert sent == runs
     assert unreported.runs == {}  # reported, forgotten
