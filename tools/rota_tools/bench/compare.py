@@ -151,8 +151,8 @@ STAGES: dict[str, Stage] = {
     "fleet": Stage(
         (
             "fleet",
-            *("--handlers", "8x32", "--rate", "2000", "--seconds", "5", "--stall-seconds", "3"),
-            *("--sweep-rates", "250,500,1000,2000,4000,8000", "--sweep-seconds", "3"),
+            *("--handlers", "8x32", "--rate", "2000", "--seconds", "10", "--stall-seconds", "3"),
+            *("--sweep-rates", "250,500,1000,2000,4000,8000", "--sweep-seconds", "5"),
         ),
         (
             _m("rota, PostgreSQL µs per task", f"{FLEET}.rota.{PG_US}", higher=False),
