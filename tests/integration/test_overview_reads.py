@@ -38,13 +38,17 @@ def stale(conn: Conn) -> Conn:
 
 @pytest.fixture
 def reader_url(database_url: str, conn: Conn) -> Iterator[str]:
-    """A login role that may only SELECT, and whose transactions are all
-    read-only (a SECURITY DEFINER function cannot write for it either)."""
+    """A login role that may only read: SELECT, and EXECUTE on the reading
+    function the fair shares need; its transactions are all read-only (a
+    SECURITY DEFINER function cannot write for it either)."""
     name = f"rota_reader_{uuid.uuid4().hex[:8]}"
     role = sql.Identifier(name)
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA rota TO {}").format(role))
     conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA rota TO {}").format(role))
+    # The fair shares' reading function (STABLE, the caller's rights).
+    minutes = "rota.tenant_minutes(integer[], timestamptz, timestamptz)"
+    conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(minutes), role))
     conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(role))
     assert "rota@" in database_url
     yield database_url.replace("rota@", f"{name}@", 1)
