@@ -345,8 +345,8 @@ def ids_statement(state: str, tenant: str | None, queue: str | None) -> str:
         check_queue(queue)
     return {
         "ready": query("ready_ids"),
-        "running": query("running_ids"),
-        "claimed": query("claimed_ids"),
+        "running": query("claim_ids"),
+        "claimed": query("claim_ids"),
         "scheduled": query("scheduled_ids"),
         "dead": query("dead_ids"),  # by the partial index of dead tasks
         "cancelled": query("cancelled_ids"),

@@ -241,21 +241,11 @@ WHERE %(queue)s::text IS NULL OR q.name = %(queue)s
 ORDER BY c.vtime, c.tenant_id, c.seq
 LIMIT %(limit)s
 
--- name: running_ids
--- Claims that run (rota.claims), by claim time.
+-- name: claim_ids
+-- Claims that run (state `running`) or not started (`claimed`: prefetched),
+-- as rota.claims tells them apart, by claim time.
 SELECT r.task_id FROM rota.claims r
-WHERE r.running
-  AND (%(tenant)s::text IS NULL
-       OR r.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
-  AND (%(queue)s::text IS NULL
-       OR r.queue_id = (SELECT id FROM rota.queues WHERE name = %(queue)s))
-ORDER BY r.claimed_at
-LIMIT %(limit)s
-
--- name: claimed_ids
--- Claims not started (prefetched: rota.claims), by claim time.
-SELECT r.task_id FROM rota.claims r
-WHERE NOT r.running
+WHERE r.running = (%(state)s = 'running')
   AND (%(tenant)s::text IS NULL
        OR r.tenant_id = (SELECT id FROM rota.tenants WHERE name = %(tenant)s))
   AND (%(queue)s::text IS NULL
