@@ -288,6 +288,57 @@ def test_a_minutes_fair_level_counts_its_last_second_once_counted(conn: Conn) ->
     assert level() == 27
 
 
+def test_a_task_served_in_a_minutes_last_moment_is_not_also_unfinished_at_its_end(
+    conn: Conn,
+) -> None:
+    """A minute's unfinished tasks are those its fair level counts: a task
+    recorded waiting by the minute's last refresh and served after it is
+    served, not owed (the tenant stands at its fair share, not below)."""
+    (minute,) = conn.execute(  # type: ignore[misc]
+        "SELECT date_trunc('minute', now()) - interval '3 minutes'"
+    ).fetchone()
+
+    def at(seconds: float) -> datetime:
+        return minute + timedelta(seconds=seconds)
+
+    def maintain(now: datetime) -> None:
+        db.run(conn, core.count_service(now))
+        db.run(conn, core.refresh_stats(now))
+
+    def minute_of(name: str) -> tuple[int, int, float | None]:
+        row = conn.execute(
+            "SELECT m.completed, m.demand, m.fair_share"
+            " FROM rota.tenant_minutes(ARRAY(SELECT id FROM rota.tenants WHERE name = %s),"
+            " %s, %s) m WHERE m.minute = %s",
+            (name, minute, minute + timedelta(minutes=1), minute),
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), row[2]
+
+    load(conn, envelopes("trickle", 1) + envelopes("steady", 3))
+    maintain(at(30))
+    got = claim(conn, 4)
+    db.transact(conn, core.complete([t.token for t in got if t.tenant == "steady"]))
+    conn.execute(
+        "UPDATE rota.finished SET finished_at = %s WHERE task_id = ANY (%s)",
+        (at(40), [t.id for t in got if t.tenant == "steady"]),
+    )
+    maintain(at(59))  # the minute's last refresh: the trickle's task unfinished
+    assert minute_of("trickle") == (0, 1, 1.0)
+    db.transact(conn, core.complete([t.token for t in got if t.tenant == "trickle"]))
+    conn.execute(
+        "UPDATE rota.finished SET finished_at = %s WHERE task_id = ANY (%s)",
+        (at(59.5), [t.id for t in got if t.tenant == "trickle"]),
+    )
+    maintain(at(60.3))
+    maintain(at(61.4))
+    maintain(at(62.5))  # counted up to 61.5: the minute is whole
+    assert minute_of("trickle") == (1, 1, 1.0)
+    assert minute_of("steady") == (3, 3, 3.0)
+    maintain(at(70))  # and it stays
+    assert minute_of("trickle") == (1, 1, 1.0)
+
+
 def test_a_queue_charged_by_time_costs_each_tenant_its_measured_seconds(
     conn: psycopg.Connection[Any],
 ) -> None:

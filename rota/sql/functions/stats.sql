@@ -95,27 +95,28 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_rows bigint;
     v_minute timestamptz := date_trunc('minute', p_now);
+    v_last_minute boolean;
 BEGIN
     -- One refresh at a time; a second caller leaves it to the first.
     IF NOT pg_try_advisory_xact_lock(hashtext('rota.refresh_stats')) THEN
         RETURN 0;
     END IF;
-    -- The last minute's fair levels again, with its completions counted
-    -- since its last refresh and the counts as they stood at its end or a
-    -- moment after (rota.stats, not yet recounted): at each refresh until
-    -- one comes 2 seconds into this minute. rota.count_service counts up
-    -- to a second before its call, so until then the last minute's final
-    -- second is not all counted, and a level without it would owe the
-    -- tenants the queue served to the last moment (a flood) less than
-    -- they got.
-    IF (SELECT c.at FROM rota.stats_counted c) < v_minute + interval '2 seconds' THEN
-        PERFORM rota.fair_levels(v_minute - interval '1 minute');
-    END IF;
+    -- The last minute is counted again, with its completions counted since
+    -- its last refresh and the counts as they stand now (a moment after its
+    -- end): at each refresh until one comes 2 seconds into this minute.
+    -- rota.count_service counts up to a second before its call, so until
+    -- then the last minute's final second is not all counted, and a level
+    -- without it would owe the tenants the queue served to the last moment
+    -- (a flood) less than they got.
+    v_last_minute := (SELECT c.at FROM rota.stats_counted c) < v_minute + interval '2 seconds';
     -- Only what changed is written: rows of pairs with nothing left go,
     -- rows whose counts changed are updated, new pairs are inserted. A pair's
     -- unfinished tasks (in line or claimed) enter the history (rota.service)
     -- when they change, and hourly while they stay: readers carry the last
-    -- record forward.
+    -- record forward. While the last minute is counted again, a change is
+    -- its record too: a minute's unfinished tasks are those its fair levels
+    -- count (the counts now), not those of its last refresh, before the
+    -- completions of its last moments.
     WITH counts (queue_id, tenant_id, waiting, running, scheduled, dead, first_vtime,
                  prefetched) AS (
         SELECT queue_id, tenant_id, count(*), 0, 0, 0, min(vtime), 0
@@ -191,7 +192,10 @@ BEGIN
     ), recorded AS (
         INSERT INTO rota.service AS v (minute, queue_id, tenant_id, completed, wait_seconds,
                                        pending)
-        SELECT v_minute, queue_id, tenant_id, 0, 0, pending FROM diff WHERE record
+        SELECT m.minute, d.queue_id, d.tenant_id, 0, 0, d.pending
+        FROM diff d
+        CROSS JOIN LATERAL (VALUES (v_minute), (v_minute - interval '1 minute')) m (minute)
+        WHERE d.record AND (m.minute = v_minute OR v_last_minute)
         ON CONFLICT (minute, queue_id, tenant_id) DO UPDATE SET pending = excluded.pending
     )
     SELECT count(*) INTO v_rows FROM grouped;
@@ -231,8 +235,11 @@ BEGIN
     WHERE x.minute >= v_minute - interval '1 minute'
       AND h.minute = x.minute AND h.queue_id = x.queue_id;
     -- This minute's fair levels, from the counts now; a minute keeps those
-    -- of its last refresh, and its first refresh of the next minute
-    -- recomputed them (above) with the completions counted since.
+    -- of its last refresh, and the refreshes of the next minute's first 2
+    -- seconds compute them again from the same counts its record holds.
+    IF v_last_minute THEN
+        PERFORM rota.fair_levels(v_minute - interval '1 minute');
+    END IF;
     PERFORM rota.fair_levels(v_minute);
     DELETE FROM rota.queue_history WHERE minute < p_now - interval '1 day';
     RETURN v_rows;
