@@ -75,6 +75,27 @@ def test_the_loader_s_stage_ends_with_the_commit_whose_notify_wakes_the_worker()
     assert slow is not None and slow.loader == 3
 
 
+def test_a_worker_request_before_the_notify_is_not_on_the_path() -> None:
+    insert = Trip(10.3, 10.5)  # the commit: its NOTIFY reaches the worker at 10.51
+    poll = Trip(10.2, 10.25)  # an idle poll while the task was still in the buffer
+    heartbeat = Trip(10.4, 10.45)
+    claim = Trip(10.52, 10.6)
+    path = path_of(
+        enqueued=10.0,
+        acknowledged=10.15,
+        started=10.7,
+        producer=[Trip(10.0, 10.1)],
+        loader=[Trip(5.0, 10.2), insert],
+        loader_postgres=[insert],
+        worker=[poll, heartbeat, claim],
+        notifies=[10.51],
+    )
+    assert path == Path(producer=1, loader=2, worker=1)
+    # Without the NOTIFY the poll would begin the worker's stage, before any
+    # commit: no path is seen whole.
+    assert path_of(10.0, 10.15, 10.7, [], [insert], [insert], [poll, heartbeat, claim]) is None
+
+
 def test_a_notify_is_a_server_chunk_that_begins_a_notification() -> None:
     events = [
         Chunk(1.0, 2, False, b"A"),

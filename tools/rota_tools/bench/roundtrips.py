@@ -15,8 +15,10 @@ server sends unasked (a NOTIFY) is no round trip. For each task:
   first request); the blocked read that the new entry ends counts as one,
   and what follows the commit (the WAL flush before the buffer is
   acknowledged) does not;
-- worker: those sent from its first request after the enqueue call (the
-  claim) up to the task's start.
+- worker: those sent from its first request after that NOTIFY (without
+  one, after the enqueue call): the claim, up to the task's start; an idle
+  poll or a heartbeat sent while the task was still on its way is not on
+  its path.
 
 One worker, so that no idle worker's claim stands among them. Exchanges off
 the path (an acknowledgement after the commit, a heartbeat) fall outside the
@@ -91,10 +93,17 @@ def path_of(
     """One task's round trips per stage (the module's docstring says how);
     None when no worker request came between the enqueue and the start."""
     claims = [t for t in worker if enqueued <= t.sent <= started]
+    # A worker's request before the NOTIFY (an idle poll, a heartbeat) could
+    # not have found the task: its path begins with the first after it.
+    notify = next((at for at in notifies if enqueued < at <= started), None)
+    woken_claims = [t for t in claims if notify is not None and t.sent >= notify]
+    if woken_claims:
+        claims = woken_claims
+    else:
+        notify = None
     if not claims:
         return None
     woken = min(t.sent for t in claims)
-    notify = next((at for at in notifies if enqueued < at <= woken), None)
     commits = [
         t.answered
         for t in loader_postgres
