@@ -10,15 +10,15 @@ server sends unasked (a NOTIFY) is no round trip. For each task:
 
 - producer: round trips sent between the enqueue call and its return;
 - loader: those answered after the enqueue call, up to the commit whose
-  NOTIFY wakes the worker: its last answer from PostgreSQL to a request sent
-  before that NOTIFY reached the worker (without one, before the worker's
-  first request); the blocked read that the new entry ends counts as one,
-  and what follows the commit (the WAL flush before the buffer is
-  acknowledged) does not;
+  NOTIFY wakes the worker: the last answer on the load's connection to a
+  request sent before that NOTIFY reached the worker (without one, before
+  the worker's first request); the blocked read that the new entry ends
+  counts as one, and what follows the commit (the WAL flush, on a
+  connection of its own, before the buffer is acknowledged) does not;
 - worker: those sent from its first request after that NOTIFY (without
-  one, after the enqueue call): the claim, up to the task's start; an idle
-  poll or a heartbeat sent while the task was still on its way is not on
-  its path.
+  one, after the enqueue call) and answered by the task's start: the claim;
+  an idle poll or a heartbeat sent while the task was still on its way, or
+  the report sent as the task ends, is not on its path.
 
 One worker, so that no idle worker's claim stands among them. Exchanges off
 the path (an acknowledgement after the commit, a heartbeat) fall outside the
@@ -50,6 +50,7 @@ LOOPBACK = "127.0.0.1"
 class Trip(NamedTuple):
     sent: float
     answered: float
+    connection: int = 0  # the proxy's number for the connection it went on
 
 
 def trips(events: list[Chunk]) -> list[Trip]:
@@ -60,7 +61,7 @@ def trips(events: list[Chunk]) -> list[Trip]:
         if chunk.from_client:
             open_request.setdefault(chunk.connection, chunk.at)
         elif chunk.connection in open_request:
-            found.append(Trip(open_request.pop(chunk.connection), chunk.at))
+            found.append(Trip(open_request.pop(chunk.connection), chunk.at, chunk.connection))
     return found
 
 
@@ -92,9 +93,12 @@ def path_of(
 ) -> Path | None:
     """One task's round trips per stage (the module's docstring says how);
     None when no worker request came between the enqueue and the start."""
-    claims = [t for t in worker if enqueued <= t.sent <= started]
-    # A worker's request before the NOTIFY (an idle poll, a heartbeat) could
-    # not have found the task: its path begins with the first after it.
+    # Answered by the start: a report sent just after it is not on the path
+    # (the start recorded is the worker's measure added to the claim's time,
+    # up to a one-way trip late). A worker's request before the NOTIFY (an
+    # idle poll, a heartbeat) could not have found the task: its path begins
+    # with the first after it.
+    claims = [t for t in worker if enqueued <= t.sent and t.answered <= started]
     notify = next((at for at in notifies if enqueued < at <= started), None)
     woken_claims = [t for t in claims if notify is not None and t.sent >= notify]
     if woken_claims:
@@ -104,10 +108,18 @@ def path_of(
     if not claims:
         return None
     woken = min(t.sent for t in claims)
+    # The load's statements go on one connection, the first answered after
+    # the enqueue; the flush that follows its commit goes on another (the
+    # acknowledgements' own), sent once the commit is answered, and may be
+    # sent before the NOTIFY reaches a worker slow to be told.
+    answered = [t for t in loader_postgres if enqueued < t.answered]
+    if not answered:
+        return None
+    loading = min(answered, key=lambda t: t.answered).connection
     commits = [
         t.answered
-        for t in loader_postgres
-        if enqueued < t.answered and (t.answered <= woken if notify is None else t.sent < notify)
+        for t in answered
+        if t.connection == loading and (t.answered <= woken if notify is None else t.sent < notify)
     ]
     if not commits:
         return None
