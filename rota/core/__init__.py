@@ -30,6 +30,7 @@ from rota.core.admin import (
     retry,
     retry_dead,
 )
+from rota.core.copyrows import TASK_COPY_TYPES, task_rows
 from rota.core.limits import (
     LimitUsage,
     declare_limits,
@@ -39,13 +40,11 @@ from rota.core.limits import (
     set_limit,
 )
 from rota.core.load import (
-    TASK_COPY_TYPES,
     commit_without_flush,
     count_loader_batch,
     flush_commits,
     load,
     record_loader_batch,
-    task_rows,
     tenant_backlogs,
 )
 from rota.core.maintain import (

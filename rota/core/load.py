@@ -9,47 +9,29 @@ COPY; the scheduled-or-pending rule and a duplicate's retry are written once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
 
+from rota.core.copyrows import (
+    TASK_COPY_TYPES,
+    TASK_COPY_TYPES_LEAN,
+    TASK_COPY_TYPES_MEMBERS,
+    TASK_COPY_TYPES_OPTIONS,
+    copy_rows,
+    keeps_defaults,
+    lean_copy_rows,
+)
 from rota.core.db import Copy, Execute, Op, Send, UUIDArray, UUIDBytesArray, select, values
 from rota.core.rows import ONLY, Rows
 from rota.model.envelope import TaskEnvelope
 from rota.sql import query
 
-# Column types of the copy_tasks block (rows from `task_rows`). The payload (a
-# json column) and the status (an enum) go as text: in binary COPY their form
-# is their text, and the text dumper skips psycopg's JSON wrapper. Ids given
-# as their 16 bytes (UUIDBytesArray) go as "bytea": binary COPY sends a uuid
-# as those bytes.
-TASK_COPY_TYPES = (
-    "uuid",
-    "int8",
-    "int4",
-    "int4",
-    "text",
-    "text",
-    "float8",
-    "int4",
-    "float8",
-    "float8",
-    "text",
-    "timestamptz",
-    "timestamptz",
-    "text",
-)
-# With the tasks' priorities and limit keys (copy_tasks_options), used only
-# when a task of the chunk has one: tasks at 0 without a key (most) cost the
-# load nothing more.
-TASK_COPY_TYPES_OPTIONS = (*TASK_COPY_TYPES, "int2", "text")
-# With the joins the tasks are members of too (copy_tasks_members): a workflow's.
-TASK_COPY_TYPES_MEMBERS = (*TASK_COPY_TYPES_OPTIONS, "uuid")
 # Up to this many tasks a load is one INSERT (insert_tasks): in a transaction
 # of its own, one round trip in all against a COPY's four. Beyond it, COPY
 # costs less per row.
@@ -298,84 +280,18 @@ def _prepared(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
     elif any(tasks.priorities) or any(tasks.limit_keys):
         statement, types = query("copy_tasks_options"), TASK_COPY_TYPES_OPTIONS
         extra = (tasks.priorities, tasks.limit_keys)
+    elif keeps_defaults(tasks):
+        statement, types = query("copy_tasks_lean"), TASK_COPY_TYPES_LEAN
+        if isinstance(tasks.ids, UUIDBytesArray):
+            types = ("bytea", *types[1:])
+        rows = lean_copy_rows(tasks, seqs, queue_id, tenant_id)
+        return len(tasks.ids), Copy(statement, rows, types)
     else:
         statement, types = query("copy_tasks"), TASK_COPY_TYPES
     if isinstance(tasks.ids, UUIDBytesArray):
         types = ("bytea", *types[1:])
-    rows = _rows(tasks, seqs, queue_id, tenant_id, ready.now, *extra)
+    rows = copy_rows(tasks, seqs, queue_id, tenant_id, ready.now, *extra)
     return len(tasks.ids), Copy(statement, rows, types)
-
-
-def _rows(
-    tasks: TaskColumns,
-    seqs: Sequence[int],
-    queue_id: Mapping[str, int],
-    tenant_id: Mapping[str, int],
-    now: datetime,
-    *extra: Iterable[Any],
-) -> Iterator[tuple[Any, ...]]:
-    """copy_tasks's rows (TASK_COPY_TYPES), the `extra` columns after theirs."""
-    return zip(
-        tasks.ids,
-        seqs,
-        map(queue_id.__getitem__, tasks.queues),
-        map(tenant_id.__getitem__, tasks.tenants),
-        tasks.names,
-        tasks.payloads,
-        tasks.costs,
-        tasks.max_attempts,
-        tasks.backoff_bases,
-        tasks.backoff_maxes,
-        _statuses(tasks.etas, now),
-        tasks.etas,
-        tasks.enqueued,
-        tasks.tenants,
-        *extra,
-        strict=False,  # the statuses may be endless
-    )
-
-
-def _statuses(etas: list[datetime | None], now: datetime) -> Iterable[str]:
-    """Each task's status as it enters: scheduled while its ETA is ahead of
-    the transaction's time (insert_tasks says the same in SQL)."""
-    if etas.count(None) == len(etas):
-        return repeat("pending")  # the usual case: no task has an ETA
-    return ["scheduled" if eta is not None and eta > now else "pending" for eta in etas]
-
-
-def task_rows(
-    numbered: Iterable[tuple[int, TaskEnvelope]],
-    queue_id: Mapping[str, int],
-    tenant_id: Mapping[str, int],
-    now: datetime,
-    options: bool = False,
-) -> Iterator[tuple[Any, ...]]:
-    """The rows `load` COPYs (`_rows`) of envelopes numbered with their
-    sequence numbers: copy_tasks's (TASK_COPY_TYPES), or with `options`
-    copy_tasks_options's (TASK_COPY_TYPES_OPTIONS). For COPYing them
-    elsewhere (the benchmarks' baselines, which time it): made a row at a
-    time, as cheap as a row can be made of an envelope; the same rows
-    (tests/unit/test_task_columns.py)."""
-    pairs = list(numbered)
-    statuses = _statuses([t.eta for _, t in pairs], now)
-    for (seq, t), status in zip(pairs, statuses, strict=False):
-        row = (
-            t.id,
-            seq,
-            queue_id[t.queue],
-            tenant_id[t.tenant],
-            t.name,
-            t.payload,
-            t.cost,
-            t.max_attempts,
-            t.backoff_base,
-            t.backoff_max,
-            status,
-            t.eta,
-            t.enqueued_at,
-            t.tenant,
-        )
-        yield (*row, t.priority, t.limit_key) if options else row
 
 
 def tenant_backlogs() -> Op[dict[str, tuple[int, float]]]:

@@ -33,6 +33,15 @@ SELECT task_id FROM rota.finished WHERE task_id = ANY (%(ids)b::uuid[])
 COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
                  backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
 
+-- name: copy_tasks_lean
+-- copy_tasks for tasks that keep the defaults (cost 1, 3 attempts, backoff
+-- from 1 s up to an hour) and have no ETA, most: the columns left out take
+-- rota.tasks' defaults, which are those values (rota.core.load.LEAN_DEFAULTS;
+-- tests/integration/test_load_columns.py). Types:
+-- rota.core.TASK_COPY_TYPES_LEAN.
+COPY rota.tasks (id, seq, queue_id, tenant_id, name, payload, enqueued_at, tenant)
+FROM STDIN (FORMAT BINARY)
+
 -- name: copy_tasks_options
 -- copy_tasks with the tasks' priorities and limit keys
 -- (rota.core.TASK_COPY_TYPES_OPTIONS).

@@ -10,9 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from rota.buffer.entries import TaskBatch
-from rota.core.load import TaskColumns, _rows, columns_of, task_rows
+from rota.core.copyrows import TASK_COPY_TYPES_LEAN, copy_rows, task_rows
+from rota.core.db import Copy, Execute
+from rota.core.load import TaskColumns, _Prepared, _prepared, columns_of
 from rota.loader.store import batch_columns
-from rota.model.envelope import envelope_template
+from rota.model.envelope import TaskEnvelope, envelope_template, make_envelope
+from rota.sql import query
 
 NOW = datetime.now(UTC)
 
@@ -65,7 +68,58 @@ def test_the_benchmarks_rows_are_the_loads(options: bool) -> None:
     seqs = list(range(100, 100 + len(tasks)))
     queue_id, tenant_id = {"pdfs": 1, "mail": 2}, {"t0": 1, "t1": 2, "t2": 3}
     extra = (tasks.priorities, tasks.limit_keys) if options else ()
-    loads = list(_rows(tasks, seqs, queue_id, tenant_id, NOW, *extra))
+    loads = list(copy_rows(tasks, seqs, queue_id, tenant_id, NOW, *extra))
     numbered = zip(seqs, envelopes, strict=True)
     assert list(task_rows(numbered, queue_id, tenant_id, NOW, options)) == loads
     assert {row[10] for row in loads} == {"pending", "scheduled"}
+
+
+def _copy_of(envelopes: list[TaskEnvelope]) -> Copy:
+    """The COPY a load of these tasks sends (load_prepare answered here)."""
+    tasks = columns_of(envelopes)
+    op = _prepared(tasks)
+    step = next(op)
+    assert isinstance(step, Execute) and step.query == query("load_prepare")
+    queues, tenants = sorted(set(tasks.queues)), sorted(set(tasks.tenants))
+    answer = [
+        _Prepared(
+            list(range(1, len(queues) + 1)),
+            list(range(1, len(tenants) + 1)),
+            NOW,
+            list(range(1, len(tasks) + 1)),
+            [],
+        )
+    ]
+    try:
+        op.send(answer)
+    except StopIteration as done:
+        count, copy = done.value
+        assert count == len(tasks)
+        assert isinstance(copy, Copy)
+        return copy
+    raise AssertionError("the load asked for more than load_prepare")
+
+
+def test_tasks_that_keep_the_defaults_leave_their_columns_out_of_the_copy() -> None:
+    plain = [make_envelope(name="n", queue="q", tenant=f"t{i % 3}", args=[i]) for i in range(10)]
+    lean = _copy_of(plain)
+    assert lean.query == query("copy_tasks_lean")
+    rows = list(lean.rows)
+    assert len(rows[0]) == len(TASK_COPY_TYPES_LEAN) == len(lean.types)
+    assert [row[0] for row in rows] == [t.id for t in plain]
+    # One task off a default, or with an ETA: every column goes.
+    for other in (
+        make_envelope(name="n", queue="q", tenant="t0", args=[], cost=2.0),
+        make_envelope(name="n", queue="q", tenant="t0", args=[], max_attempts=4),
+        make_envelope(name="n", queue="q", tenant="t0", args=[], backoff_base=2.0),
+        make_envelope(name="n", queue="q", tenant="t0", args=[], eta=NOW),
+    ):
+        assert _copy_of([*plain, other]).query == query("copy_tasks")
+
+
+def test_the_benchmarks_lean_rows_are_the_loads() -> None:
+    plain = [make_envelope(name="n", queue="q", tenant=f"t{i % 3}", args=[i]) for i in range(10)]
+    copy = _copy_of(plain)
+    numbered = zip(range(1, 11), plain, strict=True)
+    tenants = {f"t{i}": i + 1 for i in range(3)}
+    assert list(task_rows(numbered, {"q": 1}, tenants, NOW, lean=True)) == list(copy.rows)

@@ -22,7 +22,7 @@ from psycopg import sql
 
 from rota import Settings
 from rota.core import db
-from rota.core.load import TASK_COPY_TYPES, task_rows
+from rota.core.copyrows import TASK_COPY_TYPES_LEAN, task_rows
 from rota.loader.importer import import_tasks
 from rota.loader.spark_session import SparkOptions, spark_session
 from rota.model.envelope import TaskEnvelope
@@ -96,7 +96,8 @@ def _command(pid: int) -> str:
 
 
 def _ceiling_chunks(path: str, chunk: int, tenants: int) -> Iterator[list[tuple[Any, ...]]]:
-    """The file's rows as copy_tasks's rows (task_rows), `chunk` at a time."""
+    """The file's rows as `rota import` COPYs them (task_rows: tasks that
+    keep the defaults, copy_tasks_lean's rows), `chunk` at a time."""
     import pyarrow.dataset as ds  # type: ignore[import-untyped]
 
     now = datetime.now(UTC)
@@ -110,10 +111,10 @@ def _ceiling_chunks(path: str, chunk: int, tenants: int) -> Iterator[list[tuple[
             envelope = TaskEnvelope(uuid.uuid4(), "default", tenant, name, payload, now)
             numbered.append((len(numbered) + 1, envelope))
             if len(numbered) == chunk:
-                yield list(task_rows(numbered, {"default": 1}, tenant_id, now))
+                yield list(task_rows(numbered, {"default": 1}, tenant_id, now, lean=True))
                 numbered = []
     if numbered:
-        yield list(task_rows(numbered, {"default": 1}, tenant_id, now))
+        yield list(task_rows(numbered, {"default": 1}, tenant_id, now, lean=True))
 
 
 def _copy_ceiling(settings: Settings, path: str, tenants: int) -> tuple[float, float | None]:
@@ -146,7 +147,7 @@ def _copy_ceiling(settings: Settings, path: str, tenants: int) -> tuple[float, f
 
 def _copy(conn: psycopg.Connection[Any], statement: sql.Composed, rows: list[Any]) -> None:
     with conn.transaction(), conn.cursor(binary=True) as cur, cur.copy(statement) as copy:
-        copy.set_types(TASK_COPY_TYPES)
+        copy.set_types(TASK_COPY_TYPES_LEAN)
         for row in rows:
             copy.write_row(row)
 

@@ -17,7 +17,9 @@ import psycopg
 
 from rota import core
 from rota.core import db
+from rota.core.copyrows import TASK_COPY_TYPES_LEAN, keeps_defaults
 from rota.core.db import Copy, Op, Row
+from rota.core.load import columns_of
 from rota.model.envelope import TaskEnvelope
 from rota.runtime.process import tune_gc
 from rota_tools.bench.cpu import CpuMeter, PostgresCost, median_run, postgres_probe
@@ -68,12 +70,17 @@ def _raw_copy(conn: Conn, batches: list[list[TaskEnvelope]], fair_index: bool = 
     started = time.perf_counter()
     seq = itertools.count()
     for batch in batches:
-        rows = core.task_rows(zip(seq, batch, strict=False), queue_ids, tenant_ids, now)
+        # The columns the fair load COPYs for these rows.
+        lean = keeps_defaults(columns_of(batch))
+        numbered = zip(seq, batch, strict=False)
+        rows = core.task_rows(numbered, queue_ids, tenant_ids, now, lean=lean)
+        columns = TASK_COPY_TYPES_LEAN if lean else core.TASK_COPY_TYPES
         if fair_index:
-            types = (*core.TASK_COPY_TYPES, "float8")
-            copy = Copy(query("bench_indexed_copy"), placed(rows, batch), types)
+            indexed = query("bench_indexed_copy_lean") if lean else query("bench_indexed_copy")
+            copy = Copy(indexed, placed(rows, batch), (*columns, "float8"))
         else:
-            copy = Copy(query("bench_raw_copy"), rows, core.TASK_COPY_TYPES)
+            raw = query("bench_raw_copy_lean") if lean else query("bench_raw_copy")
+            copy = Copy(raw, rows, columns)
         db.transact(conn, _copy_only(copy))
     return time.perf_counter() - started
 

@@ -217,6 +217,12 @@ COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, cost, max_atte
                      backoff_base, backoff_max, status, eta, enqueued_at, tenant)
 FROM STDIN (FORMAT BINARY)
 
+-- name: bench_raw_copy_lean
+-- bench_raw_copy of tasks that keep the defaults: the columns rota's load
+-- COPYs for them (load.sql's copy_tasks_lean), the rest the defaults.
+COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, enqueued_at, tenant)
+FROM STDIN (FORMAT BINARY)
+
 -- name: bench_indexed_setup
 -- The least any fair design with a claim index writes: the raw table with
 -- each task's place in line and a partial index in fair order (the issue's
@@ -231,6 +237,11 @@ CREATE INDEX rota_bench_raw_fair_order ON rota_bench_raw (queue_id, vtime, tenan
 -- name: bench_indexed_copy
 COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts,
                      backoff_base, backoff_max, status, eta, enqueued_at, tenant, vtime)
+FROM STDIN (FORMAT BINARY)
+
+-- name: bench_indexed_copy_lean
+-- bench_indexed_copy of tasks that keep the defaults (bench_raw_copy_lean).
+COPY rota_bench_raw (id, seq, queue_id, tenant_id, name, payload, enqueued_at, tenant, vtime)
 FROM STDIN (FORMAT BINARY)
 
 -- name: bench_analyze_ready
@@ -432,9 +443,10 @@ DROP TABLE IF EXISTS {table};
 CREATE TABLE {table} (LIKE rota.tasks INCLUDING DEFAULTS INCLUDING INDEXES)
 
 -- name: bench_copy_ceiling_copy
--- Binary, rows as copy_tasks's (rota.core.load.TASK_COPY_TYPES).
-COPY {table} (id, seq, queue_id, tenant_id, name, payload, cost, max_attempts, backoff_base,
-              backoff_max, status, eta, enqueued_at, tenant) FROM STDIN (FORMAT BINARY)
+-- Binary, rows as copy_tasks_lean's (rota.core.load.TASK_COPY_TYPES_LEAN):
+-- the file's tasks keep the defaults, so `rota import` COPYs these columns.
+COPY {table} (id, seq, queue_id, tenant_id, name, payload, enqueued_at, tenant)
+FROM STDIN (FORMAT BINARY)
 
 -- name: bench_copy_ceiling_drop
 DROP TABLE IF EXISTS {table}
