@@ -67,26 +67,6 @@ def keeps_defaults(tasks: TaskColumns) -> bool:
     )
 
 
-def lean_copy_rows(
-    tasks: TaskColumns,
-    seqs: Sequence[int],
-    queue_id: Mapping[str, int],
-    tenant_id: Mapping[str, int],
-) -> Iterator[tuple[Any, ...]]:
-    """copy_tasks_lean's rows (TASK_COPY_TYPES_LEAN)."""
-    return zip(
-        tasks.ids,
-        seqs,
-        map(queue_id.__getitem__, tasks.queues),
-        map(tenant_id.__getitem__, tasks.tenants),
-        tasks.names,
-        tasks.payloads,
-        tasks.enqueued,
-        tasks.tenants,
-        strict=True,
-    )
-
-
 def copy_rows(
     tasks: TaskColumns,
     seqs: Sequence[int],
@@ -94,15 +74,23 @@ def copy_rows(
     tenant_id: Mapping[str, int],
     now: datetime,
     *extra: Iterable[Any],
+    lean: bool = False,
 ) -> Iterator[tuple[Any, ...]]:
-    """copy_tasks's rows (TASK_COPY_TYPES), the `extra` columns after theirs."""
-    return zip(
+    """copy_tasks's rows (TASK_COPY_TYPES), the `extra` columns after theirs;
+    with `lean`, copy_tasks_lean's (TASK_COPY_TYPES_LEAN) of tasks that keep
+    the defaults (`keeps_defaults`)."""
+    head = (
         tasks.ids,
         seqs,
         map(queue_id.__getitem__, tasks.queues),
         map(tenant_id.__getitem__, tasks.tenants),
         tasks.names,
         tasks.payloads,
+    )
+    if lean:
+        return zip(*head, tasks.enqueued, tasks.tenants, strict=True)
+    return zip(
+        *head,
         tasks.costs,
         tasks.max_attempts,
         tasks.backoff_bases,

@@ -25,7 +25,6 @@ from rota.core.copyrows import (
     TASK_COPY_TYPES_OPTIONS,
     copy_rows,
     keeps_defaults,
-    lean_copy_rows,
 )
 from rota.core.db import Copy, Execute, Op, Send, UUIDArray, UUIDBytesArray, select, values
 from rota.core.rows import ONLY, Rows
@@ -263,7 +262,8 @@ def _inserting(tasks: TaskColumns) -> dict[str, Any]:
 def _prepared(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
     """How many tasks the COPY stores (less those that already ran), and the
     COPY: copy_tasks, or with the tasks' options when one has any, or with
-    their joins when they are a workflow's."""
+    their joins when they are a workflow's, or without the columns at their
+    defaults when every task keeps them (copy_tasks_lean)."""
     params = _preparing(tasks)
     (ready,) = yield from select(query("load_prepare"), params, _PREPARED)
     seqs = ready.seqs
@@ -274,6 +274,7 @@ def _prepared(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
     tenant_id = dict(zip(params["tenants"], ready.tenant_ids, strict=True))
     types: Sequence[str]
     extra: tuple[list[Any], ...] = ()
+    lean = False
     if tasks.join_ids is not None:
         statement, types = query("copy_tasks_members"), TASK_COPY_TYPES_MEMBERS
         extra = (tasks.priorities, tasks.limit_keys, tasks.join_ids)
@@ -281,16 +282,12 @@ def _prepared(tasks: TaskColumns) -> Op[tuple[int, Copy]]:
         statement, types = query("copy_tasks_options"), TASK_COPY_TYPES_OPTIONS
         extra = (tasks.priorities, tasks.limit_keys)
     elif keeps_defaults(tasks):
-        statement, types = query("copy_tasks_lean"), TASK_COPY_TYPES_LEAN
-        if isinstance(tasks.ids, UUIDBytesArray):
-            types = ("bytea", *types[1:])
-        rows = lean_copy_rows(tasks, seqs, queue_id, tenant_id)
-        return len(tasks.ids), Copy(statement, rows, types)
+        statement, types, lean = query("copy_tasks_lean"), TASK_COPY_TYPES_LEAN, True
     else:
         statement, types = query("copy_tasks"), TASK_COPY_TYPES
     if isinstance(tasks.ids, UUIDBytesArray):
         types = ("bytea", *types[1:])
-    rows = copy_rows(tasks, seqs, queue_id, tenant_id, ready.now, *extra)
+    rows = copy_rows(tasks, seqs, queue_id, tenant_id, ready.now, *extra, lean=lean)
     return len(tasks.ids), Copy(statement, rows, types)
 
 
