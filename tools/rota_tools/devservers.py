@@ -31,6 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+# How long an immediate stop may take before the server is killed:
+# PostgreSQL's postmaster itself kills children that outlast 5 s of it.
+STOP_SECONDS = 30.0
+
 
 class ServerError(RuntimeError):
     """A throwaway server could not be started."""
@@ -151,9 +155,15 @@ class Server:
 
     def stop_immediately(self) -> None:
         """PostgreSQL's `pg_ctl -m immediate stop` (SIGQUIT): no checkpoint,
-        crash recovery on the next start."""
+        crash recovery on the next start. A server that does not end within
+        STOP_SECONDS (a stopped process acts on no signal but SIGCONT and
+        SIGKILL) is killed, as `kill` does, rather than waited on forever."""
         self._signal(signal.SIGQUIT)
-        self.process.wait()
+        self._signal(signal.SIGCONT)
+        try:
+            self.process.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
     def start_again(self) -> None:
         """Starts the stopped (or killed) server on the same port and data."""
