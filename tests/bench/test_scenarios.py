@@ -357,6 +357,16 @@ def test_backlog_scaling_lock_pressure_and_end_to_end(settings: Settings) -> Non
     assert e2e["cpu_per_task_to_postgres_queue_flood"] == pytest.approx(
         cpu["all_us_per_task"] / flood["cpu"]["all_us_per_task"], rel=0.01
     )
+    assert flood["left"] == 0
+    # Flooded again, each time with one thing every rota task has: its record
+    # kept at completion, its function run by a pool of threads. Every task
+    # was completed, and the kept floor left a record of each.
+    for floor in ("kept", "threads"):
+        floored = e2e[f"postgres_queue_flood_{floor}"]
+        assert floored["tasks"] == 300 and floored["tasks_per_s"] > 0, floor
+        assert set(floored["cpu"]["per_process"]) == set(flood["cpu"]["per_process"]), floor
+        assert floored["left"] == 0, floor
+    assert e2e["postgres_queue_flood_kept"]["records_kept"] == 300
     # Again behind PgBouncer in transaction mode: LISTEN on the direct URL, then polling.
     for key, listen in (("pgbouncer_listen", True), ("pgbouncer_poll", False)):
         pooled = e2e[key]

@@ -144,6 +144,11 @@ def bench_end_to_end(
     figures |= start_baselines(settings, min(tasks, 5000), rate)
     flood = postgres_queue_baseline(settings, tasks, rate, consumers=2)
     figures["postgres_queue_flood"] = flood
+    # The floors of what every rota task has beyond the plain queue: its
+    # record kept at completion; its function run by a pool of threads.
+    for floor in ("kept", "threads"):
+        floored = postgres_queue_baseline(settings, tasks, rate, consumers=2, floor=floor)
+        figures[f"postgres_queue_flood_{floor}"] = floored
     figures["tasks_per_s_to_postgres_queue_flood"] = ratio(
         figures["tasks_per_s"], flood["tasks_per_s"]
     )

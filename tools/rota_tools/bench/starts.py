@@ -12,10 +12,13 @@ consumer holds it (rota's: when its claim returns).
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import json
 import multiprocessing
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -34,6 +37,12 @@ PGQUEUE_SCHEMA = "rota_bench_pgqueue"
 PGQUEUER_DATABASE = "rota_peer_pgqueuer_starts"
 BATCH = 100  # each consumer's claim, as rota's workers' in end-to-end
 IDLE_SECONDS = 5.0  # a consumer that waited this long for work gives up
+# The flooded queue's variants, each the plain one plus one thing every rota
+# task has: "kept", completion keeps a record of the task (rota.finished);
+# "threads", the consumer runs each task's function on a pool of THREADS
+# threads and completes it once it returned (a worker's sync tasks).
+FLOORS = ("plain", "kept", "threads")
+THREADS = 8  # as rota's workers' concurrency in end-to-end
 
 
 def start_baselines(settings: Settings, tasks: int, rate: float) -> dict[str, Any]:
@@ -75,16 +84,21 @@ def redis_pop_baseline(settings: Settings, tasks: int, rate: float) -> dict[str,
 
 
 def postgres_queue_baseline(
-    settings: Settings, tasks: int, rate: float, consumers: int = 1
+    settings: Settings, tasks: int, rate: float, consumers: int = 1, floor: str = "plain"
 ) -> dict[str, Any]:
     """The durable PostgreSQL queue written to directly (see the module's
     docstring), in a schema of its own on rota's database. With more
     `consumers` (the flood), the report has the tasks/s achieved (from the
     first task sent to the last one started) and the CPU a task of the
-    producer (this process), the consumers and PostgreSQL."""
+    producer (this process), the consumers and PostgreSQL. `floor` (one of
+    FLOORS) adds to it one thing every rota task has."""
+    if floor not in FLOORS:
+        raise ValueError(f"floor {floor!r}: one of {', '.join(FLOORS)}")
     with psycopg.connect(settings.database_url, autocommit=True) as conn:
         conn.execute(_render(conn, query("bench_fifo_schema")))
         conn.execute(_render(conn, query("bench_pgqueue_setup")))
+        if floor == "kept":
+            conn.execute(_render(conn, query("bench_pgqueue_kept_setup")))
         enqueue = _render(conn, query("bench_pgqueue_enqueue"))
 
         def send(first: int, n: int) -> None:
@@ -102,16 +116,20 @@ def postgres_queue_baseline(
             )
 
         try:
-            return _paced(
+            figures = _paced(
                 "PostgreSQL queue",
                 _pgqueue_consumer,
-                settings.database_url,
+                (settings.database_url, floor),
                 tasks,
                 rate,
                 send,
                 consumers,
                 meter if consumers > 1 else None,
             )
+            figures["left"] = _count(conn, "bench_pgqueue_left")
+            if floor == "kept":
+                figures["records_kept"] = _count(conn, "bench_pgqueue_kept_count")
+            return figures
         finally:
             conn.execute(_render(conn, query("bench_fifo_drop_schema")))
 
@@ -211,6 +229,11 @@ def _render(conn: psycopg.Connection[Any], block: str) -> bytes:
     return in_schema(conn, block, PGQUEUE_SCHEMA)
 
 
+def _count(conn: psycopg.Connection[Any], name: str) -> int:
+    row = conn.execute(_render(conn, query(name))).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
     client = redis_client.connect(settings, timeout=10)
     client.ping()
@@ -227,34 +250,99 @@ def _pop_consumer(settings: Settings, tasks: int, results: Any) -> None:
     client.close()
 
 
-def _pgqueue_consumer(url: str, tasks: int, results: Any, shared: Any = None) -> None:
+def _pgqueue_consumer(
+    target: tuple[str, str], tasks: int, results: Any, shared: Any = None
+) -> None:
     """Claims and completes until `tasks` started: its own, or with `shared`
-    (a counter of all consumers' starts), everyone's."""
+    (a counter of all consumers' starts), everyone's. `target`: the URL and
+    the floor (FLOORS)."""
+    url, floor = target
     starts: list[float] = []
+    pool = _Runner(THREADS) if floor == "threads" else None
+    finishing = "bench_pgqueue_finish_kept" if floor == "kept" else "bench_pgqueue_finish"
     with psycopg.connect(url, autocommit=True) as conn:
         claim, finish = (
             _render(conn, query("bench_pgqueue_claim")),
-            _render(conn, query("bench_pgqueue_finish")),
+            _render(conn, query(finishing)),
         )
         conn.execute(query("bench_pgqueue_listen"))
         results.send(None)
         idle_since = time.monotonic()
         while (shared.value if shared is not None else len(starts)) < tasks:
-            rows = conn.execute(claim, {"limit": BATCH}, prepare=True).fetchall()
+            limit = BATCH
+            if pool is not None:
+                # At most a batch beyond the running ones, claimed once half
+                # a batch is free, as a worker does.
+                while True:
+                    if ids := pool.done():
+                        conn.execute(finish, {"ids": ids}, prepare=True)
+                    if (limit := min(BATCH, THREADS + BATCH - pool.running)) >= BATCH // 2:
+                        break
+                    pool.wait()
+            rows = conn.execute(claim, {"limit": limit}, prepare=True).fetchall()
             now = time.time()
             if rows:
                 starts.extend((now - enqueued_at) * 1000 for _, _, enqueued_at in rows)
                 if shared is not None:
                     with shared.get_lock():
                         shared.value += len(rows)
-                conn.execute(finish, {"ids": [row[0] for row in rows]}, prepare=True)
+                if pool is None:
+                    conn.execute(finish, {"ids": [row[0] for row in rows]}, prepare=True)
+                else:
+                    pool.run(rows)
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > IDLE_SECONDS:
                 break  # the parent reports the shortfall
             else:
                 # Briefly: another consumer may take the last tasks.
                 list(conn.notifies(timeout=0.05, stop_after=1))
+        while pool is not None and pool.running:
+            pool.wait()
+            if ids := pool.done():
+                conn.execute(finish, {"ids": ids}, prepare=True)
     results.send(starts)
+
+
+def _noop(*args: Any) -> None:
+    """The task the "threads" floor runs (the bench app's noop)."""
+
+
+class _Runner:
+    """`size` threads calling each claimed row's function with its payload's
+    args, in claim order; the ids of those returned are collected for the
+    completion (the least a worker's pool of threads does)."""
+
+    def __init__(self, size: int) -> None:
+        self._calls: queue.SimpleQueue[tuple[int, dict[str, Any]] | None] = queue.SimpleQueue()
+        self._done: collections.deque[int] = collections.deque()
+        self._returned = threading.Event()
+        self.running = 0
+        for _ in range(size):
+            threading.Thread(target=self._serve, daemon=True).start()
+
+    def run(self, rows: list[tuple[int, dict[str, Any], float]]) -> None:
+        self.running += len(rows)
+        for task_id, payload, _ in rows:
+            self._calls.put((task_id, payload))
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            _noop(*call[1]["args"])
+            self._done.append(call[0])
+            self._returned.set()
+
+    def wait(self) -> None:
+        """Until a call returned since the last `done()`."""
+        if not self._done:
+            self._returned.wait(1.0)
+        self._returned.clear()
+
+    def done(self) -> list[int]:
+        ids = []
+        while self._done:
+            ids.append(self._done.popleft())
+        self.running -= len(ids)
+        return ids
 
 
 async def _install_pgqueuer(url: str) -> None:

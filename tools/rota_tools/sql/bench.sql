@@ -436,6 +436,34 @@ RETURNING id, payload, enqueued_at
 -- name: bench_pgqueue_finish
 DELETE FROM {schema}.rota_bench_jobs WHERE id = ANY (%(ids)s::bigint[])
 
+-- name: bench_pgqueue_kept_setup
+-- The flood's floor of a queue that keeps a record of each task it ran (as
+-- rota.finished keeps one, for results, lookups and retention): the least
+-- such a record costs, one narrow row and its primary key.
+DROP TABLE IF EXISTS {schema}.rota_bench_jobs_done;
+CREATE TABLE {schema}.rota_bench_jobs_done (
+    id bigint PRIMARY KEY,
+    enqueued_at double precision NOT NULL,
+    finished_at timestamptz NOT NULL
+);
+
+-- name: bench_pgqueue_left
+-- After a run: the tasks not completed.
+SELECT count(*) FROM {schema}.rota_bench_jobs
+
+-- name: bench_pgqueue_kept_count
+-- After a run of the "kept" floor: the records kept.
+SELECT count(*) FROM {schema}.rota_bench_jobs_done
+
+-- name: bench_pgqueue_finish_kept
+-- bench_pgqueue_finish, keeping each task's record.
+WITH done AS (
+    DELETE FROM {schema}.rota_bench_jobs WHERE id = ANY (%(ids)s::bigint[])
+    RETURNING id, enqueued_at
+)
+INSERT INTO {schema}.rota_bench_jobs_done (id, enqueued_at, finished_at)
+SELECT id, enqueued_at, now() FROM done
+
 -- name: bench_copy_ceiling_setup
 -- `rota bench import`'s one-connection ceiling: a table shaped as rota.tasks,
 -- with its defaults and its indexes but not its trigger ({table}: an identifier).
