@@ -102,10 +102,20 @@ def value(statement: Statement, params: Params = None) -> Op[Any]:
     return found
 
 
-def _built(step: Execute, description: Sequence[Any] | None, rows: list[Row]) -> list[Any]:
-    if step.rows is None or description is None:
+def _columns(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> list[str] | None:
+    """The names of the result's columns; None when it has none. Read off the
+    result: `cursor.description` builds an object per column, about 15 µs a
+    statement of 11 columns, on every claim."""
+    result = cur.pgresult
+    if result is None or not result.nfields:
+        return None
+    return [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+
+
+def _built(step: Execute, columns: list[str], rows: list[Row]) -> list[Any]:
+    if step.rows is None:
         return rows
-    return step.rows.build([column.name for column in description], rows)
+    return step.rows.build(columns, rows)
 
 
 # Results come in binary: uuids and timestamps cost the client less CPU to
@@ -177,7 +187,8 @@ def _execute(conn: psycopg.Connection[Any], step: Step, ahead: _Ahead | None) ->
             return []
         if ahead is not None:
             ahead.close()
-        return _built(step, cur.description, cur.fetchall()) if cur.description else []
+        columns = _columns(cur)
+        return [] if columns is None else _built(step, columns, cur.fetchall())
 
 
 async def _aexecute(
@@ -202,9 +213,8 @@ async def _aexecute(
             return []
         if ahead is not None:
             await ahead.close()
-        if not cur.description:
-            return []
-        return _built(step, cur.description, await cur.fetchall())
+        columns = _columns(cur)
+        return [] if columns is None else _built(step, columns, await cur.fetchall())
 
 
 def transact(conn: psycopg.Connection[Any], op: Op[T]) -> T:

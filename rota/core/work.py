@@ -11,6 +11,7 @@ from uuid import UUID
 
 import orjson
 
+from rota.core.arrays import Float8Array, Int4Array
 from rota.core.db import Execute, Op, UUIDArray, select, value, values
 from rota.core.rows import Row, Rows
 from rota.errors import ValidationError
@@ -201,7 +202,7 @@ def _keyed(key: WorkerKey, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def token_params(tokens: Iterable[tuple[UUID, int]]) -> dict[str, list[Any]]:
-    ids, attempts = UUIDArray(), []
+    ids, attempts = UUIDArray(), Int4Array()
     for task_id, attempt in tokens:
         ids.append(task_id)
         attempts.append(attempt)
@@ -211,10 +212,9 @@ def token_params(tokens: Iterable[tuple[UUID, int]]) -> dict[str, list[Any]]:
 def run_params(ids: Sequence[UUID], runs: Mapping[UUID, RunTimes] | None) -> dict[str, Any]:
     """The runs' measures of these tasks, in their order (NULL: not told):
     a completion's `started` and `ran` arrays, sent in binary (the text form
-    costs a worker about 2 µs an element). None when no task's is known: a
-    binary array of NULLs alone carries no element type."""
-    started: list[float | None] = []
-    ran: list[float | None] = []
+    costs a worker about 2 µs an element). None when no task's is known
+    (the statement then records none)."""
+    started, ran = Float8Array(), Float8Array()
     known = False
     for task_id in ids:
         run = runs.get(task_id) if runs else None
@@ -228,11 +228,11 @@ def run_params(ids: Sequence[UUID], runs: Mapping[UUID, RunTimes] | None) -> dic
     return {"started": started, "ran": ran} if known else {"started": None, "ran": None}
 
 
-def floats(values: list[float | None]) -> list[float | None] | None:
+def floats(values: list[float | None]) -> Float8Array | None:
     """A float8[] parameter sent in binary: None when no element is known."""
     if all(v is None for v in values):
         return None
-    return [None if v is None else float(v) for v in values]
+    return Float8Array(None if v is None else float(v) for v in values)
 
 
 def completion_params(

@@ -21,7 +21,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -143,17 +143,34 @@ class LoopHistogram(Collector):
         yield family
 
 
+class LoopCounter(Collector):
+    """A counter by (queue, tenant), counted by one thread (a worker's claim
+    loop, once per claim's outcomes): a dict addition, where
+    prometheus_client's Counter takes a label lookup and a lock."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self._counts: dict[tuple[str, str], int] = {}
+        registry.register(self)
+
+    def inc(self, queue: str, tenant: str, amount: int) -> None:
+        key = (queue, tenant)
+        self._counts[key] = self._counts.get(key, 0) + amount
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=["queue", "tenant"])
+        for labels, count in list(self._counts.items()):
+            family.add_metric(list(labels), count)
+        yield family
+
+
 class WorkerMetrics:
     def __init__(self, tenant_limit: int, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry = registry or process_registry()
         self.tenant = TenantLabels(tenant_limit)
         self.claimed = Counter("rota_tasks_claimed", "Tasks claimed.", ["queue"], registry=registry)
-        self.completed = Counter(
-            "rota_tasks_completed", "Tasks that succeeded.", ["queue", "tenant"], registry=registry
-        )
-        self.failed = Counter(
-            "rota_tasks_failed", "Failed attempts.", ["queue", "tenant"], registry=registry
-        )
+        self.completed = LoopCounter("rota_tasks_completed", "Tasks that succeeded.", registry)
+        self.failed = LoopCounter("rota_tasks_failed", "Failed attempts.", registry)
         self.retried = Counter(
             "rota_tasks_retried", "Failed attempts to be retried.", ["queue"], registry=registry
         )
@@ -173,25 +190,15 @@ class WorkerMetrics:
         self.run = LoopHistogram(
             "rota_task_run_seconds", "Run time of an attempt.", "queue", RUN_BUCKETS, registry
         )
-        # Each series' child, looked up once: labels() validates and locks.
-        self._ended: dict[tuple[bool, str, str], Any] = {}
 
     def attempts(self, ended: Iterable[tuple[str, str, float, float, bool]]) -> None:
         """Attempts that ran, as (queue, tenant, waited, ran, failed), from the
-        claim loop alone: each counter's lock taken once per series, not task."""
-        counts: dict[tuple[bool, str, str], int] = {}
+        claim loop alone (the Loop* collectors take no lock)."""
+        tenant_label = self.tenant
         for queue, tenant, waited, ran, failed in ended:
             self.wait.observe(queue, waited)
             self.run.observe(queue, ran)
-            key = (not failed, queue, tenant)
-            counts[key] = counts.get(key, 0) + 1
-        for (ok, queue, tenant), n in counts.items():
-            key = (ok, queue, self.tenant(tenant))
-            child = self._ended.get(key)
-            if child is None:
-                counter = self.completed if ok else self.failed
-                child = self._ended[key] = counter.labels(queue, key[2])
-            child.inc(n)
+            (self.failed if failed else self.completed).inc(queue, tenant_label(tenant), 1)
 
     def failure_ended(self, queue: str, retried: bool) -> None:
         (self.retried if retried else self.dead).labels(queue).inc()

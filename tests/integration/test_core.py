@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import struct
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ import pytest
 
 from rota import core
 from rota.core import db
+from rota.core.arrays import Float8Array, Int4Array
 from rota.core.db import UUIDArray
 from rota.core.effects import drive
 from rota.core.load import SMALL_LOAD
@@ -550,6 +552,18 @@ def test_task_id_arrays_reach_the_server_whole(conn: Conn, count: int) -> None:
         "SELECT %(ids)b::uuid[], cardinality(%(ids)b::uuid[])", {"ids": UUIDArray(ids)}
     ).fetchone()  # type: ignore[misc]
     assert (sent, length) == (ids, count)
+
+
+def test_attempts_and_run_times_arrays_reach_the_server_whole(conn: Conn) -> None:
+    attempts = Int4Array([1, 3, 2**31 - 1, -(2**31)])
+    times = Float8Array([0.25, None, 1e-9, 3600.0, None])
+    sent = conn.execute(
+        "SELECT %(a)b::integer[], %(t)b::float8[], %(e)b::integer[], %(f)b::float8[]",
+        {"a": attempts, "t": times, "e": Int4Array(), "f": Float8Array()},
+    ).fetchone()
+    assert sent == (list(attempts), list(times), [], [])
+    with pytest.raises(struct.error):  # not an int4: refused before the server
+        conn.execute("SELECT %(a)b::integer[]", {"a": Int4Array([2**31])})
 
 
 def test_task_ids_given_as_text_are_parsed_and_bad_ones_refused(conn: Conn) -> None:

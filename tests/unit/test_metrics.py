@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -82,7 +83,20 @@ def test_the_claim_loops_histogram_reads_as_prometheus_clients_own() -> None:
     assert histogram_lines(ours) == histogram_lines(theirs)
 
 
-def test_tenants_past_the_limit_share_one_series_and_one_cached_child() -> None:
+def _counted(registry: Any, name: str) -> dict[tuple[str, str], float]:
+    """A counter's exposed `_total` samples, by (queue, tenant)."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest(registry).decode()
+    return {
+        (s.labels["queue"], s.labels["tenant"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == f"{name}_total"
+    }
+
+
+def test_tenants_past_the_limit_share_one_series() -> None:
     from rota.consumer.running import Attempt
     from rota.readmodel.metrics import WorkerMetrics
 
@@ -91,9 +105,26 @@ def test_tenants_past_the_limit_share_one_series_and_one_cached_child() -> None:
         metrics.attempts(
             Attempt("q", f"tenant-{i}", 0.01, 0.001, False) for i in range(first, first + 10)
         )
-    assert len(metrics._ended) == 3  # two named tenants and "other"
-    other = metrics.completed.labels("q", "other")._value.get()
-    assert other == 48
+    completed = _counted(metrics.registry, "rota_tasks_completed")
+    assert completed == {("q", "tenant-0"): 1, ("q", "tenant-1"): 1, ("q", "other"): 48}
+
+
+def test_the_claim_loops_counter_reads_as_prometheus_clients_own() -> None:
+    """LoopCounter (no lock or label lookup per task) exposes the samples a
+    prometheus_client Counter fed the same counts does."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from rota.readmodel.metrics import LoopCounter
+
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    reference = Counter("t_done", "Done.", ["queue", "tenant"], registry=theirs)
+    loop = LoopCounter("t_done", "Done.", ours)
+    for i in range(300):
+        queue, tenant, n = ("pdfs", "mail")[i % 2], f"t{i % 7}", 1 + i % 3
+        reference.labels(queue, tenant).inc(n)
+        loop.inc(queue, tenant, n)
+    assert _counted(ours, "t_done") == _counted(theirs, "t_done")
+    assert sum(_counted(ours, "t_done").values()) == sum(1 + i % 3 for i in range(300))
 
 
 def test_attempts_collected_together_count_each_way_they_ended() -> None:
@@ -109,9 +140,8 @@ def test_attempts_collected_together_count_each_way_they_ended() -> None:
             Attempt("r", "b", 0.04, 0.008, False),
         ]
     )
-    assert metrics.completed.labels("q", "a")._value.get() == 2
-    assert metrics.failed.labels("q", "a")._value.get() == 1
-    assert metrics.completed.labels("r", "b")._value.get() == 1
+    assert _counted(metrics.registry, "rota_tasks_completed") == {("q", "a"): 2, ("r", "b"): 1}
+    assert _counted(metrics.registry, "rota_tasks_failed") == {("q", "a"): 1}
     # Every attempt's wait and run time observed, per queue.
     families = {f.name: f for f in metrics.wait.collect()}
     samples = {

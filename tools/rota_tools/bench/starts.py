@@ -126,9 +126,9 @@ def postgres_queue_baseline(
                 consumers,
                 meter if consumers > 1 else None,
             )
-            figures["left"] = _count(conn, "bench_pgqueue_left")
+            figures["left"] = _count(conn, query("bench_pgqueue_left"))
             if floor == "kept":
-                figures["records_kept"] = _count(conn, "bench_pgqueue_kept_count")
+                figures["records_kept"] = _count(conn, query("bench_pgqueue_kept_count"))
             return figures
         finally:
             conn.execute(_render(conn, query("bench_fifo_drop_schema")))
@@ -229,8 +229,8 @@ def _render(conn: psycopg.Connection[Any], block: str) -> bytes:
     return in_schema(conn, block, PGQUEUE_SCHEMA)
 
 
-def _count(conn: psycopg.Connection[Any], name: str) -> int:
-    row = conn.execute(_render(conn, query(name))).fetchone()
+def _count(conn: psycopg.Connection[Any], block: str) -> int:
+    row = conn.execute(_render(conn, block)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -259,12 +259,11 @@ def _pgqueue_consumer(
     url, floor = target
     starts: list[float] = []
     pool = _Runner(THREADS) if floor == "threads" else None
-    finishing = "bench_pgqueue_finish_kept" if floor == "kept" else "bench_pgqueue_finish"
     with psycopg.connect(url, autocommit=True) as conn:
-        claim, finish = (
-            _render(conn, query("bench_pgqueue_claim")),
-            _render(conn, query(finishing)),
+        finishing = (
+            query("bench_pgqueue_finish_kept") if floor == "kept" else query("bench_pgqueue_finish")
         )
+        claim, finish = _render(conn, query("bench_pgqueue_claim")), _render(conn, finishing)
         conn.execute(query("bench_pgqueue_listen"))
         results.send(None)
         idle_since = time.monotonic()
