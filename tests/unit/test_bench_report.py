@@ -86,8 +86,52 @@ def test_each_stage_has_a_table_of_its_processes_cpu_per_task(tmp_path: Path) ->
 def test_the_benchmarks_page_shows_what_the_committed_runs_render() -> None:
     root = Path(__file__).resolve().parents[2]
     page = (root / "docs" / "explanation" / "benchmarks.md").read_text()
-    generated = report.render(report.load_runs(root / "bench-runs"))
+    runs = root / "bench-runs"
+    generated = report.render(report.load_runs(runs), report.load_comparison(runs))
     assert generated in page, "run `rota bench report` to write the page from bench-runs/"
+
+
+def _e2e_report(workers: float, postgres: float, at: str) -> dict[str, object]:
+    per_process = {
+        "loader": {"us_per_task": 5.0},
+        "worker_1": {"us_per_task": workers},
+        "worker_2": {"us_per_task": workers},
+        "postgresql": {"us_per_task": postgres},
+    }
+    return {"at": at, "machine": MACHINE, "cpu": {"per_process": per_process}}
+
+
+def test_a_comparison_shows_each_process_before_and_after(tmp_path: Path) -> None:
+    at = "2026-11-28T23:00:00+00:00"
+    comparison = {
+        "baseline": "6ac9fbb0123",
+        "candidate": "9d07c41abcd",
+        "rounds": 3,
+        "stages": {
+            "end-to-end": {
+                "reports": {
+                    "baseline": [_e2e_report(w, p, at) for w, p in ((10, 60), (12, 70), (11, 50))],
+                    "candidate": [_e2e_report(w, p, at) for w, p in ((8, 40), (9, 45), (7, 50))],
+                }
+            },
+            # A stage whose reports lack the CPU figures has no table.
+            "enqueue": {"reports": {"baseline": [{"at": at}], "candidate": [{"at": at}]}},
+        },
+    }
+    (tmp_path / report.COMPARISON).write_text(json.dumps(comparison))
+    _run(tmp_path, "enqueue-1.json", "2026-11-26T10:00:00+00:00", 200_000, 0.9)
+    text = report.render(report.load_runs(tmp_path), report.load_comparison(tmp_path))
+    part = text.split("## Before and after", 1)[1]
+    assert "`rota bench compare` of 6ac9fbb\n(before) and 9d07c41 (after), 3 rounds" in part
+    table = part.split("### end-to-end:", 1)[1]
+    # Medians of the rounds; the two workers added up, run by run.
+    assert "| loader | 5 | 5 | 1 |" in table
+    assert "| workers | 22 | 16 | 0.73 |" in table
+    assert "| PostgreSQL | 60 | 45 | 0.75 |" in table
+    assert "| all of these | 87 | 66 | 0.76 |" in table
+    assert "### enqueue:" not in part
+    # Without a comparison the page has no such part.
+    assert "## Before and after" not in report.render(report.load_runs(tmp_path))
 
 
 def _fleet(folder: Path, name: str, rota_cpu: float, stall_max: float) -> None:

@@ -708,7 +708,9 @@ def bench_report(
 ) -> None:
     """The benchmarks page's figures from one set of runs: each stage's
     figures (medians and ranges, ratios to the same run's baselines), the
-    machine and the dates once. `--run` makes the runs first."""
+    machine and the dates once; and, when the folder holds a comparison
+    (`rota bench compare --out RUNS/before-after.json`), each process's CPU
+    per task before and after. `--run` makes the runs first."""
     from rota_tools.bench import compare as ab
     from rota_tools.bench import report
     from rota_tools.devservers import local_postgres, local_redis
@@ -733,7 +735,7 @@ def bench_report(
                 lambda line: typer.echo(line, err=True),
             )
     try:
-        generated = report.render(report.load_runs(folder))
+        generated = report.render(report.load_runs(folder), report.load_comparison(folder))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     report.write_page(Path(page), generated)

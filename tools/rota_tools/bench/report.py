@@ -131,6 +131,70 @@ def _row(label: str, values: Sequence[float]) -> str:
     return f"| {label} | **{fmt(median)}** ({spread}) | {', '.join(fmt(v) for v in values)} |"
 
 
+# The comparison the page's "before and after" is read from: the JSON report
+# of `rota bench compare --out`, kept beside the runs.
+COMPARISON = "before-after.json"
+
+
+def load_comparison(runs: Path) -> dict[str, Any] | None:
+    """The runs folder's comparison (COMPARISON), if it has one."""
+    path = runs / COMPARISON
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _per_run(reports: Sequence[dict[str, Any]], paths: dict[str, str]) -> list[dict[str, float]]:
+    """Each report's µs per task by process (those it has)."""
+    return [{n: v for n, p in paths.items() if (v := summed(r, p)) is not None} for r in reports]
+
+
+def _median_of(per_run: Sequence[dict[str, float]], name: str) -> float | None:
+    values = [run[name] for run in per_run if name in run]
+    return statistics.median(values) if values else None
+
+
+def before_after_tables(comparison: dict[str, Any]) -> list[str]:
+    """Where a task's CPU goes, before a change and after it: each process's
+    µs per task in a `rota bench compare` of the two commits (medians of its
+    rounds, run alternately on the same servers), stage by stage."""
+    stages: dict[str, Any] = comparison.get("stages", {})
+    before, after = str(comparison.get("baseline", "?")), str(comparison.get("candidate", "?"))
+    every = [r for s in stages.values() for side in s["reports"].values() for r in side]
+    lines = [
+        "## Before and after",
+        "",
+        f"Each process's CPU per task in microseconds, in `rota bench compare` of {before[:7]}",
+        f"(before) and {after[:7]} (after), {comparison.get('rounds', '?')} rounds run",
+        f"alternately on the same servers, {_when(every)}: medians of the rounds.",
+        "",
+    ]
+    for stage, (task, processes) in CPU_STAGES.items():
+        if stage not in stages:
+            continue
+        paths = {name: path or METERED[name] for name, path in processes.items()}
+        sides = stages[stage]["reports"]
+        old, new = (
+            _per_run(sides.get("baseline", []), paths),
+            _per_run(sides.get("candidate", []), paths),
+        )
+        rows = []
+        for name in paths:
+            b, a = _median_of(old, name), _median_of(new, name)
+            if b is not None and a is not None:
+                rows.append((name, b, a))
+        if not rows:
+            continue
+        lines += [f"### {stage}: {task}", "", "| process | before | after | after ÷ before |"]
+        lines.append("|---|---|---|---|")
+        if len(rows) > 1:
+            rows.append(("all of these", sum(r[1] for r in rows), sum(r[2] for r in rows)))
+        lines += [
+            f"| {n} | {fmt(b)} | {fmt(a)} | {fmt(round(a / b, 2)) if b else '-'} |"
+            for n, b, a in rows
+        ]
+        lines.append("")
+    return lines
+
+
 def cpu_tables(by_stage: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Where a task's CPU goes, a table per stage: each process's µs per
     task (median, range, runs), and all those measured together."""
@@ -227,8 +291,11 @@ def fleet_table(reports: Sequence[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def render(by_stage: dict[str, list[dict[str, Any]]]) -> str:
-    """The page's generated part, in Markdown."""
+def render(
+    by_stage: dict[str, list[dict[str, Any]]], comparison: dict[str, Any] | None = None
+) -> str:
+    """The page's generated part, in Markdown; with a comparison
+    (load_comparison), its before and after."""
     every = [r for reports in by_stage.values() for r in reports]
     if not every:
         raise ValueError("no runs: run `rota bench report --run` first")
@@ -265,6 +332,8 @@ def render(by_stage: dict[str, list[dict[str, Any]]]) -> str:
         if name == "fleet":
             lines += fleet_table(reports)
     lines += cpu_tables(by_stage)
+    if comparison is not None:
+        lines += before_after_tables(comparison)
     lines.append(END)
     return "\n".join(lines)
 
