@@ -145,3 +145,42 @@ def test_the_meter_keeps_a_few_milliseconds() -> None:
     meter.start()
     clock["proxy"] += 0.0031
     assert meter.report(elapsed=1.0)["per_process"]["proxy"]["seconds"] == 0.0031
+
+
+def test_a_tree_read_while_children_end_never_goes_back() -> None:
+    # A server's backends end and are waited for at any moment, a probe's
+    # read among them: a child gone before its own read but after its
+    # parent's record of waited-for children was read would lose its whole
+    # life's CPU from the figure (and one read the other way round count it
+    # twice), so a tree's CPU seconds would fall. They never may; rounding to
+    # clock ticks (10 ms) a child's end moves them by less than a tick.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, time\n"
+            "print('up', flush=True)\n"
+            "while True:\n"
+            "    child = os.fork()\n"
+            "    if child == 0:\n"
+            "        t = time.process_time() + 0.03\n"
+            "        while time.process_time() < t: pass\n"
+            "        os._exit(0)\n"
+            "    os.waitpid(child, 0)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"up\n"
+        reads = []
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            seconds = process_tree_seconds(parent.pid)
+            assert seconds is not None
+            reads.append(seconds)
+        falls = [(a, b) for a, b in zip(reads, reads[1:], strict=False) if b < a - 0.011]
+        assert len(reads) > 100 and not falls, falls[:5]
+        assert reads[-1] - reads[0] >= 1.0  # the children's work was counted
+    finally:
+        parent.kill()
+        parent.wait()

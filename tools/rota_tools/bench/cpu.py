@@ -59,16 +59,36 @@ def process_seconds(pid: int, *, with_exited_children: bool = False) -> float | 
     return seconds
 
 
+def _reaped_ticks(pid: int) -> int | None:
+    """The clock ticks of a process's children that have exited and been
+    waited for (cutime + cstime); None if it is gone."""
+    fields = proc_stat(pid)
+    return None if fields is None else int(fields[13]) + int(fields[14])
+
+
+# Reads of a tree that a child's end spoilt, before the last is taken as is.
+TREE_READS = 5
+
+
 def process_tree_seconds(pid: int) -> float | None:
     """A process tree's CPU seconds: the process's, and every process's
     below it (a server's backends, a Spark driver's JVM with its Python
     daemon and workers), those that have exited and been waited for
-    included (PostgreSQL's backends come and go)."""
-    own = process_seconds(pid, with_exited_children=True)
-    if own is None:
-        return None
-    below = (process_seconds(p, with_exited_children=True) for p in descendants(pid))
-    return own + sum(seconds or 0.0 for seconds in below)
+    included (PostgreSQL's backends come and go). A read is one state of
+    the tree: a child that ends and is waited for while the tree is read
+    would count nowhere (gone when read, not yet among the waited-for) or
+    twice, its whole life's CPU, so such a read is made again."""
+    total: float | None = None
+    for _ in range(TREE_READS):
+        reaped = _reaped_ticks(pid)
+        own = process_seconds(pid)
+        below = [process_seconds(p, with_exited_children=True) for p in descendants(pid)]
+        if reaped is None or own is None:
+            return None
+        total = own + reaped / CLOCK_TICKS + sum(seconds or 0.0 for seconds in below)
+        if None not in below and _reaped_ticks(pid) == reaped:
+            break
+    return total
 
 
 def machine_seconds() -> float:
