@@ -142,8 +142,12 @@ def load_comparison(runs: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _per_run(reports: Sequence[dict[str, Any]], paths: dict[str, str]) -> list[dict[str, float]]:
-    """Each report's µs per task by process (those it has)."""
+def _per_run(
+    reports: Sequence[dict[str, Any]], processes: dict[str, str]
+) -> list[dict[str, float]]:
+    """Each report's µs per task by process of a CPU_STAGES entry (those it
+    has; a process's path left empty is its METERED one)."""
+    paths = {name: path or METERED[name] for name, path in processes.items()}
     return [{n: v for n, p in paths.items() if (v := summed(r, p)) is not None} for r in reports]
 
 
@@ -170,14 +174,13 @@ def before_after_tables(comparison: dict[str, Any]) -> list[str]:
     for stage, (task, processes) in CPU_STAGES.items():
         if stage not in stages:
             continue
-        paths = {name: path or METERED[name] for name, path in processes.items()}
         sides = stages[stage]["reports"]
         old, new = (
-            _per_run(sides.get("baseline", []), paths),
-            _per_run(sides.get("candidate", []), paths),
+            _per_run(sides.get("baseline", []), processes),
+            _per_run(sides.get("candidate", []), processes),
         )
         rows = []
-        for name in paths:
+        for name in processes:
             b, a = _median_of(old, name), _median_of(new, name)
             if b is not None and a is not None:
                 rows.append((name, b, a))
@@ -209,11 +212,8 @@ def cpu_tables(by_stage: dict[str, list[dict[str, Any]]]) -> list[str]:
     for stage, (task, processes) in CPU_STAGES.items():
         if not (reports := by_stage.get(stage)):
             continue
-        paths = {name: path or METERED[name] for name, path in processes.items()}
-        per_run = [
-            {n: v for n, p in paths.items() if (v := summed(r, p)) is not None} for r in reports
-        ]
-        measured = [name for name in paths if any(name in run for run in per_run)]
+        per_run = _per_run(reports, processes)
+        measured = [name for name in processes if any(name in run for run in per_run)]
         lines += [f"### {stage}: {task}", ""]
         if not measured:
             lines += ["Not measured in these runs.", ""]
