@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 from rota_tools.bench.cpu import (
     CpuMeter,
@@ -17,6 +19,22 @@ from rota_tools.bench.cpu import (
     tree_probe,
 )
 from rota_tools.devservers import descendants
+
+
+@contextlib.contextmanager
+def _python(script: str, says: bytes) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python process running `script`, once it has printed the line
+    `says`; killed afterwards, with whatever it started."""
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == says + b"\n"
+        yield parent
+    finally:
+        for pid in descendants(parent.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
 
 
 def _spin(seconds: float) -> None:
@@ -55,54 +73,34 @@ def test_a_few_milliseconds_of_work_are_measured_finer_than_a_clock_tick() -> No
 
 def test_a_process_tree_counts_children_that_have_exited() -> None:
     # A server's backends come and go: what an exited child used still counts.
-    parent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import subprocess, sys, time;"
-            "subprocess.run([sys.executable, '-c', "
-            "'import time\\nt = time.process_time() + 0.5\\nwhile time.process_time() < t: pass']);"
-            "print('done', flush=True); time.sleep(30)",
-        ],
-        stdout=subprocess.PIPE,
+    script = (
+        "import subprocess, sys, time;"
+        "subprocess.run([sys.executable, '-c', "
+        "'import time\\nt = time.process_time() + 0.5\\nwhile time.process_time() < t: pass']);"
+        "print('done', flush=True); time.sleep(30)"
     )
-    try:
-        assert parent.stdout is not None and parent.stdout.readline() == b"done\n"
+    with _python(script, b"done") as parent:
         own = process_seconds(parent.pid)
         tree = process_tree_seconds(parent.pid)
         assert own is not None and tree is not None
         assert tree - own >= 0.4, (own, tree)
-    finally:
-        parent.kill()
-        parent.wait()
 
 
 def test_a_tree_probe_counts_a_grandchild_that_still_runs() -> None:
     # A Spark driver's JVM starts a Python daemon, which forks the workers
     # that stay (reused): their CPU is the tree's.
-    parent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import subprocess, sys;"
-            "subprocess.run([sys.executable, '-c', "
-            "'import time\\nt = time.process_time() + 0.5\\nwhile time.process_time() < t: pass"
-            "\\nprint(1, flush=True)\\ntime.sleep(30)'])",
-        ],
-        stdout=subprocess.PIPE,
+    script = (
+        "import subprocess, sys;"
+        "subprocess.run([sys.executable, '-c', "
+        "'import time\\nt = time.process_time() + 0.5\\nwhile time.process_time() < t: pass"
+        "\\nprint(1, flush=True)\\ntime.sleep(30)'])"
     )
-    try:
-        assert parent.stdout is not None and parent.stdout.readline() == b"1\n"
+    with _python(script, b"1") as parent:
         assert len(descendants(parent.pid)) == 1
         own = process_seconds(parent.pid)
         tree = tree_probe(parent.pid)()
         assert own is not None and tree is not None
         assert tree - own >= 0.4, (own, tree)
-    finally:
-        for pid in descendants(parent.pid):
-            os.kill(pid, 9)
-        parent.kill()
-        parent.wait()
 
 
 def test_a_process_that_is_gone_is_not_measured() -> None:
@@ -155,24 +153,18 @@ def test_a_tree_read_while_children_end_never_goes_back() -> None:
     # life's CPU from the figure (and one read the other way round count it
     # twice), so a tree's CPU seconds would fall. They never may; rounding to
     # clock ticks (10 ms) a child's end moves them by less than a tick.
-    parent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import os, time\n"
-            "print('up', flush=True)\n"
-            "while True:\n"
-            "    child = os.fork()\n"
-            "    if child == 0:\n"
-            "        t = time.process_time() + 0.03\n"
-            "        while time.process_time() < t: pass\n"
-            "        os._exit(0)\n"
-            "    os.waitpid(child, 0)\n",
-        ],
-        stdout=subprocess.PIPE,
+    script = (
+        "import os, time\n"
+        "print('up', flush=True)\n"
+        "while True:\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        t = time.process_time() + 0.03\n"
+        "        while time.process_time() < t: pass\n"
+        "        os._exit(0)\n"
+        "    os.waitpid(child, 0)\n"
     )
-    try:
-        assert parent.stdout is not None and parent.stdout.readline() == b"up\n"
+    with _python(script, b"up") as parent:
         reads = []
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
@@ -182,6 +174,3 @@ def test_a_tree_read_while_children_end_never_goes_back() -> None:
         falls = [(a, b) for a, b in itertools.pairwise(reads) if b < a - 0.011]
         assert len(reads) > 100 and not falls, falls[:5]
         assert reads[-1] - reads[0] >= 1.0  # the children's work was counted
-    finally:
-        parent.kill()
-        parent.wait()
