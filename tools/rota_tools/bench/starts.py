@@ -17,7 +17,6 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import psycopg
 
 from rota import Settings
 from rota.buffer import redis_client
+from rota.consumer.running import TaskPool
 from rota_tools.bench.cpu import CpuMeter, pid_probe, postgres_probe
 from rota_tools.bench.harness import fresh_database, in_schema, offer, p50_p99, wait_for
 from rota_tools.sql import query
@@ -307,28 +307,25 @@ def _noop(*args: Any) -> None:
 
 
 class _Runner:
-    """`size` threads calling each claimed row's function with its payload's
-    args, in claim order; the ids of those returned are collected for the
-    completion (the least a worker's pool of threads does)."""
+    """A worker's pool of threads (rota's TaskPool) calling each claimed
+    row's function with its payload's args, in claim order; the ids of
+    those returned are collected for the completion."""
 
     def __init__(self, size: int) -> None:
-        self._calls: queue.SimpleQueue[tuple[int, dict[str, Any]] | None] = queue.SimpleQueue()
+        self._pool = TaskPool(size, "floor")
         self._done: collections.deque[int] = collections.deque()
         self._returned = threading.Event()
         self.running = 0
-        for _ in range(size):
-            threading.Thread(target=self._serve, daemon=True).start()
 
     def run(self, rows: list[tuple[int, dict[str, Any], float]]) -> None:
         self.running += len(rows)
         for task_id, payload, _ in rows:
-            self._calls.put((task_id, payload))
+            self._pool.submit(self._call, task_id, payload)
 
-    def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
-            _noop(*call[1]["args"])
-            self._done.append(call[0])
-            self._returned.set()
+    def _call(self, task_id: int, payload: dict[str, Any]) -> None:
+        _noop(*payload["args"])
+        self._done.append(task_id)
+        self._returned.set()
 
     def wait(self) -> None:
         """Until a call returned since the last `done()`."""
