@@ -296,6 +296,17 @@ def _completion(lean_returns: Part, whole_returns: Part) -> Part:
     )
 
 
+def _placing(function: str, source: Part, pending_only: Part | None) -> Part:
+    """A function that puts tasks in line: its pairs' variables, the pairs
+    and the placement, all of the same tasks."""
+    return part(
+        function,
+        pair_variables=part("pair_variables"),
+        pairs=part("pairs", source=source, pending_only=pending_only),
+        placement=part("placement", source=source, pending_only=pending_only),
+    )
+
+
 FUNCTIONS = (
     Function("claim.sql", "claim.sql", part("claim", claim=_claim(outcome=""))),
     Function(
@@ -349,24 +360,11 @@ FUNCTIONS = (
         "reports.sql",
         part("complete", completion=_completion(part("completed"), part("completed"))),
     ),
-    Function(
-        "enter_line.sql",
-        "line.sql",
-        part(
-            "enter_line", placement=part("placement", source=part("given_tasks"), pending_only=None)
-        ),
-    ),
+    Function("enter_line.sql", "line.sql", _placing("enter_line", part("given_tasks"), None)),
     Function(
         "tasks_enter_line.sql",
         "line.sql",
-        part(
-            "tasks_enter_line",
-            placement=part(
-                "placement",
-                source=part("loaded_tasks"),
-                pending_only=part("pending_first_attempts"),
-            ),
-        ),
+        _placing("tasks_enter_line", part("loaded_tasks"), part("pending_first_attempts")),
     ),
 )
 

@@ -87,7 +87,7 @@ CREATE TABLE rota.tenants (
 CREATE INDEX tenants_limited ON rota.tenants (id) WHERE limited;
 
 -- Each tenant's virtual finish tag, per queue. A load locks the rows of its
--- pairs (rota.lock_tags): loads of one tenant take turns, loads of others
+-- pairs (rota.advance_tags): loads of one tenant take turns, loads of others
 -- do not wait for them.
 CREATE TABLE rota.tenant_queues (
     queue_id integer NOT NULL,

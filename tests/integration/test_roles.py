@@ -187,7 +187,7 @@ def test_a_stolen_producer_or_loader_credential_cannot_stop_the_queue(
                 "UPDATE rota.tenant_queues SET finish_tag = 1e300",
                 "INSERT INTO rota.tenant_queues VALUES (1, 1, 1e300)",
                 "INSERT INTO rota.scheduled VALUES (now(), gen_random_uuid())",
-                "SELECT rota.fair_starts(ARRAY[1], ARRAY[1])",
+                "SELECT rota.advance_tags(ARRAY[1], ARRAY[1], ARRAY[-1e300], ARRAY[1])",
                 "SELECT rota.enter_line(ARRAY[gen_random_uuid()], ARRAY[1::bigint], ARRAY[1],"
                 " ARRAY[1], ARRAY[1::float8], ARRAY[0::int2])",
             ):

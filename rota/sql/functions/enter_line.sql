@@ -23,6 +23,9 @@ LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_custom_pla
 DECLARE
     v_pair_queues integer[];
     v_pair_tenants integer[];
+    v_pair_costs double precision[];
+    v_pair_lasts double precision[];
+    v_tagged integer;
 BEGIN
     IF coalesce(cardinality(p_ids), 0) = 0 THEN
         RETURN;
@@ -31,30 +34,32 @@ BEGIN
         -- Until the function returns (its SET clause restores the setting).
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     END IF;
-    SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
-    INTO v_pair_queues, v_pair_tenants
-    FROM (SELECT DISTINCT q, t FROM unnest(p_queue_ids, p_tenant_ids) AS x(q, t)) pairs;
-    -- The pairs' tags stay locked until the transaction ends.
-    PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
-    WITH starts AS MATERIALIZED (
-        SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
-    ), placed AS MATERIALIZED (
-        SELECT x.queue_id, x.tenant_id, x.seq, x.id, x.priority,
-               s.start + sum(x.cost / s.weight) OVER w - x.cost / s.weight AS vtime,
-               s.start + sum(x.cost / s.weight) OVER w AS finish
+    SELECT array_agg(p.q ORDER BY p.q, p.t), array_agg(p.t ORDER BY p.q, p.t),
+           array_agg(p.cost ORDER BY p.q, p.t), array_agg(p.last ORDER BY p.q, p.t)
+    INTO v_pair_queues, v_pair_tenants, v_pair_costs, v_pair_lasts
+    FROM (SELECT x.queue_id AS q, x.tenant_id AS t, sum(x.cost) AS cost,
+               (array_agg(x.cost ORDER BY x.seq DESC))[1] AS last
         FROM unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs, p_priorities) AS x(id, seq, queue_id, tenant_id, cost, priority)
-        JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
-        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
-                     ROWS UNBOUNDED PRECEDING)
+        GROUP BY 1, 2) p;
+    WITH tags AS MATERIALIZED (
+        SELECT * FROM rota.advance_tags(v_pair_queues, v_pair_tenants, v_pair_costs,
+                                        v_pair_lasts)
     ), ready AS (
         INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
-        SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
+        SELECT x.queue_id, g.finish - sum(x.cost) OVER w / g.weight, x.tenant_id, x.seq, x.id,
+               x.priority
+        FROM unnest(p_ids, p_seqs, p_queue_ids, p_tenant_ids, p_costs, p_priorities) AS x(id, seq, queue_id, tenant_id, cost, priority)
+        JOIN tags g ON g.queue_id = x.queue_id AND g.tenant_id = x.tenant_id
+        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq DESC
+                     ROWS UNBOUNDED PRECEDING)
     )
-    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
-    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
-          FROM placed GROUP BY 1, 2) m
-    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
+    SELECT count(*) FROM tags INTO v_tagged;
+    -- A pair without its tag would leave its tasks out of line for good.
+    IF v_tagged <> cardinality(v_pair_queues) THEN
+        RAISE EXCEPTION 'rota.advance_tags moved % of % tags', v_tagged,
+                        cardinality(v_pair_queues);
+    END IF;
     PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
-    WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(v_pair_queues)));
+    WHERE q.id = ANY (v_pair_queues);
 END
 $body$;

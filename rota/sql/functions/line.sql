@@ -6,9 +6,9 @@
 
 -- The queue's virtual clock: the smallest start tag still waiting, or the
 -- largest ever given when nothing waits (each tenant's largest, through an
--- index; never below the queue's floor). Read without a lock: a load places
--- its tenants after locking their tags, whatever other tenants' loads do.
--- plpgsql, as is lock_tags: its plan is kept for the session, where a sql
+-- index; never below the queue's floor). Read without a lock: a load moves
+-- its tenants' tags under their locks, whatever other tenants' loads do.
+-- plpgsql: its plan is kept for the session, where a sql
 -- function that cannot be inlined (a definer) plans its statement on every
 -- call of every load. The producers' backlog view reads it too.
 CREATE OR REPLACE FUNCTION rota.vclock(p_queue_id integer) RETURNS double precision
@@ -21,21 +21,6 @@ BEGIN
             (SELECT tq.last_start FROM rota.tenant_queues tq WHERE tq.queue_id = p_queue_id
              ORDER BY tq.last_start DESC LIMIT 1)),
         0);
-END
-$$;
-
--- Locks the tag rows of (queue, tenant) pairs, creating those missing, in
--- (queue, tenant) order: every writer of fair tags takes them the same way,
--- so loads never deadlock; loads of other tenants never wait. ON CONFLICT
--- ... WHERE false locks an existing row without writing it. A statement of
--- its own, before the placement's: that one then sees the rows made here.
-CREATE OR REPLACE FUNCTION rota.lock_tags(p_queue_ids integer[], p_tenant_ids integer[])
-RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO rota.tenant_queues AS tq (queue_id, tenant_id, finish_tag)
-    SELECT p.q, p.t, 0 FROM unnest(p_queue_ids, p_tenant_ids) AS p(q, t) ORDER BY 1, 2
-    ON CONFLICT (queue_id, tenant_id) DO UPDATE SET finish_tag = tq.finish_tag WHERE false;
 END
 $$;
 
@@ -69,38 +54,71 @@ BEGIN
 END
 $$;
 
--- Where each (queue, tenant) pair's next task starts, S = max(V, F) (the
--- queue's virtual clock, the tenant's finish tag), and the tenant's weight.
--- Called once the pairs' tags are locked (rota.lock_tags): loads of the same
--- tenant take turns, each reading settled tags, until they commit.
-CREATE OR REPLACE FUNCTION rota.fair_starts(p_queue_ids integer[], p_tenant_ids integer[])
-RETURNS TABLE (queue_id integer, tenant_id integer, weight double precision,
-               start double precision)
+-- A (queue, tenant) pair's weight in placement: the tenant's, divided by the
+-- pair's mean run seconds (else the queue's, else 1) when the queue charges
+-- by time (a task then costs its seconds). Inlined where it is called.
+CREATE OR REPLACE FUNCTION rota.pair_weight(p_weight double precision, p_charge_time boolean,
+                                            p_pair_seconds double precision,
+                                            p_queue_seconds double precision)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_weight / CASE WHEN p_charge_time
+                           THEN greatest(coalesce(p_pair_seconds, p_queue_seconds, 1), 1e-6)
+                           ELSE 1 END
+$$;
+
+-- Moves the finish tags of (queue, tenant) pairs on by their tasks' costs
+-- (each pair once, in (queue, tenant) order; `p_costs` the sum of its
+-- tasks', `p_lasts` its last task's): F = max(V, F) + cost / weight, and
+-- the pair's largest start tag to where its last task starts. Returns each
+-- pair's new F and weight: its tasks' places are F less the cost from each
+-- on (rota.enter_line). Tags made for pairs seen the first time.
+--
+-- One UPDATE reads and writes each tag under its row lock, so loads of one
+-- tenant take turns, each from the tag the other committed, and loads of
+-- other tenants never wait. Rows are locked in (queue, tenant) order, as
+-- every writer of tags locks them, so loads never deadlock: with seq,
+-- bitmap, hash and merge scans off, every plan left walks either the pairs
+-- (given in that order; the clock in queue order) or the table's primary
+-- key (the same order) on the outside of nested loops.
+CREATE OR REPLACE FUNCTION rota.advance_tags(p_queue_ids integer[], p_tenant_ids integer[],
+                                             p_costs double precision[],
+                                             p_lasts double precision[])
+RETURNS TABLE (queue_id integer, tenant_id integer, finish double precision,
+               weight double precision)
 LANGUAGE plpgsql
-SET enable_seqscan = off
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off
+SET enable_mergejoin = off
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 BEGIN
+    -- ON CONFLICT DO NOTHING writes nothing for a tag made meanwhile.
+    INSERT INTO rota.tenant_queues (queue_id, tenant_id, finish_tag)
+    SELECT p.q, p.t, 0 FROM unnest(p_queue_ids, p_tenant_ids) AS p(q, t)
+    WHERE NOT EXISTS (SELECT FROM rota.tenant_queues tq
+                      WHERE tq.queue_id = p.q AND tq.tenant_id = p.t)
+    ORDER BY 1, 2
+    ON CONFLICT (queue_id, tenant_id) DO NOTHING;
     RETURN QUERY
     WITH clock AS MATERIALIZED (  -- read once per queue, not once per tenant
         SELECT q.id, rota.vclock(q.id) AS v, q.charge_time, q.run_seconds
-        FROM (SELECT DISTINCT unnest(p_queue_ids) AS id) x JOIN rota.queues q ON q.id = x.id
+        FROM rota.queues q WHERE q.id = ANY (p_queue_ids) ORDER BY q.id
+    ), pairs AS MATERIALIZED (
+        SELECT p.q, p.t, p.cost, p.last,
+               (SELECT t.weight FROM rota.tenants t WHERE t.id = p.t) AS weight
+        FROM unnest(p_queue_ids, p_tenant_ids, p_costs, p_lasts) AS p(q, t, cost, last)
     )
-    SELECT p.queue_id, p.tenant_id,
-           -- Charged by time, a task costs its pair's seconds per run: the
-           -- weight is divided by them (placement divides cost by weight).
-           (SELECT t.weight FROM rota.tenants t WHERE t.id = p.tenant_id)
-               / CASE WHEN c.charge_time
-                      THEN greatest(coalesce((SELECT tq.run_seconds FROM rota.tenant_queues tq
-                                              WHERE tq.queue_id = p.queue_id
-                                                AND tq.tenant_id = p.tenant_id),
-                                             c.run_seconds, 1), 1e-6)
-                      ELSE 1 END,
-           greatest(c.v, coalesce((SELECT tq.finish_tag FROM rota.tenant_queues tq
-                                   WHERE tq.queue_id = p.queue_id AND tq.tenant_id = p.tenant_id),
-                                  c.v))
-    FROM unnest(p_queue_ids, p_tenant_ids) AS p(queue_id, tenant_id)
-    JOIN clock c ON c.id = p.queue_id;
+    UPDATE rota.tenant_queues tq
+    SET finish_tag = greatest(c.v, tq.finish_tag)
+                     + p.cost / rota.pair_weight(p.weight, c.charge_time, tq.run_seconds,
+                                                 c.run_seconds),
+        last_start = greatest(c.v, tq.finish_tag)
+                     + (p.cost - p.last) / rota.pair_weight(p.weight, c.charge_time,
+                                                            tq.run_seconds, c.run_seconds)
+    FROM pairs p JOIN clock c ON c.id = p.q
+    WHERE tq.queue_id = p.q AND tq.tenant_id = p.t
+    RETURNING tq.queue_id, tq.tenant_id, tq.finish_tag,
+              rota.pair_weight(p.weight, c.charge_time, tq.run_seconds, c.run_seconds);
 END
 $$;
 

@@ -16,6 +16,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body
 DECLARE
     v_pair_queues integer[];
     v_pair_tenants integer[];
+    v_pair_costs double precision[];
+    v_pair_lasts double precision[];
+    v_tagged integer;
     v_ran uuid[];
 BEGIN
     -- The keys their limits count (only while some limit exists).
@@ -50,36 +53,39 @@ BEGIN
     INSERT INTO rota.scheduled (run_at, task_id)
     SELECT coalesce(f.eta, now()), f.id FROM loaded f
     WHERE f.attempts = 0 AND f.status = 'scheduled';
-    SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
-    INTO v_pair_queues, v_pair_tenants
-    FROM (SELECT DISTINCT f.queue_id AS q, f.tenant_id AS t FROM loaded f
-          WHERE f.attempts = 0 AND f.status = 'pending') pairs;
+    SELECT array_agg(p.q ORDER BY p.q, p.t), array_agg(p.t ORDER BY p.q, p.t),
+           array_agg(p.cost ORDER BY p.q, p.t), array_agg(p.last ORDER BY p.q, p.t)
+    INTO v_pair_queues, v_pair_tenants, v_pair_costs, v_pair_lasts
+    FROM (SELECT x.queue_id AS q, x.tenant_id AS t, sum(x.cost) AS cost,
+               (array_agg(x.cost ORDER BY x.seq DESC))[1] AS last
+        FROM loaded x
+        WHERE x.attempts = 0 AND x.status = 'pending'
+        GROUP BY 1, 2) p;
     IF v_pair_queues IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
     -- The placement, reading the new rows where they are.
-    WITH starts AS MATERIALIZED (
-        SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
-    ), placed AS MATERIALIZED (
-        SELECT x.queue_id, x.tenant_id, x.seq, x.id, x.priority,
-               s.start + sum(x.cost / s.weight) OVER w - x.cost / s.weight AS vtime,
-               s.start + sum(x.cost / s.weight) OVER w AS finish
-        FROM loaded x
-        JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
-        WHERE x.attempts = 0 AND x.status = 'pending'
-        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
-                     ROWS UNBOUNDED PRECEDING)
+    WITH tags AS MATERIALIZED (
+        SELECT * FROM rota.advance_tags(v_pair_queues, v_pair_tenants, v_pair_costs,
+                                        v_pair_lasts)
     ), ready AS (
         INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
-        SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
+        SELECT x.queue_id, g.finish - sum(x.cost) OVER w / g.weight, x.tenant_id, x.seq, x.id,
+               x.priority
+        FROM loaded x
+        JOIN tags g ON g.queue_id = x.queue_id AND g.tenant_id = x.tenant_id
+        WHERE x.attempts = 0 AND x.status = 'pending'
+        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq DESC
+                     ROWS UNBOUNDED PRECEDING)
     )
-    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
-    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
-          FROM placed GROUP BY 1, 2) m
-    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
+    SELECT count(*) FROM tags INTO v_tagged;
+    -- A pair without its tag would leave its tasks out of line for good.
+    IF v_tagged <> cardinality(v_pair_queues) THEN
+        RAISE EXCEPTION 'rota.advance_tags moved % of % tags', v_tagged,
+                        cardinality(v_pair_queues);
+    END IF;
     PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
-    WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(v_pair_queues)));
+    WHERE q.id = ANY (v_pair_queues);
     RETURN NULL;
 END
 $body$;

@@ -29,8 +29,7 @@ RETURNS void
 -- one-task promotion more than running its statements does.
 LANGUAGE plpgsql SET enable_seqscan = off SET plan_cache_mode = force_custom_plan AS $body$
 DECLARE
-    v_pair_queues integer[];
-    v_pair_tenants integer[];
+{{pair_variables}}
 BEGIN
     IF coalesce(cardinality(p_ids), 0) = 0 THEN
         RETURN;
@@ -39,11 +38,7 @@ BEGIN
         -- Until the function returns (its SET clause restores the setting).
         PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     END IF;
-    SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
-    INTO v_pair_queues, v_pair_tenants
-    FROM (SELECT DISTINCT q, t FROM unnest(p_queue_ids, p_tenant_ids) AS x(q, t)) pairs;
-    -- The pairs' tags stay locked until the transaction ends.
-    PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
+    {{pairs}};
     {{placement}};
 END
 $body$;
@@ -61,8 +56,7 @@ $body$;
 CREATE OR REPLACE FUNCTION rota.tasks_enter_line() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
-    v_pair_queues integer[];
-    v_pair_tenants integer[];
+{{pair_variables}}
     v_ran uuid[];
 BEGIN
     -- The keys their limits count (only while some limit exists).
@@ -97,45 +91,65 @@ BEGIN
     INSERT INTO rota.scheduled (run_at, task_id)
     SELECT coalesce(f.eta, now()), f.id FROM loaded f
     WHERE f.attempts = 0 AND f.status = 'scheduled';
-    SELECT array_agg(q ORDER BY q, t), array_agg(t ORDER BY q, t)
-    INTO v_pair_queues, v_pair_tenants
-    FROM (SELECT DISTINCT f.queue_id AS q, f.tenant_id AS t FROM loaded f
-          WHERE f.attempts = 0 AND f.status = 'pending') pairs;
+    {{pairs}};
     IF v_pair_queues IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM rota.lock_tags(v_pair_queues, v_pair_tenants);
     -- The placement, reading the new rows where they are.
     {{placement}};
     RETURN NULL;
 END
 $body$;
 
+-- name: pair_variables
+-- The (queue, tenant) pairs of the tasks to place, as rota.advance_tags takes
+-- them, and how many it moved on.
+    v_pair_queues integer[];
+    v_pair_tenants integer[];
+    v_pair_costs double precision[];
+    v_pair_lasts double precision[];
+    v_tagged integer;
+
+-- name: pairs
+-- The (queue, tenant) pairs of the tasks of {{source}} that {{pending_only}}
+-- (a WHERE clause, or none) keeps, in that order: each with its tasks'
+-- total cost and its last one's (in arrival order).
+SELECT array_agg(p.q ORDER BY p.q, p.t), array_agg(p.t ORDER BY p.q, p.t),
+           array_agg(p.cost ORDER BY p.q, p.t), array_agg(p.last ORDER BY p.q, p.t)
+    INTO v_pair_queues, v_pair_tenants, v_pair_costs, v_pair_lasts
+    FROM (SELECT x.queue_id AS q, x.tenant_id AS t, sum(x.cost) AS cost,
+               (array_agg(x.cost ORDER BY x.seq DESC))[1] AS last
+        FROM {{source}}
+{{pending_only}}
+        GROUP BY 1, 2) p
+
 -- name: placement
 -- Places the tasks of {{source}} (id, seq, queue_id, tenant_id, cost,
--- priority) that {{pending_only}} (a WHERE clause, or none) keeps, once the
--- tags of their (queue, tenant) pairs are locked.
-WITH starts AS MATERIALIZED (
-        SELECT * FROM rota.fair_starts(v_pair_queues, v_pair_tenants)
-    ), placed AS MATERIALIZED (
-        SELECT x.queue_id, x.tenant_id, x.seq, x.id, x.priority,
-               s.start + sum(x.cost / s.weight) OVER w - x.cost / s.weight AS vtime,
-               s.start + sum(x.cost / s.weight) OVER w AS finish
-        FROM {{source}}
-        JOIN starts s ON s.queue_id = x.queue_id AND s.tenant_id = x.tenant_id
-{{pending_only}}
-        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq
-                     ROWS UNBOUNDED PRECEDING)
+-- priority) that {{pending_only}} keeps: their pairs' tags moved on
+-- (rota.advance_tags, which locks them until the transaction ends), each
+-- task starts at its pair's new finish tag less its cost and those of its
+-- pair's tasks after it, in arrival (seq) order.
+WITH tags AS MATERIALIZED (
+        SELECT * FROM rota.advance_tags(v_pair_queues, v_pair_tenants, v_pair_costs,
+                                        v_pair_lasts)
     ), ready AS (
         INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
-        SELECT queue_id, vtime, tenant_id, seq, id, priority FROM placed
+        SELECT x.queue_id, g.finish - sum(x.cost) OVER w / g.weight, x.tenant_id, x.seq, x.id,
+               x.priority
+        FROM {{source}}
+        JOIN tags g ON g.queue_id = x.queue_id AND g.tenant_id = x.tenant_id
+{{pending_only}}
+        WINDOW w AS (PARTITION BY x.queue_id, x.tenant_id ORDER BY x.seq DESC
+                     ROWS UNBOUNDED PRECEDING)
     )
-    UPDATE rota.tenant_queues tq SET finish_tag = m.finish, last_start = m.start
-    FROM (SELECT queue_id, tenant_id, max(finish) AS finish, max(vtime) AS start
-          FROM placed GROUP BY 1, 2) m
-    WHERE tq.queue_id = m.queue_id AND tq.tenant_id = m.tenant_id;
+    SELECT count(*) FROM tags INTO v_tagged;
+    -- A pair without its tag would leave its tasks out of line for good.
+    IF v_tagged <> cardinality(v_pair_queues) THEN
+        RAISE EXCEPTION 'rota.advance_tags moved % of % tags', v_tagged,
+                        cardinality(v_pair_queues);
+    END IF;
     PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q
-    WHERE q.id = ANY (ARRAY(SELECT DISTINCT unnest(v_pair_queues)))
+    WHERE q.id = ANY (v_pair_queues)
 
 -- name: given_tasks
 -- The tasks given to rota.enter_line, as arrays.
