@@ -321,7 +321,8 @@ def test_a_changed_function_file_is_applied_as_the_owner_keeping_grants(
             " FROM pg_proc WHERE oid = %s::regprocedure",
             [claim],
         ).fetchone()
-    assert row == ("rota_owner", True, ["search_path=pg_catalog, pg_temp"], True, False)
+    settings = ["enable_seqscan=off", "search_path=pg_catalog, pg_temp"]
+    assert row == ("rota_owner", True, settings, True, False)
 
 
 def test_print_roles_is_the_same_script() -> None:

@@ -16,7 +16,8 @@ CREATE OR REPLACE FUNCTION rota.complete_keeping_claim(p_ids uuid[], p_attempts 
 RETURNS TABLE (id uuid, name text, payload text, queue text, tenant text, attempt integer,
                max_attempts integer, lease_expires_at timestamptz, enqueued_at timestamptz,
                completed integer, claimed boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
+LANGUAGE plpgsql SET enable_seqscan = off
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 #variable_conflict use_column
 DECLARE
     v_completed integer;
@@ -62,9 +63,16 @@ BEGIN
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
-            FROM rota.tasks t
-            JOIN admitted a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+            FROM admitted a
+            -- One probe of the primary key per task: OFFSET 0 keeps it a probe
+            -- (flattened, the join was planned as a nested loop that sorted
+            -- the whole batch's ids again for every task, or on a small
+            -- table's statistics as a scan of the whole table).
+            CROSS JOIN LATERAL (
+                SELECT t.tenant, t.name, t.payload, t.attempts, t.max_attempts, t.enqueued_at,
+                       t.limit_key
+                FROM rota.tasks t WHERE t.id = a.task_id OFFSET 0
+            ) t
         ), leased AS (
             INSERT INTO rota.running (task_id, queue_id, tenant_id, vtime, seq, attempt, worker,
                                       lease_expires_at, counted, priority)
@@ -149,9 +157,16 @@ BEGIN
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
-            FROM rota.tasks t
-            JOIN admitted a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+            FROM admitted a
+            -- One probe of the primary key per task: OFFSET 0 keeps it a probe
+            -- (flattened, the join was planned as a nested loop that sorted
+            -- the whole batch's ids again for every task, or on a small
+            -- table's statistics as a scan of the whole table).
+            CROSS JOIN LATERAL (
+                SELECT t.tenant, t.name, t.payload, t.attempts, t.max_attempts, t.enqueued_at,
+                       t.limit_key
+                FROM rota.tasks t WHERE t.id = a.task_id OFFSET 0
+            ) t
         ), charged AS (
             UPDATE rota.tenants t
             SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
@@ -245,9 +260,16 @@ BEGIN
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
-            FROM rota.tasks t
-            JOIN admitted a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM admitted))
+            FROM admitted a
+            -- One probe of the primary key per task: OFFSET 0 keeps it a probe
+            -- (flattened, the join was planned as a nested loop that sorted
+            -- the whole batch's ids again for every task, or on a small
+            -- table's statistics as a scan of the whole table).
+            CROSS JOIN LATERAL (
+                SELECT t.tenant, t.name, t.payload, t.attempts, t.max_attempts, t.enqueued_at,
+                       t.limit_key
+                FROM rota.tasks t WHERE t.id = a.task_id OFFSET 0
+            ) t
         ), keyed AS MATERIALIZED (
             SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
         ), key_fit AS MATERIALIZED (
@@ -445,9 +467,16 @@ BEGIN
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at
-            FROM rota.tasks t
-            JOIN picked a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM picked))
+            FROM picked a
+            -- One probe of the primary key per task: OFFSET 0 keeps it a probe
+            -- (flattened, the join was planned as a nested loop that sorted
+            -- the whole batch's ids again for every task, or on a small
+            -- table's statistics as a scan of the whole table).
+            CROSS JOIN LATERAL (
+                SELECT t.tenant, t.name, t.payload, t.attempts, t.max_attempts, t.enqueued_at,
+                       t.limit_key
+                FROM rota.tasks t WHERE t.id = a.task_id OFFSET 0
+            ) t
         ), charged AS (
             UPDATE rota.tenants t
             SET running = t.running + CASE WHEN t.concurrency_limit IS NULL THEN 0 ELSE a.n END,
@@ -614,9 +643,16 @@ BEGIN
             SELECT a.queue_id, a.queue, a.vtime, a.tenant_id, a.seq, a.task_id, a.priority, a.counted,
                    t.tenant, t.name, t.payload, t.attempts + 1 AS attempt, t.max_attempts, t.enqueued_at,
                    now() + make_interval(secs => p_lease_seconds) AS lease_expires_at, t.limit_key
-            FROM rota.tasks t
-            JOIN picked a ON a.task_id = t.id
-            WHERE t.id = ANY (ARRAY(SELECT task_id FROM picked))
+            FROM picked a
+            -- One probe of the primary key per task: OFFSET 0 keeps it a probe
+            -- (flattened, the join was planned as a nested loop that sorted
+            -- the whole batch's ids again for every task, or on a small
+            -- table's statistics as a scan of the whole table).
+            CROSS JOIN LATERAL (
+                SELECT t.tenant, t.name, t.payload, t.attempts, t.max_attempts, t.enqueued_at,
+                       t.limit_key
+                FROM rota.tasks t WHERE t.id = a.task_id OFFSET 0
+            ) t
         ), keyed AS MATERIALIZED (
             SELECT c.* FROM claimed c WHERE c.limit_key IS NOT NULL
         ), key_fit AS MATERIALIZED (
