@@ -157,6 +157,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_queues integer[];
     v_moved integer;
+    v_short integer[];
 BEGIN
     WITH room AS MATERIALIZED (
         SELECT k.id, k.parked,
@@ -181,19 +182,29 @@ BEGIN
     ), back AS (
         INSERT INTO rota.ready (queue_id, vtime, tenant_id, seq, task_id, priority)
         SELECT m.queue_id, m.vtime, m.tenant_id, m.seq, m.task_id, m.priority FROM moved m
-    ), recounted AS (
-        -- Fewer found than counted (a parked task was cancelled): recounted.
-        -- The statement's snapshot still holds the rows it moved.
-        UPDATE rota.keys k
-        SET parked = CASE WHEN coalesce(m.n, 0) < r.n
-                          THEN (SELECT count(*) FROM rota.parked p WHERE p.key_id = r.id)
-                               - coalesce(m.n, 0)
-                          ELSE k.parked - m.n END
+    ), counted AS MATERIALIZED (
+        SELECT r.id, r.n, coalesce(m.n, 0) AS moved
         FROM room r LEFT JOIN (SELECT key_id, count(*) AS n FROM moved GROUP BY key_id) m
                ON m.key_id = r.id
-        WHERE k.id = r.id AND k.id = ANY (ARRAY(SELECT id FROM room))
+    ), uncounted AS (
+        UPDATE rota.keys k SET parked = k.parked - c.moved
+        FROM counted c
+        WHERE k.id = c.id AND k.id = ANY (ARRAY(SELECT id FROM room))
     )
-    SELECT array_agg(DISTINCT m.queue_id), count(*) INTO v_queues, v_moved FROM moved m;
+    SELECT array_agg(DISTINCT m.queue_id), count(*),
+           ARRAY(SELECT c.id FROM counted c WHERE c.moved < c.n)
+    INTO v_queues, v_moved, v_short FROM moved m;
+    -- Fewer found than counted: a parked task was cancelled, or a claim that
+    -- committed after this statement's snapshot (before its lock) parked
+    -- tasks this snapshot does not see. Recounted by a statement of its own:
+    -- its snapshot sees every committed row of those keys, and while their
+    -- rows stay locked no claim parks more of them (a count taken in the
+    -- statement above left such tasks parked and uncounted, never back).
+    IF v_short <> '{}' THEN
+        UPDATE rota.keys k
+        SET parked = (SELECT count(*) FROM rota.parked p WHERE p.key_id = k.id)
+        WHERE k.id = ANY (v_short);
+    END IF;
     PERFORM pg_notify('rota_ready', q.name) FROM rota.queues q WHERE q.id = ANY (v_queues);
     RETURN v_moved;
 END
