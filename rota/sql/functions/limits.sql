@@ -196,10 +196,10 @@ BEGIN
     INTO v_queues, v_moved, v_short FROM moved m;
     -- Fewer found than counted: a parked task was cancelled, or a claim that
     -- committed after this statement's snapshot (before its lock) parked
-    -- tasks this snapshot does not see. Recounted by a statement of its own:
-    -- its snapshot sees every committed row of those keys, and while their
-    -- rows stay locked no claim parks more of them (a count taken in the
-    -- statement above left such tasks parked and uncounted, never back).
+    -- tasks this snapshot does not see (counted in it, they would stay
+    -- parked and uncounted, never brought back). Recounted by a statement
+    -- of its own: its snapshot sees every committed row of those keys, and
+    -- while their rows stay locked no claim parks more of them.
     IF v_short <> '{}' THEN
         UPDATE rota.keys k
         SET parked = (SELECT count(*) FROM rota.parked p WHERE p.key_id = k.id)

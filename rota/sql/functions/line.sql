@@ -77,8 +77,8 @@ $$;
 -- One UPDATE reads and writes each tag under its row lock, so loads of one
 -- tenant take turns, each from the tag the other committed, and loads of
 -- other tenants never wait. Rows are locked in (queue, tenant) order, as
--- every writer of tags locks them, so loads never deadlock: with seq,
--- bitmap, hash and merge scans off, every plan left walks either the pairs
+-- every writer of tags locks them, so loads never deadlock: with seq and
+-- bitmap scans and hash and merge joins off, every plan left walks the pairs
 -- (given in that order; the clock in queue order) or the table's primary
 -- key (the same order) on the outside of nested loops.
 CREATE OR REPLACE FUNCTION rota.advance_tags(p_queue_ids integer[], p_tenant_ids integer[],

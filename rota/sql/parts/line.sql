@@ -112,8 +112,8 @@ $body$;
 
 -- name: pairs
 -- The (queue, tenant) pairs of the tasks of {{source}} that {{pending_only}}
--- (a WHERE clause, or none) keeps, in that order: each with its tasks'
--- total cost and its last one's (in arrival order).
+-- (a WHERE clause, or none) keeps, in (queue, tenant) order: each with its
+-- tasks' total cost and its last one's (in arrival order).
 SELECT array_agg(p.q ORDER BY p.q, p.t), array_agg(p.t ORDER BY p.q, p.t),
            array_agg(p.cost ORDER BY p.q, p.t), array_agg(p.last ORDER BY p.q, p.t)
     INTO v_pair_queues, v_pair_tenants, v_pair_costs, v_pair_lasts
